@@ -1,0 +1,51 @@
+"""Detailed-mode records: every draft/target disagreement of a request, JSON-ready.
+
+The collection pipeline reads these. Bump ``SCHEMA_VERSION`` on any change of fields.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Disagreement:
+    position: int  # index in the generated output where the draft was rejected
+    draft_index: int  # position inside the draft block (0-based)
+    draft_token: int
+    target_token: int  # the token the target produced there instead
+    target_prob_of_draft: float
+    target_prob_of_target: float
+    draft_prob_of_draft: float
+    draft_prob_of_target: float
+    context: list[int]  # the tokens right before `position` (prompt included)
+
+
+@dataclass
+class DetailedRecord:
+    request_id: str
+    drafter: dict[str, object]
+    policy: dict[str, object]
+    sampling: dict[str, object]
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    from_draft: list[bool]
+    acceptance_rate: float | None
+    mean_accepted_length: float | None
+    draft_tokens: int
+    accepted_tokens: int
+    checks: int
+    disagreements: list[Disagreement] = field(default_factory=list)
+    created_at: float = field(default_factory=time.time)
+    schema_version: int = SCHEMA_VERSION
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def new_request_id() -> str:
+    return uuid.uuid4().hex

@@ -1,0 +1,5 @@
+"""Drafters: each proposes up to k tokens and learns what the target kept.
+
+A new drafter is one new module implementing :class:`serving.drafters.base.Drafter`;
+:func:`serving.drafters.factory.build_drafter` maps a spec string to it.
+"""

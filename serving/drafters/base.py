@@ -1,0 +1,97 @@
+"""The drafter interface.
+
+The engine calls, per request: ``begin(prompt)``; then per step ``propose(request)`` (only
+when the draft-length policy asks for k > 0) and always ``commit(...)`` with what the
+target kept. A drafter that reads the target's hidden states (EAGLE-style) sets
+``needs_target_hidden`` and receives them in ``commit``; nothing in the step changes.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+from serving.sampling import Sampler
+
+
+@dataclass(frozen=True)
+class DraftRequest:
+    tokens: list[int]  # every committed token of the request, prompt first; the last is not
+    # yet in the target's KV cache
+    k: int  # propose at most this many tokens
+    sampler: Sampler  # the request's sampler: a sampling drafter draws from sampler.probs
+
+
+@dataclass(frozen=True)
+class DraftProposal:
+    tokens: torch.Tensor  # [k'] int64, k' <= k (may be empty)
+    # [k', vocab] the distribution each token was drawn from; None for a deterministic
+    # drafter, which the verifier treats as one-hot.
+    draft_probs: torch.Tensor | None = None
+    # [k'] the drafter's own confidence in each token (e.g. an n-gram's relative frequency),
+    # recorded in detailed mode when draft_probs is None.
+    confidence: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.tokens.dim() != 1:
+            raise ValueError(f"draft tokens must be 1-D, got shape {tuple(self.tokens.shape)}")
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
+
+    def truncate(self, k: int) -> DraftProposal:
+        if len(self) <= k:
+            return self
+        return DraftProposal(
+            self.tokens[:k],
+            None if self.draft_probs is None else self.draft_probs[:k],
+            None if self.confidence is None else self.confidence[:k],
+        )
+
+    @staticmethod
+    def empty() -> DraftProposal:
+        return DraftProposal(torch.empty(0, dtype=torch.int64))
+
+
+@dataclass(frozen=True)
+class StepFeedback:
+    """What the target decided in one step, given to the drafter."""
+
+    proposed: int  # drafts proposed this step (0 when the policy skipped drafting)
+    accepted: int  # drafts kept
+    new_tokens: list[int]  # tokens committed this step: accepted drafts + the target's token
+    tokens: list[int]  # all committed tokens after this step
+    # [accepted + 1, hidden] the target's last hidden states at the committed positions,
+    # only for drafters with needs_target_hidden.
+    target_hidden: torch.Tensor | None = None
+
+
+class Drafter(ABC):
+    """Proposes draft tokens for one request at a time."""
+
+    name: str = "drafter"
+    needs_target_hidden: bool = False
+    deterministic: bool = True  # False: proposals carry draft_probs under sampling
+
+    @abstractmethod
+    def begin(self, prompt: list[int]) -> None:
+        """Start a new request; forget the previous one."""
+
+    @abstractmethod
+    def propose(self, request: DraftRequest) -> DraftProposal:
+        """Return at most ``request.k`` tokens continuing ``request.tokens``."""
+
+    @abstractmethod
+    def commit(self, feedback: StepFeedback) -> None:
+        """Learn what was kept; rewind any state that covered rejected drafts."""
+
+    def end(self) -> None:  # noqa: B027 - optional hook
+        """Release per-request state (caches)."""
+
+    def check_compatible(self, target_vocab_size: int) -> None:  # noqa: B027 - optional hook
+        """Raise :class:`IncompatibleDraftError` if this drafter cannot serve the target."""
+
+    def describe(self) -> dict[str, object]:
+        return {"name": self.name}

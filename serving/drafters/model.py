@@ -1,0 +1,97 @@
+"""A model draft: any causal LM that shares the target's vocabulary.
+
+It keeps its own KV cache. Proposing feeds the committed tokens its cache has not seen yet,
+then drafts autoregressively; ``commit`` rewinds the cache to the longest prefix the target
+kept. The cache never holds the last drafted token (it was sampled, not fed), so after a
+fully accepted block the next ``propose`` feeds that token together with the bonus token.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from serving.drafters.base import DraftProposal, DraftRequest, Drafter, StepFeedback
+from serving.errors import BadInputError, IncompatibleDraftError
+from serving.kv import cache_length, new_cache, rewind
+
+
+class ModelDrafter(Drafter):
+    deterministic = False
+
+    def __init__(self, model, *, name: str = "model", confidence_threshold: float = 0.0) -> None:
+        if not 0.0 <= confidence_threshold < 1.0:
+            raise BadInputError(
+                f"confidence_threshold must be in [0, 1), got {confidence_threshold!r}"
+            )
+        self.model = model
+        self.name = name
+        self.confidence_threshold = confidence_threshold
+        self._cache = None
+        self._proposal_base = 0  # committed length when the last proposal was made
+        self._proposed = 0
+
+    def check_compatible(self, target_vocab_size: int) -> None:
+        draft_vocab = self.model.config.vocab_size
+        if draft_vocab != target_vocab_size:
+            raise IncompatibleDraftError(
+                f"draft {self.name!r} has a vocabulary of {draft_vocab} tokens but the target "
+                f"has {target_vocab_size}; a draft must share the target's tokenizer"
+            )
+
+    def begin(self, prompt: list[int]) -> None:
+        self._cache = new_cache(self.model)
+        self._proposal_base = 0
+        self._proposed = 0
+
+    def end(self) -> None:
+        self._cache = None
+
+    def _next_logits(self, new_tokens: torch.Tensor) -> torch.Tensor:
+        out = self.model(
+            input_ids=new_tokens[None],  # [1, n]
+            past_key_values=self._cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        return out.logits[0, -1]  # [vocab]
+
+    @torch.inference_mode()
+    def propose(self, request: DraftRequest) -> DraftProposal:
+        assert self._cache is not None, "begin() was not called"
+        sampler = request.sampler
+        unseen = torch.tensor(request.tokens[cache_length(self._cache) :], dtype=torch.int64)
+        logits = self._next_logits(unseen)
+        tokens: list[torch.Tensor] = []
+        probs: list[torch.Tensor] = []
+        for i in range(request.k):
+            if sampler.greedy:
+                # Greedy drafts are argmaxes; the full softmax is kept for detailed records
+                # and the confidence threshold.
+                row = logits.float().softmax(dim=-1)  # [vocab]
+                token = logits.argmax()
+            else:
+                row = sampler.probs(logits)  # [vocab], the distribution we draw from
+                token = sampler.sample(row)
+            tokens.append(token)
+            probs.append(row)
+            last = i == request.k - 1
+            if last or (self.confidence_threshold and float(row[token]) < self.confidence_threshold):
+                break
+            logits = self._next_logits(token.view(1))
+        self._proposal_base = len(request.tokens)
+        self._proposed = len(tokens)
+        return DraftProposal(torch.stack(tokens), draft_probs=torch.stack(probs))
+
+    def commit(self, feedback: StepFeedback) -> None:
+        if self._cache is None or feedback.proposed == 0:
+            return
+        # The cache holds the committed prefix plus drafts 1..proposed-1; keep only the drafts
+        # the target accepted (the bonus token and any unseen tokens are fed next time).
+        keep = self._proposal_base + min(feedback.accepted, self._proposed - 1)
+        rewind(self._cache, min(keep, cache_length(self._cache)))
+        self._proposed = 0
+
+    def describe(self) -> dict[str, object]:
+        return {"name": self.name, "kind": "model",
+                "layers": self.model.config.num_hidden_layers,
+                "confidence_threshold": self.confidence_threshold}

@@ -1,0 +1,137 @@
+"""NASD-style n-gram drafting: a multi-level store of k-grams, k in [2, N].
+
+The store counts, for every context of 1..N-1 tokens, which token followed it. A request's
+store is seeded from its prompt and updated as tokens are committed. Drafting chains
+predictions: at each position the longest known context gives the most frequent next token
+(ties go to the most recent). When no context is known the drafter falls back to a shared
+store (built from earlier traffic, e.g. with :meth:`NGramStore.add`) or stops drafting.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from serving.drafters.base import DraftProposal, DraftRequest, Drafter, StepFeedback
+from serving.errors import BadInputError
+
+FALLBACKS = ("stop", "shared")
+
+
+@dataclass(slots=True)
+class _Counts:
+    by_token: dict[int, int] = field(default_factory=dict)
+    total: int = 0
+    best_token: int = -1
+    best_count: int = 0
+
+    def add(self, token: int) -> None:
+        count = self.by_token.get(token, 0) + 1
+        self.by_token[token] = count
+        self.total += 1
+        if count >= self.best_count:  # >=: the most recent wins a tie
+            self.best_token, self.best_count = token, count
+
+
+@dataclass(frozen=True)
+class Prediction:
+    token: int
+    confidence: float  # relative frequency of `token` after the matched context
+    order: int  # length of the matched context + 1 (the k of the k-gram)
+
+
+class NGramStore:
+    """Next-token counts for contexts of 1..n-1 tokens."""
+
+    def __init__(self, n: int = 4) -> None:
+        if n < 2:
+            raise BadInputError(f"an n-gram store needs n >= 2, got n={n!r}")
+        self.n = n
+        self._counts: dict[tuple[int, ...], _Counts] = {}
+
+    def __len__(self) -> int:
+        return len(self._counts)
+
+    def add(self, tokens: Sequence[int], start: int = 1) -> None:
+        """Count every k-gram of ``tokens`` whose last token is at index >= ``start``."""
+        for end in range(max(start, 1), len(tokens)):
+            token = tokens[end]
+            for width in range(1, min(self.n - 1, end) + 1):
+                key = tuple(tokens[end - width : end])
+                counts = self._counts.get(key)
+                if counts is None:
+                    counts = self._counts[key] = _Counts()
+                counts.add(token)
+
+    def predict(self, context: Sequence[int]) -> Prediction | None:
+        for width in range(min(self.n - 1, len(context)), 0, -1):
+            counts = self._counts.get(tuple(context[-width:]))
+            if counts is not None:
+                return Prediction(
+                    counts.best_token, counts.best_count / counts.total, width + 1
+                )
+        return None
+
+
+class NGramDrafter(Drafter):
+    deterministic = True
+
+    def __init__(
+        self,
+        n: int = 4,
+        *,
+        fallback: str = "stop",
+        shared: NGramStore | None = None,
+        min_confidence: float = 0.0,
+    ) -> None:
+        if fallback not in FALLBACKS:
+            raise BadInputError(f"unknown n-gram fallback {fallback!r}; choose one of {FALLBACKS}")
+        if fallback == "shared" and shared is None:
+            raise BadInputError("fallback='shared' needs a shared NGramStore")
+        if not 0.0 <= min_confidence <= 1.0:
+            raise BadInputError(f"min_confidence must be in [0, 1], got {min_confidence!r}")
+        self.n = n
+        self.fallback = fallback
+        self.shared = shared
+        self.min_confidence = min_confidence
+        self.name = f"ngram(n={n},fallback={fallback})"
+        self._store = NGramStore(n)
+        self._tokens: list[int] = []
+
+    def begin(self, prompt: list[int]) -> None:
+        self._store = NGramStore(self.n)
+        self._tokens = list(prompt)
+        self._store.add(self._tokens)
+
+    def _predict(self, context: list[int]) -> Prediction | None:
+        prediction = self._store.predict(context)
+        if prediction is None and self.fallback == "shared" and self.shared is not None:
+            prediction = self.shared.predict(context)
+        return prediction
+
+    def propose(self, request: DraftRequest) -> DraftProposal:
+        context = self._tokens[-(self.n - 1) :]
+        draft: list[int] = []
+        confidence: list[float] = []
+        while len(draft) < request.k:
+            prediction = self._predict(context)
+            if prediction is None or prediction.confidence < self.min_confidence:
+                break
+            draft.append(prediction.token)
+            confidence.append(prediction.confidence)
+            context = (context + [prediction.token])[-(self.n - 1) :]
+        return DraftProposal(
+            torch.tensor(draft, dtype=torch.int64),
+            confidence=torch.tensor(confidence, dtype=torch.float32),
+        )
+
+    def commit(self, feedback: StepFeedback) -> None:
+        start = len(self._tokens)
+        self._tokens.extend(feedback.new_tokens)
+        self._store.add(self._tokens, start=start)
+
+    def describe(self) -> dict[str, object]:
+        return {"name": self.name, "kind": "ngram_store", "n": self.n, "fallback": self.fallback,
+                "min_confidence": self.min_confidence}

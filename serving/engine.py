@@ -1,0 +1,266 @@
+"""The decoding engine: a request loop around :func:`serving.step.speculative_step`.
+
+``SpeculativeDecoder.stream`` validates the request before any model work, prefills the
+target, then steps until EOS or the token budget, yielding each token with ``from_draft``.
+Statistics and (in detailed mode) the disagreement record are built from the same steps.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from serving.detailed import DetailedRecord, Disagreement, new_request_id
+from serving.drafters.base import Drafter
+from serving.errors import BadInputError
+from serving.kv import new_cache
+from serving.metrics import RequestStats, StepRecord, summarize
+from serving.policy import DraftLengthPolicy, NoDraft
+from serving.sampling import SamplingParams, make_sampler
+from serving.step import speculative_step
+
+MODES = ("fast", "detailed")
+CONTEXT_WINDOW = 32  # tokens of context kept with each disagreement
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    token_id: int
+    from_draft: bool  # True: a draft token the target accepted; False: the target's own
+    step: int  # index of the verification step that produced it
+
+
+@dataclass
+class GenerationResult:
+    token_ids: list[int]
+    from_draft: list[bool]
+    stats: RequestStats
+    stop_reason: str  # "eos" or "length"
+    record: DetailedRecord | None = None
+
+
+@dataclass
+class _Request:
+    prompt: list[int]
+    max_new_tokens: int
+    sampling: SamplingParams
+    detailed: bool
+    request_id: str
+    steps: list[StepRecord] = field(default_factory=list)
+    output: list[int] = field(default_factory=list)
+    from_draft: list[bool] = field(default_factory=list)
+    disagreements: list[Disagreement] = field(default_factory=list)
+
+
+class Generation:
+    """An iterator of :class:`TokenEvent`; ``result`` is set once it is exhausted."""
+
+    def __init__(self, events: Iterator[TokenEvent]) -> None:
+        self._events = events
+        self.result: GenerationResult | None = None
+
+    def __iter__(self) -> Iterator[TokenEvent]:
+        return self
+
+    def __next__(self) -> TokenEvent:
+        return next(self._events)
+
+    def run(self) -> GenerationResult:
+        for _ in self:
+            pass
+        assert self.result is not None
+        return self.result
+
+
+class SpeculativeDecoder:
+    """Decodes one request at a time with a target, a drafter and a draft-length policy."""
+
+    def __init__(
+        self,
+        target,
+        *,
+        drafter: Drafter | None = None,
+        policy: DraftLengthPolicy | None = None,
+        eos_token_ids: Sequence[int] = (),
+        max_context: int | None = None,
+    ) -> None:
+        self.target = target
+        self.vocab_size = int(target.config.vocab_size)
+        if drafter is not None:
+            drafter.check_compatible(self.vocab_size)
+        if drafter is not None and policy is None:
+            raise BadInputError("a drafter needs a draft-length policy (e.g. FixedK(4))")
+        self.drafter = drafter
+        self.policy = policy if drafter is not None else NoDraft()
+        self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
+        self.max_context = int(max_context or target.config.max_position_embeddings)
+
+    def describe(self) -> dict[str, object]:
+        return {
+            "drafter": self.drafter.describe() if self.drafter else {"name": "none"},
+            "policy": self.policy.describe(),
+        }
+
+    def validate(self, prompt: Sequence[int], max_new_tokens: int, mode: str) -> list[int]:
+        if mode not in MODES:
+            raise BadInputError(f"unknown mode {mode!r}; choose one of {MODES}")
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
+            raise BadInputError(f"max_new_tokens must be an integer, got {max_new_tokens!r}")
+        if max_new_tokens < 1:
+            raise BadInputError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        prompt = [int(t) for t in prompt]
+        if not prompt:
+            raise BadInputError("the prompt is empty; give at least one token")
+        bad = [t for t in prompt if not 0 <= t < self.vocab_size]
+        if bad:
+            raise BadInputError(
+                f"prompt token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})"
+            )
+        if len(prompt) + max_new_tokens > self.max_context:
+            raise BadInputError(
+                f"prompt of {len(prompt)} tokens + max_new_tokens={max_new_tokens} exceeds the "
+                f"model's context of {self.max_context} tokens; shorten the prompt or lower "
+                "max_new_tokens"
+            )
+        return prompt
+
+    def stream(
+        self,
+        prompt: Sequence[int],
+        *,
+        max_new_tokens: int = 128,
+        sampling: SamplingParams | None = None,
+        mode: str = "fast",
+        request_id: str | None = None,
+    ) -> Generation:
+        """Validate now (raising :class:`BadInputError`), decode lazily while iterated."""
+        request = _Request(
+            prompt=self.validate(prompt, max_new_tokens, mode),
+            max_new_tokens=max_new_tokens,
+            sampling=sampling or SamplingParams(),
+            detailed=mode == "detailed",
+            request_id=request_id or new_request_id(),
+        )
+        generation = Generation(iter(()))
+        generation._events = self._decode(request, generation)
+        return generation
+
+    def generate(self, prompt: Sequence[int], **kwargs) -> GenerationResult:
+        return self.stream(prompt, **kwargs).run()
+
+    @torch.inference_mode()
+    def _decode(self, request: _Request, generation: Generation) -> Iterator[TokenEvent]:
+        started = time.perf_counter()
+        sampler = make_sampler(request.sampling)
+        tokens = list(request.prompt)
+        cache = new_cache(self.target)
+        if len(tokens) > 1:
+            # The cache holds every token but the last, which the first step feeds.
+            self.target(
+                input_ids=torch.tensor(tokens[:-1])[None],
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+        prefill_s = time.perf_counter() - started
+        drafter = self.drafter
+        if drafter is not None:
+            drafter.begin(list(tokens))
+        self.policy.begin()
+        stop_reason = "length"
+        try:
+            while len(request.output) < request.max_new_tokens:
+                remaining = request.max_new_tokens - len(request.output)
+                # Never draft past the budget: the target's own token always comes on top.
+                k = min(self.policy.next_k(), remaining - 1)
+                step = speculative_step(
+                    self.target, cache, tokens, drafter, k, sampler, detailed=request.detailed
+                )
+                self.policy.update(step.proposed, step.accepted)
+                emitted = self._emit(request, step.new_tokens, step.accepted)
+                if step.rejection is not None:
+                    self._record_rejection(request, tokens, step.rejection)
+                tokens.extend(step.new_tokens)
+                request.steps.append(
+                    StepRecord(step.proposed, step.accepted, len(emitted), step.draft_s,
+                               step.verify_s)
+                )
+                index = len(request.steps) - 1
+                for token, from_draft in emitted:
+                    yield TokenEvent(token, from_draft, index)
+                if emitted and emitted[-1][0] in self.eos_token_ids:
+                    stop_reason = "eos"
+                    break
+        finally:
+            if drafter is not None:
+                drafter.end()
+        stats = summarize(
+            request.steps,
+            prompt_tokens=len(request.prompt),
+            prefill_s=prefill_s,
+            total_s=time.perf_counter() - started,
+        )
+        generation.result = GenerationResult(
+            token_ids=request.output,
+            from_draft=request.from_draft,
+            stats=stats,
+            stop_reason=stop_reason,
+            record=self._record(request, stats) if request.detailed else None,
+        )
+
+    def _emit(self, request: _Request, new_tokens: list[int], accepted: int):
+        """Append the step's tokens to the output, cut at EOS and at the budget."""
+        emitted: list[tuple[int, bool]] = []
+        for i, token in enumerate(new_tokens):
+            if len(request.output) >= request.max_new_tokens:
+                break
+            from_draft = i < accepted
+            request.output.append(token)
+            request.from_draft.append(from_draft)
+            emitted.append((token, from_draft))
+            if token in self.eos_token_ids:
+                break
+        return emitted
+
+    def _record_rejection(self, request: _Request, tokens: list[int], rejection) -> None:
+        generated_before = len(tokens) - len(request.prompt)
+        prefix = tokens + request.output[generated_before : generated_before + rejection.draft_index]
+        request.disagreements.append(
+            Disagreement(
+                position=generated_before + rejection.draft_index,
+                draft_index=rejection.draft_index,
+                draft_token=rejection.draft_token,
+                target_token=rejection.target_token,
+                target_prob_of_draft=rejection.target_prob_of_draft,
+                target_prob_of_target=rejection.target_prob_of_target,
+                draft_prob_of_draft=rejection.draft_prob_of_draft,
+                draft_prob_of_target=rejection.draft_prob_of_target,
+                context=prefix[-CONTEXT_WINDOW:],
+            )
+        )
+
+    def _record(self, request: _Request, stats: RequestStats) -> DetailedRecord:
+        described = self.describe()
+        return DetailedRecord(
+            request_id=request.request_id,
+            drafter=described["drafter"],  # type: ignore[arg-type]
+            policy=described["policy"],  # type: ignore[arg-type]
+            sampling={
+                "temperature": request.sampling.temperature,
+                "top_k": request.sampling.top_k,
+                "top_p": request.sampling.top_p,
+                "seed": request.sampling.seed,
+            },
+            prompt_token_ids=list(request.prompt),
+            output_token_ids=list(request.output),
+            from_draft=list(request.from_draft),
+            acceptance_rate=stats.acceptance_rate,
+            mean_accepted_length=stats.mean_accepted_length,
+            draft_tokens=stats.draft_tokens,
+            accepted_tokens=stats.accepted_tokens,
+            checks=stats.checks,
+            disagreements=list(request.disagreements),
+        )

@@ -1,0 +1,1 @@
+"""Where models come from: the shipped real model, tiny random models, truncated drafts."""

@@ -1,0 +1,142 @@
+"""The speculative step: draft k tokens, verify them in one target pass, keep the prefix.
+
+Pure: tensors and a drafter in, accepted tokens and their provenance out. No I/O. Plain
+autoregressive decoding is this step with k = 0 (the target pass then covers one token).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from serving.drafters.base import DraftProposal, DraftRequest, Drafter, StepFeedback
+from serving.kv import cache_length, rewind
+from serving.sampling import Sampler
+from serving.verify import verify
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """The first rejected draft of a step (later drafts were conditioned on it: moot)."""
+
+    draft_index: int  # 0-based position in the draft block
+    draft_token: int
+    target_token: int
+    target_prob_of_draft: float
+    target_prob_of_target: float
+    draft_prob_of_draft: float
+    draft_prob_of_target: float
+
+
+@dataclass(frozen=True)
+class StepResult:
+    new_tokens: list[int]  # accepted drafts, then the target's token
+    proposed: int
+    accepted: int
+    draft_s: float
+    verify_s: float
+    rejection: Rejection | None = None  # detailed mode only
+
+
+def _draft_probs_of(proposal: DraftProposal, index: int, draft_token: int, target_token: int):
+    if proposal.draft_probs is not None:
+        row = proposal.draft_probs[index]
+        return float(row[draft_token]), float(row[target_token])
+    confidence = 1.0 if proposal.confidence is None else float(proposal.confidence[index])
+    return confidence, 0.0
+
+
+def _rejection(
+    proposal: DraftProposal,
+    index: int,
+    target_token: int,
+    target_logits: torch.Tensor,
+    target_probs: torch.Tensor | None,
+) -> Rejection:
+    # Greedy decoding has no processed distribution: report the target's softmax at T = 1.
+    row = target_logits[index].float().softmax(-1) if target_probs is None else target_probs[index]
+    draft_token = int(proposal.tokens[index])
+    draft_of_draft, draft_of_target = _draft_probs_of(proposal, index, draft_token, target_token)
+    return Rejection(
+        draft_index=index,
+        draft_token=draft_token,
+        target_token=target_token,
+        target_prob_of_draft=float(row[draft_token]),
+        target_prob_of_target=float(row[target_token]),
+        draft_prob_of_draft=draft_of_draft,
+        draft_prob_of_target=draft_of_target,
+    )
+
+
+@torch.inference_mode()
+def speculative_step(
+    target,
+    cache,
+    tokens: list[int],
+    drafter: Drafter | None,
+    k: int,
+    sampler: Sampler,
+    *,
+    detailed: bool = False,
+) -> StepResult:
+    """Advance one step. ``cache`` holds ``tokens[:-1]``; on return it holds the new
+    ``tokens[:-1]`` (every kept token but the target's own, which is fed next step)."""
+    base = cache_length(cache)
+    assert base == len(tokens) - 1, f"cache holds {base} tokens, expected {len(tokens) - 1}"
+    start = time.perf_counter()
+    proposal = DraftProposal.empty()
+    if drafter is not None and k > 0:
+        proposal = drafter.propose(DraftRequest(tokens, k, sampler)).truncate(k)
+    drafted = time.perf_counter()
+    proposed = len(proposal)
+    keep = base  # on failure, rewind to where we started
+    accepted = 0
+    new_tokens: list[int] = []
+    hidden = None
+    rejection = None
+    want_hidden = drafter is not None and drafter.needs_target_hidden
+    try:
+        block = torch.cat([torch.tensor(tokens[-1:]), proposal.tokens])  # [1 + proposed]
+        out = target(
+            input_ids=block[None],
+            past_key_values=cache,
+            use_cache=True,
+            output_hidden_states=want_hidden,
+        )
+        target_logits = out.logits[0]  # [1 + proposed, vocab]
+        verdict, target_probs = verify(
+            proposal.tokens, proposal.draft_probs, target_logits, sampler
+        )
+        accepted = verdict.accepted_len
+        new_tokens = [*proposal.tokens[:accepted].tolist(), verdict.next_token]
+        keep = base + 1 + accepted  # the pending token and the accepted drafts
+        if want_hidden:
+            hidden = out.hidden_states[-1][0, : accepted + 1]  # [accepted + 1, hidden]
+        if detailed and accepted < proposed:
+            rejection = _rejection(
+                proposal, accepted, verdict.next_token, target_logits, target_probs
+            )
+    finally:
+        # The one place both caches are rewound: the target drops rejected drafts here,
+        # the drafter drops its own in commit().
+        rewind(cache, keep)
+        if drafter is not None:
+            drafter.commit(
+                StepFeedback(
+                    proposed=proposed,
+                    accepted=accepted,
+                    new_tokens=new_tokens,
+                    tokens=tokens + new_tokens,
+                    target_hidden=hidden,
+                )
+            )
+    return StepResult(
+        new_tokens=new_tokens,
+        proposed=proposed,
+        accepted=accepted,
+        draft_s=drafted - start,
+        verify_s=time.perf_counter() - drafted,
+        rejection=rejection,
+    )
