@@ -179,14 +179,19 @@ class SpeculativeDecoder:
                 step = speculative_step(
                     self.target, cache, tokens, drafter, k, sampler, detailed=request.detailed
                 )
-                self.policy.update(step.proposed, step.accepted)
+                self.policy.update(
+                    step.proposed, step.accepted, draft_s=step.draft_s, verify_s=step.verify_s
+                )
                 emitted = self._emit(request, step.new_tokens, step.accepted)
+                # Only a rejection inside the emitted tokens is a disagreement of this output:
+                # past an EOS among the accepted drafts, position and context would be wrong.
                 if step.rejection is not None:
                     self._record_rejection(request, tokens, step.rejection)
                 tokens.extend(step.new_tokens)
                 request.steps.append(
-                    StepRecord(step.proposed, step.accepted, len(emitted), step.draft_s,
-                               step.verify_s)
+                    StepRecord(
+                        step.proposed, step.accepted, len(emitted), step.draft_s, step.verify_s
+                    )
                 )
                 index = len(request.steps) - 1
                 for token, from_draft in emitted:
@@ -227,7 +232,9 @@ class SpeculativeDecoder:
 
     def _record_rejection(self, request: _Request, tokens: list[int], rejection) -> None:
         generated_before = len(tokens) - len(request.prompt)
-        prefix = tokens + request.output[generated_before : generated_before + rejection.draft_index]
+        prefix = (
+            tokens + request.output[generated_before : generated_before + rejection.draft_index]
+        )
         request.disagreements.append(
             Disagreement(
                 position=generated_before + rejection.draft_index,

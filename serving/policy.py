@@ -1,9 +1,11 @@
 """Draft-length policies: how many tokens to draft in the next step.
 
-A policy sees only what each step proposed and kept. ``FixedK`` always asks for k;
-``AdaptiveK`` is Hugging Face's "heuristic" schedule (+2 after a fully accepted block,
--1 otherwise, within [1, k_max]). Learned policies (the predictor issue) implement the
-same two methods.
+A policy sees what each step proposed and kept, and how long drafting and verifying took.
+``FixedK`` always asks for k; ``AdaptiveK`` is Hugging Face's "heuristic" schedule (+2 after
+a fully accepted block, -1 otherwise, within [1, k_max]); ``CostAwareK`` picks the k that
+maximises expected tokens per second from measured acceptance and measured costs, and
+stops drafting (k = 0) when no k pays. Learned policies (the predictor issue) implement the
+same methods.
 """
 
 from __future__ import annotations
@@ -34,8 +36,10 @@ class DraftLengthPolicy(ABC):
         """Drafts to ask for in the next step (0 = decode one token without drafting)."""
 
     @abstractmethod
-    def update(self, proposed: int, accepted: int) -> None:
-        """Learn from the step just verified."""
+    def update(
+        self, proposed: int, accepted: int, *, draft_s: float = 0.0, verify_s: float = 0.0
+    ) -> None:
+        """Learn from the step just verified (its timings are optional)."""
 
     def describe(self) -> dict[str, object]:
         return {"name": self.name}
@@ -49,7 +53,9 @@ class FixedK(DraftLengthPolicy):
     def next_k(self) -> int:
         return self.k
 
-    def update(self, proposed: int, accepted: int) -> None:
+    def update(
+        self, proposed: int, accepted: int, *, draft_s: float = 0.0, verify_s: float = 0.0
+    ) -> None:
         return None
 
     def describe(self) -> dict[str, object]:
@@ -69,7 +75,9 @@ class AdaptiveK(DraftLengthPolicy):
     def next_k(self) -> int:
         return self.k
 
-    def update(self, proposed: int, accepted: int) -> None:
+    def update(
+        self, proposed: int, accepted: int, *, draft_s: float = 0.0, verify_s: float = 0.0
+    ) -> None:
         if proposed == 0:
             return
         if accepted == proposed:
@@ -87,5 +95,165 @@ class NoDraft(DraftLengthPolicy):
     def next_k(self) -> int:
         return 0
 
-    def update(self, proposed: int, accepted: int) -> None:
+    def update(
+        self, proposed: int, accepted: int, *, draft_s: float = 0.0, verify_s: float = 0.0
+    ) -> None:
         return None
+
+
+# Cost of one target pass over n tokens relative to n = 1, on the CPU target (SmolLM2-135M,
+# warm cache; ../shared/ENVIRONMENT.md and `specops profile`). Only the curve's shape is
+# assumed: CostAwareK scales it by the times it measures.
+DEFAULT_VERIFY_CURVE = (
+    1.0,
+    1.06,
+    1.3,
+    1.6,
+    1.7,
+    1.8,
+    1.85,
+    2.0,
+    2.05,
+    2.1,
+    2.15,
+    2.2,
+    2.25,
+    2.3,
+    2.35,
+    2.4,
+)
+
+
+class CostAwareK(DraftLengthPolicy):
+    """Pick k to maximise expected tokens per second; draft nothing when nothing pays.
+
+    With ``alpha[j]`` the chance that draft j is kept given drafts before it were kept,
+    a block of k drafts yields ``E(k) = 1 + sum_{i<=k} prod_{j<=i} alpha[j]`` tokens and costs
+    ``C(k) = k * t_draft + t_verify(k + 1)``; the policy returns ``argmax_k E(k) / C(k)``
+    over ``0..k_max`` (``E(0) / C(0) = 1 / t_verify(1)``, plain decoding).
+
+    ``alpha`` comes from per-position kept/rejected counts that decay by ``decay`` each step
+    (so it follows the request's regime, e.g. copying vs. free text) on top of a Beta prior
+    that carries over between requests. ``t_draft`` (per drafted token) and the scale of
+    ``t_verify`` are moving averages of the step's measured times; ``t_verify(n)`` follows
+    ``verify_curve``. When k = 0 wins ``probe_every`` times in a row, one token is drafted
+    to keep the estimates current. Greedy output is unaffected by k; under sampling the
+    exact tokens drawn for a seed depend on the k chosen (timings), the distribution does
+    not - use ``fixed`` for bit-reproducible sampling.
+    """
+
+    def __init__(
+        self,
+        k_max: int = 8,
+        *,
+        verify_curve: tuple[float, ...] = DEFAULT_VERIFY_CURVE,
+        prior_accept: float = 0.5,
+        prior_strength: float = 2.0,
+        decay: float = 0.8,
+        probe_every: int = 16,
+        smoothing: float = 0.2,
+    ) -> None:
+        self.k_max = check_k(k_max, name="k_max")
+        if not verify_curve or verify_curve[0] <= 0:
+            raise BadInputError(f"verify_curve must start with a positive cost, got {verify_curve}")
+        if not 0.0 < prior_accept < 1.0:
+            raise BadInputError(f"prior_accept must be in (0, 1), got {prior_accept!r}")
+        if not 0.0 < decay <= 1.0:
+            raise BadInputError(f"decay must be in (0, 1], got {decay!r}")
+        self.verify_curve = tuple(float(c) / verify_curve[0] for c in verify_curve)
+        self.prior_accept = prior_accept
+        self.prior_strength = prior_strength
+        self.decay = decay
+        self.probe_every = probe_every
+        self.smoothing = smoothing
+        self.name = f"cost(k_max={k_max})"
+        # Long-run prior (kept across requests) and this request's decayed evidence.
+        self._prior = [prior_accept] * self.k_max
+        self._kept = [0.0] * self.k_max
+        self._seen = [0.0] * self.k_max
+        self._t_unit: float | None = None  # seconds of a one-token target pass
+        self._t_draft: float | None = None  # seconds per drafted token
+        self._idle = 0
+
+    def begin(self) -> None:
+        self._kept = [0.0] * self.k_max
+        self._seen = [0.0] * self.k_max
+        self._idle = 0
+
+    def curve(self, n: int) -> float:
+        if n <= len(self.verify_curve):
+            return self.verify_curve[n - 1]
+        last = self.verify_curve[-1]
+        step = last - self.verify_curve[-2] if len(self.verify_curve) > 1 else 0.1
+        return last + step * (n - len(self.verify_curve))
+
+    def alpha(self, position: int) -> float:
+        prior = self._prior[position] * self.prior_strength
+        return (prior + self._kept[position]) / (self.prior_strength + self._seen[position])
+
+    def expected_rate(self, k: int) -> float:
+        """E(k) / C(k) in tokens per one-token-pass time unit."""
+        t_draft = (self._t_draft or 0.0) / (self._t_unit or 1.0)
+        expected, survive = 1.0, 1.0
+        for position in range(k):
+            survive *= self.alpha(position)
+            expected += survive
+        return expected / (k * t_draft + self.curve(k + 1))
+
+    def next_k(self) -> int:
+        best_k, best_rate = 0, self.expected_rate(0)
+        for k in range(1, self.k_max + 1):
+            rate = self.expected_rate(k)
+            if rate > best_rate:
+                best_k, best_rate = k, rate
+        if best_k == 0:
+            self._idle += 1
+            if self._idle >= self.probe_every:
+                self._idle = 0
+                return 1
+        else:
+            self._idle = 0
+        return best_k
+
+    def _average(self, old: float | None, new: float) -> float:
+        return new if old is None else (1 - self.smoothing) * old + self.smoothing * new
+
+    def update(
+        self, proposed: int, accepted: int, *, draft_s: float = 0.0, verify_s: float = 0.0
+    ) -> None:
+        if verify_s > 0:
+            self._t_unit = self._average(self._t_unit, verify_s / self.curve(proposed + 1))
+        if proposed > 0 and draft_s > 0:
+            self._t_draft = self._average(self._t_draft, draft_s / proposed)
+        for position in range(self.k_max):
+            self._kept[position] *= self.decay
+            self._seen[position] *= self.decay
+        for position in range(min(proposed, accepted + 1, self.k_max)):
+            kept = position < accepted
+            self._kept[position] += kept
+            self._seen[position] += 1.0
+            # The long-run prior moves slowly toward what this drafter achieves.
+            self._prior[position] += 0.02 * (kept - self._prior[position])
+
+    def describe(self) -> dict[str, object]:
+        return {
+            "name": "cost",
+            "k_max": self.k_max,
+            "decay": self.decay,
+            "prior_strength": self.prior_strength,
+            "probe_every": self.probe_every,
+        }
+
+
+POLICIES = ("fixed", "adaptive", "cost")
+
+
+def make_policy(name: str, k: int) -> DraftLengthPolicy:
+    """``k`` is the fixed k, the adaptive start, or the cost policy's largest k."""
+    if name == "fixed":
+        return FixedK(k)
+    if name == "adaptive":
+        return AdaptiveK(k)
+    if name == "cost":
+        return CostAwareK(k_max=k)
+    raise BadInputError(f"unknown policy {name!r}; choose one of {POLICIES}")

@@ -99,9 +99,9 @@ class Sampler:
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
         """The distribution tokens are drawn from. Greedy: one-hot at the argmax."""
         if self.greedy:
-            return torch.nn.functional.one_hot(
-                logits.argmax(dim=-1), logits.shape[-1]
-            ).to(logits.dtype)
+            return torch.nn.functional.one_hot(logits.argmax(dim=-1), logits.shape[-1]).to(
+                logits.dtype
+            )
         return self.process(logits.float()).softmax(dim=-1)
 
     def sample(self, probs: torch.Tensor) -> torch.Tensor:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from serving.drafters.base import DraftProposal, DraftRequest, Drafter, StepFeedback
+from serving.drafters.base import Drafter, DraftProposal, DraftRequest, StepFeedback
 from serving.kv import cache_length, rewind
 from serving.sampling import Sampler
 from serving.verify import verify

@@ -1,0 +1,1 @@
+"""specops: speculative decoding in production. The command line lives in specops.cli."""

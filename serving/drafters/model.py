@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from serving.drafters.base import DraftProposal, DraftRequest, Drafter, StepFeedback
+from serving.drafters.base import Drafter, DraftProposal, DraftRequest, StepFeedback
 from serving.errors import BadInputError, IncompatibleDraftError
 from serving.kv import cache_length, new_cache, rewind
 
@@ -75,7 +75,9 @@ class ModelDrafter(Drafter):
             tokens.append(token)
             probs.append(row)
             last = i == request.k - 1
-            if last or (self.confidence_threshold and float(row[token]) < self.confidence_threshold):
+            if last or (
+                self.confidence_threshold and float(row[token]) < self.confidence_threshold
+            ):
                 break
             logits = self._next_logits(token.view(1))
         self._proposal_base = len(request.tokens)
@@ -92,6 +94,9 @@ class ModelDrafter(Drafter):
         self._proposed = 0
 
     def describe(self) -> dict[str, object]:
-        return {"name": self.name, "kind": "model",
-                "layers": self.model.config.num_hidden_layers,
-                "confidence_threshold": self.confidence_threshold}
+        return {
+            "name": self.name,
+            "kind": "model",
+            "layers": self.model.config.num_hidden_layers,
+            "confidence_threshold": self.confidence_threshold,
+        }

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from serving.drafters.base import DraftProposal, DraftRequest, Drafter, StepFeedback
+from serving.drafters.base import Drafter, DraftProposal, DraftRequest, StepFeedback
 from serving.errors import BadInputError
 
 FALLBACKS = ("stop", "shared")
@@ -69,9 +69,7 @@ class NGramStore:
         for width in range(min(self.n - 1, len(context)), 0, -1):
             counts = self._counts.get(tuple(context[-width:]))
             if counts is not None:
-                return Prediction(
-                    counts.best_token, counts.best_count / counts.total, width + 1
-                )
+                return Prediction(counts.best_token, counts.best_count / counts.total, width + 1)
         return None
 
 
@@ -121,7 +119,7 @@ class NGramDrafter(Drafter):
                 break
             draft.append(prediction.token)
             confidence.append(prediction.confidence)
-            context = (context + [prediction.token])[-(self.n - 1) :]
+            context = [*context, prediction.token][-(self.n - 1) :]
         return DraftProposal(
             torch.tensor(draft, dtype=torch.int64),
             confidence=torch.tensor(confidence, dtype=torch.float32),
@@ -133,5 +131,10 @@ class NGramDrafter(Drafter):
         self._store.add(self._tokens, start=start)
 
     def describe(self) -> dict[str, object]:
-        return {"name": self.name, "kind": "ngram_store", "n": self.n, "fallback": self.fallback,
-                "min_confidence": self.min_confidence}
+        return {
+            "name": self.name,
+            "kind": "ngram_store",
+            "n": self.n,
+            "fallback": self.fallback,
+            "min_confidence": self.min_confidence,
+        }

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from serving.drafters.base import DraftProposal, DraftRequest, Drafter, StepFeedback
+from serving.drafters.base import Drafter, DraftProposal, DraftRequest, StepFeedback
 from serving.errors import BadInputError
 
 
@@ -66,5 +66,9 @@ class PromptLookupDrafter(Drafter):
         self._extend(feedback.new_tokens)
 
     def describe(self) -> dict[str, object]:
-        return {"name": self.name, "kind": "prompt_lookup", "max_ngram": self.max_ngram,
-                "min_ngram": self.min_ngram}
+        return {
+            "name": self.name,
+            "kind": "prompt_lookup",
+            "max_ngram": self.max_ngram,
+            "min_ngram": self.min_ngram,
+        }

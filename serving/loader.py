@@ -1,0 +1,86 @@
+"""Load a target model and build a decoder for it from user-facing options."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from serving.drafters.factory import DrafterSpec, build_drafter, parse_drafter_spec
+from serving.engine import SpeculativeDecoder
+from serving.errors import BadInputError, ModelSourceError
+from serving.policy import POLICIES, make_policy
+
+DEFAULT_TARGET = "smollm2"
+
+
+def set_threads(threads: int) -> int:
+    """Set torch's intra-op thread count explicitly (benchmarks record it)."""
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise BadInputError(f"threads must be an integer >= 1, got {threads!r}")
+    torch.set_num_threads(threads)
+    return threads
+
+
+def load_target(source: str = DEFAULT_TARGET):
+    """``smollm2`` (the shipped SmolLM2-135M-Instruct) or a local HF model folder."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if source == DEFAULT_TARGET:
+        from serving.models.real import load_real_model
+
+        return load_real_model()
+    path = Path(source)
+    if not path.is_dir():
+        raise ModelSourceError(
+            f"target {source!r} is neither {DEFAULT_TARGET!r} nor a local model folder"
+        )
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    return model, AutoTokenizer.from_pretrained(path)
+
+
+def encode_prompt(tokenizer, text: str, *, chat: bool = True) -> list[int]:
+    if not isinstance(text, str) or not text.strip():
+        raise BadInputError("the prompt is empty; give some text")
+    if chat and tokenizer.chat_template:
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
+        )
+        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+            ids = ids["input_ids"]
+        return list(ids)
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def eos_ids(model, tokenizer) -> list[int]:
+    ids: set[int] = set()
+    for source in (model.generation_config.eos_token_id, tokenizer.eos_token_id):
+        if source is None:
+            continue
+        ids.update(source if isinstance(source, list) else [source])
+    return sorted(ids)
+
+
+@dataclass(frozen=True)
+class DecoderOptions:
+    drafter: str = "pld"
+    k: int = 4
+    policy: str = "fixed"
+
+    def check(self) -> DrafterSpec:
+        if self.policy not in POLICIES:
+            raise BadInputError(f"unknown policy {self.policy!r}; choose one of {POLICIES}")
+        spec = parse_drafter_spec(self.drafter)
+        if spec.kind != "none":
+            make_policy(self.policy, self.k)  # validates k
+        return spec
+
+
+def build_decoder(model, tokenizer, options: DecoderOptions) -> SpeculativeDecoder:
+    spec = options.check()
+    drafter = build_drafter(spec, model, tokenizer)
+    policy = make_policy(options.policy, options.k) if drafter is not None else None
+    return SpeculativeDecoder(
+        model, drafter=drafter, policy=policy, eos_token_ids=eos_ids(model, tokenizer)
+    )

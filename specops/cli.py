@@ -1,0 +1,185 @@
+"""The ``specops`` command line. Thin: parse options, call serving/ and tasks/, print."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+
+app = typer.Typer(
+    help="specops: speculative decoding that keeps itself fast.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def _fail(message: str) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code=2)
+
+
+def _format_stats(stats: dict) -> str:
+    def fmt(value, spec=".3f"):
+        return "n/a" if value is None else format(value, spec)
+
+    by_position = ", ".join(fmt(v, ".2f") for v in stats["acceptance_by_position"]) or "n/a"
+    return (
+        f"tokens: {stats['generated_tokens']} in {stats['checks']} target passes | "
+        f"{fmt(stats['tokens_per_s'], '.1f')} tok/s | acceptance {fmt(stats['acceptance_rate'])}"
+        f" | mean accepted length {fmt(stats['mean_accepted_length'], '.2f')}\n"
+        f"acceptance by position: [{by_position}]\n"
+        f"time: prefill {stats['prefill_s']:.3f}s, draft {stats['draft_s']:.3f}s, "
+        f"verify {stats['verify_s']:.3f}s, total {stats['total_s']:.3f}s"
+    )
+
+
+@app.command()
+def generate(
+    prompt: Annotated[str, typer.Argument(help="The prompt text.")],
+    drafter: Annotated[
+        str, typer.Option(help="none | pld[:N] | ngram[:N] | layers:N | model:PATH")
+    ] = "pld",
+    k: Annotated[int, typer.Option("--k", help="Draft tokens per step (the policy's start).")] = 4,
+    policy: Annotated[str, typer.Option(help="Draft-length policy: fixed | adaptive.")] = "fixed",
+    max_new_tokens: Annotated[int, typer.Option(help="Token budget.")] = 128,
+    temperature: Annotated[float, typer.Option(help="0 = greedy.")] = 0.0,
+    top_k: Annotated[int, typer.Option(help="0 disables.")] = 0,
+    top_p: Annotated[float, typer.Option(help="1.0 disables.")] = 1.0,
+    seed: Annotated[int | None, typer.Option(help="Seed for sampling.")] = None,
+    mode: Annotated[str, typer.Option(help="fast | detailed (records disagreements).")] = "fast",
+    chat: Annotated[bool, typer.Option("--chat/--no-chat", help="Apply the chat template.")] = True,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    threads: Annotated[int, typer.Option(help="torch threads.")] = 2,
+    target: Annotated[str, typer.Option(help="smollm2 or a local model folder.")] = "smollm2",
+) -> None:
+    """Generate text for PROMPT with speculative decoding; print the text and the stats."""
+    from serving.engine import MODES
+    from serving.errors import SpecOpsError
+    from serving.loader import (
+        DecoderOptions,
+        build_decoder,
+        encode_prompt,
+        load_target,
+        set_threads,
+    )
+    from serving.sampling import SamplingParams
+
+    try:
+        # Every option is checked before any model is loaded.
+        if not prompt.strip():
+            _fail("the prompt is empty; give some text")
+        if mode not in MODES:
+            _fail(f"unknown mode {mode!r}; choose one of {MODES}")
+        if max_new_tokens < 1:
+            _fail(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+        options = DecoderOptions(drafter=drafter, k=k, policy=policy)
+        options.check()
+        set_threads(threads)
+        model, tokenizer = load_target(target)
+        prompt_ids = encode_prompt(tokenizer, prompt, chat=chat)
+        decoder = build_decoder(model, tokenizer, options)
+        generation = decoder.stream(
+            prompt_ids, max_new_tokens=max_new_tokens, sampling=sampling, mode=mode
+        )
+        shown = ""
+        ids: list[int] = []
+        for event in generation:
+            ids.append(event.token_id)
+            if not as_json:
+                text = tokenizer.decode(ids, skip_special_tokens=True)
+                sys.stdout.write(text[len(shown) :])
+                sys.stdout.flush()
+                shown = text
+        result = generation.result
+    except SpecOpsError as error:
+        _fail(str(error))
+    assert result is not None
+    text = tokenizer.decode(result.token_ids, skip_special_tokens=True)
+    stats = result.stats.to_dict()
+    if as_json:
+        payload = {
+            "text": text,
+            "token_ids": result.token_ids,
+            "from_draft": result.from_draft,
+            "stop_reason": result.stop_reason,
+            "stats": stats,
+            "drafter": decoder.describe(),
+            "threads": threads,
+        }
+        if result.record is not None:
+            payload["record"] = result.record.to_dict()
+        typer.echo(json.dumps(payload))
+        return
+    typer.echo("")
+    typer.echo("---", err=True)
+    typer.echo(_format_stats(stats), err=True)
+    if result.record is not None:
+        typer.echo(f"disagreements recorded: {len(result.record.disagreements)}", err=True)
+
+
+@app.command()
+def bench(
+    config: Annotated[Path, typer.Option(help="Bench config (YAML).")] = Path("configs/bench.yaml"),
+    prompts: Annotated[int | None, typer.Option(help="Prompts per workload.")] = None,
+    max_new_tokens: Annotated[int | None, typer.Option(help="Token budget per prompt.")] = None,
+    threads: Annotated[int | None, typer.Option(help="torch threads (recorded).")] = None,
+    workloads: Annotated[str | None, typer.Option(help="Comma-separated workloads.")] = None,
+    methods: Annotated[str | None, typer.Option(help="Comma-separated method names.")] = None,
+    seed: Annotated[int | None, typer.Option(help="Prompt-selection seed.")] = None,
+    out: Annotated[Path, typer.Option(help="Folder for bench.json and bench.png.")] = Path(
+        "results"
+    ),
+) -> None:
+    """Benchmark specops against HF greedy, HF assisted generation and HF prompt lookup."""
+    from serving.errors import SpecOpsError
+    from tasks.bench import format_table, load_bench_config, run_bench
+
+    try:
+        overrides: dict[str, object] = {
+            "prompts_per_workload": prompts,
+            "max_new_tokens": max_new_tokens,
+            "threads": threads,
+            "seed": seed,
+            "workloads": workloads.split(",") if workloads else None,
+        }
+        settings = load_bench_config(config, **overrides)
+        if methods:
+            wanted = methods.split(",")
+            unknown = sorted(set(wanted) - {m.name for m in settings.methods})
+            if unknown:
+                _fail(
+                    f"unknown methods {unknown}; the config has "
+                    f"{[m.name for m in settings.methods]}"
+                )
+            settings.methods = [
+                m for m in settings.methods if m.name in wanted or m.name == "hf-greedy"
+            ]
+        results = run_bench(settings, out_dir=out)
+    except SpecOpsError as error:
+        _fail(str(error))
+    typer.echo(format_table(results["summary"]))
+    typer.echo(
+        f"threads={results['environment']['threads']}  results: {out / 'bench.json'}  "
+        f"plot: {out / 'bench.png'}"
+    )
+
+
+@app.command("model-path")
+def model_path() -> None:
+    """Convert the shipped SmolLM2-135M-Instruct once (cached) and print its folder."""
+    from serving.models.real import real_model_dir
+
+    typer.echo(str(real_model_dir()))
+
+
+if __name__ == "__main__":
+    app()
