@@ -185,7 +185,7 @@ class SpeculativeDecoder:
                 emitted = self._emit(request, step.new_tokens, step.accepted)
                 # Only a rejection inside the emitted tokens is a disagreement of this output:
                 # past an EOS among the accepted drafts, position and context would be wrong.
-                if step.rejection is not None:
+                if step.rejection is not None and step.rejection.draft_index < len(emitted):
                     self._record_rejection(request, tokens, step.rejection)
                 tokens.extend(step.new_tokens)
                 request.steps.append(

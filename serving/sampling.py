@@ -29,7 +29,11 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.temperature, int | float) or not math.isfinite(self.temperature):
+        if (
+            isinstance(self.temperature, bool)
+            or not isinstance(self.temperature, int | float)
+            or not math.isfinite(self.temperature)
+        ):
             raise BadInputError(f"temperature must be a finite number, got {self.temperature!r}")
         if self.temperature < 0:
             raise BadInputError(
@@ -37,7 +41,11 @@ class SamplingParams:
             )
         if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < 0:
             raise BadInputError(f"top_k must be an integer >= 0 (0 disables), got {self.top_k!r}")
-        if not isinstance(self.top_p, int | float) or not (0.0 < self.top_p <= 1.0):
+        if (
+            isinstance(self.top_p, bool)
+            or not isinstance(self.top_p, int | float)
+            or not (0.0 < self.top_p <= 1.0)
+        ):
             raise BadInputError(f"top_p must be in (0, 1], got {self.top_p!r}")
 
     @property

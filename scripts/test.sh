@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The test command: set-up, lint, then the whole suite (tiny models and the real model).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+source scripts/env.sh
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
+.venv/bin/python -m pytest -q "$@"

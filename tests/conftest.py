@@ -1,0 +1,42 @@
+"""Shared fixtures: one tiny random target model and a prompt, built once per session.
+
+Tests must not change the target's weights; drafts built from it (``first_layers``) share
+its modules, which is fine because nothing here trains.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from serving.models.tiny import tiny_llama
+
+# Repeats a few n-grams so that prompt lookup and the n-gram store find something to draft.
+PROMPT = [1, 5, 17, 42, 8, 5, 17, 42, 33, 9, 5, 17]
+NEW_TOKENS = 48
+
+
+@pytest.fixture(scope="session")
+def target():
+    return tiny_llama()
+
+
+@pytest.fixture(scope="session")
+def prompt() -> list[int]:
+    return list(PROMPT)
+
+
+@pytest.fixture(scope="session")
+def greedy_reference(target, prompt) -> list[int]:
+    """Hugging Face's own greedy continuation (no EOS stop) of ``prompt``."""
+    with torch.inference_mode():
+        input_ids = torch.tensor([prompt])
+        out = target.generate(
+            input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            max_new_tokens=NEW_TOKENS,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+    return out[0, len(prompt) :].tolist()
