@@ -10,6 +10,7 @@ import torch
 from serving.drafters.factory import DrafterSpec, build_drafter, parse_drafter_spec
 from serving.engine import SpeculativeDecoder
 from serving.errors import BadInputError, ModelSourceError
+from serving.hardware import hardware_target
 from serving.policy import POLICIES, make_policy
 
 DEFAULT_TARGET = "smollm2"
@@ -23,21 +24,36 @@ def set_threads(threads: int) -> int:
     return threads
 
 
-def load_target(source: str = DEFAULT_TARGET):
-    """``smollm2`` (the shipped SmolLM2-135M-Instruct) or a local HF model folder."""
+KERNELS = ("onednn", "stock")
+
+
+def load_target(source: str = DEFAULT_TARGET, *, kernels: str = "onednn"):
+    """``smollm2`` (the shipped SmolLM2-135M-Instruct) or a local HF model folder.
+
+    ``kernels="onednn"`` packs the linear layers for oneDNN (see
+    :mod:`serving.models.onednn`); ``"stock"`` keeps torch's default layers.
+    """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    if kernels not in KERNELS:
+        raise BadInputError(f"unknown kernels {kernels!r}; choose one of {KERNELS}")
     if source == DEFAULT_TARGET:
         from serving.models.real import load_real_model
 
-        return load_real_model()
-    path = Path(source)
-    if not path.is_dir():
-        raise ModelSourceError(
-            f"target {source!r} is neither {DEFAULT_TARGET!r} nor a local model folder"
-        )
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    return model, AutoTokenizer.from_pretrained(path)
+        model, tokenizer = load_real_model()
+    else:
+        path = Path(source)
+        if not path.is_dir():
+            raise ModelSourceError(
+                f"target {source!r} is neither {DEFAULT_TARGET!r} nor a local model folder"
+            )
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    if kernels == "onednn":
+        from serving.models.onednn import pack_linear_layers
+
+        pack_linear_layers(model)
+    return model, tokenizer
 
 
 def encode_prompt(tokenizer, text: str, *, chat: bool = True) -> list[int]:
@@ -67,10 +83,12 @@ class DecoderOptions:
     drafter: str = "pld"
     k: int = 4
     policy: str = "fixed"
+    hardware: str = "cpu"  # a target of configs/hardware.yaml (its measured verify curve)
 
     def check(self) -> DrafterSpec:
         if self.policy not in POLICIES:
             raise BadInputError(f"unknown policy {self.policy!r}; choose one of {POLICIES}")
+        hardware_target(self.hardware)
         spec = parse_drafter_spec(self.drafter)
         if spec.kind != "none":
             make_policy(self.policy, self.k)  # validates k
@@ -80,7 +98,10 @@ class DecoderOptions:
 def build_decoder(model, tokenizer, options: DecoderOptions) -> SpeculativeDecoder:
     spec = options.check()
     drafter = build_drafter(spec, model, tokenizer)
-    policy = make_policy(options.policy, options.k) if drafter is not None else None
+    policy = None
+    if drafter is not None:
+        curve = tuple(hardware_target(options.hardware).verify_curve)
+        policy = make_policy(options.policy, options.k, verify_curve=curve)
     return SpeculativeDecoder(
         model, drafter=drafter, policy=policy, eos_token_ids=eos_ids(model, tokenizer)
     )

@@ -160,7 +160,9 @@ class CostAwareK(DraftLengthPolicy):
             raise BadInputError(f"prior_accept must be in (0, 1), got {prior_accept!r}")
         if not 0.0 < decay <= 1.0:
             raise BadInputError(f"decay must be in (0, 1], got {decay!r}")
-        self.verify_curve = tuple(float(c) / verify_curve[0] for c in verify_curve)
+        # Normalised to n = 1 and made non-decreasing (a bigger block never costs less).
+        normalised = [float(c) / verify_curve[0] for c in verify_curve]
+        self.verify_curve = tuple(max(normalised[: i + 1]) for i in range(len(normalised)))
         self.prior_accept = prior_accept
         self.prior_strength = prior_strength
         self.decay = decay
@@ -248,12 +250,15 @@ class CostAwareK(DraftLengthPolicy):
 POLICIES = ("fixed", "adaptive", "cost")
 
 
-def make_policy(name: str, k: int) -> DraftLengthPolicy:
-    """``k`` is the fixed k, the adaptive start, or the cost policy's largest k."""
+def make_policy(
+    name: str, k: int, *, verify_curve: tuple[float, ...] | None = None
+) -> DraftLengthPolicy:
+    """``k`` is the fixed k, the adaptive start, or the cost policy's largest k;
+    ``verify_curve`` is the hardware target's measured pass-cost curve (cost policy only)."""
     if name == "fixed":
         return FixedK(k)
     if name == "adaptive":
         return AdaptiveK(k)
     if name == "cost":
-        return CostAwareK(k_max=k)
+        return CostAwareK(k_max=k, verify_curve=verify_curve or DEFAULT_VERIFY_CURVE)
     raise BadInputError(f"unknown policy {name!r}; choose one of {POLICIES}")

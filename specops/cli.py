@@ -47,8 +47,13 @@ def generate(
     drafter: Annotated[
         str, typer.Option(help="none | pld[:N] | ngram[:N] | layers:N | model:PATH")
     ] = "pld",
-    k: Annotated[int, typer.Option("--k", help="Draft tokens per step (the policy's start).")] = 4,
-    policy: Annotated[str, typer.Option(help="Draft-length policy: fixed | adaptive.")] = "fixed",
+    k: Annotated[
+        int,
+        typer.Option("--k", help="Draft tokens per step (fixed), start (adaptive), max (cost)."),
+    ] = 10,
+    policy: Annotated[
+        str, typer.Option(help="Draft-length policy: cost | fixed | adaptive.")
+    ] = "cost",
     max_new_tokens: Annotated[int, typer.Option(help="Token budget.")] = 128,
     temperature: Annotated[float, typer.Option(help="0 = greedy.")] = 0.0,
     top_k: Annotated[int, typer.Option(help="0 disables.")] = 0,
@@ -59,10 +64,12 @@ def generate(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
     threads: Annotated[int, typer.Option(help="torch threads.")] = 2,
     target: Annotated[str, typer.Option(help="smollm2 or a local model folder.")] = "smollm2",
+    hardware: Annotated[str, typer.Option(help="Hardware target (configs/hardware.yaml).")] = "cpu",
 ) -> None:
     """Generate text for PROMPT with speculative decoding; print the text and the stats."""
     from serving.engine import MODES
     from serving.errors import SpecOpsError
+    from serving.hardware import hardware_target
     from serving.loader import (
         DecoderOptions,
         build_decoder,
@@ -81,10 +88,10 @@ def generate(
         if max_new_tokens < 1:
             _fail(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
-        options = DecoderOptions(drafter=drafter, k=k, policy=policy)
+        options = DecoderOptions(drafter=drafter, k=k, policy=policy, hardware=hardware)
         options.check()
         set_threads(threads)
-        model, tokenizer = load_target(target)
+        model, tokenizer = load_target(target, kernels=hardware_target(hardware).kernels)
         prompt_ids = encode_prompt(tokenizer, prompt, chat=chat)
         decoder = build_decoder(model, tokenizer, options)
         generation = decoder.stream(
@@ -171,6 +178,34 @@ def bench(
         f"threads={results['environment']['threads']}  results: {out / 'bench.json'}  "
         f"plot: {out / 'bench.png'}"
     )
+
+
+@app.command()
+def profile(
+    threads: Annotated[int, typer.Option(help="torch threads (recorded).")] = 2,
+    max_n: Annotated[int, typer.Option(help="Largest block to time.")] = 16,
+    context: Annotated[int, typer.Option(help="Tokens already in the KV cache.")] = 256,
+    repeats: Annotated[int, typer.Option(help="Timings per size (medians kept).")] = 15,
+    out: Annotated[Path, typer.Option(help="Results file.")] = Path("results/profile.json"),
+    kernels: Annotated[str, typer.Option(help="onednn (packed, CPU) | stock.")] = "onednn",
+) -> None:
+    """Measure target-pass cost by block size, and first-N-layer draft costs, on this CPU."""
+    from serving.loader import load_target, set_threads
+    from tasks.bench import write_json_atomic
+    from tasks.profile import profile_model
+
+    set_threads(threads)
+    model, _ = load_target(kernels=kernels)
+    result = profile_model(model, max_n=max_n, context=context, repeats=repeats)
+    write_json_atomic(out, result)
+    typer.echo(f"verify cost by block size n=1..{max_n} (relative to n=1):")
+    typer.echo("  " + ", ".join(f"{c:.2f}" for c in result["verify_curve"]))
+    typer.echo(f"one-token target pass: {result['target_pass_s'][1] * 1000:.1f} ms")
+    typer.echo(
+        "draft cost per token (relative to a target pass): "
+        + ", ".join(f"{name}={cost:.2f}" for name, cost in result["draft_cost"].items())
+    )
+    typer.echo(f"results: {out}")
 
 
 @app.command("model-path")

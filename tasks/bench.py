@@ -26,6 +26,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from serving.errors import BadInputError
+from serving.hardware import hardware_target
 from serving.loader import DecoderOptions, build_decoder, eos_ids, set_threads
 from serving.metrics import pool
 from serving.models.truncated import first_layers
@@ -58,6 +59,9 @@ class BenchConfig(BaseModel):
     max_new_tokens: int = Field(128, ge=1)
     threads: int = Field(2, ge=1)
     draft_layers: int = Field(4, ge=1)
+    # specops's hardware target (configs/hardware.yaml): its kernels and measured pass costs.
+    # HF baselines always run the stock model, as a user would.
+    hardware: str = "cpu"
     methods: list[MethodConfig]
 
     @field_validator("methods")
@@ -122,7 +126,8 @@ def _specops_runner(decoder, *, max_new_tokens: int) -> Runner:
     return run
 
 
-def make_runners(model, tokenizer, config: BenchConfig) -> dict[str, Runner]:
+def make_runners(model, engine_model, tokenizer, config: BenchConfig) -> dict[str, Runner]:
+    """HF methods run ``model`` (stock); specops methods run ``engine_model``."""
     draft_model = None
     runners: dict[str, Runner] = {}
     pad_id = eos_ids(model, tokenizer)[0]
@@ -142,14 +147,17 @@ def make_runners(model, tokenizer, config: BenchConfig) -> dict[str, Runner]:
             )
         else:
             drafter = (method.drafter or "none").format(draft_layers=config.draft_layers)
-            options = DecoderOptions(drafter=drafter, k=method.k, policy=method.policy)
+            options = DecoderOptions(
+                drafter=drafter, k=method.k, policy=method.policy, hardware=config.hardware
+            )
             runners[method.name] = _specops_runner(
-                build_decoder(model, tokenizer, options), max_new_tokens=config.max_new_tokens
+                build_decoder(engine_model, tokenizer, options),
+                max_new_tokens=config.max_new_tokens,
             )
     return runners
 
 
-def _write_json_atomic(path: Path, payload: object) -> None:
+def write_json_atomic(path: Path, payload: object) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as tmp:
         json.dump(payload, tmp, indent=2)
@@ -249,8 +257,7 @@ def run_bench(
     config: BenchConfig,
     *,
     out_dir: Path = Path("results"),
-    model=None,
-    tokenizer=None,
+    target: str = "smollm2",
     progress: bool = True,
 ) -> dict:
     """Run the benchmark; write ``bench.json`` and ``bench.png`` into ``out_dir``."""
@@ -267,9 +274,12 @@ def run_bench(
             workload, config.prompts_per_workload, seed=config.seed, split=config.split
         )
     ]
-    if model is None or tokenizer is None:
-        model, tokenizer = load_target()
-    runners = make_runners(model, tokenizer, config)
+    kernels = hardware_target(config.hardware).kernels
+    model, tokenizer = load_target(target, kernels="stock")
+    engine_model = model
+    if kernels != "stock":
+        engine_model, _ = load_target(target, kernels=kernels)
+    runners = make_runners(model, engine_model, tokenizer, config)
     names = list(runners)
     encoded = [encode_prompt(tokenizer, _user_text(p), chat=True) for p in prompts]
     for name in tqdm(names, desc="warm-up", disable=not progress):
@@ -304,6 +314,8 @@ def run_bench(
         "config": config.model_dump(),
         "environment": {
             "threads": torch.get_num_threads(),
+            "specops_hardware": config.hardware,
+            "specops_kernels": kernels,
             "torch": torch.__version__,
             "machine": platform.machine(),
             "processor": platform.processor(),
@@ -314,7 +326,7 @@ def run_bench(
         "runs": runs,
     }
     out_dir = Path(out_dir)
-    _write_json_atomic(out_dir / "bench.json", results)
+    write_json_atomic(out_dir / "bench.json", results)
     plot(rows, out_dir / "bench.png")
     return results
 

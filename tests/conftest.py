@@ -40,3 +40,36 @@ def greedy_reference(target, prompt) -> list[int]:
             pad_token_id=0,
         )
     return out[0, len(prompt) :].tolist()
+
+
+# --- The shipped SmolLM2-135M-Instruct (tests marked real_model) ---------------------------
+# The first use converts the package's GGUF into the specops cache (~25 s, once per machine);
+# later sessions reload the safetensors folder in about a second.
+PROMPTS = [
+    "Rewrite the following sentence with correct grammar, changing nothing else: "
+    "'The results of the experiment was surprising, because the team have expected "
+    "the opposite outcome for many month.'",
+    "Write a Python function that returns the n-th Fibonacci number.",
+]
+
+
+@pytest.fixture(scope="session")
+def real_stock():
+    from serving.loader import load_target
+
+    return load_target(kernels="stock")
+
+
+@pytest.fixture(scope="session")
+def real_packed():
+    from serving.loader import load_target
+
+    return load_target(kernels="onednn")
+
+
+@pytest.fixture(scope="session")
+def real_prompts(real_stock) -> list[list[int]]:
+    from serving.loader import encode_prompt
+
+    _, tokenizer = real_stock
+    return [encode_prompt(tokenizer, text) for text in PROMPTS]

@@ -1,0 +1,41 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from serving.engine import SpeculativeDecoder
+from serving.models.onednn import PackedLinear, onednn_available, pack_linear_layers
+from serving.models.tiny import tiny_llama
+
+pytestmark = pytest.mark.skipif(not onednn_available(), reason="torch built without oneDNN")
+
+
+def test_packed_linear_matches_linear():
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(64, 48, bias=True)
+    packed = PackedLinear(linear)
+    x = torch.randn(2, 5, 64)
+    with torch.inference_mode():
+        torch.testing.assert_close(packed(x), linear(x), rtol=1e-4, atol=1e-5)
+
+
+def test_packed_rows_do_not_depend_on_how_many_share_the_call():
+    torch.manual_seed(0)
+    packed = PackedLinear(torch.nn.Linear(576, 300, bias=False))
+    row = torch.randn(1, 576)
+    with torch.inference_mode():
+        alone = packed(row)
+        for rows in (2, 3, 5, 8):
+            together = packed(torch.cat([row, torch.randn(rows - 1, 576)]))
+            assert torch.equal(together[:1], alone)
+
+
+def test_pack_replaces_every_linear_and_keeps_greedy_output():
+    stock = tiny_llama()
+    packed = tiny_llama()
+    replaced = pack_linear_layers(packed)
+    assert replaced == sum(isinstance(m, torch.nn.Linear) for m in stock.modules())
+    assert not any(isinstance(m, torch.nn.Linear) for m in packed.modules())
+    prompt = list(range(3, 20))
+    expected = SpeculativeDecoder(stock).generate(prompt, max_new_tokens=32).token_ids
+    assert SpeculativeDecoder(packed).generate(prompt, max_new_tokens=32).token_ids == expected
