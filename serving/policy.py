@@ -185,9 +185,11 @@ class CostAwareK(DraftLengthPolicy):
     def curve(self, n: int) -> float:
         if n <= len(self.verify_curve):
             return self.verify_curve[n - 1]
-        last = self.verify_curve[-1]
-        step = last - self.verify_curve[-2] if len(self.verify_curve) > 1 else 0.1
-        return last + step * (n - len(self.verify_curve))
+        # Past the measured sizes, grow at the curve's average slope (never flat: a longer
+        # block always costs something).
+        last, size = self.verify_curve[-1], len(self.verify_curve)
+        slope = (last - 1.0) / (size - 1) if size > 1 else 0.1
+        return last + max(slope, 0.01) * (n - size)
 
     def alpha(self, position: int) -> float:
         prior = self._prior[position] * self.prior_strength
@@ -255,6 +257,7 @@ def make_policy(
 ) -> DraftLengthPolicy:
     """``k`` is the fixed k, the adaptive start, or the cost policy's largest k;
     ``verify_curve`` is the hardware target's measured pass-cost curve (cost policy only)."""
+    check_k(k)
     if name == "fixed":
         return FixedK(k)
     if name == "adaptive":

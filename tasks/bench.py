@@ -161,6 +161,7 @@ def write_json_atomic(path: Path, payload: object) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as tmp:
         json.dump(payload, tmp, indent=2)
+    os.chmod(tmp.name, 0o644)  # NamedTemporaryFile creates 0600; results are for reading
     os.replace(tmp.name, path)
 
 

@@ -1,0 +1,72 @@
+from __future__ import annotations
+
+import pytest
+
+from serving.drafters.factory import build_drafter, parse_drafter_spec
+from serving.drafters.model import ModelDrafter
+from serving.drafters.ngram_store import NGramDrafter
+from serving.drafters.prompt_lookup import PromptLookupDrafter
+from serving.errors import BadInputError, IncompatibleDraftError
+from serving.models.tiny import tiny_llama
+
+
+@pytest.mark.parametrize(
+    ("spec", "kind", "arg"),
+    [
+        ("none", "none", None),
+        ("pld", "pld", None),
+        ("pld:2", "pld", "2"),
+        ("ngram", "ngram", None),
+        ("NGRAM:5", "ngram", "5"),
+        ("layers:4", "layers", "4"),
+    ],
+)
+def test_parse_accepts_known_specs(spec, kind, arg):
+    parsed = parse_drafter_spec(spec)
+    assert (parsed.kind, parsed.arg) == (kind, arg)
+
+
+@pytest.mark.parametrize(
+    ("spec", "fragment"),
+    [
+        ("", "empty drafter spec"),
+        ("eagle", "unknown drafter 'eagle'"),
+        ("layers", "needs a number"),
+        ("layers:x", "'x' is not an integer"),
+        ("layers:0", "must be >= 1"),
+        ("ngram:1", "must be >= 2"),
+        ("none:3", "takes no argument"),
+        ("model:", "needs a path"),
+        ("model:/no/such/folder", "is not a model folder"),
+    ],
+)
+def test_parse_rejects_bad_specs_naming_the_value(spec, fragment):
+    with pytest.raises(BadInputError, match=fragment):
+        parse_drafter_spec(spec)
+
+
+def test_build_each_kind(target):
+    assert build_drafter("none", target) is None
+    assert isinstance(build_drafter("pld:2", target), PromptLookupDrafter)
+    assert isinstance(build_drafter("ngram:3", target), NGramDrafter)
+    layers = build_drafter("layers:2", target)
+    assert isinstance(layers, ModelDrafter)
+    assert layers.model.config.num_hidden_layers == 2
+
+
+def test_layers_must_be_fewer_than_the_target_has(target):
+    with pytest.raises(BadInputError, match="layers:N needs 1 <= N < 4"):
+        build_drafter("layers:4", target)
+
+
+def test_model_draft_from_a_folder(tmp_path, target):
+    draft = tiny_llama(num_layers=1, seed=3)
+    draft.save_pretrained(tmp_path / "draft")
+    drafter = build_drafter(f"model:{tmp_path / 'draft'}", target)
+    assert isinstance(drafter, ModelDrafter)
+
+
+def test_model_draft_with_another_vocabulary_is_refused(tmp_path, target):
+    tiny_llama(vocab_size=80).save_pretrained(tmp_path / "other")
+    with pytest.raises(IncompatibleDraftError, match="vocabulary of 80 tokens"):
+        build_drafter(f"model:{tmp_path / 'other'}", target)

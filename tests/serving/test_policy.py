@@ -1,0 +1,76 @@
+from __future__ import annotations
+
+import pytest
+
+from serving.errors import BadInputError
+from serving.policy import AdaptiveK, CostAwareK, FixedK, make_policy
+
+FLAT = (1.0, 1.05, 1.1, 1.12, 1.15, 1.2, 1.25, 1.3, 1.35)
+
+
+def test_adaptive_grows_after_full_acceptance_and_shrinks_otherwise():
+    policy = AdaptiveK(4, k_max=8)
+    policy.update(4, 4)
+    assert policy.next_k() == 6
+    policy.update(6, 2)
+    assert policy.next_k() == 5
+    policy.begin()
+    assert policy.next_k() == 4
+
+
+def test_cost_policy_drafts_long_blocks_when_drafts_are_kept_and_verification_is_cheap():
+    policy = CostAwareK(k_max=8, verify_curve=FLAT)
+    for _ in range(10):
+        policy.update(8, 8, draft_s=0.0001, verify_s=0.03)
+    assert policy.next_k() == 8
+
+
+def test_cost_policy_stops_drafting_a_draft_that_never_lands():
+    policy = CostAwareK(k_max=8, verify_curve=FLAT, probe_every=1000)
+    for _ in range(10):
+        policy.update(4, 0, draft_s=0.03, verify_s=0.035)
+    assert policy.next_k() == 0
+
+
+def test_cost_policy_probes_after_idling():
+    policy = CostAwareK(k_max=4, verify_curve=FLAT, probe_every=3)
+    for _ in range(10):
+        policy.update(4, 0, draft_s=0.03, verify_s=0.035)
+    picks = [policy.next_k() for _ in range(3)]
+    assert picks == [0, 0, 1]
+
+
+def test_cost_policy_prefers_no_drafting_when_verification_is_expensive():
+    steep = (1.0, 2.0, 3.0, 4.0, 5.0)
+    policy = CostAwareK(k_max=4, verify_curve=steep, probe_every=1000)
+    for _ in range(10):
+        policy.update(2, 1, draft_s=0.0001, verify_s=0.1)
+    assert policy.next_k() == 0
+
+
+def test_cost_policy_curve_is_made_non_decreasing():
+    policy = CostAwareK(k_max=4, verify_curve=(2.0, 4.0, 3.0))
+    assert policy.verify_curve == (1.0, 2.0, 2.0)
+    assert policy.curve(5) > policy.curve(3)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "fragment"),
+    [
+        ({"k_max": 0}, "k_max must be between"),
+        ({"verify_curve": ()}, "verify_curve"),
+        ({"prior_accept": 1.0}, "prior_accept"),
+        ({"decay": 0.0}, "decay"),
+    ],
+)
+def test_cost_policy_rejects_bad_settings(kwargs, fragment):
+    with pytest.raises(BadInputError, match=fragment):
+        CostAwareK(**kwargs)
+
+
+def test_make_policy():
+    assert isinstance(make_policy("fixed", 3), FixedK)
+    assert isinstance(make_policy("adaptive", 3), AdaptiveK)
+    assert isinstance(make_policy("cost", 3, verify_curve=FLAT), CostAwareK)
+    with pytest.raises(BadInputError, match="unknown policy 'greedy'"):
+        make_policy("greedy", 3)
