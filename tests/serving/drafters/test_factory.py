@@ -70,3 +70,19 @@ def test_model_draft_with_another_vocabulary_is_refused(tmp_path, target):
     tiny_llama(vocab_size=80).save_pretrained(tmp_path / "other")
     with pytest.raises(IncompatibleDraftError, match="vocabulary of 80 tokens"):
         build_drafter(f"model:{tmp_path / 'other'}", target)
+
+
+@pytest.mark.real_model
+def test_model_draft_with_another_tokenizer_is_refused(tmp_path, target, real_stock):
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from transformers import PreTrainedTokenizerFast
+
+    _, real_tokenizer = real_stock
+    folder = tmp_path / "other-tokenizer"
+    tiny_llama().save_pretrained(folder)
+    vocab = {f"w{i}": i for i in range(96)}
+    other = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(WordLevel(vocab, unk_token="w0")))
+    other.save_pretrained(folder)
+    with pytest.raises(IncompatibleDraftError, match="different tokenizer"):
+        build_drafter(f"model:{folder}", target, real_tokenizer)
