@@ -106,6 +106,10 @@ def build_drafter(spec: str | DrafterSpec, target, target_tokenizer=None) -> Dra
     if target_tokenizer is not None:
         _check_same_tokenizer(parsed.arg, target_tokenizer)
     model = AutoModelForCausalLM.from_pretrained(parsed.arg, dtype=torch.float32).eval()
+    if getattr(target, "specops_kernels", "stock") == "onednn":
+        from serving.models.onednn import pack_linear_layers
+
+        pack_linear_layers(model)  # the draft runs on the same kernels as its target
     drafter = ModelDrafter(model, name=text)
     drafter.check_compatible(int(target.config.vocab_size))
     return drafter

@@ -86,3 +86,17 @@ def test_model_draft_with_another_tokenizer_is_refused(tmp_path, target, real_st
     other.save_pretrained(folder)
     with pytest.raises(IncompatibleDraftError, match="different tokenizer"):
         build_drafter(f"model:{folder}", target, real_tokenizer)
+
+
+def test_model_draft_runs_on_its_targets_kernels(tmp_path):
+    import torch
+
+    from serving.models.onednn import onednn_available, pack_linear_layers
+
+    if not onednn_available():
+        pytest.skip("torch built without oneDNN")
+    packed_target = tiny_llama()
+    pack_linear_layers(packed_target)
+    tiny_llama(num_layers=1, seed=3).save_pretrained(tmp_path / "draft")
+    drafter = build_drafter(f"model:{tmp_path / 'draft'}", packed_target)
+    assert not any(isinstance(m, torch.nn.Linear) for m in drafter.model.modules())
