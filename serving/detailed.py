@@ -39,6 +39,8 @@ class DetailedRecord:
     draft_tokens: int
     accepted_tokens: int
     checks: int
+    # [proposed, accepted] per target pass, in order: per-position acceptance pools from these.
+    steps: list[list[int]] = field(default_factory=list)
     disagreements: list[Disagreement] = field(default_factory=list)
     created_at: float = field(default_factory=time.time)
     schema_version: int = SCHEMA_VERSION

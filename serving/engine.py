@@ -269,5 +269,6 @@ class SpeculativeDecoder:
             draft_tokens=stats.draft_tokens,
             accepted_tokens=stats.accepted_tokens,
             checks=stats.checks,
+            steps=[[step.proposed, step.accepted] for step in request.steps],
             disagreements=list(request.disagreements),
         )

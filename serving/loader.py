@@ -69,6 +69,18 @@ def encode_prompt(tokenizer, text: str, *, chat: bool = True) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
+def encode_messages(tokenizer, messages: list[dict[str, str]]) -> list[int]:
+    """Token ids of a chat (``[{"role", "content"}, ...]``) with the generation prompt."""
+    if not messages or not any(m.get("content", "").strip() for m in messages):
+        raise BadInputError("the conversation is empty; give at least one non-empty message")
+    if not tokenizer.chat_template:
+        return encode_prompt(tokenizer, "\n\n".join(m["content"] for m in messages), chat=False)
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+        ids = ids["input_ids"]
+    return list(ids)
+
+
 def eos_ids(model, tokenizer) -> list[int]:
     ids: set[int] = set()
     for source in (model.generation_config.eos_token_id, tokenizer.eos_token_id):

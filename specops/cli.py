@@ -10,6 +10,8 @@ from typing import Annotated
 
 import typer
 
+from specops.data_cli import data_app
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
@@ -19,6 +21,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+app.add_typer(data_app, name="data")
 
 
 def _fail(message: str) -> None:
@@ -191,8 +194,8 @@ def profile(
 ) -> None:
     """Measure target-pass cost by block size, and first-N-layer draft costs, on this CPU."""
     from serving.loader import load_target, set_threads
-    from tasks.bench import write_json_atomic
     from tasks.profile import profile_model
+    from tasks.store import write_json_atomic
 
     set_threads(threads)
     model, _ = load_target(kernels=kernels)

@@ -10,11 +10,9 @@ token-for-token equality with HF greedy) and a plot.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import platform
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,6 +28,7 @@ from serving.hardware import hardware_target
 from serving.loader import DecoderOptions, build_decoder, eos_ids, set_threads
 from serving.metrics import pool
 from serving.models.truncated import first_layers
+from tasks.store import write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -155,14 +154,6 @@ def make_runners(model, engine_model, tokenizer, config: BenchConfig) -> dict[st
                 max_new_tokens=config.max_new_tokens,
             )
     return runners
-
-
-def write_json_atomic(path: Path, payload: object) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as tmp:
-        json.dump(payload, tmp, indent=2)
-    os.chmod(tmp.name, 0o644)  # NamedTemporaryFile creates 0600; results are for reading
-    os.replace(tmp.name, path)
 
 
 def summarize(runs: list[dict], methods: list[str]) -> list[dict]:

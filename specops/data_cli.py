@@ -1,0 +1,216 @@
+"""``specops data ...``: the data steps of the loop (each also a ``dvc.yaml`` stage)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+data_app = typer.Typer(help="Traffic, failure-case collection, validation, acceptance.")
+
+
+def _fail(message: str) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code=2)
+
+
+ParamsOption = Annotated[Path, typer.Option("--params", help="The pipeline's params file.")]
+
+
+@data_app.command("build-traffic")
+def build_traffic(
+    params: ParamsOption = Path("params.yaml"),
+    out: Annotated[Path, typer.Option(help="Folder for train.jsonl and heldout.jsonl.")] = Path(
+        "pipeline/traffic"
+    ),
+) -> None:
+    """Build the train and held-out prompts from real data (params: traffic)."""
+    from serving.errors import SpecOpsError
+    from tasks.params import load_params
+    from tasks.store import write_jsonl_atomic
+    from tasks.traffic import build_workload
+
+    try:
+        settings = load_params(params).traffic
+        for split, n in (
+            ("train", settings.train_prompts_per_workload),
+            ("heldout", settings.heldout_prompts_per_workload),
+        ):
+            prompts = [
+                asdict(p)
+                for workload in settings.workloads
+                if n > 0
+                for p in build_workload(workload, n, seed=settings.seed, split=split)
+            ]
+            count = write_jsonl_atomic(out / f"{split}.jsonl", prompts)
+            typer.echo(f"{split}: {count} prompts -> {out / f'{split}.jsonl'}")
+    except SpecOpsError as error:
+        _fail(str(error))
+
+
+def _read_traffic(folder: Path):
+    from serving.errors import BadInputError
+    from tasks.traffic import Prompt
+
+    prompts = []
+    for split in ("train", "heldout"):
+        path = folder / f"{split}.jsonl"
+        if not path.is_file():
+            raise BadInputError(f"traffic file {str(path)!r} is missing; run build-traffic")
+        for number, line in enumerate(path.read_text().splitlines(), start=1):
+            if line.strip():
+                try:
+                    prompts.append(Prompt(**json.loads(line)))
+                except (json.JSONDecodeError, TypeError) as error:
+                    raise BadInputError(f"{path}:{number}: not a prompt record ({error})") from None
+    return prompts
+
+
+def _hourly_run_id() -> str:
+    return datetime.now(tz=UTC).strftime("%Y-%m-%dT%H")
+
+
+@data_app.command()
+def collect(
+    params: ParamsOption = Path("params.yaml"),
+    traffic: Annotated[Path, typer.Option(help="Folder from build-traffic.")] = Path(
+        "pipeline/traffic"
+    ),
+    store_root: Annotated[Path, typer.Option("--store", help="The record store.")] = Path("data"),
+    run_id: Annotated[
+        str | None, typer.Option(help="Collection id; re-running one skips what it wrote.")
+    ] = None,
+    summary: Annotated[Path | None, typer.Option(help="Write the summary JSON here.")] = None,
+) -> None:
+    """Run traffic through the engine in detailed mode; append records (params: collect)."""
+    from serving.errors import SpecOpsError
+    from serving.hardware import hardware_target
+    from serving.loader import DecoderOptions, build_decoder, load_target, set_threads
+    from serving.sampling import SamplingParams
+    from tasks.collect import collect as run_collect
+    from tasks.params import load_params
+    from tasks.store import write_json_atomic
+
+    try:
+        settings = load_params(params).collect
+        prompts = _read_traffic(traffic)
+        sampling = SamplingParams(
+            temperature=settings.temperature,
+            top_k=settings.top_k,
+            top_p=settings.top_p,
+            seed=settings.seed,
+        )
+        options = DecoderOptions(
+            drafter=settings.drafter,
+            k=settings.k,
+            policy=settings.policy,
+            hardware=settings.hardware,
+        )
+        options.check()
+        set_threads(settings.threads)
+        kernels = hardware_target(settings.hardware).kernels
+        model, tokenizer = load_target(settings.target, kernels=kernels)
+        result = run_collect(
+            prompts,
+            decoder=build_decoder(model, tokenizer, options),
+            tokenizer=tokenizer,
+            store_root=store_root,
+            run_id=run_id or _hourly_run_id(),
+            hardware=settings.hardware,
+            drafter_version=settings.drafter_version,
+            sampling=sampling,
+            max_new_tokens=settings.max_new_tokens,
+            failure_threshold=settings.failure_threshold,
+            chunk_size=settings.chunk_size,
+        )
+    except SpecOpsError as error:
+        _fail(str(error))
+    if summary is not None:
+        write_json_atomic(summary, result.to_dict())
+    rate = result.acceptance_rate
+    typer.echo(
+        f"collected {result.written} records ({result.failures} failure cases, "
+        f"{result.skipped_existing} already in the store) into {store_root}; acceptance "
+        f"{'n/a' if rate is None else f'{rate:.3f}'}"
+    )
+
+
+@data_app.command()
+def validate(
+    params: ParamsOption = Path("params.yaml"),
+    store_root: Annotated[Path, typer.Option("--store", help="The record store.")] = Path("data"),
+    out: Annotated[Path, typer.Option(help="Folder for the dataset and quarantine.")] = Path(
+        "data/dataset"
+    ),
+    summary: Annotated[Path | None, typer.Option(help="Write the summary JSON here.")] = None,
+    plots: Annotated[Path | None, typer.Option(help="Folder for plot data (JSON).")] = None,
+) -> None:
+    """Validate the store (Great Expectations), quarantine bad rows, build the dataset."""
+    from serving.errors import SpecOpsError
+    from tasks.curate import curate
+    from tasks.params import load_params
+    from tasks.store import write_json_atomic
+
+    try:
+        settings = load_params(params)
+        result = curate(
+            store_root,
+            out,
+            failure_share=settings.dataset.failure_share,
+            seed=settings.dataset.seed,
+            window=settings.tracker.window,
+            threshold=settings.tracker.threshold,
+            plots_dir=plots,
+        )
+    except SpecOpsError as error:
+        _fail(str(error))
+    write_json_atomic(summary or out / "summary.json", result)
+    checked = result["validation"]
+    typer.echo(
+        f"validated {checked['total']} records: {checked['valid']} valid, "
+        f"{checked['quarantined']} quarantined -> {out / 'quarantine.jsonl'}"
+    )
+    typer.echo("dataset: " + ", ".join(f"{k}={v}" for k, v in result["dataset"].items()))
+    if result["retrain_wanted"]:
+        typer.echo("rolling acceptance is below the threshold: a retrain is wanted")
+
+
+@data_app.command()
+def acceptance(
+    params: ParamsOption = Path("params.yaml"),
+    store_root: Annotated[Path, typer.Option("--store", help="The record store.")] = Path("data"),
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Rolling acceptance per workload and hardware target (params: tracker)."""
+    from pydantic import ValidationError
+
+    from serving.errors import SpecOpsError
+    from tasks.acceptance import rolling_acceptance
+    from tasks.params import load_params
+    from tasks.records import RequestRecord
+    from tasks.store import read_raw
+
+    try:
+        settings = load_params(params).tracker
+        rows, malformed = [], 0
+        for _, row in read_raw(store_root):
+            try:
+                rows.append(RequestRecord.model_validate(row).model_dump(mode="json"))
+            except ValidationError:
+                malformed += 1
+        groups = rolling_acceptance(rows, window=settings.window, threshold=settings.threshold)
+    except SpecOpsError as error:
+        _fail(str(error))
+    if malformed:
+        typer.echo(f"skipped {malformed} malformed records (see `specops data validate`)", err=True)
+    if as_json:
+        typer.echo(json.dumps([g.to_dict() for g in groups]))
+        return
+    for g in groups:
+        value = "n/a" if g.acceptance is None else f"{g.acceptance:.3f}"
+        flag = "  <- retrain wanted" if g.retrain_wanted else ""
+        typer.echo(f"{g.workload:<10} {g.hardware:<10} {value:>6} over {g.requests} requests{flag}")

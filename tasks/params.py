@@ -1,0 +1,75 @@
+"""Typed sections of ``params.yaml`` (the DVC pipeline's parameters), validated at load.
+
+``dvc exp run -S collect.max_new_tokens=32`` edits params.yaml; every stage command reads
+its section through here, so a bad value fails at load time with the key in the message.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from serving.errors import BadInputError
+
+PARAMS_FILE = Path("params.yaml")
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TrafficParams(_Section):
+    workloads: list[Literal["sharegpt", "humaneval", "grounded"]] = Field(
+        default_factory=lambda: ["sharegpt", "humaneval", "grounded"], min_length=1
+    )
+    train_prompts_per_workload: int = Field(8, ge=0)
+    heldout_prompts_per_workload: int = Field(4, ge=0)
+    seed: int = 0
+
+
+class CollectParams(_Section):
+    target: str = "smollm2"
+    drafter: str = "pld"
+    drafter_version: str = "builtin"
+    k: int = Field(10, ge=1, le=64)
+    policy: Literal["cost", "fixed", "adaptive"] = "cost"
+    hardware: str = "cpu"
+    threads: int = Field(2, ge=1)
+    max_new_tokens: int = Field(64, ge=1)
+    temperature: float = Field(0.0, ge=0.0)
+    top_k: int = Field(0, ge=0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    seed: int = 0
+    failure_threshold: float = Field(0.5, ge=0.0, le=1.0)
+    chunk_size: int = Field(8, ge=1)
+
+
+class DatasetParams(_Section):
+    failure_share: float = Field(0.8, gt=0.0, le=1.0)  # failures vs replay in the training mix
+    seed: int = 0
+
+
+class TrackerParams(_Section):
+    window: int = Field(50, ge=1)
+    threshold: float = Field(0.5, ge=0.0, le=1.0)
+
+
+class PipelineParams(_Section):
+    traffic: TrafficParams = Field(default_factory=TrafficParams)
+    collect: CollectParams = Field(default_factory=CollectParams)
+    dataset: DatasetParams = Field(default_factory=DatasetParams)
+    tracker: TrackerParams = Field(default_factory=TrackerParams)
+
+
+def load_params(path: Path = PARAMS_FILE) -> PipelineParams:
+    try:
+        raw = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError) as error:
+        raise BadInputError(f"cannot read params file {str(path)!r}: {error}") from None
+    try:
+        return PipelineParams.model_validate(raw)
+    except ValidationError as error:
+        raise BadInputError(f"invalid params in {str(path)!r}:\n{error}") from None
