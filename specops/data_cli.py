@@ -214,3 +214,21 @@ def acceptance(
         value = "n/a" if g.acceptance is None else f"{g.acceptance:.3f}"
         flag = "  <- retrain wanted" if g.retrain_wanted else ""
         typer.echo(f"{g.workload:<10} {g.hardware:<10} {value:>6} over {g.requests} requests{flag}")
+
+
+@data_app.command()
+def version(
+    store_root: Annotated[Path, typer.Option("--store", help="The folder to version.")] = Path(
+        "data"
+    ),
+    push: Annotated[bool, typer.Option("--push/--no-push", help="Push to the remote.")] = True,
+) -> None:
+    """Snapshot the store with DVC (`dvc add` + `dvc push`); commit the .dvc file to git."""
+    from serving.errors import SpecOpsError
+    from tasks.version import version_store
+
+    try:
+        digest = version_store(store_root, push=push)
+    except SpecOpsError as error:
+        _fail(str(error))
+    typer.echo(f"{store_root} versioned as {digest}; `git add {store_root}.dvc` to record it")
