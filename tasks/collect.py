@@ -2,7 +2,8 @@
 request's record to the store, partitioned by hardware target and date.
 
 Re-runnable: a record's id is a hash of the collection's run id, the prompt, the drafter
-and its version, the hardware target and the sampling settings, so a run killed midway and
+(its settings and version), the draft-length policy, the token budget, the hardware target
+and the sampling settings, so a run killed midway and
 started again with the same run id skips what it already wrote. Records are written in
 chunks, each an atomic part file: readers never see a partial part.
 """
@@ -10,6 +11,7 @@ chunks, each an atomic part file: readers never see a partial part.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -88,10 +90,16 @@ def collect(
     removed = store.remove_stale_temporaries(store_root)
     if removed:
         log.warning("removed %d partial part(s) left by an interrupted run", removed)
+    # Everything that changes what a request produces is part of its id: a collection
+    # with another policy, k or token budget in the same run slot is new data.
+    settings = json.dumps(
+        {"drafter": described["drafter"], "policy": described["policy"], "max": max_new_tokens},
+        sort_keys=True,
+    )
     done = store.existing_ids(store_root)
     keyed = [
         (
-            record_id(run_id, p.id, drafter_name, drafter_version, hardware, sampling),
+            record_id(run_id, p.id, drafter_name, drafter_version, hardware, sampling, settings),
             p,
         )
         for p in prompts

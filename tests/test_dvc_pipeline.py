@@ -1,0 +1,133 @@
+"""The DVC pipeline reproduces from a clean copy of this checkout, and runs an experiment.
+
+The copy holds the files git tracks plus the untracked ones it does not ignore (so work not
+yet committed is tested too), with a tiny params.yaml: one grounded prompt per split, eight
+new tokens. About a minute on two cores (each stage starts Python; the model is cached).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+pytestmark = pytest.mark.real_model
+
+
+def _run(command: list[str], cwd: Path, env: dict[str, str], timeout: float = 400) -> str:
+    done = subprocess.run(
+        command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
+    assert done.returncode == 0, (
+        f"`{' '.join(command)}` failed ({done.returncode}):\n{done.stdout}\n{done.stderr}"
+    )
+    return done.stdout
+
+
+def _checkout_files() -> list[str]:
+    names: list[str] = []
+    for extra in ([], ["--others", "--exclude-standard"]):
+        listed = subprocess.run(
+            ["git", "-C", str(ROOT), "ls-files", "-z", *extra],
+            capture_output=True,
+            check=True,
+        ).stdout.decode()
+        names += [name for name in listed.split("\0") if name]
+    return names
+
+
+def _lock_params(repo: Path, stage: str) -> dict:
+    lock = yaml.safe_load((repo / "dvc.lock").read_text())
+    return lock["stages"][stage]["params"]["params.yaml"]
+
+
+def _records(repo: Path) -> list[dict]:
+    from tasks.store import read_raw
+
+    return [row for _, row in read_raw(repo / "pipeline" / "store")]
+
+
+@pytest.fixture
+def clean_copy(tmp_path) -> tuple[Path, dict[str, str]]:
+    """A git repository holding the checkout's files, and the environment to run DVC in."""
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("needs git and a git checkout of the project")
+    copy = tmp_path / "repo"
+    for name in _checkout_files():
+        source = ROOT / name
+        if source.is_file():  # a tracked file deleted in the working tree is left out
+            (copy / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, copy / name)
+    params = yaml.safe_load((copy / "params.yaml").read_text())
+    params["traffic"].update(
+        workloads=["grounded"], train_prompts_per_workload=1, heldout_prompts_per_workload=1
+    )
+    params["collect"]["max_new_tokens"] = 8
+    (copy / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    env = {
+        **os.environ,
+        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        "DVC_NO_ANALYTICS": "1",
+        "DVC_SITE_CACHE_DIR": str(tmp_path / "dvc-site-cache"),
+        "GIT_AUTHOR_NAME": "test",
+        "GIT_AUTHOR_EMAIL": "test@example.com",
+        "GIT_COMMITTER_NAME": "test",
+        "GIT_COMMITTER_EMAIL": "test@example.com",
+    }
+    for command in (
+        ["git", "init", "-q"],
+        ["git", "config", "user.name", "test"],
+        ["git", "config", "user.email", "test@example.com"],
+        ["git", "add", "-A"],
+        ["git", "commit", "-q", "-m", "clean copy"],
+    ):
+        _run(command, copy, env)
+    return copy, env
+
+
+def test_dvc_repro_from_a_clean_copy_then_an_experiment(clean_copy):
+    repo, env = clean_copy
+    dvc = str(BIN / "dvc") if (BIN / "dvc").exists() else "dvc"
+
+    _run([dvc, "repro"], repo, env)
+    for name in (
+        "dvc.lock",
+        "metrics/collect.json",
+        "metrics/validation.json",
+        "plots/acceptance_by_position.json",
+        "plots/acceptance_by_workload.json",
+        "pipeline/traffic/train.jsonl",
+        "pipeline/traffic/heldout.jsonl",
+        *(f"pipeline/dataset/{split}.jsonl" for split in ("failures", "replay", "train_mix")),
+        "pipeline/dataset/eval.jsonl",
+        "pipeline/dataset/quarantine.jsonl",
+    ):
+        assert (repo / name).is_file(), name
+    collected = json.loads((repo / "metrics/collect.json").read_text())
+    assert (collected["run_id"], collected["written"]) == ("pipeline", 2)
+    validation = json.loads((repo / "metrics/validation.json").read_text())["validation"]
+    assert (validation["total"], validation["valid"]) == (2, 2)
+    assert _lock_params(repo, "collect")["collect"]["max_new_tokens"] == 8
+    assert all(len(r["output_token_ids"]) <= 8 for r in _records(repo))
+
+    status = _run([dvc, "status", "--json", "dvc.yaml"], repo, env)
+    assert json.loads(status) == {}, status
+
+    _run(["git", "add", "-A"], repo, env)
+    _run(["git", "commit", "-q", "-m", "repro"], repo, env)
+    output = _run([dvc, "exp", "run", "-S", "collect.max_new_tokens=6"], repo, env)
+    assert "Stage 'build_traffic' didn't change, skipping" in output
+    assert yaml.safe_load((repo / "params.yaml").read_text())["collect"]["max_new_tokens"] == 6
+    assert _lock_params(repo, "collect")["collect"]["max_new_tokens"] == 6
+    records = _records(repo)
+    assert len(records) == 2 and all(len(r["output_token_ids"]) <= 6 for r in records)
+    assert json.loads(_run([dvc, "status", "--json", "dvc.yaml"], repo, env)) == {}
