@@ -6,4 +6,5 @@ bash scripts/setup.sh
 source scripts/env.sh
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
+.venv/bin/mypy serving tasks/records.py tasks/store.py tasks/collect.py tasks/validate.py tasks/curate.py tasks/dataset.py
 .venv/bin/python -m pytest -q "$@"

@@ -94,7 +94,9 @@ class SpeculativeDecoder:
         if drafter is not None and policy is None:
             raise BadInputError("a drafter needs a draft-length policy (e.g. FixedK(4))")
         self.drafter = drafter
-        self.policy = policy if drafter is not None else NoDraft()
+        self.policy: DraftLengthPolicy = (
+            policy if drafter is not None and policy is not None else NoDraft()
+        )
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
         self.max_context = int(max_context or target.config.max_position_embeddings)
 

@@ -86,7 +86,9 @@ def collect(
 
     sampling = sampling or SamplingParams()
     described = decoder.describe()
-    drafter_name = str(described["drafter"].get("name"))
+    drafter_info = described["drafter"]
+    assert isinstance(drafter_info, dict)
+    drafter_name = str(drafter_info.get("name"))
     removed = store.remove_stale_temporaries(store_root)
     if removed:
         log.warning("removed %d partial part(s) left by an interrupted run", removed)

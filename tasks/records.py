@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from serving.detailed import DetailedRecord
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION: Literal[1] = 1
 DEFAULT_FAILURE_THRESHOLD = 0.5
 
 

@@ -9,6 +9,7 @@ fully accepted block the next ``propose`` feeds that token together with the bon
 from __future__ import annotations
 
 import torch
+from transformers import DynamicCache
 
 from serving.drafters.base import Drafter, DraftProposal, DraftRequest, StepFeedback
 from serving.errors import BadInputError, IncompatibleDraftError
@@ -26,7 +27,7 @@ class ModelDrafter(Drafter):
         self.model = model
         self.name = name
         self.confidence_threshold = confidence_threshold
-        self._cache = None
+        self._cache: DynamicCache | None = None
         self._proposal_base = 0  # committed length when the last proposal was made
         self._proposed = 0
 

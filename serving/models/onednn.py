@@ -71,5 +71,5 @@ def pack_linear_layers(model: torch.nn.Module) -> int:
             if isinstance(child, torch.nn.Linear):
                 setattr(module, name, PackedLinear(child))
                 replaced += 1
-    model.specops_kernels = "onednn"
+    model.specops_kernels = "onednn"  # type: ignore[assignment]
     return replaced

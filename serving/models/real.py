@@ -91,7 +91,7 @@ def _convert(source: Path, target: Path, fingerprint: str, *, progress: bool) ->
         steps.update()
         # A GGUF-loaded model refuses save_pretrained while it carries its quantizer; the
         # weights are already dequantised fp32, so dropping the quantizer is lossless.
-        model.hf_quantizer = None
+        model.hf_quantizer = None  # type: ignore[assignment]
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
         steps.set_postfix_str("saving safetensors")

@@ -35,6 +35,6 @@ def tiny_llama(
         pad_token_id=0,
     )
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config).to(dtype)
+    model = LlamaForCausalLM(config).to(dtype)  # type: ignore[arg-type]
     model.eval()
     return model
