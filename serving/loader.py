@@ -60,12 +60,7 @@ def encode_prompt(tokenizer, text: str, *, chat: bool = True) -> list[int]:
     if not isinstance(text, str) or not text.strip():
         raise BadInputError("the prompt is empty; give some text")
     if chat and tokenizer.chat_template:
-        ids = tokenizer.apply_chat_template(
-            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
-        )
-        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-            ids = ids["input_ids"]
-        return list(ids)
+        return encode_messages(tokenizer, [{"role": "user", "content": text}])
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 

@@ -195,21 +195,23 @@ class CostAwareK(DraftLengthPolicy):
         prior = self._prior[position] * self.prior_strength
         return (prior + self._kept[position]) / (self.prior_strength + self._seen[position])
 
-    def expected_rate(self, k: int) -> float:
-        """E(k) / C(k) in tokens per one-token-pass time unit."""
+    def rates(self) -> list[float]:
+        """``E(k) / C(k)`` for k = 0..k_max, in tokens per one-token-pass time, one pass."""
         t_draft = (self._t_draft or 0.0) / (self._t_unit or 1.0)
         expected, survive = 1.0, 1.0
-        for position in range(k):
-            survive *= self.alpha(position)
+        rates = [expected / self.curve(1)]
+        for k in range(1, self.k_max + 1):
+            survive *= self.alpha(k - 1)
             expected += survive
-        return expected / (k * t_draft + self.curve(k + 1))
+            rates.append(expected / (k * t_draft + self.curve(k + 1)))
+        return rates
+
+    def expected_rate(self, k: int) -> float:
+        return self.rates()[k]
 
     def next_k(self) -> int:
-        best_k, best_rate = 0, self.expected_rate(0)
-        for k in range(1, self.k_max + 1):
-            rate = self.expected_rate(k)
-            if rate > best_rate:
-                best_k, best_rate = k, rate
+        rates = self.rates()
+        best_k = max(range(len(rates)), key=lambda k: (rates[k], -k))  # ties: the shorter
         if best_k == 0:
             self._idle += 1
             if self._idle >= self.probe_every:

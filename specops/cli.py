@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from specops.data_cli import data_app
+from specops.data_cli import _fail, data_app
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
@@ -22,11 +22,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(data_app, name="data")
-
-
-def _fail(message: str) -> None:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code=2)
 
 
 def _format_stats(stats: dict) -> str:

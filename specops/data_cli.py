@@ -14,6 +14,7 @@ data_app = typer.Typer(help="Traffic, failure-case collection, validation, accep
 
 
 def _fail(message: str) -> None:
+    """Print one line naming what was wrong and exit 2 (no traceback)."""
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(code=2)
 

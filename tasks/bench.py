@@ -255,7 +255,7 @@ def run_bench(
     """Run the benchmark; write ``bench.json`` and ``bench.png`` into ``out_dir``."""
     from tqdm.auto import tqdm
 
-    from serving.loader import encode_prompt, load_target
+    from serving.loader import encode_messages, load_target
     from tasks.traffic import build_workload
 
     set_threads(config.threads)
@@ -273,7 +273,7 @@ def run_bench(
         engine_model, _ = load_target(target, kernels=kernels)
     runners = make_runners(model, engine_model, tokenizer, config)
     names = list(runners)
-    encoded = [encode_prompt(tokenizer, _user_text(p), chat=True) for p in prompts]
+    encoded = [encode_messages(tokenizer, p.messages) for p in prompts]
     for name in tqdm(names, desc="warm-up", disable=not progress):
         runners[name](encoded[0][:64])
     runs: list[dict] = []
@@ -321,7 +321,3 @@ def run_bench(
     write_json_atomic(out_dir / "bench.json", results)
     plot(rows, out_dir / "bench.png")
     return results
-
-
-def _user_text(prompt) -> str:
-    return "\n\n".join(m["content"] for m in prompt.messages if m["role"] == "user")

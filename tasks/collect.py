@@ -53,10 +53,6 @@ def _request_seed(seed: int | None, prompt_id: str) -> int | None:
     return int.from_bytes(digest[:4], "little")
 
 
-def _user_text(prompt: Prompt) -> str:
-    return "\n\n".join(m["content"] for m in prompt.messages if m["role"] == "user")
-
-
 def _next_part_number(root, run_id: str) -> int:
     prefix = f"part-{run_id}-"
     numbers = [
@@ -150,7 +146,7 @@ def collect(
                 prompt_id=prompt.id,
                 workload=prompt.workload,
                 split=prompt.split,
-                prompt=_user_text(prompt),
+                prompt=prompt.user_text,
                 output_text=tokenizer.decode(result.token_ids, skip_special_tokens=True),
                 drafter_version=drafter_version,
                 hardware=hardware,

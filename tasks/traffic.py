@@ -80,6 +80,10 @@ class Prompt:
     reference: str | None
     split: Split
 
+    @property
+    def user_text(self) -> str:
+        return "\n\n".join(m["content"] for m in self.messages if m["role"] == "user")
+
 
 @dataclass(frozen=True, slots=True)
 class SharegptPair:
