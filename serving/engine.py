@@ -38,8 +38,9 @@ class GenerationResult:
     token_ids: list[int]
     from_draft: list[bool]
     stats: RequestStats
-    stop_reason: str  # "eos" or "length"
+    stop_reason: str  # "eos", "length", or "cancelled" (closed early)
     record: DetailedRecord | None = None
+    steps: list[StepRecord] = field(default_factory=list)  # one per target pass, in order
 
 
 @dataclass
@@ -67,6 +68,13 @@ class Generation:
 
     def __next__(self) -> TokenEvent:
         return next(self._events)
+
+    def close(self) -> None:
+        """Stop decoding early (a cancelled request): the drafter's per-request state is
+        released and ``result`` holds what was decoded, with stop reason ``cancelled``."""
+        close = getattr(self._events, "close", None)
+        if close is not None:
+            close()
 
     def run(self) -> GenerationResult:
         for _ in self:
@@ -159,18 +167,26 @@ class SpeculativeDecoder:
         sampler = make_sampler(request.sampling)
         tokens = list(request.prompt)
         cache = new_cache(self.target)
+        drafter = self.drafter
+        want_hidden = drafter is not None and drafter.needs_target_hidden
+        # [len(prompt) - 1, hidden] the target's last hidden states, for drafters that read them
+        prompt_hidden = torch.empty(0, int(self.target.config.hidden_size))
         if len(tokens) > 1:
             # The cache holds every token but the last, which the first step feeds.
-            self.target(
+            out = self.target(
                 input_ids=torch.tensor(tokens[:-1])[None],
                 past_key_values=cache,
                 use_cache=True,
                 logits_to_keep=1,
+                output_hidden_states=want_hidden,
             )
-        prefill_s = time.perf_counter() - started
-        drafter = self.drafter
+            if want_hidden:
+                prompt_hidden = out.hidden_states[-1][0]
         if drafter is not None:
             drafter.begin(list(tokens))
+            if want_hidden:
+                drafter.prefill(prompt_hidden)
+        prefill_s = time.perf_counter() - started
         self.policy.begin()
         stop_reason = "length"
         try:
@@ -201,21 +217,31 @@ class SpeculativeDecoder:
                 if emitted and emitted[-1][0] in self.eos_token_ids:
                     stop_reason = "eos"
                     break
+        except GeneratorExit:
+            # Closed early (a cancelled request): what was decoded so far is still reported.
+            generation.result = self._result(request, "cancelled", prefill_s, started)
+            raise
         finally:
             if drafter is not None:
                 drafter.end()
+        generation.result = self._result(request, stop_reason, prefill_s, started)
+
+    def _result(
+        self, request: _Request, stop_reason: str, prefill_s: float, started: float
+    ) -> GenerationResult:
         stats = summarize(
             request.steps,
             prompt_tokens=len(request.prompt),
             prefill_s=prefill_s,
             total_s=time.perf_counter() - started,
         )
-        generation.result = GenerationResult(
-            token_ids=request.output,
-            from_draft=request.from_draft,
+        return GenerationResult(
+            token_ids=list(request.output),
+            from_draft=list(request.from_draft),
             stats=stats,
             stop_reason=stop_reason,
             record=self._record(request, stats) if request.detailed else None,
+            steps=list(request.steps),
         )
 
     def _emit(self, request: _Request, new_tokens: list[int], accepted: int):

@@ -58,7 +58,9 @@ def _ratio(num: float, den: float) -> float | None:
     return num / den if den else None
 
 
-def acceptance_by_position(steps: Sequence[StepRecord]) -> list[float | None]:
+def position_counts(steps: Sequence[StepRecord]) -> tuple[list[int], list[int]]:
+    """``(reached, kept)`` by draft position: checks that proposed a draft there, and those
+    whose draft there was kept (the counts behind ``acceptance_by_position``)."""
     longest = max((s.proposed for s in steps), default=0)
     reached = [0] * longest
     kept = [0] * longest
@@ -66,6 +68,11 @@ def acceptance_by_position(steps: Sequence[StepRecord]) -> list[float | None]:
         for i in range(step.proposed):
             reached[i] += 1
             kept[i] += i < step.accepted
+    return reached, kept
+
+
+def acceptance_by_position(steps: Sequence[StepRecord]) -> list[float | None]:
+    reached, kept = position_counts(steps)
     return [_ratio(k, r) for k, r in zip(kept, reached, strict=True)]
 
 

@@ -206,6 +206,82 @@ def profile(
     typer.echo(f"results: {out}")
 
 
+@app.command()
+def serve(
+    config: Annotated[Path, typer.Option(help="Serving config (YAML).")] = Path(
+        "configs/serving.yaml"
+    ),
+    host: Annotated[str | None, typer.Option(help="Bind address (default 127.0.0.1).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (default 8000).")] = None,
+    target: Annotated[str | None, typer.Option(help="smollm2 or a local model folder.")] = None,
+    hardware: Annotated[str | None, typer.Option(help="Hardware target.")] = None,
+    threads: Annotated[int | None, typer.Option(help="torch threads.")] = None,
+    drafter: Annotated[
+        str | None, typer.Option(help="Serve this drafter spec (a static champion).")
+    ] = None,
+    champion: Annotated[
+        Path | None,
+        typer.Option(help="Serve the draft package a pointer file names; hot-swap on change."),
+    ] = None,
+    registry: Annotated[
+        bool, typer.Option("--registry", help="Serve the MLflow champion of the hardware target.")
+    ] = False,
+    capture_share: Annotated[
+        float | None, typer.Option(help="Share of requests captured into the store.")
+    ] = None,
+    store: Annotated[Path | None, typer.Option(help="Capture store folder.")] = None,
+    queue_size: Annotated[int | None, typer.Option(help="Waiting requests before 429.")] = None,
+    max_active: Annotated[int | None, typer.Option(help="Requests decoded concurrently.")] = None,
+) -> None:
+    """Serve the target with its champion draft: an OpenAI-compatible HTTP endpoint."""
+    import logging
+
+    import uvicorn
+
+    from serving.errors import SpecOpsError
+    from serving.server.app import create_app
+    from serving.server.config import load_server_config
+    from serving.server.state import build_state
+
+    if sum([drafter is not None, champion is not None, registry]) > 1:
+        _fail("give at most one of --drafter, --champion and --registry")
+    source = "static" if drafter else "local" if champion else "registry" if registry else None
+    try:
+        settings = load_server_config(
+            config,
+            **{
+                "host": host,
+                "port": port,
+                "target": target,
+                "hardware": hardware,
+                "threads": threads,
+                "champion.source": source,
+                "champion.drafter": drafter,
+                "champion.path": str(champion) if champion else None,
+                "capture.share": capture_share,
+                "capture.store": str(store) if store else None,
+                "limits.queue_size": queue_size,
+                "limits.max_active": max_active,
+            },
+        )
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+        state = build_state(settings)
+    except SpecOpsError as error:
+        _fail(str(error))
+    typer.echo(
+        f"serving {settings.model_name} on http://{settings.host}:{settings.port}/v1 "
+        f"(hardware {settings.hardware}, draft {state.watcher.current.ref.version})",
+        err=True,
+    )
+    uvicorn.run(
+        create_app(state),
+        host=settings.host,
+        port=settings.port,
+        log_level="warning",
+        timeout_graceful_shutdown=10,
+    )
+
+
 @app.command("model-path")
 def model_path() -> None:
     """Convert the shipped SmolLM2-135M-Instruct once (cached) and print its folder."""

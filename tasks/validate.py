@@ -43,7 +43,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 STAGES = ("parse", "duplicate", "expectations")
-KNOWN_WORKLOADS = ("sharegpt", "humaneval", "grounded")
+# "live": requests captured by the serving tier (always the train split: live traffic is
+# never evaluation data, which comes from the held-out workloads).
+KNOWN_WORKLOADS = ("sharegpt", "humaneval", "grounded", "live")
 KNOWN_SPLITS = ("train", "heldout")
 # Timestamps must be later than this (2017-07-14) and at most a day in the future.
 MIN_TIMESTAMP = 1.5e9

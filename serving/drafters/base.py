@@ -3,11 +3,13 @@
 The engine calls, per request: ``begin(prompt)``; then per step ``propose(request)`` (only
 when the draft-length policy asks for k > 0) and always ``commit(...)`` with what the
 target kept. A drafter that reads the target's hidden states (EAGLE-style) sets
-``needs_target_hidden`` and receives them in ``commit``; nothing in the step changes.
+``needs_target_hidden``: it receives the prompt's in ``prefill`` (right after ``begin``) and
+each step's in ``commit``; nothing in the step changes.
 """
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
@@ -87,8 +89,19 @@ class Drafter(ABC):
     def commit(self, feedback: StepFeedback) -> None:
         """Learn what was kept; rewind any state that covered rejected drafts."""
 
+    def prefill(self, target_hidden: torch.Tensor) -> None:  # noqa: B027 - optional hook
+        """Only for ``needs_target_hidden``: the target's last hidden states of the prompt's
+        tokens but the last (those in the target's cache), ``[len(prompt) - 1, hidden]``."""
+
     def end(self) -> None:  # noqa: B027 - optional hook
         """Release per-request state (caches)."""
+
+    def fork(self) -> Drafter:
+        """A drafter for another, concurrent request, sharing this one's read-only parts
+        (weights, a shared store). The default is a shallow copy, which is right for every
+        drafter whose ``begin`` assigns its per-request state afresh (never mutating, in
+        place, an object made in ``__init__``); override it otherwise."""
+        return copy.copy(self)
 
     def check_compatible(self, target_vocab_size: int) -> None:  # noqa: B027 - optional hook
         """Raise :class:`IncompatibleDraftError` if this drafter cannot serve the target."""

@@ -1,0 +1,110 @@
+"""Draft packages: the unit that is trained, registered, promoted and served.
+
+A draft package is a folder with a ``draft.json`` manifest and, for drafters with weights
+or an index, the files they load. The manifest names the drafter as a spec
+(:mod:`serving.drafters.factory`) whose path, if any, is relative to the package folder,
+plus the draft-length policy and its k, so a promoted package says everything serving
+needs::
+
+    draft.json      {"format": 1, "drafter": "pld:3", "policy": "cost", "k": 10, ...}
+    weights/        (only for model:/head: drafters: the files the spec points at)
+
+n-gram drafters have no files: their package is the manifest alone. Packages are written
+into a temporary folder and renamed into place, so a reader never sees half of one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from serving.drafters.factory import DrafterSpec, parse_drafter_spec
+from serving.errors import BadInputError, ModelSourceError
+from serving.policy import MAX_DRAFT_TOKENS, POLICIES
+
+MANIFEST = "draft.json"
+# Drafter kinds whose spec argument is a path inside the package.
+PATH_KINDS = ("model", "head", "suffix")
+
+
+class DraftManifest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    format: Literal[1] = 1
+    drafter: str = Field(min_length=1)  # a drafter spec; a path argument is package-relative
+    policy: str = "cost"
+    k: int = Field(10, ge=1, le=MAX_DRAFT_TOKENS)
+    family: str = ""  # e.g. "ngram", "head", "lora": what kind of draft this is
+    description: str = ""
+
+    def spec(self, folder: Path) -> DrafterSpec:
+        """The drafter spec with its path (if any) resolved against ``folder``."""
+        kind, _, arg = self.drafter.partition(":")
+        if kind.lower() in PATH_KINDS and arg:
+            if Path(arg).is_absolute() or ".." in Path(arg).parts:
+                raise ModelSourceError(
+                    f"draft package {str(folder)!r}: drafter path {arg!r} must stay inside "
+                    "the package"
+                )
+            return parse_drafter_spec(f"{kind}:{folder / arg}")
+        return parse_drafter_spec(self.drafter)
+
+
+def read_manifest(folder: str | Path) -> DraftManifest:
+    """Read and check a package's manifest (the drafter spec too) without loading weights."""
+    folder = Path(folder)
+    path = folder / MANIFEST
+    if not path.is_file():
+        raise ModelSourceError(f"{str(folder)!r} is not a draft package: {MANIFEST} is missing")
+    try:
+        manifest = DraftManifest.model_validate(json.loads(path.read_text()))
+    except (json.JSONDecodeError, UnicodeDecodeError, ValidationError) as error:
+        raise ModelSourceError(f"draft package {str(folder)!r}: bad {MANIFEST}: {error}") from None
+    if manifest.policy not in POLICIES:
+        raise ModelSourceError(
+            f"draft package {str(folder)!r}: unknown policy {manifest.policy!r}; "
+            f"choose one of {POLICIES}"
+        )
+    try:
+        manifest.spec(folder)
+    except BadInputError as error:
+        raise ModelSourceError(f"draft package {str(folder)!r}: {error}") from None
+    return manifest
+
+
+def write_package(
+    folder: str | Path, manifest: DraftManifest, files: dict[str, Path] | None = None
+) -> Path:
+    """Write a package atomically: ``files`` maps a package-relative name to a file or
+    folder to copy in. An existing package at ``folder`` is replaced."""
+    folder = Path(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}."))
+    try:
+        for name, source in (files or {}).items():
+            destination = scratch / name
+            destination.parent.mkdir(parents=True, exist_ok=True)
+            if Path(source).is_dir():
+                shutil.copytree(source, destination)
+            else:
+                shutil.copy2(source, destination)
+        (scratch / MANIFEST).write_text(manifest.model_dump_json(indent=2))
+        read_manifest(scratch)  # what we wrote must load
+        if folder.exists():
+            old = folder.with_name(f".{folder.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(folder, old)
+            os.replace(scratch, folder)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(scratch, folder)
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
+    return folder

@@ -1,0 +1,123 @@
+"""Traffic capture: a share of requests runs in detailed mode and lands in the store.
+
+Captured requests become schema-v1 records (workload ``live``, split ``train``) in the
+same append-only store that ``specops data collect`` writes and the collect flow
+validates: ``<store>/records/hardware=<target>/date=<day>/part-serve-....jsonl``. Records
+are buffered and flushed as atomic parts (every ``chunk_size`` records, every
+``max_age_s`` seconds, and at shutdown), so a reader never sees half a part.
+
+This is the one place the serving tier imports from ``tasks/``: the record schema and the
+store writer, so that captured traffic cannot drift from collected traffic.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import random
+import threading
+import time
+from pathlib import Path
+
+from serving.detailed import DetailedRecord
+from tasks import store
+from tasks.records import from_detailed, record_id
+
+log = logging.getLogger(__name__)
+
+
+class Capture:
+    def __init__(
+        self,
+        *,
+        root: Path,
+        share: float,
+        hardware: str,
+        drafter_version: str = "builtin",
+        failure_threshold: float = 0.5,
+        seed: int = 0,
+        chunk_size: int = 8,
+        max_age_s: float = 30.0,
+    ) -> None:
+        self.root = Path(root)
+        self.share = share
+        self.hardware = hardware
+        self.drafter_version = drafter_version
+        self.failure_threshold = failure_threshold
+        self.chunk_size = chunk_size
+        self.max_age_s = max_age_s
+        self._rng = random.Random(seed)
+        self._lock = threading.Lock()
+        self._buffer: list[dict] = []
+        self._oldest: float | None = None
+        started = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+        self.run_id = f"serve-{started}-{os.getpid()}"
+        self._part = 0
+        self.parts: list[str] = []
+
+    def wants(self) -> bool:
+        """Decide (seeded) whether the next request runs in detailed mode."""
+        if self.share <= 0.0:
+            return False
+        with self._lock:
+            return self._rng.random() < self.share
+
+    def add(
+        self,
+        record: DetailedRecord,
+        *,
+        prompt_text: str,
+        output_text: str,
+        drafter_version: str | None = None,
+    ) -> None:
+        prompt_id = "live-" + hashlib.sha256(prompt_text.encode()).hexdigest()[:16]
+        row = from_detailed(
+            record,
+            record_key=record_id(self.run_id, record.request_id),
+            prompt_id=prompt_id,
+            workload="live",
+            split="train",
+            prompt=prompt_text,
+            output_text=output_text,
+            drafter_version=drafter_version or self.drafter_version,
+            hardware=self.hardware,
+            run_id=self.run_id,
+            failure_threshold=self.failure_threshold,
+        )
+        with self._lock:
+            self._buffer.append(row)
+            self._oldest = self._oldest or time.monotonic()
+            due = len(self._buffer) >= self.chunk_size
+        if due:
+            self.flush()
+
+    def flush_if_old(self) -> None:
+        with self._lock:
+            due = self._oldest is not None and time.monotonic() - self._oldest >= self.max_age_s
+        if due:
+            self.flush()
+
+    def flush(self) -> int:
+        """Write the buffered records as atomic parts; return how many were written."""
+        with self._lock:
+            rows, self._buffer, self._oldest = self._buffer, [], None
+            if not rows:
+                return 0
+            by_partition: dict[Path, list[dict]] = {}
+            for row in rows:
+                directory = store.partition_dir(self.root, self.hardware, row["timestamp"])
+                by_partition.setdefault(directory, []).append(row)
+            for directory, part_rows in by_partition.items():
+                path = directory / f"part-{self.run_id}-{self._part:05d}.jsonl"
+                try:
+                    store.write_jsonl_atomic(path, part_rows)
+                except OSError:
+                    # Keep the rows for the next flush rather than lose them.
+                    log.exception("capture: could not write %s; will retry", path)
+                    self._buffer[:0] = part_rows
+                    self._oldest = time.monotonic()
+                    continue
+                self.parts.append(str(path))
+                self._part += 1
+            return len(rows)

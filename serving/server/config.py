@@ -1,0 +1,82 @@
+"""The serving config (``configs/serving.yaml``), typed and validated at load."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from serving.errors import BadInputError
+from serving.policy import MAX_DRAFT_TOKENS
+
+SERVING_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "serving.yaml"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ChampionConfig(_Section):
+    source: Literal["static", "local", "registry"] = "static"
+    drafter: str = "pld"  # static: the drafter spec
+    policy: Literal["cost", "fixed", "adaptive"] = "cost"
+    k: int = Field(10, ge=1, le=MAX_DRAFT_TOKENS)
+    path: Path | None = None  # local: the champion pointer file
+    poll_s: float = Field(5.0, gt=0)
+
+    @model_validator(mode="after")
+    def _path_for_local(self) -> ChampionConfig:
+        if self.source == "local" and self.path is None:
+            raise ValueError("champion.source 'local' needs champion.path (the pointer file)")
+        return self
+
+
+class Limits(_Section):
+    max_tokens: int = Field(1024, ge=1)
+    queue_size: int = Field(32, ge=1)
+    max_active: int = Field(4, ge=1)
+    request_timeout_s: float = Field(300.0, gt=0)
+
+
+class CaptureConfig(_Section):
+    share: float = Field(0.0, ge=0.0, le=1.0)
+    store: Path = Path("data")
+    failure_threshold: float = Field(0.5, ge=0.0, le=1.0)
+    seed: int = 0
+
+
+class ServerConfig(_Section):
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    model_name: str = Field("smollm2", min_length=1)
+    target: str = "smollm2"
+    hardware: str = "cpu"
+    threads: int | None = Field(None, ge=1)
+    champion: ChampionConfig = Field(default_factory=ChampionConfig)
+    limits: Limits = Field(default_factory=Limits)
+    capture: CaptureConfig = Field(default_factory=CaptureConfig)
+
+
+def load_server_config(path: str | Path = SERVING_CONFIG, **overrides: object) -> ServerConfig:
+    """Load ``path``, apply dotted overrides (``{"limits.queue_size": 4}``), validate."""
+    try:
+        raw = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError) as error:
+        raise BadInputError(f"cannot read serving config {str(path)!r}: {error}") from None
+    for dotted, value in overrides.items():
+        if value is None:
+            continue
+        section = raw
+        *parents, leaf = dotted.split(".")
+        for key in parents:
+            section = section.setdefault(key, {})
+        section[leaf] = value
+    try:
+        return ServerConfig.model_validate(raw)
+    except ValidationError as error:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'config'}: {e['msg']}" for e in error.errors()
+        )
+        raise BadInputError(f"invalid serving config {str(path)!r}: {problems}") from None

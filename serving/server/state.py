@@ -1,0 +1,156 @@
+"""What a running server holds: the target, the champion watcher, the scheduler, metrics
+and capture; and how one request becomes a decoder and a generation."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from serving.drafters.factory import build_drafter, parse_drafter_spec
+from serving.engine import Generation, SpeculativeDecoder
+from serving.errors import BadInputError, ModelSourceError
+from serving.hardware import hardware_target
+from serving.loader import eos_ids, load_target, set_threads
+from serving.policy import make_policy
+from serving.sampling import SamplingParams
+from serving.server.capture import Capture
+from serving.server.champion import (
+    ChampionSource,
+    ChampionWatcher,
+    LoadedDraft,
+    LocalChampion,
+    StaticChampion,
+    load_draft,
+)
+from serving.server.config import ServerConfig
+from serving.server.metrics import ServerMetrics
+from serving.server.scheduler import Scheduler
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Decode:
+    """One request, ready for the scheduler."""
+
+    generation: Generation
+    prompt_ids: list[int]
+    draft_version: str  # the champion version, or the per-request drafter spec
+    detailed: bool
+
+
+@dataclass
+class ServerState:
+    config: ServerConfig
+    target: object
+    tokenizer: object
+    eos_token_ids: list[int]
+    max_context: int
+    watcher: ChampionWatcher
+    scheduler: Scheduler
+    metrics: ServerMetrics
+    capture: Capture
+    verify_curve: tuple[float, ...] = field(default_factory=tuple)
+
+    def new_decode(
+        self,
+        prompt_ids: list[int],
+        *,
+        max_new_tokens: int,
+        sampling: SamplingParams,
+        drafter: str = "champion",
+        policy: str | None = None,
+        k: int | None = None,
+    ) -> Decode:
+        """Build the request's own decoder (own drafter, policy and caches) and validate it;
+        raises :class:`BadInputError` before any model work."""
+        version = drafter
+        if drafter == "champion":
+            draft: LoadedDraft = self.watcher.current
+            request_drafter = draft.new_drafter()
+            request_policy = draft.new_policy(policy=policy, k=k) if request_drafter else None
+            version = draft.ref.version
+        else:
+            request_drafter = build_drafter(parse_drafter_spec(drafter), self.target)
+            request_policy = (
+                make_policy(policy or "cost", k or 10, verify_curve=self.verify_curve)
+                if request_drafter is not None
+                else None
+            )
+        decoder = SpeculativeDecoder(
+            self.target,
+            drafter=request_drafter,
+            policy=request_policy,
+            eos_token_ids=self.eos_token_ids,
+            max_context=self.max_context,
+        )
+        detailed = self.capture.wants()
+        generation = decoder.stream(
+            prompt_ids,
+            max_new_tokens=max_new_tokens,
+            sampling=sampling,
+            mode="detailed" if detailed else "fast",
+        )
+        return Decode(generation, list(prompt_ids), version, detailed)
+
+
+def champion_source(config: ServerConfig) -> ChampionSource:
+    champion = config.champion
+    if champion.source == "static":
+        return StaticChampion(champion.drafter, policy=champion.policy, k=champion.k)
+    if champion.source == "local":
+        assert champion.path is not None
+        return LocalChampion(champion.path)
+    try:
+        from registry.champion import RegistryChampion
+    except ImportError as error:
+        raise ModelSourceError(
+            "champion.source 'registry' needs the registry package (MLflow); "
+            f"it could not be imported: {error}"
+        ) from None
+    return RegistryChampion(hardware=config.hardware)
+
+
+def build_state(config: ServerConfig, *, target=None, tokenizer=None) -> ServerState:
+    """Load the target and the champion (slow: seconds), build the serving state."""
+    hardware = hardware_target(config.hardware)
+    set_threads(config.threads or hardware.threads)
+    source = champion_source(config)  # a bad champion config fails before the model loads
+    if target is None or tokenizer is None:
+        target, tokenizer = load_target(config.target, kernels=hardware.kernels)
+    curve = tuple(hardware.verify_curve)
+
+    def loader(ref) -> LoadedDraft:
+        return load_draft(ref, target, tokenizer, verify_curve=curve)
+
+    watcher = ChampionWatcher(source, loader)
+    metrics = ServerMetrics(model_name=config.model_name, hardware=config.hardware)
+    metrics.set_draft(watcher.current.ref.version, str(watcher.current.spec))
+    capture = Capture(
+        root=Path(config.capture.store),
+        share=config.capture.share,
+        hardware=config.hardware,
+        failure_threshold=config.capture.failure_threshold,
+        seed=config.capture.seed,
+    )
+    max_context = int(target.config.max_position_embeddings)
+    if config.limits.max_tokens >= max_context:
+        raise BadInputError(
+            f"limits.max_tokens={config.limits.max_tokens} must be below the model's context "
+            f"of {max_context} tokens"
+        )
+    return ServerState(
+        config=config,
+        target=target,
+        tokenizer=tokenizer,
+        eos_token_ids=eos_ids(target, tokenizer),
+        max_context=max_context,
+        watcher=watcher,
+        scheduler=Scheduler(
+            queue_size=config.limits.queue_size, max_active=config.limits.max_active
+        ),
+        metrics=metrics,
+        capture=capture,
+        verify_curve=curve,
+    )
