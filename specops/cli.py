@@ -282,6 +282,76 @@ def serve(
     )
 
 
+@app.command()
+def loadtest(
+    url: Annotated[
+        str | None, typer.Option(help="A running server (loopback); default: start one.")
+    ] = None,
+    clients: Annotated[int, typer.Option(help="Concurrent clients.")] = 4,
+    requests: Annotated[int, typer.Option(help="Requests in all.")] = 32,
+    max_tokens: Annotated[int, typer.Option(help="max_tokens per request.")] = 64,
+    workload: Annotated[str, typer.Option(help="Prompts: a workload's held-out split.")] = (
+        "sharegpt"
+    ),
+    drafter: Annotated[
+        str | None, typer.Option(help="Per-request drafter (default: the champion).")
+    ] = None,
+    serve_args: Annotated[
+        str, typer.Option(help="Extra `specops serve` options when starting the server.")
+    ] = "",
+    out: Annotated[Path, typer.Option(help="Results file.")] = Path("results/loadtest.json"),
+) -> None:
+    """Load-test a server on loopback with the official openai client; write a results file."""
+    import asyncio
+    import shlex
+
+    from serving.errors import SpecOpsError
+    from tasks.loadtest import LoadTestSettings, run_load_test
+    from tasks.server_process import ServerProcess
+    from tasks.store import write_json_atomic
+
+    settings = LoadTestSettings(
+        clients=clients,
+        requests=requests,
+        max_tokens=max_tokens,
+        workload=workload,
+        drafter=drafter,
+    )
+    server = None
+    try:
+        settings.check()
+        if url is None:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            log_path = out.with_suffix(".server.log")
+            typer.echo(f"starting a server (log: {log_path}) ...", err=True)
+            server = ServerProcess(shlex.split(serve_args), log_path=log_path).start()
+            url = server.url
+        settings.url = url
+        results = asyncio.run(run_load_test(settings))
+    except SpecOpsError as error:
+        _fail(str(error))
+    finally:
+        if server is not None:
+            server.stop()
+    results["serve_args"] = serve_args if server is not None else None
+    write_json_atomic(out, results)
+
+    def ms(value):
+        return "n/a" if value is None else f"{value * 1000:.0f} ms"
+
+    typer.echo(
+        f"{results['succeeded']}/{results['requests']} ok, {results['errors']} errors "
+        f"{results['errors_by_kind'] or ''}\n"
+        f"throughput {results['requests_per_s']:.2f} req/s, {results['tokens_per_s']:.1f} tok/s "
+        f"({clients} clients)\n"
+        f"latency p50 {ms(results['latency_s']['p50'])}, p99 {ms(results['latency_s']['p99'])}; "
+        f"TTFT p50 {ms(results['ttft_s']['p50'])}, p99 {ms(results['ttft_s']['p99'])}\n"
+        f"acceptance {results['acceptance_rate']}, mean accepted length "
+        f"{results['mean_accepted_length']}; server peak RSS "
+        f"{results['server_rss_mb']['peak']} MB\nresults: {out}"
+    )
+
+
 @app.command("model-path")
 def model_path() -> None:
     """Convert the shipped SmolLM2-135M-Instruct once (cached) and print its folder."""

@@ -1,0 +1,111 @@
+import json
+
+import pytest
+
+from serving.drafters.package import DraftManifest, write_package
+from serving.drafters.prompt_lookup import PromptLookupDrafter
+from serving.errors import ModelSourceError
+from serving.server.champion import (
+    ChampionWatcher,
+    LocalChampion,
+    StaticChampion,
+    load_draft,
+)
+
+CURVE = (1.0, 1.1, 1.2, 1.3)
+
+
+def point(pointer, package, version):
+    pointer.write_text(json.dumps({"package": str(package), "version": version}))
+
+
+@pytest.fixture
+def packages(tmp_path):
+    return {
+        "pld": write_package(tmp_path / "pld", DraftManifest(drafter="pld:3", k=5)),
+        "ngram": write_package(tmp_path / "ngram", DraftManifest(drafter="ngram:4", k=7)),
+    }
+
+
+def test_static_champion_is_the_configured_spec(target):
+    ref = StaticChampion("pld:2", policy="fixed", k=3).current()
+    draft = load_draft(ref, target, None, verify_curve=CURVE)
+    first, second = draft.new_drafter(), draft.new_drafter()
+    assert isinstance(first, PromptLookupDrafter) and first is not second
+    assert draft.new_policy().describe() == {"name": "fixed", "k": 3}
+    assert draft.new_policy(policy="adaptive", k=2).describe()["name"].startswith("adaptive")
+
+
+def test_static_champion_none_decodes_plainly(target):
+    draft = load_draft(StaticChampion("none").current(), target, None, verify_curve=CURVE)
+    assert draft.new_drafter() is None
+
+
+def test_local_champion_reads_the_pointer(tmp_path, packages):
+    pointer = tmp_path / "champion.json"
+    point(pointer, packages["ngram"], "7")
+    ref = LocalChampion(pointer).current()
+    assert (ref.version, ref.package, ref.k) == ("7", packages["ngram"], 7)
+
+
+def test_a_relative_package_path_is_taken_from_the_pointer_folder(tmp_path, packages):
+    pointer = tmp_path / "champion.json"
+    pointer.write_text(json.dumps({"package": "pld"}))
+    assert LocalChampion(pointer).current().package == tmp_path / "pld"
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "does not exist"),
+        ("{oops", "unreadable"),
+        ('{"version": "1"}', "needs a string 'package'"),
+        ('{"package": "nowhere"}', "draft.json is missing"),
+    ],
+)
+def test_bad_pointers_fail_with_the_reason(tmp_path, content, message):
+    pointer = tmp_path / "champion.json"
+    if content is not None:
+        pointer.write_text(content)
+    with pytest.raises(ModelSourceError, match=message):
+        LocalChampion(pointer).current()
+
+
+def test_the_watcher_swaps_to_a_new_champion(tmp_path, target, packages):
+    pointer = tmp_path / "champion.json"
+    point(pointer, packages["pld"], "1")
+    watcher = ChampionWatcher(
+        LocalChampion(pointer), lambda ref: load_draft(ref, target, None, verify_curve=CURVE)
+    )
+    before = watcher.current
+    in_flight = before.new_drafter()
+    assert not watcher.poll()  # unchanged
+    point(pointer, packages["ngram"], "2")
+    assert watcher.poll()
+    assert watcher.current.ref.version == "2" and watcher.swaps == 1
+    assert str(watcher.current.spec) == "ngram:4"
+    # A request that started before the swap keeps its own drafter.
+    assert isinstance(in_flight, PromptLookupDrafter)
+
+
+def test_a_champion_that_fails_to_load_leaves_the_current_one_serving(tmp_path, target, packages):
+    pointer = tmp_path / "champion.json"
+    point(pointer, packages["pld"], "1")
+    watcher = ChampionWatcher(
+        LocalChampion(pointer), lambda ref: load_draft(ref, target, None, verify_curve=CURVE)
+    )
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "draft.json").write_text('{"drafter": "pld", "k": 999}')
+    point(pointer, broken, "2")
+    assert not watcher.poll()
+    assert watcher.current.ref.version == "1"
+    assert "bad draft.json" in (watcher.last_error or "")
+
+
+def test_a_missing_champion_at_start_is_a_clear_error(tmp_path, target):
+    with pytest.raises(ModelSourceError, match="does not exist"):
+        ChampionWatcher(
+            LocalChampion(tmp_path / "nope.json"),
+            lambda ref: load_draft(ref, target, None, verify_curve=CURVE),
+        )

@@ -1,0 +1,131 @@
+import queue
+import time
+
+import pytest
+
+from serving.drafters.prompt_lookup import PromptLookupDrafter
+from serving.engine import SpeculativeDecoder
+from serving.policy import FixedK
+from serving.server.scheduler import Job, QueueFullError, Scheduler
+
+
+def decoder(target):
+    return SpeculativeDecoder(target, drafter=PromptLookupDrafter(), policy=FixedK(3))
+
+
+class Collector:
+    def __init__(self) -> None:
+        self.events: queue.Queue = queue.Queue()
+
+    def emit(self, kind, payload) -> None:
+        self.events.put((kind, payload))
+
+    def drain(self, timeout: float = 60.0) -> tuple[list[int], str, object]:
+        tokens = []
+        deadline = time.monotonic() + timeout
+        while True:
+            kind, payload = self.events.get(timeout=max(0.0, deadline - time.monotonic()))
+            if kind == "token":
+                tokens.append(payload.token_id)
+                continue
+            return tokens, kind, payload
+
+
+def job(generation, collector, *, deadline_s: float = 60.0) -> Job:
+    return Job(generation, collector.emit, deadline=time.monotonic() + deadline_s)
+
+
+def test_interleaved_requests_decode_exactly_as_one_at_a_time(target, prompt):
+    prompts = [prompt, prompt[3:], [7, 7, 8, 9, 7, 7, 8], prompt[:5]]
+    expected = [decoder(target).generate(p, max_new_tokens=30).token_ids for p in prompts]
+    scheduler = Scheduler(queue_size=8, max_active=3)
+    collectors = [Collector() for _ in prompts]
+    for p, collector in zip(prompts, collectors, strict=True):
+        # Each request has its own decoder (own drafter state and KV cache).
+        scheduler.submit(job(decoder(target).stream(p, max_new_tokens=30), collector))
+    scheduler.start()
+    try:
+        outputs = [collector.drain() for collector in collectors]
+    finally:
+        scheduler.stop()
+    for (tokens, kind, result), want in zip(outputs, expected, strict=True):
+        assert kind == "done"
+        assert tokens == want == result.token_ids
+
+
+def test_a_full_queue_refuses_at_once(target, prompt):
+    scheduler = Scheduler(queue_size=2, max_active=1)  # not started: nothing leaves the queue
+    for _ in range(2):
+        scheduler.submit(job(decoder(target).stream(prompt, max_new_tokens=4), Collector()))
+    with pytest.raises(QueueFullError, match="queue is full"):
+        scheduler.submit(job(decoder(target).stream(prompt, max_new_tokens=4), Collector()))
+    assert scheduler.waiting == 2
+
+
+def test_a_cancelled_request_stops_and_reports_what_it_decoded(target, prompt):
+    scheduler = Scheduler(queue_size=4, max_active=2)
+    collector = Collector()
+    generation = decoder(target).stream(prompt, max_new_tokens=200)
+    request = job(generation, collector)
+    scheduler.submit(request)
+    scheduler.start()
+    try:
+        kind, _first = collector.events.get(timeout=30)
+        assert kind == "token"
+        request.cancel("client disconnected")
+        _tokens, kind, reason = collector.drain()
+    finally:
+        scheduler.stop()
+    assert kind == "cancelled" and reason == "client disconnected"
+    assert generation.result is not None
+    assert generation.result.stop_reason == "cancelled"
+    assert len(generation.result.token_ids) < 200
+
+
+def test_a_request_past_its_deadline_is_cut_with_timeout(target, prompt):
+    scheduler = Scheduler(queue_size=4, max_active=1)
+    collector = Collector()
+    scheduler.submit(
+        job(decoder(target).stream(prompt, max_new_tokens=50), collector, deadline_s=-1)
+    )
+    scheduler.start()
+    try:
+        tokens, kind, reason = collector.drain()
+    finally:
+        scheduler.stop()
+    assert (tokens, kind, reason) == ([], "cancelled", "timeout")
+
+
+def test_a_failing_request_is_reported_and_the_loop_goes_on(target, prompt):
+    class Broken:
+        result = None
+
+        def __next__(self):
+            raise RuntimeError("boom")
+
+        def close(self):
+            pass
+
+    scheduler = Scheduler(queue_size=4, max_active=2)
+    broken, healthy = Collector(), Collector()
+    scheduler.submit(Job(Broken(), broken.emit, deadline=time.monotonic() + 60))  # type: ignore[arg-type]
+    scheduler.submit(job(decoder(target).stream(prompt, max_new_tokens=8), healthy))
+    scheduler.start()
+    try:
+        _, kind, error = broken.drain()
+        tokens, healthy_kind, _ = healthy.drain()
+    finally:
+        scheduler.stop()
+    assert kind == "error" and "boom" in str(error)
+    assert healthy_kind == "done" and len(tokens) == 8
+
+
+def test_stop_cancels_what_is_left(target, prompt):
+    scheduler = Scheduler(queue_size=4, max_active=1)
+    collectors = [Collector(), Collector()]
+    for collector in collectors:
+        scheduler.submit(job(decoder(target).stream(prompt, max_new_tokens=200), collector))
+    scheduler.start()
+    collectors[0].events.get(timeout=30)
+    scheduler.stop()
+    assert collectors[1].drain()[1] == "cancelled"
