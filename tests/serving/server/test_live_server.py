@@ -1,0 +1,261 @@
+"""A real `specops serve` process on loopback, driven by the official openai client:
+streaming and non-streaming, greedy output equal to the engine's, metrics that move, a
+hot swap under load, 429 from a full queue, cancellation on disconnect, capture."""
+
+import asyncio
+import json
+import re
+import time
+
+import httpx
+import openai
+import pytest
+
+from serving.drafters.package import DraftManifest, write_package
+from serving.engine import SpeculativeDecoder
+from serving.loader import encode_messages, eos_ids
+from tasks import store
+from tasks.loadtest import LoadTestSettings, run_load_test
+from tasks.server_process import ServerProcess
+from tasks.validate import validate_store
+
+pytestmark = pytest.mark.real_model
+
+PROMPTS = [
+    "Rewrite with correct grammar: 'the team have expected the opposite for many month'",
+    "Write a Python function that returns the n-th Fibonacci number.",
+    "List three uses of a paperclip.",
+    "Summarise in one sentence: the cat sat on the mat because the mat was warm.",
+]
+
+
+def point(pointer, package, version):
+    pointer.write_text(json.dumps({"package": str(package), "version": version}))
+
+
+@pytest.fixture(scope="module")
+def champion(tmp_path_factory):
+    root = tmp_path_factory.mktemp("champion")
+    packages = {
+        "pld": write_package(root / "pld", DraftManifest(drafter="pld:3", k=8)),
+        "ngram": write_package(root / "ngram", DraftManifest(drafter="ngram:4", k=6)),
+    }
+    pointer = root / "champion.json"
+    point(pointer, packages["pld"], "1")
+    return pointer, packages
+
+
+@pytest.fixture(scope="module")
+def server(champion, tmp_path_factory):
+    pointer, _ = champion
+    logs = tmp_path_factory.mktemp("logs")
+    args = ["--champion", str(pointer), "--threads", "2"]
+    with ServerProcess(args, log_path=logs / "server.log") as process:
+        yield process
+    # The champion poll interval is the config's (5 s); the hot-swap test waits for it.
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def references(real_packed):
+    """Plain greedy (no draft) through the engine: what every drafter must reproduce."""
+    model, tokenizer = real_packed
+    plain = SpeculativeDecoder(model, eos_token_ids=eos_ids(model, tokenizer))
+    out = {}
+    for prompt in PROMPTS:
+        ids = encode_messages(tokenizer, [{"role": "user", "content": prompt}])
+        result = plain.generate(ids, max_new_tokens=24)
+        out[prompt] = tokenizer.decode(result.token_ids, skip_special_tokens=True)
+    return out
+
+
+def metric(text: str, name: str) -> float:
+    total = 0.0
+    for match in re.finditer(rf"^{re.escape(name)}(?:\{{[^}}]*\}})? ([0-9.e+-]+)$", text, re.M):
+        total += float(match.group(1))
+    return total
+
+
+def ask(client, prompt, **fields):
+    return client.chat.completions.create(
+        model="smollm2",
+        messages=[{"role": "user", "content": prompt}],
+        **{"max_tokens": 24, "temperature": 0, **fields},
+    )
+
+
+def test_non_streaming_greedy_equals_the_engine(client, references):
+    for prompt in PROMPTS[:2]:
+        response = ask(client, prompt)
+        assert response.choices[0].message.content == references[prompt]
+        assert response.usage.completion_tokens <= 24
+        assert response.usage.model_extra["speculative"]["draft_version"] == "1"
+
+
+def test_streaming_greedy_equals_the_engine(client, references):
+    stream = ask(client, PROMPTS[1], stream=True, stream_options={"include_usage": True})
+    pieces, usage = [], None
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            pieces.append(chunk.choices[0].delta.content)
+        usage = chunk.usage or usage
+    assert "".join(pieces) == references[PROMPTS[1]]
+    assert usage is not None and usage.completion_tokens > 0
+
+
+@pytest.mark.parametrize("drafter", ["none", "pld", "ngram:3", "layers:2"])
+def test_every_per_request_drafter_is_lossless(client, references, drafter):
+    response = ask(client, PROMPTS[0], extra_body={"drafter": drafter, "num_speculative_tokens": 4})
+    assert response.choices[0].message.content == references[PROMPTS[0]]
+    assert response.usage.model_extra["speculative"]["draft_version"] == (
+        "1" if drafter == "champion" else drafter
+    )
+
+
+def test_completions_endpoint(client):
+    response = client.completions.create(
+        model="smollm2", prompt="def fibonacci(n):", max_tokens=16, temperature=0
+    )
+    assert response.choices[0].text and response.usage.completion_tokens == 16
+    assert response.choices[0].finish_reason == "length"
+
+
+def test_metrics_change_after_requests(server, client):
+    before = httpx.get(f"{server.url}/metrics").text
+    ask(client, PROMPTS[3])
+    after = httpx.get(f"{server.url}/metrics").text
+    for name in (
+        "specops:request_success_total",
+        "specops:generation_tokens_total",
+        "specops:prompt_tokens_total",
+        "specops:spec_decode_num_checks_total",
+        "specops:e2e_request_latency_seconds_count",
+    ):
+        assert metric(after, name) > metric(before, name), name
+    assert metric(after, "specops:num_requests_running") == 0
+
+
+def test_bad_requests_are_refused_and_the_server_keeps_serving(server, client):
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
+    for fields in ({"max_tokens": 0}, {"max_tokens": 100000}, {"temperature": 9}, {"top_p": 0}):
+        with pytest.raises(openai.BadRequestError):
+            ask(client, "hello", **fields)
+    with pytest.raises(openai.BadRequestError, match="context"):
+        ask(client, "word " * 9000)
+    raw = httpx.post(
+        f"{server.url}/v1/chat/completions",
+        content=b"{broken",
+        headers={"content-type": "application/json"},
+    )
+    assert raw.status_code == 400 and "error" in raw.json()
+    assert ask(client, "hello").choices[0].message.content
+
+
+def test_a_disconnected_stream_is_cancelled(server):
+    body = {
+        "model": "smollm2",
+        "messages": [{"role": "user", "content": "Tell me a very long story."}],
+        "max_tokens": 1000,
+        "temperature": 0,
+        "stream": True,
+    }
+    with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body, timeout=30) as r:
+        lines = r.iter_lines()
+        for _ in range(4):
+            next(lines)
+    # 1000 tokens would take well over 10 s; a cancelled request frees the worker at once.
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        health = httpx.get(f"{server.url}/health").json()
+        if health["requests_running"] == 0:
+            break
+        time.sleep(0.5)
+    assert health["requests_running"] == 0
+
+
+def test_load_test_reports_its_figures(server, tmp_path):
+    settings = LoadTestSettings(
+        url=server.url, clients=2, requests=4, max_tokens=12, prompts=PROMPTS
+    )
+    results = asyncio.run(run_load_test(settings, progress=False))
+    assert results["succeeded"] == 4 and results["errors"] == 0
+    assert results["latency_s"]["p50"] > 0 and results["tokens_per_s"] > 0
+    assert results["server_rss_mb"]["peak"] > 100
+
+
+def test_hot_swap_under_load_drops_nothing(server, champion, references):
+    pointer, packages = champion
+
+    async def one(client, prompt):
+        response = await client.chat.completions.create(
+            model="smollm2",
+            messages=[{"role": "user", "content": prompt}],
+            max_tokens=24,
+            temperature=0,
+        )
+        return prompt, response
+
+    async def load():
+        client = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+        tasks = [asyncio.create_task(one(client, p)) for p in PROMPTS * 2]
+        await asyncio.sleep(1.0)
+        point(pointer, packages["ngram"], "2")  # promotion, mid-load
+        first = await asyncio.gather(*tasks)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if httpx.get(f"{server.url}/health").json()["draft"]["version"] == "2":
+                break
+            await asyncio.sleep(0.5)
+        second = await asyncio.gather(*(one(client, p) for p in PROMPTS))
+        await client.close()
+        return first, second
+
+    first, second = asyncio.run(load())
+    for prompt, response in [*first, *second]:
+        assert response.choices[0].message.content == references[prompt]
+    assert {r.usage.model_extra["speculative"]["draft_version"] for _, r in second} == {"2"}
+    health = httpx.get(f"{server.url}/health").json()
+    assert health["draft"]["drafter"] == "ngram:4" and health["draft_swaps"] == 1
+    assert metric(httpx.get(f"{server.url}/metrics").text, "specops:draft_swaps_total") == 1
+
+
+def test_a_full_queue_answers_429_and_captures_go_to_the_store(tmp_path):
+    args = [
+        "--drafter", "pld", "--queue-size", "1", "--max-active", "1",
+        "--capture-share", "1.0", "--store", str(tmp_path / "store"),
+    ]  # fmt: skip
+    server = ServerProcess(args, log_path=tmp_path / "server.log").start()
+    try:
+
+        async def burst():
+            client = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+            calls = [
+                client.chat.completions.create(
+                    model="smollm2",
+                    messages=[{"role": "user", "content": f"Count to {n}."}],
+                    max_tokens=16,
+                    temperature=0,
+                )
+                for n in range(6)
+            ]
+            results = await asyncio.gather(*calls, return_exceptions=True)
+            await client.close()
+            return results
+
+        results = asyncio.run(burst())
+    finally:
+        # A graceful shutdown flushes the captured records; uvicorn then re-raises the
+        # SIGTERM it caught, so the exit status is -15 rather than 0.
+        assert server.stop() in (0, -15)
+    refused = [r for r in results if isinstance(r, openai.RateLimitError)]
+    served = [r for r in results if not isinstance(r, Exception)]
+    assert refused and served and len(refused) + len(served) == 6
+    assert refused[0].body["type"] == "rate_limit_error"
+    assert store.part_files(tmp_path / "store")
+    result = validate_store(tmp_path / "store", known_hardware=["cpu"], run_id="t")
+    assert result.summary["valid"] == len(served) and result.summary["quarantined"] == 0
