@@ -103,6 +103,29 @@ class LocalChampion(ChampionSource):
         )
 
 
+class RegistryChampion(ChampionSource):
+    """The MLflow champion alias of a hardware target (through ``registry/``, the only
+    code that talks to MLflow); its package is downloaded once into ``cache``."""
+
+    name = "registry"
+
+    def __init__(self, hardware: str, *, cache: Path, registry=None) -> None:
+        from registry.champion import ChampionLookup
+
+        self._lookup = ChampionLookup(hardware, cache=cache, registry=registry)
+
+    def current(self) -> ChampionRef:
+        champion = self._lookup.current()
+        manifest = read_manifest(champion.package)
+        return ChampionRef(
+            version=champion.label,
+            source="registry",
+            package=champion.package,
+            policy=manifest.policy,
+            k=manifest.k,
+        )
+
+
 @dataclass
 class LoadedDraft:
     """A champion loaded once; every request gets its own drafter and policy from it."""

@@ -20,6 +20,7 @@ from serving.server.champion import (
     ChampionWatcher,
     LoadedDraft,
     LocalChampion,
+    RegistryChampion,
     StaticChampion,
     load_draft,
 )
@@ -102,14 +103,14 @@ def champion_source(config: ServerConfig) -> ChampionSource:
     if champion.source == "local":
         assert champion.path is not None
         return LocalChampion(champion.path)
+    from serving.models.real import cache_root
+
     try:
-        from registry.champion import RegistryChampion
+        return RegistryChampion(config.hardware, cache=cache_root() / "registry")
     except ImportError as error:
         raise ModelSourceError(
-            "champion.source 'registry' needs the registry package (MLflow); "
-            f"it could not be imported: {error}"
+            f"champion.source 'registry' needs MLflow and registry/: {error}"
         ) from None
-    return RegistryChampion(hardware=config.hardware)
 
 
 def build_state(config: ServerConfig, *, target=None, tokenizer=None) -> ServerState:

@@ -109,3 +109,32 @@ def test_a_missing_champion_at_start_is_a_clear_error(tmp_path, target):
             LocalChampion(tmp_path / "nope.json"),
             lambda ref: load_draft(ref, target, None, verify_curve=CURVE),
         )
+
+
+def test_the_registry_champion_is_served_and_swapped(tmp_path, target, packages):
+    from registry.client import Registry, RegistryError
+    from registry.config import RegistryConfig
+    from serving.server.champion import RegistryChampion
+
+    config = RegistryConfig(
+        tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", artifact_root=str(tmp_path / "art")
+    )
+    registry = Registry(config)
+    source = RegistryChampion("cpu", cache=tmp_path / "cache", registry=registry)
+    with pytest.raises(RegistryError, match="no champion for hardware target 'cpu'"):
+        source.current()
+
+    def promote(package, family):
+        draft = registry.log_draft(package, family=family)
+        registry.log_evaluation(draft, "cpu", {"mean_accepted_length": 1.0})
+        registry.promote(registry.get(family, draft.version), "cpu", reason="test")
+        return draft
+
+    first = promote(packages["pld"], "ngram")
+    watcher = ChampionWatcher(source, lambda ref: load_draft(ref, target, None, verify_curve=CURVE))
+    assert watcher.current.ref.version == first.label
+    assert str(watcher.current.spec) == "pld:3"
+    second = promote(packages["ngram"], "suffix")
+    assert watcher.poll()
+    assert watcher.current.ref.version == second.label
+    assert str(watcher.current.spec) == "ngram:4"

@@ -1,0 +1,33 @@
+"""The one call serving makes into the registry: which draft package serves on a hardware
+target, downloaded into a local cache."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from registry.client import Registry, RegistryError
+
+
+@dataclass(frozen=True)
+class ServingChampion:
+    label: str  # <registered model>/<version>
+    package: Path  # the local copy of its draft package
+
+
+class ChampionLookup:
+    """Keeps one registry connection for repeated polls."""
+
+    def __init__(self, hardware: str, *, cache: Path, registry: Registry | None = None) -> None:
+        self.hardware = hardware
+        self.cache = Path(cache)
+        self.registry = registry or Registry()
+
+    def current(self) -> ServingChampion:
+        draft = self.registry.champion(self.hardware)
+        if draft is None:
+            raise RegistryError(
+                f"the registry at {self.registry.tracking_uri!r} has no champion for hardware "
+                f"target {self.hardware!r}; promote a draft first (or serve with --drafter)"
+            )
+        return ServingChampion(draft.label, self.registry.download(draft, self.cache))

@@ -1,0 +1,379 @@
+"""The draft registry on MLflow: runs, draft versions, aliases per hardware target,
+promotion with a record, rollback. The only module (with its package) that talks to MLflow.
+
+Model: one registered model per draft family (``<prefix>-ngram``, ``<prefix>-head``, ...);
+a version is a draft package (:mod:`serving.drafters.package`) logged as a run's artifact.
+Aliases are per hardware target: ``challenger-<hw>`` marks the candidate under
+evaluation, ``champion-<hw>`` what serves. A promotion may cross families (a head draft
+displacing an n-gram drafter), so the alias is first set on the new version and then
+removed from the old one; while both exist, the newer ``promoted_at.<hw>`` tag wins, so a
+reader never sees a target without a champion, nor a stale one. Promotion refuses a
+version that has not been evaluated on that hardware target, and every promotion and
+rollback is an MLflow run (experiment ``<experiment>-promotions``) with its reason,
+metrics and gate results: the audit trail that rollback reads.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from registry.config import RegistryConfig, load_registry_config
+from serving.drafters.package import read_manifest
+from serving.errors import SpecOpsError
+
+log = logging.getLogger(__name__)
+
+CHAMPION = "champion"
+CHALLENGER = "challenger"
+
+
+class RegistryError(SpecOpsError, RuntimeError):
+    """The registry could not be reached, or refused an operation (the reason says why)."""
+
+
+def alias(role: str, hardware: str) -> str:
+    if role not in (CHAMPION, CHALLENGER):
+        raise RegistryError(f"unknown alias role {role!r}; use {CHAMPION!r} or {CHALLENGER!r}")
+    if not hardware or not all(c.isalnum() or c in "-_" for c in hardware):
+        raise RegistryError(f"hardware target {hardware!r} cannot name an alias")
+    return f"{role}-{hardware}"
+
+
+@dataclass(frozen=True)
+class DraftVersion:
+    family: str
+    name: str  # the registered model
+    version: str
+    run_id: str
+    source: str  # artifact URI of the draft package
+    tags: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return f"{self.name}/{self.version}"
+
+    def evaluated_on(self, hardware: str) -> bool:
+        return bool(self.tags.get(f"evaluated.{hardware}"))
+
+
+class Registry:
+    def __init__(self, config: RegistryConfig | None = None) -> None:
+        import mlflow
+        from mlflow.tracking import MlflowClient
+
+        self.config = config or load_registry_config()
+        self.tracking_uri = self.config.resolved_tracking_uri()
+        self._check_reachable()
+        mlflow.set_tracking_uri(self.tracking_uri)
+        self._mlflow = mlflow
+        self.client = MlflowClient(tracking_uri=self.tracking_uri, registry_uri=self.tracking_uri)
+        try:
+            self.experiment_id = self._experiment(self.config.experiment)
+            self.promotions_id = self._experiment(f"{self.config.experiment}-promotions")
+        except Exception as error:
+            raise RegistryError(
+                f"cannot use the MLflow tracking store at {self.tracking_uri!r}: {error}"
+            ) from None
+
+    # --- connection -------------------------------------------------------------------
+    def _check_reachable(self) -> None:
+        uri = self.tracking_uri
+        if uri.startswith("sqlite:///"):
+            Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+            return
+        if uri.startswith(("http://", "https://")):
+            import httpx
+
+            try:
+                httpx.get(uri.rstrip("/") + "/health", timeout=5.0).raise_for_status()
+            except httpx.HTTPError as error:
+                raise RegistryError(
+                    f"the MLflow tracking server at {uri!r} is unreachable ({error}); start "
+                    "it, or set SPECOPS_MLFLOW_URI / configs/registry.yaml tracking_uri"
+                ) from None
+
+    def _experiment(self, name: str) -> str:
+        found = self.client.get_experiment_by_name(name)
+        if found is not None:
+            return found.experiment_id
+        location = f"{self.config.resolved_artifact_root().rstrip('/')}/{name}"
+        return self.client.create_experiment(name, artifact_location=location)
+
+    # --- versions ---------------------------------------------------------------------
+    def model_name(self, family: str) -> str:
+        if not family or not all(c.isalnum() or c in "-_" for c in family):
+            raise RegistryError(f"draft family {family!r} must be letters, digits, '-' or '_'")
+        return f"{self.config.model_prefix}-{family}"
+
+    def _version(self, family: str, mv) -> DraftVersion:
+        return DraftVersion(
+            family=family,
+            name=mv.name,
+            version=str(mv.version),
+            run_id=mv.run_id or "",
+            source=mv.source,
+            tags=dict(mv.tags or {}),
+        )
+
+    def _family_of(self, name: str) -> str:
+        return name.removeprefix(f"{self.config.model_prefix}-")
+
+    def log_draft(
+        self,
+        package: str | Path,
+        *,
+        family: str,
+        params: dict[str, Any] | None = None,
+        metrics: dict[str, float] | None = None,
+        tags: dict[str, str] | None = None,
+        run_name: str | None = None,
+        artifacts: dict[str, Path] | None = None,
+    ) -> DraftVersion:
+        """Log a draft package as a run's artifact and register it as a new version of its
+        family. The package is checked first: a broken package never gets a version."""
+        from mlflow.exceptions import MlflowException
+
+        package = Path(package)
+        manifest = read_manifest(package)
+        name = self.model_name(family)
+        with self._mlflow.start_run(
+            experiment_id=self.experiment_id, run_name=run_name or f"draft-{family}"
+        ) as run:
+            self._mlflow.log_params(
+                {"family": family, "drafter": manifest.drafter, **(params or {})}
+            )
+            if metrics:
+                self._mlflow.log_metrics(metrics)
+            self._mlflow.set_tags({"kind": "draft", "family": family, **(tags or {})})
+            self._mlflow.log_artifacts(str(package), artifact_path="draft")
+            for artifact_name, path in (artifacts or {}).items():
+                self._mlflow.log_artifact(str(path), artifact_path=artifact_name)
+            source = f"{run.info.artifact_uri.rstrip('/')}/draft"
+        try:
+            self.client.get_registered_model(name)
+        except MlflowException:
+            self.client.create_registered_model(
+                name, tags={"family": family}, description=f"specops {family} drafts"
+            )
+        mv = self.client.create_model_version(
+            name, source=source, run_id=run.info.run_id, tags={"family": family}
+        )
+        log.info("registered %s version %s", name, mv.version)
+        return self._version(family, mv)
+
+    def get(self, family: str, version: str | int) -> DraftVersion:
+        from mlflow.exceptions import MlflowException
+
+        name = self.model_name(family)
+        try:
+            return self._version(family, self.client.get_model_version(name, str(version)))
+        except MlflowException:
+            raise RegistryError(f"{name} has no version {str(version)!r}") from None
+
+    def by_alias(self, family: str, alias_name: str) -> DraftVersion | None:
+        from mlflow.exceptions import MlflowException
+
+        name = self.model_name(family)
+        try:
+            mv = self.client.get_model_version_by_alias(name, alias_name)
+        except MlflowException:
+            return None
+        return self._version(family, mv)
+
+    def families(self) -> list[str]:
+        prefix = f"{self.config.model_prefix}-"
+        models = self.client.search_registered_models(filter_string=f"name LIKE '{prefix}%'")
+        return sorted(self._family_of(m.name) for m in models)
+
+    # --- evaluation -------------------------------------------------------------------
+    def log_evaluation(
+        self,
+        draft: DraftVersion,
+        hardware: str,
+        metrics: dict[str, float],
+        *,
+        report: dict[str, Any] | None = None,
+        params: dict[str, Any] | None = None,
+        artifacts: list[Path] | None = None,
+    ) -> str:
+        """Record an evaluation of ``draft`` on ``hardware`` (metrics keyed by the target:
+        ``<hw>/<metric>``) and mark the version as evaluated there."""
+        alias(CHAMPION, hardware)  # checks the name
+        with self._mlflow.start_run(
+            experiment_id=self.experiment_id, run_name=f"evaluate-{draft.family}-{hardware}"
+        ) as run:
+            self._mlflow.set_tags(
+                {
+                    "kind": "evaluation",
+                    "hardware": hardware,
+                    "family": draft.family,
+                    "draft": draft.label,
+                }
+            )
+            if params:
+                self._mlflow.log_params(params)
+            self._mlflow.log_metrics({f"{hardware}/{k}": float(v) for k, v in metrics.items()})
+            if report is not None:
+                self._mlflow.log_dict(report, f"evaluation-{hardware}.json")
+            for path in artifacts or []:
+                self._mlflow.log_artifact(str(path))
+        self.client.set_model_version_tag(
+            draft.name, draft.version, f"evaluated.{hardware}", run.info.run_id
+        )
+        for key, value in metrics.items():
+            self.client.set_model_version_tag(
+                draft.name, draft.version, f"{hardware}/{key}", repr(float(value))
+            )
+        return run.info.run_id
+
+    # --- aliases, promotion, rollback -------------------------------------------------
+    def set_challenger(self, draft: DraftVersion, hardware: str) -> None:
+        self.client.set_registered_model_alias(
+            draft.name, alias(CHALLENGER, hardware), draft.version
+        )
+
+    def champion(self, hardware: str) -> DraftVersion | None:
+        """What serves on ``hardware``: the newest promotion among the families that hold
+        ``champion-<hw>`` (during a cross-family promotion two briefly do)."""
+        name = alias(CHAMPION, hardware)
+        holders = [draft for family in self.families() if (draft := self.by_alias(family, name))]
+        if not holders:
+            return None
+        return max(holders, key=lambda d: float(d.tags.get(f"promoted_at.{hardware}", "0")))
+
+    def promote(
+        self,
+        draft: DraftVersion,
+        hardware: str,
+        *,
+        reason: str,
+        metrics: dict[str, float] | None = None,
+        gates: dict[str, Any] | None = None,
+    ) -> str:
+        """Make ``draft`` the champion of ``hardware``; return the promotion run's id."""
+        current = self.get(draft.family, draft.version)  # exists, with fresh tags
+        if not current.evaluated_on(hardware):
+            raise RegistryError(
+                f"{draft.label} has not been evaluated on {hardware!r}; evaluate it there "
+                "before promoting it"
+            )
+        previous = self.champion(hardware)
+        run_id = self._audit(
+            "promote",
+            hardware,
+            draft=current,
+            previous=previous,
+            reason=reason,
+            metrics=metrics,
+            gates=gates,
+        )
+        self._point(current, hardware, previous)
+        return run_id
+
+    def rollback(self, hardware: str, *, reason: str = "rollback") -> DraftVersion:
+        """Give ``champion-<hw>`` back to the version the last promotion displaced."""
+        from mlflow.entities import ViewType
+
+        runs = self.client.search_runs(
+            [self.promotions_id],
+            filter_string=(
+                f"tags.hardware = '{hardware}' and tags.action = 'promote' "
+                "and tags.rolled_back = 'false'"
+            ),
+            run_view_type=ViewType.ACTIVE_ONLY,
+            order_by=["attributes.start_time DESC"],
+            max_results=1,
+        )
+        if not runs:
+            raise RegistryError(f"no promotion on {hardware!r} to roll back")
+        last = runs[0]
+        family, version = (
+            last.data.tags.get("previous_family"),
+            last.data.tags.get("previous_version"),
+        )
+        if not family or not version:
+            raise RegistryError(
+                f"the last promotion on {hardware!r} had no previous champion to return to"
+            )
+        target = self.get(family, version)
+        current = self.champion(hardware)
+        self._audit("rollback", hardware, draft=target, previous=current, reason=reason)
+        self._point(target, hardware, current)
+        self.client.set_tag(last.info.run_id, "rolled_back", "true")
+        return target
+
+    def _point(self, draft: DraftVersion, hardware: str, previous: DraftVersion | None) -> None:
+        name = alias(CHAMPION, hardware)
+        self.client.set_model_version_tag(
+            draft.name, draft.version, f"promoted_at.{hardware}", repr(time.time())
+        )
+        self.client.set_registered_model_alias(draft.name, name, draft.version)
+        if previous is not None and previous.name != draft.name:
+            self.client.delete_registered_model_alias(previous.name, name)
+
+    def _audit(
+        self,
+        action: str,
+        hardware: str,
+        *,
+        draft: DraftVersion,
+        previous: DraftVersion | None,
+        reason: str,
+        metrics: dict[str, float] | None = None,
+        gates: dict[str, Any] | None = None,
+    ) -> str:
+        record = {
+            "action": action,
+            "hardware": hardware,
+            "family": draft.family,
+            "version": draft.version,
+            "previous_family": previous.family if previous else "",
+            "previous_version": previous.version if previous else "",
+            "reason": reason,
+            "rolled_back": "false",
+        }
+        with self._mlflow.start_run(
+            experiment_id=self.promotions_id, run_name=f"{action}-{hardware}-{draft.label}"
+        ) as run:
+            self._mlflow.set_tags(record)
+            if metrics:
+                self._mlflow.log_metrics({f"{hardware}/{k}": float(v) for k, v in metrics.items()})
+            self._mlflow.log_dict(
+                {**record, "metrics": metrics or {}, "gates": gates or {}, "at": time.time()},
+                "promotion.json",
+            )
+        return run.info.run_id
+
+    # --- artifacts --------------------------------------------------------------------
+    def download(self, draft: DraftVersion, cache: str | Path) -> Path:
+        """The draft package of ``draft`` in a local folder (versions never change, so a
+        downloaded copy is reused). Downloaded into a temporary folder, then renamed."""
+        from mlflow.artifacts import download_artifacts
+
+        folder = Path(cache) / draft.name / draft.version
+        if (folder / "draft.json").is_file():
+            return folder
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        scratch = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{draft.version}."))
+        try:
+            local = Path(download_artifacts(artifact_uri=draft.source, dst_path=str(scratch)))
+            read_manifest(local)
+            if folder.exists():
+                shutil.rmtree(folder)
+            os.replace(local, folder)
+        except Exception as error:
+            if isinstance(error, SpecOpsError):
+                raise
+            raise RegistryError(
+                f"cannot download {draft.label} from {draft.source}: {error}"
+            ) from None
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        return folder

@@ -1,0 +1,51 @@
+"""The registry config (``configs/registry.yaml``), with environment overrides."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from serving.errors import BadInputError
+
+REGISTRY_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "registry.yaml"
+
+
+class RegistryConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    tracking_uri: str = "sqlite:///.specops/mlflow/mlflow.db"
+    artifact_root: str = ".specops/mlflow/artifacts"
+    model_prefix: str = Field("specops-draft", pattern=r"^[A-Za-z0-9_.-]+$")
+    experiment: str = Field("specops", min_length=1)
+
+    def resolved_tracking_uri(self) -> str:
+        """SQLite paths are made absolute (MLflow resolves them against the working
+        directory, which differs between a flow, a test and the server)."""
+        uri = self.tracking_uri
+        if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+            return "sqlite:///" + str(Path(uri.removeprefix("sqlite:///")).resolve())
+        return uri
+
+    def resolved_artifact_root(self) -> str:
+        root = self.artifact_root
+        if "://" in root:
+            return root
+        return Path(root).resolve().as_uri()
+
+
+def load_registry_config(path: str | Path = REGISTRY_CONFIG) -> RegistryConfig:
+    try:
+        raw = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError) as error:
+        raise BadInputError(f"cannot read registry config {str(path)!r}: {error}") from None
+    if os.environ.get("SPECOPS_MLFLOW_URI"):
+        raw["tracking_uri"] = os.environ["SPECOPS_MLFLOW_URI"]
+    if os.environ.get("SPECOPS_MLFLOW_ARTIFACTS"):
+        raw["artifact_root"] = os.environ["SPECOPS_MLFLOW_ARTIFACTS"]
+    try:
+        return RegistryConfig.model_validate(raw)
+    except ValidationError as error:
+        raise BadInputError(f"invalid registry config {str(path)!r}: {error}") from None

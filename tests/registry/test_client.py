@@ -1,0 +1,119 @@
+"""Aliases, promotion and rollback against a real MLflow SQLite store in a temporary folder."""
+
+import pytest
+
+from registry.client import Registry, RegistryError
+from registry.config import RegistryConfig
+from serving.drafters.package import DraftManifest, read_manifest, write_package
+from serving.errors import ModelSourceError
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mlflow")
+    return Registry(
+        RegistryConfig(
+            tracking_uri=f"sqlite:///{root}/mlflow.db",
+            artifact_root=str(root / "artifacts"),
+            model_prefix="t",
+        )
+    )
+
+
+@pytest.fixture
+def package(tmp_path):
+    def make(drafter: str, name: str = "pkg"):
+        return write_package(tmp_path / name, DraftManifest(drafter=drafter, k=5))
+
+    return make
+
+
+def evaluated(registry, draft, hardware="cpu", **metrics):
+    registry.log_evaluation(draft, hardware, metrics or {"mean_accepted_length": 1.5})
+    return registry.get(draft.family, draft.version)
+
+
+def test_drafts_register_as_versions_of_their_family(registry, package):
+    first = registry.log_draft(package("pld:3"), family="ngram", params={"k": 5})
+    second = registry.log_draft(package("ngram:4"), family="ngram")
+    assert (first.name, second.name) == ("t-ngram", "t-ngram")
+    assert int(second.version) == int(first.version) + 1
+    assert "ngram" in registry.families()
+
+
+def test_a_broken_package_never_gets_a_version(registry, tmp_path):
+    (tmp_path / "bad").mkdir()
+    with pytest.raises(ModelSourceError, match=r"draft\.json is missing"):
+        registry.log_draft(tmp_path / "bad", family="broken")
+    assert "broken" not in registry.families()
+
+
+def test_promotion_needs_an_evaluation_on_that_target(registry, package):
+    draft = registry.log_draft(package("pld:2"), family="gate")
+    with pytest.raises(RegistryError, match="has not been evaluated on 'cpu'"):
+        registry.promote(draft, "cpu", reason="test")
+    evaluated(registry, draft, "cpu-stock")
+    with pytest.raises(RegistryError, match="has not been evaluated on 'cpu'"):
+        registry.promote(draft, "cpu", reason="test")
+
+
+def test_promote_cross_family_then_roll_back(registry, package, tmp_path):
+    hw = "hw1"
+    assert registry.champion(hw) is None
+    ngram = evaluated(registry, registry.log_draft(package("ngram:4"), family="ngram"), hw)
+    registry.promote(ngram, hw, reason="bootstrap", metrics={"mean_accepted_length": 1.4})
+    assert registry.champion(hw).label == ngram.label
+
+    head = evaluated(registry, registry.log_draft(package("pld:3"), family="head"), hw)
+    run_id = registry.promote(head, hw, reason="faster", gates={"lossless": True})
+    assert registry.champion(hw).label == head.label
+    # The alias moved across families: the old family no longer holds it.
+    assert registry.by_alias("ngram", f"champion-{hw}") is None
+    record = registry.client.get_run(run_id).data.tags
+    assert record["previous_family"] == "ngram" and record["reason"] == "faster"
+
+    restored = registry.rollback(hw, reason="regression seen in serving")
+    assert restored.label == ngram.label
+    assert registry.champion(hw).label == ngram.label
+    assert registry.by_alias("head", f"champion-{hw}") is None
+    # The first promotion had no previous champion: nothing further to roll back to.
+    with pytest.raises(RegistryError, match="no previous champion"):
+        registry.rollback(hw)
+
+
+def test_champions_are_per_hardware_target(registry, package):
+    a = evaluated(registry, registry.log_draft(package("pld:1"), family="ngram"), "hwa")
+    b = evaluated(registry, registry.log_draft(package("pld:2"), family="ngram"), "hwb")
+    registry.promote(a, "hwa", reason="a")
+    registry.promote(b, "hwb", reason="b")
+    assert registry.champion("hwa").version == a.version
+    assert registry.champion("hwb").version == b.version
+
+
+def test_rollback_without_a_promotion_is_an_error(registry):
+    with pytest.raises(RegistryError, match="no promotion on 'never' to roll back"):
+        registry.rollback("never")
+
+
+def test_download_gives_the_package_and_reuses_it(registry, package, tmp_path):
+    draft = registry.log_draft(package("ngram:3"), family="dl")
+    folder = registry.download(draft, tmp_path / "cache")
+    assert read_manifest(folder).drafter == "ngram:3"
+    assert registry.download(draft, tmp_path / "cache") == folder
+
+
+def test_an_unknown_version_is_a_clear_error(registry):
+    with pytest.raises(RegistryError, match="has no version '999'"):
+        registry.get("ngram", 999)
+
+
+def test_an_unreachable_tracking_server_is_a_clear_error():
+    config = RegistryConfig(tracking_uri="http://127.0.0.1:9", artifact_root="/tmp/x")
+    with pytest.raises(RegistryError, match="unreachable"):
+        Registry(config)
+
+
+@pytest.mark.parametrize("family", ["", "a/b", "x y"])
+def test_bad_family_names(registry, family):
+    with pytest.raises(RegistryError, match="draft family"):
+        registry.model_name(family)
