@@ -10,7 +10,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from serving.errors import BadInputError
 
-REGISTRY_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "registry.yaml"
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+REGISTRY_CONFIG = PROJECT_ROOT / "configs" / "registry.yaml"
 
 
 class RegistryConfig(BaseModel):
@@ -22,18 +23,18 @@ class RegistryConfig(BaseModel):
     experiment: str = Field("specops", min_length=1)
 
     def resolved_tracking_uri(self) -> str:
-        """SQLite paths are made absolute (MLflow resolves them against the working
-        directory, which differs between a flow, a test and the server)."""
+        """A relative SQLite path is taken from the project root, not the working directory
+        (which differs between a flow, a test, the server and ``dvc repro``)."""
         uri = self.tracking_uri
         if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
-            return "sqlite:///" + str(Path(uri.removeprefix("sqlite:///")).resolve())
+            return "sqlite:///" + str(PROJECT_ROOT / uri.removeprefix("sqlite:///"))
         return uri
 
     def resolved_artifact_root(self) -> str:
         root = self.artifact_root
         if "://" in root:
             return root
-        return Path(root).resolve().as_uri()
+        return (PROJECT_ROOT / root).resolve().as_uri()
 
 
 def load_registry_config(path: str | Path = REGISTRY_CONFIG) -> RegistryConfig:

@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 
 from specops.data_cli import _fail, data_app
+from specops.registry_cli import registry_app
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
@@ -22,6 +23,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(data_app, name="data")
+app.add_typer(registry_app, name="registry")
 
 
 def _format_stats(stats: dict) -> str:
