@@ -6,5 +6,6 @@ bash scripts/setup.sh
 source scripts/env.sh
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
-.venv/bin/mypy serving tasks/records.py tasks/store.py tasks/collect.py tasks/validate.py tasks/curate.py tasks/dataset.py
+.venv/bin/mypy serving registry tasks/records.py tasks/store.py tasks/collect.py tasks/validate.py \
+  tasks/curate.py tasks/dataset.py tasks/loadtest.py tasks/server_process.py
 .venv/bin/python -m pytest -q "$@"

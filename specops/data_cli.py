@@ -6,7 +6,7 @@ import json
 from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import typer
 
@@ -37,10 +37,11 @@ def build_traffic(
 
     try:
         settings = load_params(params).traffic
-        for split, n in (
+        splits: list[tuple[Literal["train", "heldout"], int]] = [
             ("train", settings.train_prompts_per_workload),
             ("heldout", settings.heldout_prompts_per_workload),
-        ):
+        ]
+        for split, n in splits:
             prompts = [
                 asdict(p)
                 for workload in settings.workloads

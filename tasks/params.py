@@ -21,10 +21,15 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+Workload = Literal["sharegpt", "humaneval", "grounded"]
+
+
+def _all_workloads() -> list[Workload]:
+    return ["sharegpt", "humaneval", "grounded"]
+
+
 class TrafficParams(_Section):
-    workloads: list[Literal["sharegpt", "humaneval", "grounded"]] = Field(
-        default_factory=lambda: ["sharegpt", "humaneval", "grounded"], min_length=1
-    )
+    workloads: list[Workload] = Field(default_factory=_all_workloads, min_length=1)
     train_prompts_per_workload: int = Field(8, ge=0)
     heldout_prompts_per_workload: int = Field(4, ge=0)
     seed: int = 0

@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import IO
 
 from serving.errors import SpecOpsError
 
@@ -39,7 +40,7 @@ class ServerProcess:
         self.env = {**os.environ, **(env or {})}
         self.ready_timeout_s = ready_timeout_s
         self.process: subprocess.Popen | None = None
-        self._log = None
+        self._log: IO[str] | int | None = None
 
     def start(self) -> ServerProcess:
         import httpx
@@ -92,8 +93,8 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
-        if self._log not in (None, subprocess.DEVNULL):
-            self._log.close()  # type: ignore[union-attr]
+        if not isinstance(self._log, int | None):
+            self._log.close()
         return self.process.returncode
 
     def __enter__(self) -> ServerProcess:

@@ -255,7 +255,7 @@ def create_app(state: ServerState) -> FastAPI:
         client goes away (or this coroutine is cancelled) the request is cancelled."""
         started = time.monotonic()
         outcome = _Outcome()
-        assembler = TextAssembler(state.tokenizer, body.stop)
+        assembler = TextAssembler(state.tokenizer, body.stops)
         job, queue = _submit(decode)
         ended = False
         try:

@@ -54,9 +54,9 @@ class ServerConfig(_Section):
     target: str = "smollm2"
     hardware: str = "cpu"
     threads: int | None = Field(None, ge=1)
-    champion: ChampionConfig = Field(default_factory=ChampionConfig)
-    limits: Limits = Field(default_factory=Limits)
-    capture: CaptureConfig = Field(default_factory=CaptureConfig)
+    champion: ChampionConfig = Field(default_factory=lambda: ChampionConfig())
+    limits: Limits = Field(default_factory=lambda: Limits())
+    capture: CaptureConfig = Field(default_factory=lambda: CaptureConfig())
 
 
 def load_server_config(path: str | Path = SERVING_CONFIG, **overrides: object) -> ServerConfig:

@@ -92,6 +92,11 @@ class SpecOpsFields(BaseModel):
         return self
 
     @property
+    def stops(self) -> list[str]:
+        """``stop`` after validation: always a list."""
+        return self.stop if isinstance(self.stop, list) else []
+
+    @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
@@ -136,11 +141,12 @@ class ChatMessage(BaseModel):
     def text(self) -> str:
         if isinstance(self.content, str):
             return self.content
-        parts = []
+        parts: list[str] = []
         for part in self.content:
-            if part.get("type") != "text" or not isinstance(part.get("text"), str):
+            text = part.get("text")
+            if part.get("type") != "text" or not isinstance(text, str):
                 raise ValueError(f"only text content parts are supported, got {part!r}")
-            parts.append(part["text"])
+            parts.append(text)
         return "".join(parts)
 
 
