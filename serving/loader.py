@@ -78,7 +78,7 @@ def encode_messages(tokenizer, messages: list[dict[str, str]]) -> list[int]:
 
 def eos_ids(model, tokenizer) -> list[int]:
     ids: set[int] = set()
-    for source in (model.generation_config.eos_token_id, tokenizer.eos_token_id):
+    for source in (model.generation_config.eos_token_id, getattr(tokenizer, "eos_token_id", None)):
         if source is None:
             continue
         ids.update(source if isinstance(source, list) else [source])

@@ -24,7 +24,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from serving.drafters.factory import DrafterSpec, parse_drafter_spec
+from serving.drafters.base import Drafter
+from serving.drafters.factory import DrafterSpec, build_drafter, parse_drafter_spec
 from serving.errors import BadInputError, ModelSourceError
 from serving.policy import MAX_DRAFT_TOKENS, POLICIES
 
@@ -108,3 +109,13 @@ def write_package(
         shutil.rmtree(scratch, ignore_errors=True)
         raise
     return folder
+
+
+def load_package(
+    folder: str | Path, target, tokenizer=None
+) -> tuple[DraftManifest, Drafter | None]:
+    """Read a package and build its drafter against ``target`` (weights loaded once;
+    ``Drafter.fork()`` gives more for concurrent requests)."""
+    folder = Path(folder)
+    manifest = read_manifest(folder)
+    return manifest, build_drafter(manifest.spec(folder), target, tokenizer)
