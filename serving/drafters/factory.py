@@ -1,6 +1,6 @@
 """Drafter specs: the strings users type (``none``, ``pld``, ``ngram:4``, ``layers:4``,
-``model:PATH``) parsed into drafters. Parsing is split from building so that a bad spec
-fails before any model is loaded."""
+``model:PATH``, ``head:PATH``) parsed into drafters. Parsing is split from building so that
+a bad spec fails before any model is loaded."""
 
 from __future__ import annotations
 
@@ -10,11 +10,12 @@ from pathlib import Path
 from serving.drafters.base import Drafter
 from serving.errors import BadInputError, IncompatibleDraftError
 
-KINDS = ("none", "pld", "ngram", "layers", "model")
+KINDS = ("none", "pld", "ngram", "suffix", "layers", "model", "head")
 SPEC_HELP = (
     "none | pld[:MAX_NGRAM] (prompt lookup) | ngram[:N] (n-gram store, k-grams 2..N) | "
+    "suffix[:PATH] (suffix match on the request, plus a corpus file of earlier outputs) | "
     "layers:N (the target's first N layers) | model:PATH (a causal LM folder sharing the "
-    "target's tokenizer)"
+    "target's tokenizer) | head:PATH (a draft-head folder trained on the target's features)"
 )
 
 
@@ -56,6 +57,8 @@ def parse_drafter_spec(spec: str) -> DrafterSpec:
         _int_arg(spec, arg_or_none, 3, 1)
     if kind == "ngram":
         _int_arg(spec, arg_or_none, 4, 2)
+    if kind == "suffix" and arg_or_none and not Path(arg_or_none).is_file():
+        raise BadInputError(f"drafter {spec!r}: {arg_or_none!r} is not a suffix corpus file")
     if kind == "layers":
         _int_arg(spec, arg_or_none, None, 1)
     if kind == "model":
@@ -63,6 +66,11 @@ def parse_drafter_spec(spec: str) -> DrafterSpec:
             raise BadInputError(f"drafter {spec!r} needs a path: model:PATH")
         if not Path(arg_or_none).is_dir():
             raise BadInputError(f"drafter {spec!r}: {arg_or_none!r} is not a model folder")
+    if kind == "head":
+        if not arg_or_none:
+            raise BadInputError(f"drafter {spec!r} needs a path: head:PATH")
+        if not Path(arg_or_none).is_dir():
+            raise BadInputError(f"drafter {spec!r}: {arg_or_none!r} is not a draft-head folder")
     return DrafterSpec(kind, arg_or_none)
 
 
@@ -95,9 +103,19 @@ def build_drafter(spec: str | DrafterSpec, target, target_tokenizer=None) -> Dra
         return PromptLookupDrafter(max_ngram=_int_arg(text, parsed.arg, 3, 1))
     if parsed.kind == "ngram":
         return NGramDrafter(n=_int_arg(text, parsed.arg, 4, 2))
+    if parsed.kind == "suffix":
+        from serving.drafters.suffix import suffix_drafter
+
+        return suffix_drafter(parsed.arg)
     if parsed.kind == "layers":
         layers = _int_arg(text, parsed.arg, None, 1)
         return ModelDrafter(first_layers(target, layers), name=text)
+    if parsed.kind == "head":
+        from serving.drafters.head import HeadDrafter
+        from serving.models.head import load_head
+
+        assert parsed.arg is not None
+        return HeadDrafter(load_head(parsed.arg, target), target, name=text)
     # model:PATH
     import torch
     from transformers import AutoModelForCausalLM
