@@ -217,7 +217,7 @@ def serve(
     port: Annotated[int | None, typer.Option(help="Port (default 8000).")] = None,
     target: Annotated[str | None, typer.Option(help="smollm2 or a local model folder.")] = None,
     hardware: Annotated[str | None, typer.Option(help="Hardware target.")] = None,
-    threads: Annotated[int | None, typer.Option(help="torch threads.")] = None,
+    threads: Annotated[int | None, typer.Option(help="torch threads per decode worker.")] = None,
     drafter: Annotated[
         str | None, typer.Option(help="Serve this drafter spec (a static champion).")
     ] = None,
@@ -234,6 +234,7 @@ def serve(
     store: Annotated[Path | None, typer.Option(help="Capture store folder.")] = None,
     queue_size: Annotated[int | None, typer.Option(help="Waiting requests before 429.")] = None,
     max_active: Annotated[int | None, typer.Option(help="Requests decoded concurrently.")] = None,
+    workers: Annotated[int | None, typer.Option(help="Decode threads.")] = None,
 ) -> None:
     """Serve the target with its champion draft: an OpenAI-compatible HTTP endpoint."""
     import logging
@@ -264,6 +265,7 @@ def serve(
                 "capture.store": str(store) if store else None,
                 "limits.queue_size": queue_size,
                 "limits.max_active": max_active,
+                "limits.workers": workers,
             },
         )
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")

@@ -37,6 +37,7 @@ class Limits(_Section):
     max_tokens: int = Field(1024, ge=1)
     queue_size: int = Field(32, ge=1)
     max_active: int = Field(4, ge=1)
+    workers: int = Field(2, ge=1)  # decode threads (see serving/server/scheduler.py)
     request_timeout_s: float = Field(300.0, gt=0)
 
 
@@ -53,7 +54,7 @@ class ServerConfig(_Section):
     model_name: str = Field("smollm2", min_length=1)
     target: str = "smollm2"
     hardware: str = "cpu"
-    threads: int | None = Field(None, ge=1)
+    threads: int | None = Field(None, ge=1)  # torch threads per decode worker
     champion: ChampionConfig = Field(default_factory=lambda: ChampionConfig())
     limits: Limits = Field(default_factory=lambda: Limits())
     capture: CaptureConfig = Field(default_factory=lambda: CaptureConfig())

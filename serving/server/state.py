@@ -149,7 +149,10 @@ def build_state(config: ServerConfig, *, target=None, tokenizer=None) -> ServerS
         max_context=max_context,
         watcher=watcher,
         scheduler=Scheduler(
-            queue_size=config.limits.queue_size, max_active=config.limits.max_active
+            queue_size=config.limits.queue_size,
+            max_active=config.limits.max_active,
+            workers=config.limits.workers,
+            threads_per_worker=config.threads or hardware.threads,
         ),
         metrics=metrics,
         capture=capture,

@@ -35,10 +35,11 @@ def job(generation, collector, *, deadline_s: float = 60.0) -> Job:
     return Job(generation, collector.emit, deadline=time.monotonic() + deadline_s)
 
 
-def test_interleaved_requests_decode_exactly_as_one_at_a_time(target, prompt):
-    prompts = [prompt, prompt[3:], [7, 7, 8, 9, 7, 7, 8], prompt[:5]]
+@pytest.mark.parametrize(("workers", "max_active"), [(1, 3), (2, 4)])
+def test_interleaved_requests_decode_exactly_as_one_at_a_time(target, prompt, workers, max_active):
+    prompts = [prompt, prompt[3:], [7, 7, 8, 9, 7, 7, 8], prompt[:5], prompt[1:9]]
     expected = [decoder(target).generate(p, max_new_tokens=30).token_ids for p in prompts]
-    scheduler = Scheduler(queue_size=8, max_active=3)
+    scheduler = Scheduler(queue_size=8, max_active=max_active, workers=workers)
     collectors = [Collector() for _ in prompts]
     for p, collector in zip(prompts, collectors, strict=True):
         # Each request has its own decoder (own drafter state and KV cache).
