@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 
 from specops.data_cli import _fail, data_app
+from specops.draft_cli import register_draft_commands
 from specops.registry_cli import registry_app
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -24,6 +25,7 @@ app = typer.Typer(
 )
 app.add_typer(data_app, name="data")
 app.add_typer(registry_app, name="registry")
+register_draft_commands(app)
 
 
 def _format_stats(stats: dict) -> str:

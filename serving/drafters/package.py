@@ -96,6 +96,7 @@ def write_package(
             else:
                 shutil.copy2(source, destination)
         (scratch / MANIFEST).write_text(manifest.model_dump_json(indent=2))
+        scratch.chmod(0o755)  # mkdtemp makes it 0700; a server may run as another user
         read_manifest(scratch)  # what we wrote must load
         if folder.exists():
             old = folder.with_name(f".{folder.name}.old")

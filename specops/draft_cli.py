@@ -1,0 +1,349 @@
+"""``specops train-draft`` and ``specops eval-draft``: train a draft package, evaluate one.
+
+Registered on the main app by :func:`register_draft_commands`. Thin: options are checked
+(configs built and validated) before any model loads; the work is in :mod:`tasks.distill`,
+:mod:`tasks.train_head`, :mod:`tasks.suffix_index` and :mod:`tasks.evaluate`.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from specops.data_cli import _fail
+
+DRAFT_KINDS = ("head", "lora", "full", "suffix")
+
+
+def register_draft_commands(app: typer.Typer) -> None:
+    """Add ``train-draft`` and ``eval-draft`` to ``app``."""
+    app.command("train-draft")(train_draft)
+    app.command("eval-draft")(eval_draft)
+
+
+def _validation_message(error) -> str:
+    """One line naming each bad setting (a pydantic ValidationError)."""
+    parts = []
+    for item in error.errors():
+        key = ".".join(str(part) for part in item["loc"]) or "settings"
+        parts.append(f"{key}: {item['msg']}")
+    return "bad settings: " + "; ".join(parts)
+
+
+def _manifest(kind: str, k: int, policy: str, drafter: str, description: str = ""):
+    from serving.drafters.package import DraftManifest
+    from serving.errors import BadInputError
+    from serving.policy import POLICIES, make_policy
+
+    if policy not in POLICIES:
+        raise BadInputError(f"unknown policy {policy!r}; choose one of {POLICIES}")
+    make_policy(policy, k)  # checks k
+    return DraftManifest(drafter=drafter, policy=policy, k=k, family=kind, description=description)
+
+
+def _fmt(value: float | None, spec: str = ".3f") -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def train_draft(
+    kind: Annotated[str, typer.Option(help="head | lora | full | suffix.")],
+    out: Annotated[Path, typer.Option(help="The draft package folder to write.")],
+    target: Annotated[str, typer.Option(help="smollm2 or a local HF model folder.")] = "smollm2",
+    teacher: Annotated[
+        Path, typer.Option(help="Teacher cache (head/lora/full): the target's own responses.")
+    ] = Path("results/teacher/train"),
+    build_teacher: Annotated[
+        int | None,
+        typer.Option(help="First build (or resume) the teacher cache from N ShareGPT prompts."),
+    ] = None,
+    teacher_new_tokens: Annotated[
+        int, typer.Option(help="Answer length when building the teacher cache.")
+    ] = 64,
+    max_prompt_tokens: Annotated[
+        int, typer.Option(help="Longest prompt when building the teacher cache.")
+    ] = 256,
+    work_dir: Annotated[
+        Path | None, typer.Option(help="Checkpoints and outputs (default: OUT.work).")
+    ] = None,
+    layers: Annotated[
+        int, typer.Option(help="lora/full: draft = the target's first N layers.")
+    ] = 4,
+    draft_model: Annotated[
+        Path | None, typer.Option(help="lora/full: train this local causal LM instead.")
+    ] = None,
+    loss: Annotated[str, typer.Option(help="lora/full: kl (top-k) | ce (greedy tokens).")] = "kl",
+    quantize: Annotated[str, typer.Option(help="lora: none | 8bit | 4bit (bitsandbytes).")] = (
+        "none"
+    ),
+    lora_r: Annotated[int, typer.Option(help="LoRA rank.")] = 16,
+    lora_alpha: Annotated[int, typer.Option(help="LoRA alpha.")] = 32,
+    lora_dropout: Annotated[float, typer.Option(help="LoRA dropout.")] = 0.0,
+    target_modules: Annotated[
+        str, typer.Option(help="LoRA: all-linear or comma-separated module names.")
+    ] = "all-linear",
+    steps: Annotated[int, typer.Option(help="Optimizer steps (head/lora/full).")] = 200,
+    batch_size: Annotated[int, typer.Option(help="Windows per step.")] = 4,
+    max_seq_len: Annotated[int, typer.Option(help="Positions per window.")] = 256,
+    lr: Annotated[float | None, typer.Option(help="Learning rate (default: the kind's).")] = None,
+    seed: Annotated[int, typer.Option(help="Seed: the same seed gives the same draft.")] = 0,
+    checkpoint_every: Annotated[int, typer.Option(help="Steps between checkpoints.")] = 50,
+    eval_every: Annotated[int, typer.Option(help="Steps between held-out evaluations.")] = 50,
+    draft_vocab: Annotated[
+        int | None, typer.Option(help="head: reduced vocabulary size (default: full).")
+    ] = None,
+    intermediate_size: Annotated[int | None, typer.Option(help="head: FFN width.")] = None,
+    store: Annotated[Path, typer.Option(help="suffix: the record store.")] = Path("data"),
+    include_prompts: Annotated[
+        bool, typer.Option("--include-prompts", help="suffix: index prompts with outputs.")
+    ] = False,
+    hardware: Annotated[str | None, typer.Option(help="suffix: only this target's records.")] = (
+        None
+    ),
+    k: Annotated[int, typer.Option("--k", help="The package's (maximum) draft length.")] = 5,
+    policy: Annotated[str, typer.Option(help="The package's policy: cost | fixed | adaptive.")] = (
+        "cost"
+    ),
+    threads: Annotated[int, typer.Option(help="torch threads.")] = 2,
+) -> None:
+    """Train a draft and write it as a draft package to OUT."""
+    from pydantic import ValidationError
+
+    from serving.errors import SpecOpsError
+    from serving.loader import load_target, set_threads
+
+    if kind not in DRAFT_KINDS:
+        _fail(f"unknown kind {kind!r}; choose one of {', '.join(DRAFT_KINDS)}")
+    try:
+        if kind == "suffix":
+            typer.echo(_train_suffix(out, store, include_prompts, hardware, k, policy))
+            return
+        # Every setting is checked before the target loads.
+        manifest = _manifest(kind, k, policy, "head:head" if kind == "head" else "model:weights")
+        common = {
+            "teacher_dir": teacher,
+            "output_dir": work_dir or out.with_name(out.name + ".work"),
+            "seed": seed,
+            "max_steps": steps,
+            "batch_size": batch_size,
+            "max_seq_len": max_seq_len,
+            "checkpoint_every": checkpoint_every,
+            "eval_every": eval_every,
+            **({"learning_rate": lr} if lr is not None else {}),
+        }
+        if kind == "head":
+            from tasks.train_head import TrainHeadConfig
+
+            config: Any = TrainHeadConfig(
+                **common, draft_vocab_size=draft_vocab, intermediate_size=intermediate_size
+            )
+        else:
+            from tasks.distill import DistillConfig
+            from tasks.distill_model import check_quantize_available
+
+            config = DistillConfig(
+                **common,
+                kind=kind,
+                layers=None if draft_model is not None else layers,
+                draft_model=draft_model,
+                loss=loss,
+                quantize=quantize,
+                lora_r=lora_r,
+                lora_alpha=lora_alpha,
+                lora_dropout=lora_dropout,
+                target_modules=(
+                    target_modules
+                    if target_modules == "all-linear"
+                    else tuple(m.strip() for m in target_modules.split(",") if m.strip())
+                ),
+            )
+            check_quantize_available(config.quantize)
+        _check_teacher_source(teacher, build_teacher)
+        set_threads(threads)
+        # Stock kernels: a layers draft copies the target's weights, which packed layers lack.
+        model, tokenizer = load_target(target, kernels="stock")
+        if build_teacher is not None:
+            _build_teacher(
+                model, tokenizer, teacher, build_teacher, teacher_new_tokens, max_prompt_tokens
+            )
+        if kind == "head":
+            summary = _finish_head(config, model, manifest, out)
+        else:
+            summary = _finish_distill(config, model, tokenizer, manifest, out)
+    except ValidationError as error:
+        _fail(_validation_message(error))
+    except SpecOpsError as error:
+        _fail(str(error))
+    typer.echo(summary)
+
+
+def _check_teacher_source(teacher: Path, build: int | None) -> None:
+    from serving.errors import BadInputError
+    from tasks.teacher import MANIFEST
+
+    if build is not None and build < 1:
+        raise BadInputError(f"--build-teacher needs N >= 1 prompts, got {build}")
+    if build is None and not (teacher / MANIFEST).is_file():
+        raise BadInputError(
+            f"no teacher cache at {teacher} ({MANIFEST} is missing); give --teacher DIR of a "
+            "cache built from this target, or --build-teacher N to build one"
+        )
+
+
+def _build_teacher(model, tokenizer, teacher: Path, n: int, new_tokens: int, max_prompt: int):
+    from serving.loader import eos_ids
+    from tasks.teacher import TeacherConfig, build_teacher_cache, sharegpt_teacher_prompts
+
+    prompts = sharegpt_teacher_prompts(tokenizer, n, max_prompt_tokens=max_prompt)
+    return build_teacher_cache(
+        model,
+        prompts,
+        teacher,
+        eos_token_ids=eos_ids(model, tokenizer),
+        config=TeacherConfig(max_new_tokens=new_tokens),
+    )
+
+
+def _train_suffix(out, store, include_prompts, hardware, k, policy) -> str:
+    import tempfile
+
+    from serving.drafters.package import write_package
+    from tasks.suffix_index import build_suffix_index_from_store
+
+    manifest = _manifest("suffix", k, policy, "suffix:corpus.json")
+    with tempfile.TemporaryDirectory() as scratch:
+        path = Path(scratch) / "corpus.json"
+        corpus = build_suffix_index_from_store(
+            store, path, hardware=hardware, include_prompts=include_prompts
+        )
+        tokens = sum(map(len, corpus.sequences))
+        manifest = manifest.model_copy(
+            update={"description": f"suffix corpus of {len(corpus.sequences)} sequences, "
+                    f"{tokens} tokens, from {store}"}
+        )  # fmt: skip
+        folder = write_package(out, manifest, {"corpus.json": path})
+    return f"suffix draft: {len(corpus.sequences)} sequences, {tokens} tokens -> {folder}"
+
+
+def _finish_head(config, model, manifest, out: Path) -> str:
+    from serving.drafters.package import write_package
+    from tasks.train_head import METRICS_FILE, train_head
+
+    result = train_head(config, model)
+    first, last = result.history[0], result.final
+    manifest = manifest.model_copy(
+        update={
+            "description": f"draft head, {result.steps} steps, held-out agreement "
+            f"{_fmt(last.agreement)}"
+        }
+    )
+    folder = write_package(
+        out,
+        manifest,
+        {"head": result.head_dir, METRICS_FILE: Path(config.output_dir) / METRICS_FILE},
+    )
+    return (
+        f"head draft: {result.steps} steps; held-out agreement {_fmt(first.agreement)} -> "
+        f"{_fmt(last.agreement)} (loss {first.loss:.4f} -> {last.loss:.4f}) -> {folder}"
+    )
+
+
+def _finish_distill(config, model, tokenizer, manifest, out: Path) -> str:
+    from tasks.distill import distill, write_draft_package
+
+    result = distill(config, model, tokenizer=tokenizer)
+    first, last = result.history[0], result.final
+    folder = write_draft_package(result, out, k=manifest.k, policy=manifest.policy)
+    return (
+        f"{config.kind} draft: {result.steps} steps, {result.trainable_parameters} trainable "
+        f"parameters; held-out agreement {_fmt(first.agreement)} -> {_fmt(last.agreement)} "
+        f"(loss {first.loss:.4f} -> {last.loss:.4f}) -> {folder}"
+    )
+
+
+def eval_draft(
+    package: Annotated[Path, typer.Argument(help="The draft package to evaluate.")],
+    baseline_package: Annotated[
+        Path | None, typer.Option(help="A second package to compare with (e.g. the champion).")
+    ] = None,
+    workload: Annotated[str, typer.Option(help="sharegpt | humaneval | grounded.")] = "sharegpt",
+    prompts: Annotated[int, typer.Option(help="Held-out prompts.")] = 8,
+    max_new_tokens: Annotated[int, typer.Option(help="Token budget per prompt.")] = 64,
+    threads: Annotated[int, typer.Option(help="torch threads.")] = 2,
+    seed: Annotated[int, typer.Option(help="Prompt-selection seed.")] = 0,
+    target: Annotated[str, typer.Option(help="smollm2 or a local HF model folder.")] = "smollm2",
+    hardware: Annotated[str, typer.Option(help="Hardware target (configs/hardware.yaml).")] = "cpu",
+    out: Annotated[Path, typer.Option(help="Results file.")] = Path("results/eval-draft.json"),
+) -> None:
+    """Evaluate a draft package against plain decoding on held-out prompts.
+
+    Greedy; prints acceptance, mean accepted length, acceptance by position, speedup and
+    whether the output equals plain decoding's (lossless); writes the JSON report."""
+    from serving.drafters.package import read_manifest
+    from serving.errors import SpecOpsError
+    from serving.hardware import hardware_target
+    from serving.loader import load_target, set_threads
+    from tasks.evaluate import Contender, evaluate
+    from tasks.store import write_json_atomic
+    from tasks.traffic import build_workload
+
+    try:
+        if prompts < 1:
+            _fail(f"--prompts must be >= 1, got {prompts}")
+        if max_new_tokens < 1:
+            _fail(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
+        contenders = [Contender("draft", package)]
+        if baseline_package is not None:
+            contenders.append(Contender("baseline", baseline_package))
+        for contender in contenders:
+            read_manifest(contender.package)  # a broken package fails before the model loads
+        kernels = hardware_target(hardware).kernels
+        set_threads(threads)
+        chosen = build_workload(workload, prompts, seed=seed, split="heldout")
+        model, tokenizer = load_target(target, kernels=kernels)
+        report = evaluate(
+            contenders,
+            chosen,
+            target=model,
+            tokenizer=tokenizer,
+            hardware=hardware,
+            max_new_tokens=max_new_tokens,
+        )
+    except SpecOpsError as error:
+        _fail(str(error))
+    options = [str(package)]
+    if baseline_package is not None:
+        options += ["--baseline-package", str(baseline_package)]
+    options += ["--workload", workload, "--prompts", str(prompts), "--max-new-tokens",
+                str(max_new_tokens), "--threads", str(threads), "--seed", str(seed),
+                "--target", target, "--hardware", hardware, "--out", str(out)]  # fmt: skip
+    report["command"] = "specops eval-draft " + shlex.join(options)
+    report["threads"] = threads
+    report["workload"] = workload
+    write_json_atomic(out, report)
+    typer.echo(format_report(report))
+    typer.echo(f"results: {out}")
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """One block per contender: the numbers :mod:`serving.metrics` defines."""
+    lines = [
+        f"{report['prompts']} held-out prompts x {report['max_new_tokens']} tokens on "
+        f"{report['hardware']}"
+    ]
+    for name, result in report["results"].items():
+        if name == "plain":
+            lines.append(f"plain: {_fmt(result['tokens_per_s'], '.1f')} tok/s")
+            continue
+        by_position = ", ".join(_fmt(v, ".2f") for v in result["acceptance_by_position"])
+        lines.append(
+            f"{name} ({report['contenders'][name]}): acceptance "
+            f"{_fmt(result['acceptance_rate'])} | mean accepted length "
+            f"{_fmt(result['mean_accepted_length'], '.2f')} | speedup "
+            f"{_fmt(result['speedup'], '.2f')}x | lossless "
+            f"{'yes' if result['lossless'] else 'NO'}\n"
+            f"  acceptance by position: [{by_position or 'n/a'}]"
+        )
+    return "\n".join(lines)
