@@ -12,6 +12,7 @@ import typer
 
 from specops.data_cli import _fail, data_app
 from specops.draft_cli import register_draft_commands
+from specops.loop_cli import loop_app
 from specops.registry_cli import registry_app
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -26,6 +27,7 @@ app = typer.Typer(
 app.add_typer(data_app, name="data")
 app.add_typer(registry_app, name="registry")
 register_draft_commands(app)
+app.add_typer(loop_app, name="loop")
 
 
 def _format_stats(stats: dict) -> str:

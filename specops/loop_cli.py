@@ -1,0 +1,116 @@
+"""``specops loop ...``: the closed loop (Prefect flows over the registry and the store)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from specops.data_cli import _fail
+
+loop_app = typer.Typer(help="The closed loop: drift demo, flows, scheduled deployments.")
+
+
+def _prefect_env() -> None:
+    # Prefect's temporary local server takes 12-25 s to start on 2 cores.
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO")
+
+
+@loop_app.command()
+def demo(
+    work: Annotated[Path, typer.Option(help="Workspace: store, packages, MLflow.")] = Path(
+        ".specops/demo"
+    ),
+    fresh: Annotated[
+        bool, typer.Option("--fresh/--resume", help="Start over, or resume a killed run.")
+    ] = True,
+    hardware: Annotated[str, typer.Option(help="Hardware target.")] = "cpu",
+    before_prompts: Annotated[int, typer.Option(help="Grounded requests before the drift.")] = 12,
+    after_prompts: Annotated[int, typer.Option(help="HumanEval requests after it.")] = 32,
+    max_new_tokens: Annotated[int, typer.Option(help="Tokens per request.")] = 96,
+    threads: Annotated[int, typer.Option(help="torch threads.")] = 2,
+) -> None:
+    """The main job: bootstrap a champion, replay drift, retrain, evaluate, gate, promote."""
+    from serving.errors import SpecOpsError
+    from serving.loader import set_threads
+
+    if fresh and work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True, exist_ok=True)
+    # The demo keeps its own MLflow store so that it starts from a clean registry; point
+    # SPECOPS_MLFLOW_URI elsewhere to run it against another tracking server.
+    os.environ.setdefault("SPECOPS_MLFLOW_URI", f"sqlite:///{work.resolve()}/mlflow.db")
+    os.environ.setdefault("SPECOPS_MLFLOW_ARTIFACTS", str(work.resolve() / "mlartifacts"))
+    _prefect_env()
+    from flows.demo import drift_demo
+    from tasks.demo_report import write_report
+
+    try:
+        set_threads(threads)
+        result = drift_demo(
+            hardware=hardware,
+            work=str(work),
+            before_prompts=before_prompts,
+            after_prompts=after_prompts,
+            max_new_tokens=max_new_tokens,
+        )
+        summary = write_report(result, work / "store", Path("results/main"))
+    except SpecOpsError as error:
+        _fail(str(error))
+    ba = summary["before_after"]
+    typer.echo("")
+    typer.echo(f"bootstrap champion: {summary['bootstrap']}")
+    if ba is None:
+        typer.echo("no retrain happened (acceptance stayed above the threshold)")
+    else:
+        for label, row in (
+            ("plain", ba["plain"]),
+            ("before", ba["before"]),
+            ("challenger", ba["challenger"]),
+        ):
+            typer.echo(
+                f"{label:>10}: mean accepted length {row['mean_accepted_length']:.2f}, "
+                f"speedup {row['speedup']:.2f}x, lossless {row['lossless']}"
+            )
+        typer.echo(
+            f"gain in mean accepted length: {ba['mean_accepted_length_gain']:+.2f}; "
+            f"{'promoted ' + ba['promoted'] if ba['promoted'] else 'champion kept'}"
+        )
+        for label, gate in ba["gates"].items():
+            typer.echo(f"gate {label}: {gate['reason']}")
+    typer.echo(
+        "results: results/main/loop.json, plot results/main/loop.png\n"
+        f"MLflow: mlflow ui --backend-store-uri {os.environ['SPECOPS_MLFLOW_URI']}\n"
+        "Prefect: prefect server start (flow runs of this process went to a temporary server)"
+    )
+
+
+@loop_app.command()
+def run(
+    flow_name: Annotated[str, typer.Argument(help="collect | retrain")],
+    hardware: Annotated[str, typer.Option(help="Hardware target.")] = "cpu",
+    store: Annotated[str, typer.Option(help="The record store.")] = "data",
+) -> None:
+    """Run one flow now against the configured registry and store."""
+    _prefect_env()
+    from flows.loop import collect, retrain
+
+    flows = {"collect": collect, "retrain": retrain}
+    if flow_name not in flows:
+        _fail(f"unknown flow {flow_name!r}; choose one of {sorted(flows)}")
+    result = flows[flow_name](hardware=hardware, store=store)
+    typer.echo(json.dumps(result, indent=2, default=str)[:4000])
+
+
+@loop_app.command()
+def serve(hardware: Annotated[str, typer.Option(help="Hardware target.")] = "cpu") -> None:
+    """Serve the scheduled deployments (collect hourly, retrain daily, evaluate on demand)."""
+    _prefect_env()
+    from flows.deployments import main
+
+    main(hardware)
