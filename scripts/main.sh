@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The main job on embedded defaults. Until the retraining loop lands, it is the benchmark:
-# specops vs. HF greedy, HF assisted generation and HF prompt lookup on real workloads.
+# The main job on embedded defaults: the closed loop on a drift scenario (specops loop demo):
+# bootstrap a champion, replay drift, retrain, evaluate, gate, promote, report with a plot.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 source scripts/env.sh
-.venv/bin/specops bench "$@"
+.venv/bin/specops loop demo "$@"
