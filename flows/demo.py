@@ -34,11 +34,10 @@ def drift_demo(
     max_new_tokens: int = 96,
 ) -> dict[str, Any]:
     from serving.drafters.package import DraftManifest, write_package
-    from tasks.loop import champion_package  # noqa: F401 - fail early if the loop is broken
 
     logger = get_run_logger()
     store = f"{work}/store"
-    registry = steps._registry()
+    registry = steps.open_registry()
     bootstrap = None
     if registry.champion(hardware) is None:
         package = write_package(

@@ -62,11 +62,18 @@ class TrackerParams(_Section):
     threshold: float = Field(0.5, ge=0.0, le=1.0)
 
 
+class EvaluateParams(_Section):
+    workload: Workload = "humaneval"
+    prompts: int = Field(4, ge=1)
+    max_new_tokens: int = Field(64, ge=1)
+
+
 class PipelineParams(_Section):
-    traffic: TrafficParams = Field(default_factory=TrafficParams)
-    collect: CollectParams = Field(default_factory=CollectParams)
-    dataset: DatasetParams = Field(default_factory=DatasetParams)
-    tracker: TrackerParams = Field(default_factory=TrackerParams)
+    traffic: TrafficParams = Field(default_factory=lambda: TrafficParams())
+    collect: CollectParams = Field(default_factory=lambda: CollectParams())
+    dataset: DatasetParams = Field(default_factory=lambda: DatasetParams())
+    tracker: TrackerParams = Field(default_factory=lambda: TrackerParams())
+    evaluate: EvaluateParams = Field(default_factory=lambda: EvaluateParams())
 
 
 def load_params(path: Path = PARAMS_FILE) -> PipelineParams:

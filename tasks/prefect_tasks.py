@@ -15,7 +15,7 @@ from tasks import loop
 from tasks.traffic import Prompt, build_workload
 
 
-def _registry() -> Registry:
+def open_registry() -> Registry:
     return Registry()  # configs/registry.yaml, SPECOPS_MLFLOW_URI overrides
 
 
@@ -32,7 +32,7 @@ def replay_traffic(
     split: str = "train",
 ) -> dict[str, Any]:
     """Serve ``n`` prompts of ``workload`` with the current champion, detailed mode."""
-    registry = _registry()
+    registry = open_registry()
     draft, package = loop.champion_package(registry, hardware, Path(store).parent / "packages")
     prompts = build_workload(workload, n, seed=seed, split=split)  # type: ignore[arg-type]
     summary = loop.replay_traffic(
@@ -66,7 +66,7 @@ def train_suffix(store: str, out: str, *, hardware: str) -> str:
 
 @task(name="register", cache_policy=NO_CACHE, retries=1)
 def register(package: str, family: str, params: dict[str, Any] | None = None) -> dict[str, str]:
-    draft = _registry().log_draft(package, family=family, params=params)
+    draft = open_registry().log_draft(package, family=family, params=params)
     return {"family": draft.family, "version": draft.version, "label": draft.label}
 
 
@@ -82,7 +82,7 @@ def evaluate_gate_promote(
     promote: bool = True,
     seed: int = 0,
 ) -> dict[str, Any]:
-    registry = _registry()
+    registry = open_registry()
     drafts = [registry.get(c["family"], c["version"]) for c in challengers]
     prompts: list[Prompt] = [
         p

@@ -72,6 +72,7 @@ def clean_copy(tmp_path) -> tuple[Path, dict[str, str]]:
         workloads=["grounded"], train_prompts_per_workload=1, heldout_prompts_per_workload=1
     )
     params["collect"]["max_new_tokens"] = 8
+    params["evaluate"].update(prompts=1, max_new_tokens=8)
     (copy / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     env = {
         **os.environ,
@@ -110,8 +111,12 @@ def test_dvc_repro_from_a_clean_copy_then_an_experiment(clean_copy):
         *(f"pipeline/dataset/{split}.jsonl" for split in ("failures", "replay", "train_mix")),
         "pipeline/dataset/eval.jsonl",
         "pipeline/dataset/quarantine.jsonl",
+        "pipeline/drafts/suffix/draft.json",
+        "metrics/evaluate.json",
     ):
         assert (repo / name).is_file(), name
+    evaluated = json.loads((repo / "metrics/evaluate.json").read_text())
+    assert evaluated["results"]["draft"]["lossless"], evaluated["results"]
     collected = json.loads((repo / "metrics/collect.json").read_text())
     assert (collected["run_id"], collected["written"]) == ("pipeline", 2)
     validation = json.loads((repo / "metrics/validation.json").read_text())["validation"]
