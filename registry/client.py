@@ -233,6 +233,23 @@ class Registry:
             )
         return run.info.run_id
 
+    def log_report(
+        self,
+        name: str,
+        files: list[Path],
+        *,
+        metrics: dict[str, float] | None = None,
+        tags: dict[str, str] | None = None,
+    ) -> str:
+        """A run holding a report's files (plots, JSON) and headline metrics."""
+        with self._mlflow.start_run(experiment_id=self.experiment_id, run_name=name) as run:
+            self._mlflow.set_tags({"kind": "report", **(tags or {})})
+            if metrics:
+                self._mlflow.log_metrics(metrics)
+            for path in files:
+                self._mlflow.log_artifact(str(path))
+        return run.info.run_id
+
     # --- aliases, promotion, rollback -------------------------------------------------
     def set_challenger(self, draft: DraftVersion, hardware: str) -> None:
         self.client.set_registered_model_alias(

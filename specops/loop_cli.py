@@ -60,9 +60,23 @@ def demo(
             max_new_tokens=max_new_tokens,
         )
         summary = write_report(result, work / "store", Path("results/main"))
+        ba = summary["before_after"]
+        headline = {}
+        if ba is not None:
+            for role in ("before", "challenger"):
+                for key in ("mean_accepted_length", "speedup"):
+                    if ba[role] and ba[role][key] is not None:
+                        headline[f"{hardware}/{role}_{key}"] = float(ba[role][key])
+        from tasks.prefect_tasks import open_registry
+
+        open_registry().log_report(
+            "drift-demo",
+            [Path("results/main/loop.png"), Path("results/main/loop.json")],
+            metrics=headline,
+            tags={"hardware": hardware},
+        )
     except SpecOpsError as error:
         _fail(str(error))
-    ba = summary["before_after"]
     typer.echo("")
     typer.echo(f"bootstrap champion: {summary['bootstrap']}")
     if ba is None:

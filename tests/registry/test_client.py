@@ -117,3 +117,12 @@ def test_an_unreachable_tracking_server_is_a_clear_error():
 def test_bad_family_names(registry, family):
     with pytest.raises(RegistryError, match="draft family"):
         registry.model_name(family)
+
+
+def test_a_report_run_keeps_its_files_and_metrics(registry, tmp_path):
+    plot = tmp_path / "loop.png"
+    plot.write_bytes(b"\x89PNG")
+    run_id = registry.log_report("report", [plot], metrics={"cpu/gain": 0.4}, tags={"x": "y"})
+    run = registry.client.get_run(run_id)
+    assert run.data.metrics == {"cpu/gain": 0.4} and run.data.tags["kind"] == "report"
+    assert [f.path for f in registry.client.list_artifacts(run_id)] == ["loop.png"]
