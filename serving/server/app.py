@@ -100,15 +100,18 @@ def create_app(state: ServerState) -> FastAPI:
         next_poll = time.monotonic() + config.champion.poll_s
         while True:
             await asyncio.sleep(0.5)
-            metrics.set_queue(running=state.scheduler.running, waiting=state.scheduler.waiting)
-            await asyncio.to_thread(state.capture.flush_if_old)
-            if config.champion.source != "static" and time.monotonic() >= next_poll:
-                swapped = await asyncio.to_thread(state.watcher.poll)
-                next_poll = time.monotonic() + config.champion.poll_s
-                if swapped:
-                    current = state.watcher.current
-                    metrics.labels(metrics.swaps).inc()
-                    metrics.set_draft(current.ref.version, str(current.spec))
+            try:
+                metrics.set_queue(running=state.scheduler.running, waiting=state.scheduler.waiting)
+                await asyncio.to_thread(state.capture.flush_if_old)
+                if config.champion.source != "static" and time.monotonic() >= next_poll:
+                    swapped = await asyncio.to_thread(state.watcher.poll)
+                    next_poll = time.monotonic() + config.champion.poll_s
+                    if swapped:
+                        current = state.watcher.current
+                        metrics.labels(metrics.swaps).inc()
+                        metrics.set_draft(current.ref.version, str(current.spec))
+            except Exception:  # housekeeping must outlive any one failure
+                log.exception("server housekeeping failed; retrying")
 
     app = FastAPI(title="specops", lifespan=lifespan)
 

@@ -108,6 +108,7 @@ class Capture:
             for row in rows:
                 directory = store.partition_dir(self.root, self.hardware, row["timestamp"])
                 by_partition.setdefault(directory, []).append(row)
+            written = 0
             for directory, part_rows in by_partition.items():
                 path = directory / f"part-{self.run_id}-{self._part:05d}.jsonl"
                 try:
@@ -120,4 +121,5 @@ class Capture:
                     continue
                 self.parts.append(str(path))
                 self._part += 1
-            return len(rows)
+                written += len(part_rows)
+            return written

@@ -22,7 +22,7 @@ from pathlib import Path
 from serving.drafters.base import Drafter
 from serving.drafters.factory import DrafterSpec, build_drafter, parse_drafter_spec
 from serving.drafters.package import read_manifest
-from serving.errors import BadInputError, ModelSourceError, SpecOpsError
+from serving.errors import ModelSourceError
 from serving.policy import DraftLengthPolicy, make_policy
 
 log = logging.getLogger(__name__)
@@ -196,7 +196,7 @@ class ChampionWatcher:
                     return False
                 log.info("new champion %s (was %s): loading", ref.version, self.current.ref)
                 loaded = self._loader(ref)
-            except (SpecOpsError, BadInputError, OSError) as error:
+            except Exception as error:  # any failure (MLflow, disk, a bad package)
                 # Keep serving the current champion; report why the new one did not load.
                 self.last_error = str(error)
                 log.error("champion poll failed, keeping %s: %s", self.current.ref.version, error)
