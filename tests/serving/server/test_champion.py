@@ -138,3 +138,21 @@ def test_the_registry_champion_is_served_and_swapped(tmp_path, target, packages)
     assert watcher.poll()
     assert watcher.current.ref.version == second.label
     assert str(watcher.current.spec) == "ngram:4"
+
+
+def test_any_failure_while_polling_keeps_the_champion(tmp_path, target, packages):
+    pointer = tmp_path / "champion.json"
+    point(pointer, packages["pld"], "1")
+    calls = []
+
+    def loader(ref):
+        calls.append(ref.version)
+        if len(calls) > 1:
+            raise RuntimeError("tracking store locked")  # not a SpecOpsError
+        return load_draft(ref, target, None, verify_curve=CURVE)
+
+    watcher = ChampionWatcher(LocalChampion(pointer), loader)
+    point(pointer, packages["ngram"], "2")
+    assert not watcher.poll()
+    assert watcher.current.ref.version == "1"
+    assert "tracking store locked" in (watcher.last_error or "")
