@@ -8,5 +8,6 @@ source scripts/env.sh
 .venv/bin/ruff format --check .
 .venv/bin/mypy serving registry tasks/records.py tasks/store.py tasks/collect.py tasks/validate.py \
   tasks/curate.py tasks/dataset.py tasks/loadtest.py tasks/server_process.py tasks/evaluate.py \
-  tasks/gates.py tasks/loop.py tasks/distill*.py tasks/suffix_index.py tasks/train_head.py
+  tasks/gates.py tasks/loop.py tasks/distill*.py tasks/suffix_index.py tasks/train_head.py \
+  tasks/checkpoints.py
 .venv/bin/python -m pytest -q "$@"

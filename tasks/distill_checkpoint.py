@@ -13,7 +13,8 @@ import torch
 from pydantic import BaseModel
 
 from serving.errors import ModelSourceError
-from tasks.train_head import _atomic_torch_save
+from tasks.checkpoints import atomic_torch_save, read_checkpoint
+from tasks.checkpoints import check_resumable as check_resumable
 
 CHECKPOINT_FORMAT = 1
 _KEYS = {"format", "step", "config", "trainable", "optimizer", "scheduler", "rng"}
@@ -34,7 +35,7 @@ def save_checkpoint(
     data_rng: torch.Generator,
     history: list[dict[str, Any]],
 ) -> None:
-    _atomic_torch_save(
+    atomic_torch_save(
         {
             "format": CHECKPOINT_FORMAT,
             "step": step,
@@ -55,40 +56,7 @@ def save_checkpoint(
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
     """Read a distillation checkpoint; :class:`ModelSourceError` if it is unreadable."""
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # torch raises a zoo of types for a damaged file
-        first_line = str(exc).strip().split("\n")[0]  # torch's messages run over many lines
-        raise ModelSourceError(
-            f"checkpoint {path} is corrupt or unreadable ({type(exc).__name__}: {first_line}); "
-            "delete it to train from scratch"
-        ) from exc
-    missing = _KEYS - set(state if isinstance(state, dict) else ())
-    if missing:
-        raise ModelSourceError(
-            f"checkpoint {path} lacks {sorted(missing)}; delete it to train from scratch"
-        )
-    if state["format"] != CHECKPOINT_FORMAT:
-        raise ModelSourceError(
-            f"checkpoint {path} has format {state['format']}, this version reads "
-            f"{CHECKPOINT_FORMAT}; delete it to train from scratch"
-        )
-    return state
-
-
-def check_resumable(
-    saved: dict[str, Any], config: BaseModel, resumable: frozenset[str], path: Path
-) -> None:
-    """Raise :class:`ModelSourceError` naming every setting (outside ``resumable``) that
-    differs between the checkpoint's config and ``config``."""
-    current = json.loads(config.model_dump_json())
-    changed = sorted(k for k in current.keys() - resumable if saved.get(k) != current.get(k))
-    if changed:
-        details = ", ".join(f"{k}: {saved.get(k)!r} -> {current.get(k)!r}" for k in changed)
-        raise ModelSourceError(
-            f"checkpoint {path} was written with other settings ({details}); use another "
-            "output_dir or the same settings to resume"
-        )
+    return read_checkpoint(path, keys=_KEYS, version=CHECKPOINT_FORMAT)
 
 
 def restore(

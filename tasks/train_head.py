@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from serving.errors import IncompatibleDraftError, ModelSourceError
 from serving.models.head import DraftHead, head_config_for, output_weight, save_head
+from tasks.checkpoints import atomic_torch_save, check_resumable, read_checkpoint
 from tasks.draft_vocab import build_reduced_vocab
 from tasks.head_data import eval_windows, make_batch, sample_windows, split_sequences
 from tasks.head_loss import FrozenTarget, frozen_target, head_loss
@@ -98,52 +99,12 @@ class TrainResult:
 # --------------------------------------------------------------------------- checkpoints
 
 
-def _atomic_torch_save(state: dict[str, Any], path: Path) -> None:
-    descriptor, scratch = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(descriptor)
-    try:
-        torch.save(state, scratch)
-        os.replace(scratch, path)
-    except BaseException:
-        Path(scratch).unlink(missing_ok=True)
-        raise
+_CHECKPOINT_KEYS = ("format", "step", "config", "head", "optimizer", "scheduler", "rng")
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
     """Read a training checkpoint, raising :class:`ModelSourceError` if it is unreadable."""
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # torch raises a zoo of types for a damaged file
-        raise ModelSourceError(
-            f"checkpoint {path} is corrupt or unreadable ({type(exc).__name__}: {exc}); delete "
-            "it to train from scratch"
-        ) from exc
-    missing = {"format", "step", "config", "head", "optimizer", "scheduler", "rng"} - set(
-        state if isinstance(state, dict) else ()
-    )
-    if missing:
-        raise ModelSourceError(
-            f"checkpoint {path} lacks {sorted(missing)}; delete it to train from scratch"
-        )
-    if state["format"] != CHECKPOINT_FORMAT:
-        raise ModelSourceError(
-            f"checkpoint {path} has format {state['format']}, this version reads "
-            f"{CHECKPOINT_FORMAT}; delete it to train from scratch"
-        )
-    return state
-
-
-def _check_resumable(saved: dict[str, Any], config: TrainHeadConfig, path: Path) -> None:
-    current = json.loads(config.model_dump_json())
-    changed = sorted(
-        key for key in current.keys() - RESUMABLE if saved.get(key) != current.get(key)
-    )
-    if changed:
-        details = ", ".join(f"{k}: {saved.get(k)!r} -> {current.get(k)!r}" for k in changed)
-        raise ModelSourceError(
-            f"checkpoint {path} was written with other settings ({details}); use another "
-            "output_dir or the same settings to resume"
-        )
+    return read_checkpoint(path, keys=_CHECKPOINT_KEYS, version=CHECKPOINT_FORMAT)
 
 
 # --------------------------------------------------------------------------------- eval
@@ -288,7 +249,7 @@ def train_head(
     history: list[EvalMetrics] = []
     if checkpoint_path.exists():
         state = load_checkpoint(checkpoint_path)
-        _check_resumable(state["config"], config, checkpoint_path)
+        check_resumable(state["config"], config, RESUMABLE, checkpoint_path)
         try:
             head.load_state_dict(state["head"])
             optimizer.load_state_dict(state["optimizer"])
@@ -312,7 +273,7 @@ def train_head(
     model: DraftHead = accelerator.unwrap_model(head)
 
     def checkpoint() -> None:
-        _atomic_torch_save(
+        atomic_torch_save(
             {
                 "format": CHECKPOINT_FORMAT,
                 "step": step,
