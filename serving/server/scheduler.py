@@ -69,7 +69,8 @@ class Scheduler:
     ) -> None:
         self.queue_size = queue_size
         self.max_active = max_active
-        self.workers = workers
+        self.workers = min(workers, max_active)  # never more requests in flight than asked
+        workers = self.workers
         self.threads_per_worker = threads_per_worker
         self._per_worker = max(1, max_active // workers)
         self._waiting: deque[Job] = deque()

@@ -130,3 +130,19 @@ def test_stop_cancels_what_is_left(target, prompt):
     collectors[0].events.get(timeout=30)
     scheduler.stop()
     assert collectors[1].drain()[1] == "cancelled"
+
+
+def test_workers_never_hold_more_requests_than_max_active(target, prompt):
+    scheduler = Scheduler(queue_size=8, max_active=1, workers=2)
+    assert scheduler.workers == 1
+    collectors = [Collector() for _ in range(3)]
+    for collector in collectors:
+        scheduler.submit(job(decoder(target).stream(prompt, max_new_tokens=20), collector))
+    scheduler.start()
+    try:
+        collectors[0].events.get(timeout=30)
+        assert scheduler.running == 1 and scheduler.waiting == 2
+        for collector in collectors:
+            assert collector.drain()[1] == "done"
+    finally:
+        scheduler.stop()
