@@ -33,7 +33,10 @@ def replay_traffic(
 ) -> dict[str, Any]:
     """Serve ``n`` prompts of ``workload`` with the current champion, detailed mode."""
     registry = open_registry()
-    draft, package = loop.champion_package(registry, hardware, Path(store).parent / "packages")
+    from serving.models.real import cache_root
+
+    # Versions never change: one download cache per machine, shared with the server.
+    draft, package = loop.champion_package(registry, hardware, cache_root() / "registry")
     prompts = build_workload(workload, n, seed=seed, split=split)  # type: ignore[arg-type]
     summary = loop.replay_traffic(
         prompts,
