@@ -370,11 +370,13 @@ class Registry:
 
     # --- artifacts --------------------------------------------------------------------
     def download(self, draft: DraftVersion, cache: str | Path) -> Path:
-        """The draft package of ``draft`` in a local folder (versions never change, so a
+        """The draft package of ``draft`` in a local folder (a version never changes, so a
         downloaded copy is reused). Downloaded into a temporary folder, then renamed."""
         from mlflow.artifacts import download_artifacts
 
-        folder = Path(cache) / draft.name / draft.version
+        # The run id makes the key unique across tracking stores: two stores can both
+        # have a "specops-draft-suffix/1", with different contents.
+        folder = Path(cache) / draft.name / f"{draft.version}-{draft.run_id}"
         if (folder / "draft.json").is_file():
             return folder
         folder.parent.mkdir(parents=True, exist_ok=True)

@@ -126,3 +126,19 @@ def test_a_report_run_keeps_its_files_and_metrics(registry, tmp_path):
     run = registry.client.get_run(run_id)
     assert run.data.metrics == {"cpu/gain": 0.4} and run.data.tags["kind"] == "report"
     assert [f.path for f in registry.client.list_artifacts(run_id)] == ["loop.png"]
+
+
+def test_downloads_from_two_stores_never_collide(tmp_path, package):
+    cache = tmp_path / "cache"
+    folders = []
+    for store, drafter in (("one", "pld:2"), ("two", "ngram:5")):
+        other = Registry(
+            RegistryConfig(
+                tracking_uri=f"sqlite:///{tmp_path}/{store}.db",
+                artifact_root=str(tmp_path / store),
+            )
+        )
+        draft = other.log_draft(package(drafter, name=f"pkg-{store}"), family="same")
+        assert draft.label == "specops-draft-same/1"  # the same name and version in both
+        folders.append(other.download(draft, cache))
+    assert [read_manifest(f).drafter for f in folders] == ["pld:2", "ngram:5"]
