@@ -1,12 +1,14 @@
-"""Checkpoint plumbing shared by the trainers (head, distillation): atomic saves, a
-checked load, and the resume guard that names every changed setting."""
+"""Plumbing shared by the trainers (head, distillation): atomic checkpoint saves, a checked
+load, the resume guard that names every changed setting, RNG state, and the bookkeeping
+after each optimiser step (loss check, progress, evaluation and checkpoint cadence)."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -66,3 +68,50 @@ def check_resumable(
             f"checkpoint {path} was written with other settings ({details}); use another "
             "output_dir or the same settings to resume"
         )
+
+
+def rng_state(data_rng: torch.Generator) -> dict[str, Any]:
+    """Every random state a resumed run needs to continue exactly."""
+    return {
+        "data": data_rng.get_state(),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
+
+
+def restore_rng(saved: dict[str, Any], data_rng: torch.Generator) -> None:
+    data_rng.set_state(saved["data"])
+    torch.set_rng_state(saved["torch"])
+    if saved.get("cuda") and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(saved["cuda"])
+
+
+def after_step(
+    step: int,
+    loss: float,
+    *,
+    max_steps: int,
+    eval_every: int,
+    checkpoint_every: int,
+    bar,
+    run_eval: Callable[[], Any],
+    checkpoint: Callable[[], None],
+    on_step: Callable[[int, dict[str, float]], None] | None = None,
+) -> None:
+    """Refuse a non-finite loss, show progress, evaluate and checkpoint on their cadence
+    (and always at the last step)."""
+    if not math.isfinite(loss):
+        raise FloatingPointError(
+            f"the training loss became {loss} at step {step}; lower learning_rate or use "
+            "mixed_precision='no'"
+        )
+    bar.update()
+    bar.set_postfix(loss=f"{loss:.4f}")
+    if on_step is not None:
+        on_step(step, {"loss": loss})
+    last = step == max_steps
+    if step % eval_every == 0 or last:
+        metrics = run_eval()
+        bar.set_postfix(loss=f"{loss:.4f}", agree=f"{metrics.agreement or 0:.3f}")
+    if step % checkpoint_every == 0 or last:
+        checkpoint()

@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from serving.drafters.package import DraftManifest, write_package
 from serving.errors import BadInputError, IncompatibleDraftError
+from tasks.checkpoints import after_step
 from tasks.distill_checkpoint import (
     check_resumable,
     load_checkpoint,
@@ -317,21 +318,17 @@ def distill(
         optimizer.zero_grad(set_to_none=True)
         step += 1
         trained_tokens += batch.tokens
-        value = float(loss.detach())
-        if not math.isfinite(value):
-            raise FloatingPointError(
-                f"the training loss became {value} at step {step}; lower learning_rate or use "
-                "mixed_precision='no'"
-            )
-        bar.update()
-        bar.set_postfix(loss=f"{value:.4f}")
-        if on_step is not None:
-            on_step(step, {"loss": value})
-        if step % config.eval_every == 0 or step == config.max_steps:
-            metrics = run_eval()
-            bar.set_postfix(loss=f"{value:.4f}", agree=f"{metrics.agreement or 0:.3f}")
-        if step % config.checkpoint_every == 0 or step == config.max_steps:
-            checkpoint()
+        after_step(
+            step,
+            float(loss.detach()),
+            max_steps=config.max_steps,
+            eval_every=config.eval_every,
+            checkpoint_every=config.checkpoint_every,
+            bar=bar,
+            run_eval=run_eval,
+            checkpoint=checkpoint,
+            on_step=on_step,
+        )
     bar.close()
     elapsed = time.perf_counter() - started
     if not history or history[-1].step != step:

@@ -13,7 +13,7 @@ import torch
 from pydantic import BaseModel
 
 from serving.errors import ModelSourceError
-from tasks.checkpoints import atomic_torch_save, read_checkpoint
+from tasks.checkpoints import atomic_torch_save, read_checkpoint, restore_rng, rng_state
 from tasks.checkpoints import check_resumable as check_resumable
 
 CHECKPOINT_FORMAT = 1
@@ -43,11 +43,7 @@ def save_checkpoint(
             "trainable": {k: v.detach().cpu() for k, v in trainable(model).items()},
             "optimizer": optimizer.state_dict(),
             "scheduler": scheduler.state_dict(),
-            "rng": {
-                "data": data_rng.get_state(),
-                "torch": torch.get_rng_state(),
-                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-            },
+            "rng": rng_state(data_rng),
             "history": history,
         },
         path,
@@ -81,7 +77,4 @@ def restore(
         raise ModelSourceError(
             f"checkpoint {path} does not fit this draft ({exc}); delete it to train from scratch"
         ) from exc
-    data_rng.set_state(state["rng"]["data"])
-    torch.set_rng_state(state["rng"]["torch"])
-    if state["rng"].get("cuda") and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+    restore_rng(state["rng"], data_rng)

@@ -30,7 +30,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from serving.errors import IncompatibleDraftError, ModelSourceError
 from serving.models.head import DraftHead, head_config_for, output_weight, save_head
-from tasks.checkpoints import atomic_torch_save, check_resumable, read_checkpoint
+from tasks.checkpoints import (
+    after_step,
+    atomic_torch_save,
+    check_resumable,
+    read_checkpoint,
+    restore_rng,
+    rng_state,
+)
 from tasks.draft_vocab import build_reduced_vocab
 from tasks.head_data import eval_windows, make_batch, sample_windows, split_sequences
 from tasks.head_loss import FrozenTarget, frozen_target, head_loss
@@ -259,10 +266,7 @@ def train_head(
                 "train from scratch"
             ) from exc
         scheduler.load_state_dict(state["scheduler"])
-        data_rng.set_state(state["rng"]["data"])
-        torch.set_rng_state(state["rng"]["torch"])
-        if state["rng"].get("cuda") and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+        restore_rng(state["rng"], data_rng)
         step = resumed_from = int(state["step"])
         history = [EvalMetrics(**m) for m in state.get("history", [])]
 
@@ -281,11 +285,7 @@ def train_head(
                 "head": {k: v.detach().cpu() for k, v in model.state_dict().items()},
                 "optimizer": optimizer.state_dict(),
                 "scheduler": scheduler.state_dict(),
-                "rng": {
-                    "data": data_rng.get_state(),
-                    "torch": torch.get_rng_state(),
-                    "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-                },
+                "rng": rng_state(data_rng),
                 "history": [asdict(m) for m in history],
             },
             checkpoint_path,
@@ -324,21 +324,17 @@ def train_head(
         optimizer.zero_grad(set_to_none=True)
         step += 1
         trained_tokens += batch.tokens
-        value = float(loss.total.detach())
-        if not math.isfinite(value):
-            raise FloatingPointError(
-                f"the training loss became {value} at step {step}; lower learning_rate or use "
-                "mixed_precision='no'"
-            )
-        bar.update()
-        bar.set_postfix(loss=f"{value:.4f}")
-        if on_step is not None:
-            on_step(step, {"loss": value})
-        if step % config.eval_every == 0 or step == config.max_steps:
-            metrics = run_eval()
-            bar.set_postfix(loss=f"{value:.4f}", agree=f"{metrics.agreement or 0:.3f}")
-        if step % config.checkpoint_every == 0 or step == config.max_steps:
-            checkpoint()
+        after_step(
+            step,
+            float(loss.total.detach()),
+            max_steps=config.max_steps,
+            eval_every=config.eval_every,
+            checkpoint_every=config.checkpoint_every,
+            bar=bar,
+            run_eval=run_eval,
+            checkpoint=checkpoint,
+            on_step=on_step,
+        )
     bar.close()
     elapsed = time.perf_counter() - started
     if not history or history[-1].step != step:

@@ -70,6 +70,17 @@ class StepFeedback:
     target_hidden: torch.Tensor | None = None
 
 
+def draw_draft(logits: torch.Tensor, sampler: Sampler) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(token, row)`` for one draft position of a model-based drafter: the argmax under
+    greedy decoding (``row`` the full softmax, kept for detailed records and confidence
+    thresholds), otherwise a draw from ``row = sampler.probs(logits)``, the distribution the
+    verifier must see. ``logits`` ``[vocab]``."""
+    if sampler.greedy:
+        return logits.argmax(), logits.float().softmax(dim=-1)
+    row = sampler.probs(logits)
+    return sampler.sample(row), row
+
+
 class Drafter(ABC):
     """Proposes draft tokens for one request at a time."""
 

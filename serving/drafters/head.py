@@ -26,7 +26,13 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from serving.drafters.base import Drafter, DraftProposal, DraftRequest, StepFeedback
+from serving.drafters.base import (
+    Drafter,
+    DraftProposal,
+    DraftRequest,
+    StepFeedback,
+    draw_draft,
+)
 from serving.errors import IncompatibleDraftError, SpecOpsError
 from serving.kv import cache_length, new_cache, rewind
 from serving.models.head import DraftHead, causal_mask, check_head_fits, output_weight
@@ -163,14 +169,9 @@ class HeadDrafter(Drafter):
         probs: list[torch.Tensor] = []
         for i in range(request.k):
             logits = self._full_logits(self._logits_layer(feature))  # [vocab]
-            if sampler.greedy:
-                # The full softmax is kept for detailed records (zero outside the reduced
-                # vocabulary, like the sampled case).
-                row = logits.float().softmax(dim=-1)  # [vocab]
-                token = logits.argmax()
-            else:
-                row = sampler.probs(logits)  # [vocab], the distribution we draw from
-                token = sampler.sample(row)
+            token, row = draw_draft(
+                logits, sampler
+            )  # [vocab] row  # zero outside a reduced vocabulary
             tokens.append(token)
             probs.append(row)
             if i == request.k - 1:

@@ -11,7 +11,13 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from serving.drafters.base import Drafter, DraftProposal, DraftRequest, StepFeedback
+from serving.drafters.base import (
+    Drafter,
+    DraftProposal,
+    DraftRequest,
+    StepFeedback,
+    draw_draft,
+)
 from serving.errors import BadInputError, IncompatibleDraftError
 from serving.kv import cache_length, new_cache, rewind
 
@@ -65,14 +71,7 @@ class ModelDrafter(Drafter):
         tokens: list[torch.Tensor] = []
         probs: list[torch.Tensor] = []
         for i in range(request.k):
-            if sampler.greedy:
-                # Greedy drafts are argmaxes; the full softmax is kept for detailed records
-                # and the confidence threshold.
-                row = logits.float().softmax(dim=-1)  # [vocab]
-                token = logits.argmax()
-            else:
-                row = sampler.probs(logits)  # [vocab], the distribution we draw from
-                token = sampler.sample(row)
+            token, row = draw_draft(logits, sampler)  # row [vocab]
             tokens.append(token)
             probs.append(row)
             last = i == request.k - 1
