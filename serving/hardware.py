@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from serving.errors import BadInputError
 
@@ -21,14 +21,32 @@ class HardwareTarget(BaseModel):
     device: str = "cpu"
     kernels: Literal["onednn", "stock"] = "stock"
     threads: int = Field(2, ge=1)
-    verify_curve: list[float] = Field(min_length=1)
+    # The specops engine's measured pass-cost curve (its cost-aware policy needs it); the
+    # other backends draft a fixed number of tokens per step instead.
+    verify_curve: list[float] | None = Field(None, min_length=1)
+    num_speculative_tokens: int = Field(3, ge=1, le=16)
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    # False for targets whose hardware this project cannot reach (CUDA, Trainium): their
+    # code is real but was not run here; the README says so.
+    runs_here: bool = True
 
     @field_validator("verify_curve")
     @classmethod
-    def _positive(cls, curve: list[float]) -> list[float]:
-        if any(c <= 0 for c in curve):
+    def _positive(cls, curve: list[float] | None) -> list[float] | None:
+        if curve is not None and any(c <= 0 for c in curve):
             raise ValueError(f"verify_curve entries must be > 0, got {curve}")
         return curve
+
+    @model_validator(mode="after")
+    def _engine_needs_curve(self) -> HardwareTarget:
+        if self.backend == "transformers" and not self.verify_curve:
+            raise ValueError("a transformers target needs its measured verify_curve")
+        return self
+
+    @property
+    def curve(self) -> tuple[float, ...]:
+        """The verify curve as the policies take it (empty off the specops engine)."""
+        return tuple(self.verify_curve or ())
 
 
 class HardwareConfig(BaseModel):
@@ -51,3 +69,15 @@ def hardware_target(name: str, path: Path = HARDWARE_CONFIG) -> HardwareTarget:
     if name not in targets:
         raise BadInputError(f"unknown hardware target {name!r}; known: {sorted(targets)}")
     return targets[name]
+
+
+def engine_target(name: str, path: Path = HARDWARE_CONFIG) -> HardwareTarget:
+    """A target the specops engine itself serves (backend ``transformers``)."""
+    target = hardware_target(name, path)
+    if target.backend != "transformers":
+        raise BadInputError(
+            f"hardware target {name!r} runs on the {target.backend!r} backend, not on the "
+            "specops engine; evaluate it with `specops targets evaluate --hardware "
+            f"{name}`"
+        )
+    return target

@@ -10,7 +10,7 @@ import torch
 from serving.drafters.factory import DrafterSpec, build_drafter, parse_drafter_spec
 from serving.engine import SpeculativeDecoder
 from serving.errors import BadInputError, ModelSourceError
-from serving.hardware import hardware_target
+from serving.hardware import engine_target
 from serving.policy import POLICIES, make_policy
 
 DEFAULT_TARGET = "smollm2"
@@ -95,7 +95,7 @@ class DecoderOptions:
     def check(self) -> DrafterSpec:
         if self.policy not in POLICIES:
             raise BadInputError(f"unknown policy {self.policy!r}; choose one of {POLICIES}")
-        hardware_target(self.hardware)
+        engine_target(self.hardware)
         spec = parse_drafter_spec(self.drafter)
         if spec.kind != "none":
             make_policy(self.policy, self.k)  # validates k
@@ -107,7 +107,7 @@ def build_decoder(model, tokenizer, options: DecoderOptions) -> SpeculativeDecod
     drafter = build_drafter(spec, model, tokenizer)
     policy = None
     if drafter is not None:
-        curve = tuple(hardware_target(options.hardware).verify_curve)
+        curve = engine_target(options.hardware).curve
         policy = make_policy(options.policy, options.k, verify_curve=curve)
     return SpeculativeDecoder(
         model, drafter=drafter, policy=policy, eos_token_ids=eos_ids(model, tokenizer)

@@ -73,7 +73,7 @@ def generate(
     """Generate text for PROMPT with speculative decoding; print the text and the stats."""
     from serving.engine import MODES
     from serving.errors import SpecOpsError
-    from serving.hardware import hardware_target
+    from serving.hardware import engine_target
     from serving.loader import (
         DecoderOptions,
         build_decoder,
@@ -95,7 +95,7 @@ def generate(
         options = DecoderOptions(drafter=drafter, k=k, policy=policy, hardware=hardware)
         options.check()
         set_threads(threads)
-        model, tokenizer = load_target(target, kernels=hardware_target(hardware).kernels)
+        model, tokenizer = load_target(target, kernels=engine_target(hardware).kernels)
         prompt_ids = encode_prompt(tokenizer, prompt, chat=chat)
         decoder = build_decoder(model, tokenizer, options)
         generation = decoder.stream(

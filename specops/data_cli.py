@@ -90,7 +90,7 @@ def collect(
 ) -> None:
     """Run traffic through the engine in detailed mode; append records (params: collect)."""
     from serving.errors import SpecOpsError
-    from serving.hardware import hardware_target
+    from serving.hardware import engine_target
     from serving.loader import DecoderOptions, build_decoder, load_target, set_threads
     from serving.sampling import SamplingParams
     from tasks.collect import collect as run_collect
@@ -114,7 +114,7 @@ def collect(
         )
         options.check()
         set_threads(settings.threads)
-        kernels = hardware_target(settings.hardware).kernels
+        kernels = engine_target(settings.hardware).kernels
         model, tokenizer = load_target(settings.target, kernels=kernels)
         result = run_collect(
             prompts,

@@ -283,7 +283,7 @@ def eval_draft(
     whether the output equals plain decoding's (lossless); writes the JSON report."""
     from serving.drafters.package import read_manifest
     from serving.errors import SpecOpsError
-    from serving.hardware import hardware_target
+    from serving.hardware import engine_target
     from serving.loader import load_target, set_threads
     from tasks.evaluate import Contender, evaluate
     from tasks.store import write_json_atomic
@@ -299,7 +299,7 @@ def eval_draft(
             contenders.append(Contender("baseline", baseline_package))
         for contender in contenders:
             read_manifest(contender.package)  # a broken package fails before the model loads
-        kernels = hardware_target(hardware).kernels
+        kernels = engine_target(hardware).kernels
         set_threads(threads)
         chosen = build_workload(workload, prompts, seed=seed, split="heldout")
         model, tokenizer = load_target(target, kernels=kernels)

@@ -24,7 +24,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from serving.errors import BadInputError
-from serving.hardware import hardware_target
+from serving.hardware import engine_target
 from serving.loader import DecoderOptions, build_decoder, eos_ids, set_threads
 from serving.metrics import pool
 from serving.models.truncated import first_layers
@@ -266,7 +266,7 @@ def run_bench(
             workload, config.prompts_per_workload, seed=config.seed, split=config.split
         )
     ]
-    kernels = hardware_target(config.hardware).kernels
+    kernels = engine_target(config.hardware).kernels
     model, tokenizer = load_target(target, kernels="stock")
     engine_model = model
     if kernels != "stock":

@@ -20,7 +20,7 @@ from typing import Any
 from serving.drafters.package import load_package
 from serving.engine import SpeculativeDecoder
 from serving.errors import BadInputError
-from serving.hardware import hardware_target
+from serving.hardware import engine_target
 from serving.loader import encode_messages, eos_ids
 from serving.metrics import RequestStats, StepRecord, acceptance_by_position, pool
 from serving.policy import make_policy
@@ -45,7 +45,7 @@ def _decoders(contenders, target, tokenizer, hardware: str) -> list[_Run]:
     names = [c.name for c in contenders]
     if REFERENCE in names or len(set(names)) != len(names):
         raise BadInputError(f"contender names must be unique and not {REFERENCE!r}: {names}")
-    curve = tuple(hardware_target(hardware).verify_curve)
+    curve = engine_target(hardware).curve
     eos = eos_ids(target, tokenizer)
     runs = [_Run(REFERENCE, SpeculativeDecoder(target, eos_token_ids=eos))]
     for contender in contenders:

@@ -20,7 +20,7 @@ from registry.client import DraftVersion, Registry
 from serving.drafters.package import DraftManifest, load_package, write_package
 from serving.engine import SpeculativeDecoder
 from serving.errors import BadInputError
-from serving.hardware import hardware_target
+from serving.hardware import engine_target
 from serving.loader import eos_ids, load_target
 from serving.policy import make_policy
 from tasks.collect import CollectSummary, collect
@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 @lru_cache(maxsize=4)
 def target_for(hardware: str, target: str = "smollm2"):
     """The target model on ``hardware``'s kernels, loaded once per process."""
-    return load_target(target, kernels=hardware_target(hardware).kernels)
+    return load_target(target, kernels=engine_target(hardware).kernels)
 
 
 def champion_package(registry: Registry, hardware: str, cache: Path) -> tuple[DraftVersion, Path]:
@@ -66,7 +66,7 @@ def replay_traffic(
     manifest, drafter = load_package(package, model, tokenizer)
     policy = None
     if drafter is not None:
-        curve = tuple(hardware_target(hardware).verify_curve)
+        curve = engine_target(hardware).curve
         policy = make_policy(manifest.policy, manifest.k, verify_curve=curve)
     decoder = SpeculativeDecoder(
         model, drafter=drafter, policy=policy, eos_token_ids=eos_ids(model, tokenizer)

@@ -30,7 +30,7 @@ import torch
 
 from serving.drafters.base import Drafter, DraftProposal, DraftRequest, StepFeedback
 from serving.errors import BadInputError
-from serving.hardware import hardware_target
+from serving.hardware import engine_target
 from serving.loader import DecoderOptions, build_decoder, encode_messages, set_threads
 from serving.metrics import RequestStats, pool
 from tasks.store import write_json_atomic
@@ -257,7 +257,7 @@ def run_suffix_eval(
 
     set_threads(config.threads)
     out_dir = Path(out_dir)
-    kernels = hardware_target(config.hardware).kernels
+    kernels = engine_target(config.hardware).kernels
     model, tokenizer = load_target(target, kernels=kernels)
     store_root = out_dir / "store"
     collected = collect_train_outputs(

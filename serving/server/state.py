@@ -10,7 +10,7 @@ from pathlib import Path
 from serving.drafters.factory import build_drafter, parse_drafter_spec
 from serving.engine import Generation, SpeculativeDecoder
 from serving.errors import BadInputError, ModelSourceError
-from serving.hardware import hardware_target
+from serving.hardware import engine_target
 from serving.loader import eos_ids, load_target, set_threads
 from serving.policy import make_policy
 from serving.sampling import SamplingParams
@@ -115,12 +115,12 @@ def champion_source(config: ServerConfig) -> ChampionSource:
 
 def build_state(config: ServerConfig, *, target=None, tokenizer=None) -> ServerState:
     """Load the target and the champion (slow: seconds), build the serving state."""
-    hardware = hardware_target(config.hardware)
+    hardware = engine_target(config.hardware)
     set_threads(config.threads or hardware.threads)
     source = champion_source(config)  # a bad champion config fails before the model loads
     if target is None or tokenizer is None:
         target, tokenizer = load_target(config.target, kernels=hardware.kernels)
-    curve = tuple(hardware.verify_curve)
+    curve = hardware.curve
 
     def loader(ref) -> LoadedDraft:
         return load_draft(ref, target, tokenizer, verify_curve=curve)

@@ -1,0 +1,137 @@
+"""Export a draft package to a backend's format (:mod:`serving.backends`).
+
+An export is a folder with ``export.json`` — the backend, the drafter it came from and the
+:class:`~serving.backends.base.Speculation` to run — plus, for model drafts, ``draft/``: a
+self-contained causal-LM folder (``config.json``, ``model.safetensors``, the tokenizer) that
+vLLM takes as its draft ``model``, mlx-lm loads as its ``draft_model`` and
+transformers-neuronx compiles. A ``layers:N`` draft, which shares the target's modules
+at serve time, is written out as a model of its own here.
+
+What each backend can run is fixed by the backend (:data:`serving.backends.BACKENDS`);
+a draft it cannot load fails here, before any model work, naming the drafter and the
+backend. Exports are written into a temporary folder and renamed into place.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from serving.backends import Speculation, UnsupportedDraftError, backend_info, check_supported
+from serving.drafters.package import read_manifest
+from serving.errors import ModelSourceError
+
+EXPORT_MANIFEST = "export.json"
+DRAFT_FOLDER = "draft"
+
+
+def speculation_for(drafter: str, backend: str, k: int) -> Speculation:
+    """The :class:`Speculation` a drafter spec becomes on ``backend`` (``draft_path`` is
+    left for the export to fill in). Raises :class:`UnsupportedDraftError`."""
+    backend_info(backend)
+    kind, _, arg = drafter.partition(":")
+    kind = kind.lower()
+    if kind == "none":
+        speculation = Speculation()
+    elif kind == "pld":
+        speculation = Speculation("ngram", k, prompt_lookup_max=int(arg or 3))
+    elif kind in ("layers", "model"):
+        speculation = Speculation("draft_model", k, draft_path=DRAFT_FOLDER)
+    else:
+        raise UnsupportedDraftError(
+            f"drafter {drafter!r} runs only on the specops engine (backend 'transformers' "
+            f"through its own evaluation); backend {backend!r} loads prompt lookup (pld) or "
+            "model drafts (layers:N, model:PATH)"
+        )
+    check_supported(backend, speculation)
+    return speculation
+
+
+def _write_model_draft(drafter: str, package: Path, out: Path, target_source: str) -> None:
+    from serving.loader import load_target
+    from serving.models.truncated import first_layers
+
+    model, tokenizer = load_target(target_source, kernels="stock")
+    kind, _, arg = drafter.partition(":")
+    if kind.lower() == "layers":
+        draft = first_layers(model, int(arg))
+    else:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        folder = package / arg
+        try:
+            draft = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+        except (OSError, ValueError) as error:
+            raise ModelSourceError(f"cannot load the model draft at {str(folder)!r}: {error}") from None
+        if draft.config.vocab_size != model.config.vocab_size:
+            raise UnsupportedDraftError(
+                f"draft {drafter!r} has {draft.config.vocab_size} tokens, the target "
+                f"{model.config.vocab_size}: it cannot draft for this target"
+            )
+    draft.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)  # mlx-lm loads a tokenizer with every model
+
+
+def export_draft(
+    package: str | Path, backend: str, out: str | Path, *, k: int, target: str = "smollm2"
+) -> Path:
+    """Export the draft package at ``package`` for ``backend`` into ``out``."""
+    package, out = Path(package), Path(out)
+    manifest = read_manifest(package)
+    speculation = speculation_for(manifest.drafter, backend, k)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
+    try:
+        if speculation.method == "draft_model":
+            _write_model_draft(manifest.drafter, package, scratch / DRAFT_FOLDER, target)
+        record = {
+            "format": 1,
+            "backend": backend,
+            "drafter": manifest.drafter,
+            "family": manifest.family,
+            "speculation": speculation.to_dict(),
+        }
+        (scratch / EXPORT_MANIFEST).write_text(json.dumps(record, indent=2))
+        scratch.chmod(0o755)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(scratch, out)
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
+    return out
+
+
+def read_export(folder: str | Path) -> dict[str, Any]:
+    folder = Path(folder)
+    path = folder / EXPORT_MANIFEST
+    if not path.is_file():
+        raise ModelSourceError(f"{str(folder)!r} is not a draft export: {EXPORT_MANIFEST} is missing")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ModelSourceError(f"bad {EXPORT_MANIFEST} in {str(folder)!r}: {error}") from None
+
+
+def load_export(folder: str | Path, backend: str) -> Speculation:
+    """The speculation an export runs, its draft path made absolute; the export must be
+    for ``backend``."""
+    folder = Path(folder)
+    record = read_export(folder)
+    if record.get("backend") != backend:
+        raise UnsupportedDraftError(
+            f"the export at {str(folder)!r} is for backend {record.get('backend')!r}, not "
+            f"{backend!r}; export the draft for {backend!r} first"
+        )
+    raw = dict(record["speculation"])
+    if raw.get("draft_path"):
+        draft = folder / raw["draft_path"]
+        if not (draft / "config.json").is_file():
+            raise ModelSourceError(f"the export at {str(folder)!r} lacks its draft model folder")
+        raw["draft_path"] = str(draft.resolve())
+    return Speculation.from_dict(raw)
