@@ -19,14 +19,11 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
 
 from serving.backends import Speculation, UnsupportedDraftError, backend_info, check_supported
+from serving.backends.exports import DRAFT_FOLDER, EXPORT_MANIFEST, load_export, read_export
 from serving.drafters.package import read_manifest
 from serving.errors import ModelSourceError
-
-EXPORT_MANIFEST = "export.json"
-DRAFT_FOLDER = "draft"
 
 
 def speculation_for(drafter: str, backend: str, k: int) -> Speculation:
@@ -67,7 +64,9 @@ def _write_model_draft(drafter: str, package: Path, out: Path, target_source: st
         try:
             draft = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
         except (OSError, ValueError) as error:
-            raise ModelSourceError(f"cannot load the model draft at {str(folder)!r}: {error}") from None
+            raise ModelSourceError(
+                f"cannot load the model draft at {str(folder)!r}: {error}"
+            ) from None
         if draft.config.vocab_size != model.config.vocab_size:
             raise UnsupportedDraftError(
                 f"draft {drafter!r} has {draft.config.vocab_size} tokens, the target "
@@ -107,31 +106,4 @@ def export_draft(
     return out
 
 
-def read_export(folder: str | Path) -> dict[str, Any]:
-    folder = Path(folder)
-    path = folder / EXPORT_MANIFEST
-    if not path.is_file():
-        raise ModelSourceError(f"{str(folder)!r} is not a draft export: {EXPORT_MANIFEST} is missing")
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as error:
-        raise ModelSourceError(f"bad {EXPORT_MANIFEST} in {str(folder)!r}: {error}") from None
-
-
-def load_export(folder: str | Path, backend: str) -> Speculation:
-    """The speculation an export runs, its draft path made absolute; the export must be
-    for ``backend``."""
-    folder = Path(folder)
-    record = read_export(folder)
-    if record.get("backend") != backend:
-        raise UnsupportedDraftError(
-            f"the export at {str(folder)!r} is for backend {record.get('backend')!r}, not "
-            f"{backend!r}; export the draft for {backend!r} first"
-        )
-    raw = dict(record["speculation"])
-    if raw.get("draft_path"):
-        draft = folder / raw["draft_path"]
-        if not (draft / "config.json").is_file():
-            raise ModelSourceError(f"the export at {str(folder)!r} lacks its draft model folder")
-        raw["draft_path"] = str(draft.resolve())
-    return Speculation.from_dict(raw)
+__all__ = ["export_draft", "load_export", "read_export", "speculation_for"]

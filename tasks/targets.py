@@ -100,7 +100,10 @@ def run_backend(backend: str, request: dict[str, Any], workdir: Path) -> dict[st
     env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
     completed = subprocess.run(
         [str(python), "-m", "serving.backends.run", str(request_path), str(report_path)],
-        cwd=PROJECT_ROOT, env=env, timeout=RUN_TIMEOUT_S, check=False,
+        cwd=PROJECT_ROOT,
+        env=env,
+        timeout=RUN_TIMEOUT_S,
+        check=False,
     )
     if not report_path.is_file():
         raise ModelSourceError(
@@ -141,8 +144,9 @@ def evaluate_target(
     folder = target_folder(target)
     speculations: dict[str, Speculation] = {}
     for name, package in drafts.items():
-        exported = export_draft(package, backend, workdir / "exports" / name / backend, k=k,
-                                target=target)
+        exported = export_draft(
+            package, backend, workdir / "exports" / name / backend, k=k, target=target
+        )
         speculations[name] = load_export(exported, backend)
     for name, exported in (exports or {}).items():
         speculations[name] = load_export(exported, backend)
@@ -157,9 +161,15 @@ def evaluate_target(
     # vLLM 0.32 cannot build a third engine in one process (its Triton-kernel registry
     # fails re-binding), and a per-process pair keeps every ratio a same-process one.
     report: dict[str, Any] = {
-        "backend": backend, "hardware": hardware, "target": str(folder),
-        "options": base["options"], "prompts": len(prompts),
-        "max_new_tokens": max_new_tokens, "contenders": {}, "results": {}, "per_prompt": {},
+        "backend": backend,
+        "hardware": hardware,
+        "target": str(folder),
+        "options": base["options"],
+        "prompts": len(prompts),
+        "max_new_tokens": max_new_tokens,
+        "contenders": {},
+        "results": {},
+        "per_prompt": {},
         "drafters": {name: read_manifest(package).drafter for name, package in drafts.items()},
     }
     for name, speculation in speculations.items():

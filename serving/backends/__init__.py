@@ -59,19 +59,34 @@ class BackendInfo:
 
 BACKENDS: dict[str, BackendInfo] = {
     "transformers": BackendInfo(
-        "transformers", "hf", ("torch", "transformers"), None,
-        "bash scripts/setup.sh", ("none", "ngram", "draft_model"),
+        "transformers",
+        "hf",
+        ("torch", "transformers"),
+        None,
+        "bash scripts/setup.sh",
+        ("none", "ngram", "draft_model"),
     ),
     "vllm": BackendInfo(
-        "vllm", "vllm", ("vllm",), "vllm",
-        "bash scripts/setup_backend.sh vllm", ("none", "ngram", "draft_model"),
+        "vllm",
+        "vllm",
+        ("vllm",),
+        "vllm",
+        "bash scripts/setup_backend.sh vllm",
+        ("none", "ngram", "draft_model"),
     ),
     "mlx": BackendInfo(
-        "mlx", "mlx", ("mlx", "mlx_lm"), "mlx",
-        "bash scripts/setup_backend.sh mlx", ("none", "draft_model"),
+        "mlx",
+        "mlx",
+        ("mlx", "mlx_lm"),
+        "mlx",
+        "bash scripts/setup_backend.sh mlx",
+        ("none", "draft_model"),
     ),
     "neuron": BackendInfo(
-        "neuron", "neuron", ("transformers_neuronx", "torch_neuronx"), "neuron",
+        "neuron",
+        "neuron",
+        ("transformers_neuronx", "torch_neuronx"),
+        "neuron",
         "pip install torch-neuronx transformers-neuronx --extra-index-url "
         "https://pip.repos.neuron.amazonaws.com (on an AWS Trainium/Inferentia instance; "
         "PyPI's packages of those names are placeholders)",

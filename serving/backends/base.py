@@ -99,8 +99,15 @@ class Backend(ABC):
 
     name: str = "backend"
 
-    def __init__(self, target_path: str, speculation: Speculation, *, threads: int = 2,
-                 dtype: str = "float32", seed: int = 0) -> None:
+    def __init__(
+        self,
+        target_path: str,
+        speculation: Speculation,
+        *,
+        threads: int = 2,
+        dtype: str = "float32",
+        seed: int = 0,
+    ) -> None:
         self.target_path = target_path
         self.speculation = speculation
         self.threads = threads

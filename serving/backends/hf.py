@@ -23,8 +23,9 @@ from serving.policy import FixedK
 class TransformersBackend(Backend):
     name = "transformers"
 
-    def __init__(self, target_path: str, speculation: Speculation, *, kernels: str = "onednn",
-                 **options) -> None:
+    def __init__(
+        self, target_path: str, speculation: Speculation, *, kernels: str = "onednn", **options
+    ) -> None:
         super().__init__(target_path, speculation, **options)
         set_threads(self.threads)
         model, tokenizer = load_target(target_path, kernels=kernels)

@@ -37,8 +37,9 @@ def _load(path: str, dtype: str):
 class MLXBackend(Backend):
     name = "mlx"
 
-    def __init__(self, target_path: str, speculation: Speculation, *, device: str = "cpu",
-                 **options) -> None:
+    def __init__(
+        self, target_path: str, speculation: Speculation, *, device: str = "cpu", **options
+    ) -> None:
         super().__init__(target_path, speculation, **options)
         mx.set_default_device(mx.cpu if device == "cpu" else mx.gpu)
         mx.random.seed(self.seed)
@@ -60,8 +61,12 @@ class MLXBackend(Backend):
         flags: list[bool] = []
         started = time.perf_counter()
         for response in stream_generate(
-            self.model, self.tokenizer, prompt=prompt, max_tokens=max_new_tokens,
-            sampler=self.sampler, **options,
+            self.model,
+            self.tokenizer,
+            prompt=prompt,
+            max_tokens=max_new_tokens,
+            sampler=self.sampler,
+            **options,
         ):
             tokens.append(int(response.token))
             flags.append(bool(response.from_draft))

@@ -42,8 +42,9 @@ def _compile(path: str, threads: int, dtype: str, speculate: int = 0):
 class NeuronBackend(Backend):
     name = "neuron"
 
-    def __init__(self, target_path: str, speculation: Speculation, *, device: str = "neuron",
-                 **options) -> None:
+    def __init__(
+        self, target_path: str, speculation: Speculation, *, device: str = "neuron", **options
+    ) -> None:
         super().__init__(target_path, speculation, **options)
         k = speculation.num_speculative_tokens if speculation.speculative else 0
         self.target = _compile(target_path, self.threads, self.dtype, speculate=k)
@@ -67,7 +68,10 @@ class NeuronBackend(Backend):
         seconds = time.perf_counter() - started
         tokens = [int(t) for t in out[0][len(prompt) :]]
         return BackendOutput(
-            token_ids=tokens, seconds=seconds, checks=len(tokens), draft_tokens=0,
+            token_ids=tokens,
+            seconds=seconds,
+            checks=len(tokens),
+            draft_tokens=0,
             accepted_tokens=0,
         )
 

@@ -36,10 +36,14 @@ def summarize(outputs: list[BackendOutput], exact: list[bool], reference_tps: fl
     drafted = sum(o.draft_tokens for o in outputs)
     accepted = sum(o.accepted_tokens for o in outputs)
     longest = max((len(o.kept_by_position) for o in outputs), default=0)
-    reached = [sum(o.reached_by_position[i] for o in outputs if i < len(o.reached_by_position))
-               for i in range(longest)]
-    kept = [sum(o.kept_by_position[i] for o in outputs if i < len(o.kept_by_position))
-            for i in range(longest)]
+    reached = [
+        sum(o.reached_by_position[i] for o in outputs if i < len(o.reached_by_position))
+        for i in range(longest)
+    ]
+    kept = [
+        sum(o.kept_by_position[i] for o in outputs if i < len(o.kept_by_position))
+        for i in range(longest)
+    ]
     tps = _ratio(generated, seconds)
     return {
         "requests": len(outputs),
@@ -80,7 +84,7 @@ def run(request: dict[str, Any], progress=sys.stderr) -> dict[str, Any]:
     rows: dict[str, list[BackendOutput]] = {name: [] for name in names}
     exact: dict[str, list[bool]] = {name: [] for name in names}
     for index, prompt in enumerate(prompts):
-        order = names[index % len(names):] + names[: index % len(names)]
+        order = names[index % len(names) :] + names[: index % len(names)]
         outputs = {name: engines[name].generate(prompt["token_ids"], max_new) for name in order}
         for name in names:
             rows[name].append(outputs[name])
@@ -106,8 +110,11 @@ def run(request: dict[str, Any], progress=sys.stderr) -> dict[str, Any]:
         "results": results,
         "per_prompt": {
             name: [
-                {"prompt_id": p["id"], **{k: v for k, v in o.to_dict().items()
-                                          if k != "token_ids"}, "tokens": len(o.token_ids)}
+                {
+                    "prompt_id": p["id"],
+                    **{k: v for k, v in o.to_dict().items() if k != "token_ids"},
+                    "tokens": len(o.token_ids),
+                }
                 for p, o in zip(prompts, rows[name], strict=True)
             ]
             for name in names

