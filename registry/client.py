@@ -11,6 +11,12 @@ reader never sees a target without a champion, nor a stale one. Promotion refuse
 version that has not been evaluated on that hardware target, and every promotion and
 rollback is an MLflow run (experiment ``<experiment>-promotions``) with its reason,
 metrics and gate results: the audit trail that rollback reads.
+
+Per-target artifacts: a version's draft exported to another backend's format
+(:mod:`tasks.export`) is logged beside its package, under ``exports/<backend>`` of the
+same run, and the version is tagged ``export.<backend>``. Promotion on a target served by
+another backend (``configs/hardware.yaml``) needs that export: what was evaluated there
+is exactly what will serve there.
 """
 
 from __future__ import annotations
@@ -25,7 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from registry.config import RegistryConfig, load_registry_config
+from serving.backends.exports import read_export
 from serving.drafters.package import read_manifest
+from serving.hardware import hardware_target
 from serving.errors import SpecOpsError
 
 log = logging.getLogger(__name__)
@@ -281,6 +289,12 @@ class Registry:
                 f"{draft.label} has not been evaluated on {hardware!r}; evaluate it there "
                 "before promoting it"
             )
+        backend = hardware_target(hardware).backend
+        if backend != "transformers" and f"export.{backend}" not in current.tags:
+            raise RegistryError(
+                f"{draft.label} has no {backend} export; hardware target {hardware!r} serves "
+                "on that backend, so evaluate the exported draft there first"
+            )
         previous = self.champion(hardware)
         run_id = self._audit(
             "promote",
@@ -369,6 +383,38 @@ class Registry:
         return run.info.run_id
 
     # --- artifacts --------------------------------------------------------------------
+    def log_export(self, draft: DraftVersion, backend: str, folder: str | Path) -> str:
+        """Keep ``draft``'s export for ``backend`` in its run; return the artifact URI."""
+        read_export(folder)  # a broken export is never logged
+        path = f"exports/{backend}"
+        self.client.log_artifacts(draft.run_id, str(folder), artifact_path=path)
+        uri = f"{draft.source.rsplit('/', 1)[0]}/{path}"
+        self.client.set_model_version_tag(draft.name, draft.version, f"export.{backend}", uri)
+        return uri
+
+    def download_export(self, draft: DraftVersion, backend: str, cache: str | Path) -> Path:
+        """The export of ``draft`` for ``backend`` in a local folder (reused once there)."""
+        from mlflow.artifacts import download_artifacts
+
+        current = self.get(draft.family, draft.version)
+        uri = current.tags.get(f"export.{backend}")
+        if uri is None:
+            raise RegistryError(f"{draft.label} has no export for backend {backend!r}")
+        folder = Path(cache) / draft.name / f"{draft.version}-{draft.run_id}-{backend}"
+        if (folder / "export.json").is_file():
+            return folder
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        scratch = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{draft.version}."))
+        try:
+            local = Path(download_artifacts(artifact_uri=uri, dst_path=str(scratch)))
+            read_export(local)
+            if folder.exists():
+                shutil.rmtree(folder)
+            os.replace(local, folder)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        return folder
+
     def download(self, draft: DraftVersion, cache: str | Path) -> Path:
         """The draft package of ``draft`` in a local folder (a version never changes, so a
         downloaded copy is reused). Downloaded into a temporary folder, then renamed."""

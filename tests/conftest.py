@@ -134,3 +134,17 @@ def char_tokenizer() -> CharTokenizer:
 def make_prompts():
     """``make_prompts(texts=TEXTS, workload="grounded")``: traffic for the tiny target."""
     return _prompts
+
+
+@pytest.fixture(scope="session")
+def model_folder(tmp_path_factory):
+    """A tiny random Llama with the real tokenizer: a folder any backend can load."""
+    from transformers import AutoTokenizer
+
+    from serving.models.real import real_model_dir
+    from serving.models.tiny import tiny_llama
+
+    folder = tmp_path_factory.mktemp("tiny") / "target"
+    tiny_llama(vocab_size=49152, hidden_size=64, num_layers=2).save_pretrained(folder)
+    AutoTokenizer.from_pretrained(real_model_dir()).save_pretrained(folder)
+    return folder

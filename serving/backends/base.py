@@ -106,12 +106,14 @@ class Backend(ABC):
         *,
         threads: int = 2,
         dtype: str = "float32",
+        device: str = "cpu",
         seed: int = 0,
     ) -> None:
         self.target_path = target_path
         self.speculation = speculation
         self.threads = threads
         self.dtype = dtype
+        self.device = device
         self.seed = seed
 
     @abstractmethod

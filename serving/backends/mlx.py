@@ -37,11 +37,9 @@ def _load(path: str, dtype: str):
 class MLXBackend(Backend):
     name = "mlx"
 
-    def __init__(
-        self, target_path: str, speculation: Speculation, *, device: str = "cpu", **options
-    ) -> None:
+    def __init__(self, target_path: str, speculation: Speculation, **options) -> None:
         super().__init__(target_path, speculation, **options)
-        mx.set_default_device(mx.cpu if device == "cpu" else mx.gpu)
+        mx.set_default_device(mx.cpu if self.device == "cpu" else mx.gpu)
         mx.random.seed(self.seed)
         self.model, self.tokenizer = _load(target_path, self.dtype)
         self.draft = None

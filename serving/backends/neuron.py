@@ -42,9 +42,7 @@ def _compile(path: str, threads: int, dtype: str, speculate: int = 0):
 class NeuronBackend(Backend):
     name = "neuron"
 
-    def __init__(
-        self, target_path: str, speculation: Speculation, *, device: str = "neuron", **options
-    ) -> None:
+    def __init__(self, target_path: str, speculation: Speculation, **options) -> None:
         super().__init__(target_path, speculation, **options)
         k = speculation.num_speculative_tokens if speculation.speculative else 0
         self.target = _compile(target_path, self.threads, self.dtype, speculate=k)

@@ -57,11 +57,9 @@ def speculative_config(speculation: Speculation) -> dict | None:
 class VLLMBackend(Backend):
     name = "vllm"
 
-    def __init__(
-        self, target_path: str, speculation: Speculation, *, device: str = "cpu", **options
-    ) -> None:
+    def __init__(self, target_path: str, speculation: Speculation, **options) -> None:
         super().__init__(target_path, speculation, **options)
-        if device == "cpu":
+        if self.device == "cpu":
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{self.threads - 1}")
         try:
             self.llm = LLM(
@@ -70,7 +68,7 @@ class VLLMBackend(Backend):
                 dtype=self.dtype,
                 seed=self.seed,
                 max_model_len=MAX_MODEL_LEN,
-                enforce_eager=device == "cpu",
+                enforce_eager=self.device == "cpu",
                 disable_log_stats=False,  # the spec-decode counters need stats on
             )
         except (OSError, ValueError) as error:

@@ -15,7 +15,7 @@ def fixtures():
 
 @pytest.mark.parametrize(
     ("model", "draft", "max_new_tokens"),
-    [("tiny", "layers1", 24), ("tiny", "self", 24), ("real", "layers4", 16), ("real", "self", 16)],
+    [("tiny", "layers1", 16), ("tiny", "self", 16), ("real", "layers4", 8), ("real", "self", 8)],
 )
 def test_draft_model_reproduces_greedy(fixtures, tmp_path, model, draft, max_new_tokens):
     request = request_for(

@@ -58,7 +58,7 @@ def test_promotion_needs_an_evaluation_on_that_target(registry, package):
 
 
 def test_promote_cross_family_then_roll_back(registry, package, tmp_path):
-    hw = "hw1"
+    hw = "cpu"
     assert registry.champion(hw) is None
     ngram = evaluated(registry, registry.log_draft(package("ngram:4"), family="ngram"), hw)
     registry.promote(ngram, hw, reason="bootstrap", metrics={"mean_accepted_length": 1.4})
@@ -82,12 +82,12 @@ def test_promote_cross_family_then_roll_back(registry, package, tmp_path):
 
 
 def test_champions_are_per_hardware_target(registry, package):
-    a = evaluated(registry, registry.log_draft(package("pld:1"), family="ngram"), "hwa")
-    b = evaluated(registry, registry.log_draft(package("pld:2"), family="ngram"), "hwb")
-    registry.promote(a, "hwa", reason="a")
-    registry.promote(b, "hwb", reason="b")
-    assert registry.champion("hwa").version == a.version
-    assert registry.champion("hwb").version == b.version
+    a = evaluated(registry, registry.log_draft(package("pld:1"), family="ngram"), "cpu")
+    b = evaluated(registry, registry.log_draft(package("pld:2"), family="ngram"), "cpu-stock")
+    registry.promote(a, "cpu", reason="a")
+    registry.promote(b, "cpu-stock", reason="b")
+    assert registry.champion("cpu").version == a.version
+    assert registry.champion("cpu-stock").version == b.version
 
 
 def test_rollback_without_a_promotion_is_an_error(registry):
@@ -142,3 +142,27 @@ def test_downloads_from_two_stores_never_collide(tmp_path, package):
         assert draft.label == "specops-draft-same/1"  # the same name and version in both
         folders.append(other.download(draft, cache))
     assert [read_manifest(f).drafter for f in folders] == ["pld:2", "ngram:5"]
+
+
+def test_a_target_on_another_backend_needs_the_draft_exported_for_it(registry, package, tmp_path):
+    from tasks.export import export_draft
+
+    draft = evaluated(registry, registry.log_draft(package("pld:2"), family="ported"), "cpu-vllm")
+    with pytest.raises(RegistryError, match="has no vllm export"):
+        registry.promote(draft, "cpu-vllm", reason="test")
+    with pytest.raises(RegistryError, match="no export for backend 'vllm'"):
+        registry.download_export(draft, "vllm", tmp_path / "cache")
+    exported = export_draft(read_manifest_folder(draft, registry, tmp_path), "vllm",
+                            tmp_path / "export", k=3)
+    registry.log_export(draft, "vllm", exported)
+    registry.promote(draft, "cpu-vllm", reason="exported and evaluated there")
+    assert registry.champion("cpu-vllm").version == draft.version
+    assert registry.champion("cpu") is None or registry.champion("cpu").name != draft.name
+    local = registry.download_export(draft, "vllm", tmp_path / "cache")
+    assert (local / "export.json").read_text() == (exported / "export.json").read_text()
+
+
+def read_manifest_folder(draft, registry, tmp_path):
+    folder = registry.download(draft, tmp_path / "packages")
+    read_manifest(folder)
+    return folder
