@@ -14,6 +14,7 @@ from specops.data_cli import _fail, data_app
 from specops.draft_cli import register_draft_commands
 from specops.loop_cli import loop_app
 from specops.registry_cli import registry_app
+from specops.targets_cli import targets_app
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
@@ -28,6 +29,7 @@ app.add_typer(data_app, name="data")
 app.add_typer(registry_app, name="registry")
 register_draft_commands(app)
 app.add_typer(loop_app, name="loop")
+app.add_typer(targets_app, name="targets")
 
 
 def _format_stats(stats: dict) -> str:

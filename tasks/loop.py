@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -123,12 +123,16 @@ class Decision:
     promoted: str | None  # the new champion's label, or None (champion kept)
     gates: dict[str, dict[str, Any]]  # challenger label -> gate result
     report: dict[str, Any]  # the evaluation report
+    # Export on promotion: backend -> what happened (exported, or why the backend can't
+    # load this draft). Each other target then evaluates it (`specops targets evaluate`).
+    exports: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "hardware": self.hardware,
             "champion": self.champion,
             "promoted": self.promoted,
+            "exports": self.exports,
             "gates": self.gates,
             "results": self.report["results"],
             "by_workload": self.report["by_workload"],
@@ -188,6 +192,7 @@ def evaluate_and_decide(
             gates[name] = gate(report, challenger=name, champion="champion")
     passing = [n for n, g in gates.items() if g.passed]
     promoted = None
+    exports: dict[str, str] = {}
     if passing and promote:
         best = max(passing, key=lambda n: report["results"][n]["speedup"] or 0.0)
         winner = registry.get(by_name[best].family, by_name[best].version)
@@ -203,10 +208,14 @@ def evaluate_and_decide(
             gates=gates[best].to_dict(),
         )
         promoted = winner.label
+        from tasks.target_promotion import export_for_targets
+
+        exports = export_for_targets(registry, winner, cache)
     return Decision(
         hardware=hardware,
         champion=current.label if current else None,
         promoted=promoted,
         gates={by_name[n].label: g.to_dict() for n, g in gates.items()},
         report=report,
+        exports=exports,
     )

@@ -54,6 +54,8 @@ def test_evaluate_and_decide_logs_gates_and_promotes(tmp_path, tiny, registry, m
     (gate,) = decision.gates.values()
     # Promoted exactly when the gates passed (speed on the tiny target is the machine's).
     assert (decision.promoted == draft.label) == gate["passed"]
+    if decision.promoted:  # exported on promotion where a backend can load it
+        assert "runs only on the specops engine" in decision.exports["vllm"]
     assert (registry.champion("cpu") is not None) == gate["passed"]
     assert decision.to_dict()["results"]["plain"]["lossless"]
 

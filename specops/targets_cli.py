@@ -1,0 +1,124 @@
+"""``specops targets ...``: drafts on every hardware target, side by side."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from specops.data_cli import _fail
+
+targets_app = typer.Typer(
+    help="Hardware targets: evaluate drafts on each backend (vLLM, MLX, the specops engine)."
+)
+
+
+@targets_app.command("list")
+def list_targets() -> None:
+    """Every hardware target, its backend, and whether it runs on this machine."""
+    from serving.backends import backend_info
+    from serving.hardware import load_hardware
+
+    for name, target in sorted(load_hardware().targets.items()):
+        info = backend_info(target.backend)
+        where = "runs here" if target.runs_here else "not runnable here"
+        typer.echo(
+            f"{name:<12} {target.backend:<12} {target.device:<7} {where:<18} "
+            f"env: {info.env_dir or '.venv'}"
+        )
+
+
+@targets_app.command("evaluate")
+def evaluate(
+    hardware: Annotated[list[str], typer.Option(help="Hardware target(s) to evaluate on.")],
+    drafter: Annotated[
+        list[str] | None, typer.Option(help="A drafter spec to evaluate (pld:3, layers:4...).")
+    ] = None,
+    package: Annotated[list[Path] | None, typer.Option(help="A draft package folder.")] = None,
+    champion_of: Annotated[
+        str | None,
+        typer.Option(
+            help="Also evaluate this target's registered champion; log every "
+            "result to MLflow and promote the winner on each target."
+        ),
+    ] = None,
+    workload: Annotated[str, typer.Option(help="Held-out workload.")] = "humaneval",
+    prompts: Annotated[int, typer.Option(min=1, help="Held-out prompts.")] = 4,
+    max_new_tokens: Annotated[int, typer.Option(min=1)] = 64,
+    k: Annotated[int | None, typer.Option(help="Drafts per step (default: the target's).")] = None,
+    out: Annotated[Path, typer.Option(help="Results JSON.")] = Path("results/targets.json"),
+    seed: int = 0,
+) -> None:
+    """Evaluate drafts on each target through its own backend, interleaved with plain
+    decoding there; print the side-by-side table and write the results file."""
+    import tempfile
+
+    from serving.drafters.package import DraftManifest, write_package
+    from serving.errors import SpecOpsError
+    from tasks.targets import evaluate_target, table
+    from tasks.traffic import build_workload
+
+    reports = []
+    try:
+        chosen = build_workload(workload, prompts, seed=seed, split="heldout")
+        with tempfile.TemporaryDirectory(prefix="specops-targets-") as scratch:
+            drafts = {
+                spec.replace(":", "-"): write_package(
+                    Path(scratch) / "packages" / spec.replace(":", "-"),
+                    DraftManifest(drafter=spec),
+                )
+                for spec in drafter or []
+            }
+            drafts.update({p.name: p for p in package or []})
+            for name in hardware:
+                workdir = Path(scratch) / name
+                if champion_of:
+                    reports.append(_registered(name, champion_of, chosen, workdir, max_new_tokens))
+                if drafts:
+                    reports.append(
+                        evaluate_target(
+                            name,
+                            drafts,
+                            chosen,
+                            workdir=workdir,
+                            max_new_tokens=max_new_tokens,
+                            k=k,
+                        )
+                    )
+    except SpecOpsError as error:
+        _fail(str(error))
+    typer.echo(table(reports))
+    for report in reports:
+        if "decision" in report:
+            typer.echo(f"{report['hardware']}: {report['decision']['reason']}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    scratch_out = out.with_suffix(".tmp")
+    scratch_out.write_text(json.dumps({"workload": workload, "reports": reports}, indent=2))
+    scratch_out.replace(out)
+    typer.echo(f"wrote {out}")
+
+
+def _registered(hardware: str, champion_of: str, prompts, workdir: Path, max_new_tokens: int):
+    from registry.client import Registry, RegistryError
+    from serving.models.real import cache_root
+    from tasks.target_promotion import evaluate_registered
+
+    registry = Registry()
+    champion = registry.champion(champion_of)
+    if champion is None:
+        raise RegistryError(f"hardware target {champion_of!r} has no champion to evaluate")
+    drafts = [champion]
+    current = registry.champion(hardware)
+    if current is not None and current.label != champion.label:
+        drafts.append(current)
+    return evaluate_registered(
+        registry,
+        hardware,
+        drafts,
+        prompts,
+        cache=cache_root() / "registry",
+        workdir=workdir,
+        max_new_tokens=max_new_tokens,
+    )
