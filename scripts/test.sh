@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The test command: set-up, lint, then the whole suite (tiny models and the real model).
+# The test command: set-up, lint, the whole suite (tiny models and the real model), then the
+# vLLM and MLX backend tests in their own environments (scripts/test_backends.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -9,5 +10,6 @@ source scripts/env.sh
 .venv/bin/mypy serving registry tasks/records.py tasks/store.py tasks/collect.py tasks/validate.py \
   tasks/curate.py tasks/dataset.py tasks/loadtest.py tasks/server_process.py tasks/evaluate.py \
   tasks/gates.py tasks/loop.py tasks/distill*.py tasks/suffix_index.py tasks/train_head.py \
-  tasks/checkpoints.py
+  tasks/checkpoints.py tasks/export.py tasks/targets.py tasks/target_promotion.py
 .venv/bin/python -m pytest -q "$@"
+bash scripts/test_backends.sh

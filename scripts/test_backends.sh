@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The backend tests, each in its backend's own environment (called by scripts/test.sh).
+# Builds .venv-vllm and .venv-mlx (scripts/setup_backend.sh), prepares the models and the
+# exported drafts they load with the main environment, then runs tests/backends/test_NAME.py
+# where a missing library or fixture fails instead of skipping.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/env.sh
+fixtures="${SPECOPS_CACHE:-$HOME/.cache/specops}/backend-fixtures"
+.venv/bin/python scripts/prepare_backend_tests.py "$fixtures"
+for backend in ${SPECOPS_BACKENDS:-vllm mlx}; do
+  echo "== backend tests: $backend"
+  bash scripts/setup_backend.sh "$backend"
+  SPECOPS_BACKEND_FIXTURES="$fixtures" SPECOPS_REQUIRE_BACKEND="$backend" \
+    ".venv-$backend/bin/python" -m pytest -q -p no:cacheprovider \
+    --confcutdir=tests/backends "tests/backends/test_$backend.py"
+done
