@@ -33,8 +33,8 @@ from typing import Any
 from registry.config import RegistryConfig, load_registry_config
 from serving.backends.exports import read_export
 from serving.drafters.package import read_manifest
-from serving.hardware import hardware_target
 from serving.errors import SpecOpsError
+from serving.hardware import hardware_target
 
 log = logging.getLogger(__name__)
 

@@ -152,8 +152,9 @@ def test_a_target_on_another_backend_needs_the_draft_exported_for_it(registry, p
         registry.promote(draft, "cpu-vllm", reason="test")
     with pytest.raises(RegistryError, match="no export for backend 'vllm'"):
         registry.download_export(draft, "vllm", tmp_path / "cache")
-    exported = export_draft(read_manifest_folder(draft, registry, tmp_path), "vllm",
-                            tmp_path / "export", k=3)
+    exported = export_draft(
+        read_manifest_folder(draft, registry, tmp_path), "vllm", tmp_path / "export", k=3
+    )
     registry.log_export(draft, "vllm", exported)
     registry.promote(draft, "cpu-vllm", reason="exported and evaluated there")
     assert registry.champion("cpu-vllm").version == draft.version

@@ -27,8 +27,10 @@ def test_prompt_lookup_becomes_vllms_ngram_method(tmp_path):
     assert not (out / "draft").exists()
 
 
-@pytest.mark.parametrize(("drafter", "backend"), [("suffix", "vllm"), ("ngram:4", "mlx"),
-                                                   ("pld:3", "mlx"), ("ngram:3", "neuron")])
+@pytest.mark.parametrize(
+    ("drafter", "backend"),
+    [("suffix", "vllm"), ("ngram:4", "mlx"), ("pld:3", "mlx"), ("ngram:3", "neuron")],
+)
 def test_drafts_a_backend_cannot_load_fail_before_model_work(tmp_path, drafter, backend):
     with pytest.raises(UnsupportedDraftError, match=backend):
         export_draft(package(tmp_path, drafter), backend, tmp_path / "out", k=3)
@@ -37,8 +39,9 @@ def test_drafts_a_backend_cannot_load_fail_before_model_work(tmp_path, drafter, 
 
 @pytest.mark.real_model
 def test_a_layers_draft_is_written_as_a_model_of_its_own(tmp_path, model_folder):
-    out = export_draft(package(tmp_path, "layers:1"), "mlx", tmp_path / "out", k=2,
-                       target=str(model_folder))
+    out = export_draft(
+        package(tmp_path, "layers:1"), "mlx", tmp_path / "out", k=2, target=str(model_folder)
+    )
     speculation = load_export(out, "mlx")
     assert speculation.method == "draft_model"
     exported = AutoModelForCausalLM.from_pretrained(speculation.draft_path)
@@ -56,8 +59,17 @@ def test_a_layers_draft_is_written_as_a_model_of_its_own(tmp_path, model_folder)
 def test_a_broken_export_is_a_clear_error(tmp_path):
     with pytest.raises(ModelSourceError, match=r"export\.json is missing"):
         load_export(tmp_path, "vllm")
-    (tmp_path / "export.json").write_text(json.dumps({
-        "backend": "vllm", "speculation": {"method": "draft_model", "num_speculative_tokens": 2,
-                                           "draft_path": "draft"}}))
+    (tmp_path / "export.json").write_text(
+        json.dumps(
+            {
+                "backend": "vllm",
+                "speculation": {
+                    "method": "draft_model",
+                    "num_speculative_tokens": 2,
+                    "draft_path": "draft",
+                },
+            }
+        )
+    )
     with pytest.raises(ModelSourceError, match="lacks its draft model folder"):
         load_export(tmp_path, "vllm")

@@ -13,13 +13,19 @@ from tests.tasks.test_targets import PROMPTS
 
 @pytest.fixture
 def registry(tmp_path):
-    return Registry(RegistryConfig(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db",
-                                   artifact_root=str(tmp_path / "artifacts"), model_prefix="t"))
+    return Registry(
+        RegistryConfig(
+            tracking_uri=f"sqlite:///{tmp_path}/mlflow.db",
+            artifact_root=str(tmp_path / "artifacts"),
+            model_prefix="t",
+        )
+    )
 
 
 def test_export_on_promotion_covers_every_backend_that_can_load_it(registry, tmp_path):
-    pld = registry.log_draft(write_package(tmp_path / "pld", DraftManifest(drafter="pld:3")),
-                             family="ngram")
+    pld = registry.log_draft(
+        write_package(tmp_path / "pld", DraftManifest(drafter="pld:3")), family="ngram"
+    )
     outcomes = export_for_targets(registry, pld, tmp_path / "cache")
     assert outcomes["vllm"].startswith("exported")
     assert "cannot draft with 'ngram'" in outcomes["mlx"]
@@ -28,11 +34,18 @@ def test_export_on_promotion_covers_every_backend_that_can_load_it(registry, tmp
 
 @pytest.mark.real_model
 def test_evaluated_there_then_promoted_there(registry, tmp_path):
-    pld = registry.log_draft(write_package(tmp_path / "pld", DraftManifest(drafter="pld:3")),
-                             family="ngram")
-    report = evaluate_registered(registry, "cpu-stock", [pld], PROMPTS,
-                                 cache=tmp_path / "cache", workdir=tmp_path / "w",
-                                 max_new_tokens=16)
+    pld = registry.log_draft(
+        write_package(tmp_path / "pld", DraftManifest(drafter="pld:3")), family="ngram"
+    )
+    report = evaluate_registered(
+        registry,
+        "cpu-stock",
+        [pld],
+        PROMPTS,
+        cache=tmp_path / "cache",
+        workdir=tmp_path / "w",
+        max_new_tokens=16,
+    )
     result = report["results"][pld.label]
     assert result["exact"]
     assert registry.get("ngram", pld.version).evaluated_on("cpu-stock")

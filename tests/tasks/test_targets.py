@@ -12,11 +12,25 @@ from tasks.targets import backend_python, evaluate_target, metrics_of, table
 from tasks.traffic import Prompt
 
 PROMPTS = [
-    Prompt(id="p1", workload="humaneval", split="heldout", reference="",
-           messages=[{"role": "user", "content": "def add(a, b):\n    return a + b\n"
-                      "Repeat the function above exactly."}]),
-    Prompt(id="p2", workload="sharegpt", split="heldout", reference="",
-           messages=[{"role": "user", "content": "Name three colours."}]),
+    Prompt(
+        id="p1",
+        workload="humaneval",
+        split="heldout",
+        reference="",
+        messages=[
+            {
+                "role": "user",
+                "content": "def add(a, b):\n    return a + b\nRepeat the function above exactly.",
+            }
+        ],
+    ),
+    Prompt(
+        id="p2",
+        workload="sharegpt",
+        split="heldout",
+        reference="",
+        messages=[{"role": "user", "content": "Name three colours."}],
+    ),
 ]
 
 
@@ -44,8 +58,15 @@ def test_the_engine_target_through_the_backend_process(tmp_path, model_folder):
         "pld": write_package(tmp_path / "pld", DraftManifest(drafter="pld:3")),
         "layers1": write_package(tmp_path / "l1", DraftManifest(drafter="layers:1")),
     }
-    report = evaluate_target("cpu", packages, PROMPTS, workdir=tmp_path / "w",
-                             target=str(model_folder), max_new_tokens=12, k=2)
+    report = evaluate_target(
+        "cpu",
+        packages,
+        PROMPTS,
+        workdir=tmp_path / "w",
+        target=str(model_folder),
+        max_new_tokens=12,
+        k=2,
+    )
     assert report["hardware"] == "cpu" and report["backend"] == "transformers"
     for name in packages:
         result = report["results"][name]

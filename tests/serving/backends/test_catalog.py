@@ -48,16 +48,20 @@ def test_unknown_backend_and_unsupported_draft_fail_before_loading(tmp_path):
 
 @pytest.mark.parametrize(
     ("backend", "command"),
-    [("vllm", "setup_backend.sh vllm"), ("mlx", "setup_backend.sh mlx"),
-     ("neuron", "pip.repos.neuron.amazonaws.com")],
+    [
+        ("vllm", "setup_backend.sh vllm"),
+        ("mlx", "setup_backend.sh mlx"),
+        ("neuron", "pip.repos.neuron.amazonaws.com"),
+    ],
 )
 def test_a_missing_backend_names_its_extra(monkeypatch, tmp_path, backend, command):
     real = importlib.util.find_spec
-    monkeypatch.setattr(
-        importlib.util, "find_spec",
-        lambda name, *a: None if name.split(".")[0] in ("vllm", "mlx", "mlx_lm",
-                                                         "transformers_neuronx") else real(name, *a),
-    )
+    hidden = ("vllm", "mlx", "mlx_lm", "transformers_neuronx")
+
+    def find_spec(name, *args):
+        return None if name.split(".")[0] in hidden else real(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
     with pytest.raises(BackendUnavailableError, match=command):
         open_backend(backend, str(tmp_path), Speculation())
 
@@ -65,13 +69,15 @@ def test_a_missing_backend_names_its_extra(monkeypatch, tmp_path, backend, comma
 @pytest.mark.real_model
 def test_transformers_backend_reproduces_greedy(tmp_path, model_folder, prompt):
     (tmp_path / "target").symlink_to(model_folder)
-    plain = open_backend("transformers", str(tmp_path / "target"), Speculation(),
-                         kernels="stock")
-    lookup = open_backend("transformers", str(tmp_path / "target"),
-                          Speculation("ngram", 3), kernels="stock")
+    plain = open_backend("transformers", str(tmp_path / "target"), Speculation(), kernels="stock")
+    lookup = open_backend(
+        "transformers", str(tmp_path / "target"), Speculation("ngram", 3), kernels="stock"
+    )
     self_draft = open_backend(
-        "transformers", str(tmp_path / "target"),
-        Speculation("draft_model", 3, draft_path=str(tmp_path / "target")), kernels="stock",
+        "transformers",
+        str(tmp_path / "target"),
+        Speculation("draft_model", 3, draft_path=str(tmp_path / "target")),
+        kernels="stock",
     )
     reference = plain.generate(prompt, 24)
     assert reference.accepted_tokens == 0 and reference.checks == len(reference.token_ids)
