@@ -24,7 +24,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from serving.backends import BackendUnavailableError, Speculation, backend_info
+from serving.backends import (
+    BackendUnavailableError,
+    Speculation,
+    UnsupportedDraftError,
+    backend_info,
+)
 from serving.errors import BadInputError, ModelSourceError
 from serving.hardware import HardwareTarget, hardware_target
 from tasks.export import export_draft, load_export, speculation_for
@@ -139,8 +144,17 @@ def evaluate_target(
     k = k or spec.num_speculative_tokens
     from serving.drafters.package import read_manifest
 
-    for package in drafts.values():  # every draft exportable? (before any model work)
-        speculation_for(read_manifest(package).drafter, backend, k)
+    unsupported: dict[str, str] = {}
+    for name, package in list(drafts.items()):  # exportable? (before any model work)
+        try:
+            speculation_for(read_manifest(package).drafter, backend, k)
+        except UnsupportedDraftError as error:
+            unsupported[name] = str(error)
+    drafts = {n: p for n, p in drafts.items() if n not in unsupported}
+    if not drafts and not exports:
+        raise UnsupportedDraftError(
+            f"no draft given can run on {hardware!r}: " + "; ".join(unsupported.values())
+        )
     folder = target_folder(target)
     speculations: dict[str, Speculation] = {}
     for name, package in drafts.items():
@@ -171,6 +185,7 @@ def evaluate_target(
         "results": {},
         "per_prompt": {},
         "drafters": {name: read_manifest(package).drafter for name, package in drafts.items()},
+        "unsupported": unsupported,
     }
     for name, speculation in speculations.items():
         part = run_backend(
@@ -223,6 +238,11 @@ def table(reports: Sequence[dict[str, Any]]) -> str:
                 f"{fmt(result.get('plain_tokens_per_s', plain['tokens_per_s']), '11.1f'):>11} "
                 f"{fmt(result['tokens_per_s'], '10.1f'):>10} "
                 f"{fmt(result['speedup'], '6.2f') + 'x':>7} {'yes' if result['exact'] else 'NO':>5}"
+            )
+        for name in report.get("unsupported", {}):
+            lines.append(
+                f"{report['hardware']:<12} {report['backend']:<12} {name:<14} "
+                "(this backend cannot load this draft)"
             )
     return "\n".join(lines)
 

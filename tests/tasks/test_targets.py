@@ -77,3 +77,21 @@ def test_the_engine_target_through_the_backend_process(tmp_path, model_folder):
     assert report["results"]["layers1"]["draft_tokens"] > 0
     text = table([report])
     assert "cpu" in text and "layers1" in text and "yes" in text
+
+
+def test_drafts_a_backend_cannot_load_are_reported_not_run(monkeypatch, tmp_path):
+    import sys
+
+    from serving.backends import UnsupportedDraftError
+
+    monkeypatch.setenv("SPECOPS_MLX_PYTHON", sys.executable)  # "installed"
+    pkg = write_package(tmp_path / "pkg", DraftManifest(drafter="pld:3"))
+    with pytest.raises(UnsupportedDraftError, match="no draft given can run on 'cpu-mlx'"):
+        evaluate_target("cpu-mlx", {"pld": pkg}, PROMPTS, workdir=tmp_path / "w")
+    report = {
+        "hardware": "cpu-mlx",
+        "backend": "mlx",
+        "results": {"plain": {}},
+        "unsupported": {"pld": "no"},
+    }
+    assert "cannot load this draft" in table([report])
