@@ -394,51 +394,38 @@ class Registry:
 
     def download_export(self, draft: DraftVersion, backend: str, cache: str | Path) -> Path:
         """The export of ``draft`` for ``backend`` in a local folder (reused once there)."""
-        from mlflow.artifacts import download_artifacts
-
-        current = self.get(draft.family, draft.version)
-        uri = current.tags.get(f"export.{backend}")
+        uri = self.get(draft.family, draft.version).tags.get(f"export.{backend}")
         if uri is None:
             raise RegistryError(f"{draft.label} has no export for backend {backend!r}")
         folder = Path(cache) / draft.name / f"{draft.version}-{draft.run_id}-{backend}"
-        if (folder / "export.json").is_file():
+        return self._fetch(draft, uri, folder, "export.json", read_export)
+
+    def download(self, draft: DraftVersion, cache: str | Path) -> Path:
+        """The draft package of ``draft`` in a local folder (a version never changes, so a
+        downloaded copy is reused)."""
+        # The run id makes the key unique across tracking stores: two stores can both
+        # have a "specops-draft-suffix/1", with different contents.
+        folder = Path(cache) / draft.name / f"{draft.version}-{draft.run_id}"
+        return self._fetch(draft, draft.source, folder, "draft.json", read_manifest)
+
+    def _fetch(self, draft: DraftVersion, uri: str, folder: Path, marker: str, check) -> Path:
+        """Download ``uri`` into a temporary folder, check it, then rename it to ``folder``."""
+        from mlflow.artifacts import download_artifacts
+
+        if (folder / marker).is_file():
             return folder
         folder.parent.mkdir(parents=True, exist_ok=True)
         scratch = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{draft.version}."))
         try:
             local = Path(download_artifacts(artifact_uri=uri, dst_path=str(scratch)))
-            read_export(local)
-            if folder.exists():
-                shutil.rmtree(folder)
-            os.replace(local, folder)
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
-        return folder
-
-    def download(self, draft: DraftVersion, cache: str | Path) -> Path:
-        """The draft package of ``draft`` in a local folder (a version never changes, so a
-        downloaded copy is reused). Downloaded into a temporary folder, then renamed."""
-        from mlflow.artifacts import download_artifacts
-
-        # The run id makes the key unique across tracking stores: two stores can both
-        # have a "specops-draft-suffix/1", with different contents.
-        folder = Path(cache) / draft.name / f"{draft.version}-{draft.run_id}"
-        if (folder / "draft.json").is_file():
-            return folder
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        scratch = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{draft.version}."))
-        try:
-            local = Path(download_artifacts(artifact_uri=draft.source, dst_path=str(scratch)))
-            read_manifest(local)
+            check(local)
             if folder.exists():
                 shutil.rmtree(folder)
             os.replace(local, folder)
         except Exception as error:
             if isinstance(error, SpecOpsError):
                 raise
-            raise RegistryError(
-                f"cannot download {draft.label} from {draft.source}: {error}"
-            ) from None
+            raise RegistryError(f"cannot download {draft.label} from {uri}: {error}") from None
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         return folder
