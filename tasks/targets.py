@@ -167,7 +167,13 @@ def evaluate_target(
     base = {
         "backend": backend,
         "target": str(folder),
-        "options": {"threads": spec.threads, "dtype": spec.dtype, "device": spec.device},
+        "options": {
+            "threads": spec.threads,
+            "dtype": spec.dtype,
+            "device": spec.device,
+            # the engine's own kernel choice (oneDNN packing or stock) is part of the target
+            **({"kernels": spec.kernels} if backend == "transformers" else {}),
+        },
         "prompts": tokenize(prompts, folder),
         "max_new_tokens": max_new_tokens,
     }
