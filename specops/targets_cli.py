@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
@@ -57,6 +56,7 @@ def evaluate(
 
     from serving.drafters.package import DraftManifest, write_package
     from serving.errors import SpecOpsError
+    from tasks.store import write_json_atomic
     from tasks.targets import evaluate_target, table
     from tasks.traffic import build_workload
 
@@ -93,10 +93,7 @@ def evaluate(
     for report in reports:
         if "decision" in report:
             typer.echo(f"{report['hardware']}: {report['decision']['reason']}")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    scratch_out = out.with_suffix(".tmp")
-    scratch_out.write_text(json.dumps({"workload": workload, "reports": reports}, indent=2))
-    scratch_out.replace(out)
+    write_json_atomic(out, {"workload": workload, "reports": reports})
     typer.echo(f"wrote {out}")
 
 

@@ -15,15 +15,13 @@ backend. Exports are written into a temporary folder and renamed into place.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 from serving.backends import Speculation, UnsupportedDraftError, backend_info, check_supported
 from serving.backends.exports import DRAFT_FOLDER, EXPORT_MANIFEST, load_export, read_export
 from serving.drafters.package import read_manifest
 from serving.errors import ModelSourceError
+from tasks.distill_model import save_atomic, save_causal_lm
 
 
 def speculation_for(drafter: str, backend: str, k: int) -> Speculation:
@@ -72,8 +70,7 @@ def _write_model_draft(drafter: str, package: Path, out: Path, target_source: st
                 f"draft {drafter!r} has {draft.config.vocab_size} tokens, the target "
                 f"{model.config.vocab_size}: it cannot draft for this target"
             )
-    draft.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)  # mlx-lm loads a tokenizer with every model
+    save_causal_lm(draft, out, tokenizer)  # mlx-lm loads a tokenizer with every model
 
 
 def export_draft(
@@ -83,27 +80,21 @@ def export_draft(
     package, out = Path(package), Path(out)
     manifest = read_manifest(package)
     speculation = speculation_for(manifest.drafter, backend, k)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
-    try:
+    record = {
+        "format": 1,
+        "backend": backend,
+        "drafter": manifest.drafter,
+        "family": manifest.family,
+        "speculation": speculation.to_dict(),
+    }
+
+    def write(scratch: Path) -> None:
         if speculation.method == "draft_model":
             _write_model_draft(manifest.drafter, package, scratch / DRAFT_FOLDER, target)
-        record = {
-            "format": 1,
-            "backend": backend,
-            "drafter": manifest.drafter,
-            "family": manifest.family,
-            "speculation": speculation.to_dict(),
-        }
         (scratch / EXPORT_MANIFEST).write_text(json.dumps(record, indent=2))
-        scratch.chmod(0o755)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(scratch, out)
-    except BaseException:
-        shutil.rmtree(scratch, ignore_errors=True)
-        raise
-    return out
+        scratch.chmod(0o755)  # mkdtemp makes it 0700; a server may run as another user
+
+    return save_atomic(out, write)
 
 
 __all__ = ["export_draft", "load_export", "read_export", "speculation_for"]

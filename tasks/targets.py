@@ -19,7 +19,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -251,7 +250,3 @@ def table(reports: Sequence[dict[str, Any]]) -> str:
                 "(this backend cannot load this draft)"
             )
     return "\n".join(lines)
-
-
-def scratch_dir(prefix: str = "specops-targets-") -> Path:
-    return Path(tempfile.mkdtemp(prefix=prefix))

@@ -10,7 +10,6 @@ because every pass emits its accepted drafts plus one token of the target's own.
 
 from __future__ import annotations
 
-import time
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
@@ -159,12 +158,3 @@ def checks_from_flags(from_draft: list[bool], k: int) -> BackendOutput:
         reached_by_position=[checks] * k,
         kept_by_position=kept,
     )
-
-
-class Timer:
-    def __enter__(self) -> Timer:
-        self.start = time.perf_counter()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.seconds = time.perf_counter() - self.start
