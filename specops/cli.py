@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 
+from specops.curves_cli import draft_curves, teacher_app
 from specops.data_cli import _fail, data_app
 from specops.draft_cli import register_draft_commands
 from specops.loop_cli import loop_app
@@ -30,6 +31,8 @@ app.add_typer(registry_app, name="registry")
 register_draft_commands(app)
 app.add_typer(loop_app, name="loop")
 app.add_typer(targets_app, name="targets")
+app.add_typer(teacher_app, name="teacher")
+app.command("draft-curves")(draft_curves)
 
 
 def _format_stats(stats: dict) -> str:

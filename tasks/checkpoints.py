@@ -8,6 +8,7 @@ import json
 import math
 import os
 import tempfile
+import time
 from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
@@ -86,11 +87,47 @@ def restore_rng(saved: dict[str, Any], data_rng: torch.Generator) -> None:
         torch.cuda.set_rng_state_all(saved["cuda"])
 
 
+class TrainClock:
+    """Seconds and tokens spent in optimiser steps (evaluation, checkpoints and loading left
+    out), carried across resumes; with ``budget_s``, says when the run is out of time."""
+
+    def __init__(self, budget_s: float | None = None) -> None:
+        if budget_s is not None and not budget_s > 0:
+            raise ValueError(f"the time budget must be > 0 seconds, got {budget_s!r}")
+        self.budget_s = budget_s
+        self.seconds = 0.0
+        self.tokens = 0
+        self._started: float | None = None
+
+    def start(self) -> None:
+        self._started = time.perf_counter()
+
+    def stop(self, tokens: int) -> None:
+        if self._started is None:
+            raise RuntimeError("TrainClock.stop() without start()")
+        self.seconds += time.perf_counter() - self._started
+        self.tokens += tokens
+        self._started = None
+
+    def out_of_time(self) -> bool:
+        return self.budget_s is not None and self.seconds >= self.budget_s
+
+    def state(self) -> dict[str, float]:
+        return {"seconds": self.seconds, "tokens": self.tokens}
+
+    def restore(self, saved: dict[str, Any] | None) -> None:
+        """From :meth:`state`; a checkpoint written before clocks existed starts at zero."""
+        saved = saved or {}
+        self.seconds = float(saved.get("seconds", 0.0))
+        self.tokens = int(saved.get("tokens", 0))
+
+
 def after_step(
     step: int,
     loss: float,
     *,
     max_steps: int,
+    out_of_time: bool = False,
     eval_every: int,
     checkpoint_every: int,
     bar,
@@ -99,7 +136,7 @@ def after_step(
     on_step: Callable[[int, dict[str, float]], None] | None = None,
 ) -> None:
     """Refuse a non-finite loss, show progress, evaluate and checkpoint on their cadence
-    (and always at the last step)."""
+    (and always at the last step: ``max_steps``, or the first step ``out_of_time``)."""
     if not math.isfinite(loss):
         raise FloatingPointError(
             f"the training loss became {loss} at step {step}; lower learning_rate or use "
@@ -109,7 +146,7 @@ def after_step(
     bar.set_postfix(loss=f"{loss:.4f}")
     if on_step is not None:
         on_step(step, {"loss": loss})
-    last = step == max_steps
+    last = step == max_steps or out_of_time
     if step % eval_every == 0 or last:
         metrics = run_eval()
         bar.set_postfix(loss=f"{loss:.4f}", agree=f"{metrics.agreement or 0:.3f}")

@@ -20,9 +20,8 @@ from __future__ import annotations
 import json
 import math
 import tempfile
-import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -31,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from serving.drafters.package import DraftManifest, write_package
 from serving.errors import BadInputError, IncompatibleDraftError
-from tasks.checkpoints import after_step
+from tasks.checkpoints import TrainClock, after_step
 from tasks.distill_checkpoint import (
     check_resumable,
     load_checkpoint,
@@ -119,6 +118,8 @@ class EvalMetrics:
     loss: float  # the training loss over held-out positions
     agreement: float | None  # held-out top-1 agreement with the target (answer positions)
     positions: int  # answer positions scored
+    train_seconds: float = 0.0  # time in optimiser steps so far (see TrainClock)
+    train_tokens: int = 0  # positions trained on so far
 
 
 @dataclass(frozen=True)
@@ -132,6 +133,8 @@ class DistillResult:
     history: list[EvalMetrics]
     trainable_parameters: int
     train_tokens_per_s: float | None  # over this run's steps
+    train_seconds: float  # in optimiser steps, over every run of this output_dir
+    train_tokens: int  # likewise
     train_sequences: int
     heldout_sequences: int
 
@@ -241,6 +244,7 @@ def distill(
     tokenizer=None,
     progress: bool = True,
     on_step: Callable[[int, dict[str, float]], None] | None = None,
+    max_train_seconds: float | None = None,
 ) -> DistillResult:
     """Train (or resume training) a model draft of ``target``; see the module docstring.
     ``target`` is read, never modified. ``tokenizer`` (the target's) is checked against a
@@ -267,6 +271,7 @@ def distill(
         optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0
     )
     data_rng = torch.Generator().manual_seed(config.seed)
+    clock = TrainClock(max_train_seconds)
 
     checkpoint_path = output_dir / CHECKPOINT_FILE
     step, resumed_from = 0, None
@@ -280,6 +285,7 @@ def distill(
         )  # fmt: skip
         step = resumed_from = int(state["step"])
         history = [EvalMetrics(**m) for m in state.get("history", [])]
+        clock.restore(state.get("clock"))
 
     model, optimizer = accelerator.prepare(model, optimizer)
     unwrapped = accelerator.unwrap_model(model)
@@ -288,6 +294,7 @@ def distill(
         save_checkpoint(
             checkpoint_path, step=step, config=config, model=unwrapped, optimizer=optimizer,
             scheduler=scheduler, data_rng=data_rng, history=[asdict(m) for m in history],
+            clock=clock.state(),
         )  # fmt: skip
 
     def run_eval() -> EvalMetrics:
@@ -297,14 +304,16 @@ def distill(
                 unwrapped, heldout or train, config.loss, config.batch_size,
                 config.max_seq_len, step,
             )  # fmt: skip
+        metrics = replace(metrics, train_seconds=clock.seconds, train_tokens=clock.tokens)
         history.append(metrics)
         return metrics
 
     if step == 0:
         run_eval()
-    started, trained_tokens = time.perf_counter(), 0
+    run_seconds, run_tokens = clock.seconds, clock.tokens
     bar = tqdm(total=config.max_steps, initial=step, desc="distil draft", disable=not progress)
-    while step < config.max_steps:
+    while step < config.max_steps and not clock.out_of_time():
+        clock.start()
         windows = sample_windows(train, config.batch_size, config.max_seq_len, data_rng)
         batch = make_batch(windows, config.max_seq_len, answers_only=config.answers_only)
         batch = batch.to(device)
@@ -317,11 +326,12 @@ def distill(
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         step += 1
-        trained_tokens += batch.tokens
+        clock.stop(batch.tokens)
         after_step(
             step,
             float(loss.detach()),
             max_steps=config.max_steps,
+            out_of_time=clock.out_of_time(),
             eval_every=config.eval_every,
             checkpoint_every=config.checkpoint_every,
             bar=bar,
@@ -330,7 +340,7 @@ def distill(
             on_step=on_step,
         )
     bar.close()
-    elapsed = time.perf_counter() - started
+    run_seconds, run_tokens = clock.seconds - run_seconds, clock.tokens - run_tokens
     if not history or history[-1].step != step:
         run_eval()
 
@@ -344,7 +354,9 @@ def distill(
         final=history[-1],
         history=list(history),
         trainable_parameters=sum(p.numel() for p in params),
-        train_tokens_per_s=trained_tokens / elapsed if trained_tokens else None,
+        train_tokens_per_s=run_tokens / run_seconds if run_tokens else None,
+        train_seconds=clock.seconds,
+        train_tokens=clock.tokens,
         train_sequences=len(train),
         heldout_sequences=len(heldout),
     )

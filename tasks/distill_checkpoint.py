@@ -34,6 +34,7 @@ def save_checkpoint(
     scheduler,
     data_rng: torch.Generator,
     history: list[dict[str, Any]],
+    clock: dict[str, float] | None = None,
 ) -> None:
     atomic_torch_save(
         {
@@ -45,6 +46,7 @@ def save_checkpoint(
             "scheduler": scheduler.state_dict(),
             "rng": rng_state(data_rng),
             "history": history,
+            "clock": clock or {},
         },
         path,
     )

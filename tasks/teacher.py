@@ -23,7 +23,7 @@ import json
 import os
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -32,6 +32,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from serving.errors import BadInputError
+from tasks.teacher_answers import greedy_answers
 
 TEACHER_FORMAT = 1
 MANIFEST = "manifest.json"
@@ -159,42 +160,6 @@ def target_fingerprint(target) -> dict[str, object]:
 
 
 @torch.inference_mode()
-def greedy_answers(
-    target,
-    prompts: Sequence[list[int]],
-    *,
-    max_new_tokens: int,
-    eos_token_ids: Sequence[int],
-    pad_token_id: int,
-) -> list[list[int]]:
-    """The target's greedy answers to ``prompts`` in one left-padded batch, cut after the
-    first EOS (kept)."""
-    from transformers import GenerationConfig
-
-    width = max(len(p) for p in prompts)
-    input_ids = torch.full((len(prompts), width), pad_token_id, dtype=torch.int64)
-    attention_mask = torch.zeros((len(prompts), width), dtype=torch.int64)
-    for row, prompt in enumerate(prompts):
-        input_ids[row, width - len(prompt) :] = torch.tensor(prompt)
-        attention_mask[row, width - len(prompt) :] = 1
-    generation = GenerationConfig(
-        max_new_tokens=max_new_tokens,
-        do_sample=False,
-        eos_token_id=list(eos_token_ids) or None,
-        pad_token_id=pad_token_id,
-    )
-    out = target.generate(
-        input_ids, attention_mask=attention_mask, generation_config=generation
-    )  # [batch, width + new]
-    eos = set(eos_token_ids)
-    answers = []
-    for row in out[:, width:].tolist():
-        cut = next((i + 1 for i, token in enumerate(row) if token in eos), len(row))
-        answers.append(row[:cut])
-    return answers
-
-
-@torch.inference_mode()
 def teacher_forced(
     target, sequences: Sequence[list[int]], *, top_k: int, pad_token_id: int
 ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
@@ -307,9 +272,15 @@ def build_teacher_cache(
     eos_token_ids: Sequence[int],
     pad_token_id: int | None = None,
     config: TeacherConfig | None = None,
+    answers: Mapping[str, Sequence[int]] | None = None,
     progress: bool = True,
 ) -> TeacherReport:
-    """Generate and record teacher data for ``prompts`` under ``cache_dir`` (resumable)."""
+    """Generate and record teacher data for ``prompts`` under ``cache_dir`` (resumable).
+
+    With ``answers`` (prompt id -> the target's greedy answer, e.g. from
+    :mod:`tasks.teacher_answers` run on a GPU), nothing is generated: each prompt's given
+    answer is teacher-forced instead.
+    """
     from tqdm.auto import tqdm
 
     config = config or TeacherConfig()
@@ -320,6 +291,8 @@ def build_teacher_cache(
         raise BadInputError(f"prompts {empty[:3]} have no tokens")
     if len({p.id for p in prompts}) != len(prompts):
         raise BadInputError("prompt ids repeat; each teacher prompt needs a unique id")
+    if answers is not None:
+        _check_answers(prompts, answers, config, int(target.config.vocab_size))
     cache_dir = Path(cache_dir)
     cache_dir.mkdir(parents=True, exist_ok=True)
     fingerprint = target_fingerprint(target)
@@ -346,19 +319,22 @@ def build_teacher_cache(
             skipped += 1
         else:
             started = time.perf_counter()
-            answers: list[list[int]] = []
-            for start in range(0, len(shard), config.generation_batch_size):
-                batch = shard[start : start + config.generation_batch_size]
-                answers += greedy_answers(
-                    target,
-                    [p.token_ids for p in batch],
-                    max_new_tokens=config.max_new_tokens,
-                    eos_token_ids=eos,
-                    pad_token_id=pad,
-                )
-            generate_s += time.perf_counter() - started
-            generated += sum(map(len, answers))
-            sequences = [p.token_ids + a for p, a in zip(shard, answers, strict=True)]
+            shard_answers: list[list[int]] = []
+            if answers is not None:
+                shard_answers = [list(answers[p.id]) for p in shard]
+            else:
+                for start in range(0, len(shard), config.generation_batch_size):
+                    batch = shard[start : start + config.generation_batch_size]
+                    shard_answers += greedy_answers(
+                        target,
+                        [p.token_ids for p in batch],
+                        max_new_tokens=config.max_new_tokens,
+                        eos_token_ids=eos,
+                        pad_token_id=pad,
+                    )
+                generate_s += time.perf_counter() - started
+                generated += sum(map(len, shard_answers))
+            sequences = [p.token_ids + a for p, a in zip(shard, shard_answers, strict=True)]
             started = time.perf_counter()
             records: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None]
             records = [None] * len(sequences)
@@ -411,6 +387,34 @@ def build_teacher_cache(
         generate_tokens_per_s=generated / generate_s if generate_s else None,
         forward_tokens_per_s=forwarded / forward_s if forward_s else None,
     )
+
+
+def _check_answers(
+    prompts: Sequence[TeacherPrompt],
+    answers: Mapping[str, Sequence[int]],
+    config: TeacherConfig,
+    vocab_size: int,
+) -> None:
+    """Every prompt has an answer of at most ``max_new_tokens`` in-vocabulary ids."""
+    missing = [p.id for p in prompts if p.id not in answers]
+    if missing:
+        raise BadInputError(
+            f"{len(missing)} prompts have no given answer (e.g. {missing[:3]}); answer them "
+            "all (python -m tasks.teacher_answers) or drop the answers to generate here"
+        )
+    for prompt in prompts:
+        answer = answers[prompt.id]
+        if len(answer) > config.max_new_tokens:
+            raise BadInputError(
+                f"the answer to {prompt.id!r} has {len(answer)} tokens, more than "
+                f"max_new_tokens={config.max_new_tokens}; answer with the same max_new_tokens"
+            )
+        bad = [t for t in answer if not 0 <= int(t) < vocab_size]
+        if bad:
+            raise BadInputError(
+                f"the answer to {prompt.id!r} holds token ids outside the target's vocabulary "
+                f"[0, {vocab_size}): {bad[:3]}; it was made with another tokenizer"
+            )
 
 
 def _shard_tokens(path: Path) -> int:

@@ -400,6 +400,16 @@ def sharegpt_prompts(
     return _take(candidates, n, seed=seed, workload="sharegpt", split=split)
 
 
+def sharegpt_available(split: SplitSelector = "heldout", max_prompt_chars: int = 2000) -> int:
+    """How many ShareGPT first turns of at most ``max_prompt_chars`` ``split`` holds."""
+    _check_split(split)
+    return sum(
+        1
+        for pair in _unique_sharegpt_pairs()
+        if len(pair.human) <= max_prompt_chars and _in_split(_sharegpt_id(pair), split)
+    )
+
+
 def humaneval_prompts(n: int, *, seed: int, split: SplitSelector = "heldout") -> list[Prompt]:
     """``n`` HumanEval problems as "complete this function" requests (code in the prompt).
 

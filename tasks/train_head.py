@@ -19,9 +19,8 @@ import json
 import math
 import os
 import tempfile
-import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -31,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from serving.errors import IncompatibleDraftError, ModelSourceError
 from serving.models.head import DraftHead, head_config_for, output_weight, save_head
 from tasks.checkpoints import (
+    TrainClock,
     after_step,
     atomic_torch_save,
     check_resumable,
@@ -88,6 +88,8 @@ class EvalMetrics:
     agreement: float | None  # held-out top-1 agreement of the first draft (answer positions)
     agreement_second: float | None  # same for the second draft, on the head's own feature
     positions: int  # answer positions scored
+    train_seconds: float = 0.0  # time in optimiser steps so far (see TrainClock)
+    train_tokens: int = 0  # positions trained on so far
 
 
 @dataclass(frozen=True)
@@ -99,6 +101,8 @@ class TrainResult:
     history: list[EvalMetrics]
     draft_vocab_size: int | None
     train_tokens_per_s: float | None  # over this run's steps
+    train_seconds: float  # in optimiser steps, over every run of this output_dir
+    train_tokens: int  # likewise
     train_sequences: int
     heldout_sequences: int
 
@@ -171,7 +175,7 @@ def evaluate_head(
     """Top-1 agreement (and loss, with the default weights) of a trained ``head`` on every
     position of another teacher cache, e.g. one built from held-out prompts."""
     manifest, sequences = load_teacher_data(teacher_dir)
-    _check_target(manifest.target, target)
+    check_target(manifest.target, target)
     sequences, _ = split_sequences(sequences, 0.0)
     config = TrainHeadConfig(
         teacher_dir=Path(teacher_dir),
@@ -190,7 +194,7 @@ def evaluate_head(
 # -------------------------------------------------------------------------------- train
 
 
-def _check_target(manifest_target: dict[str, object], target) -> None:
+def check_target(manifest_target: dict[str, object], target) -> None:
     hidden, vocab = int(target.config.hidden_size), int(target.config.vocab_size)
     for key, ours in (("hidden_size", hidden), ("vocab_size", vocab)):
         if manifest_target.get(key) != ours:
@@ -207,6 +211,7 @@ def train_head(
     *,
     progress: bool = True,
     on_step: Callable[[int, dict[str, float]], None] | None = None,
+    max_train_seconds: float | None = None,
 ) -> TrainResult:
     """Train (or resume training) a draft head for ``target``; see the module docstring.
 
@@ -216,7 +221,7 @@ def train_head(
     from tqdm.auto import tqdm
 
     manifest, sequences = load_teacher_data(config.teacher_dir)
-    _check_target(manifest.target, target)
+    check_target(manifest.target, target)
     train, heldout = split_sequences(sequences, config.eval_fraction)
     vocab_size = int(target.config.vocab_size)
     vocab_ids = None
@@ -248,6 +253,7 @@ def train_head(
         optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0
     )
     data_rng = torch.Generator().manual_seed(config.seed)
+    clock = TrainClock(max_train_seconds)
 
     output_dir = Path(config.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -269,6 +275,7 @@ def train_head(
         restore_rng(state["rng"], data_rng)
         step = resumed_from = int(state["step"])
         history = [EvalMetrics(**m) for m in state.get("history", [])]
+        clock.restore(state.get("clock"))
 
     frozen = frozen_target(
         target.get_input_embeddings().weight, output_weight(target), head.vocab_ids
@@ -287,6 +294,7 @@ def train_head(
                 "scheduler": scheduler.state_dict(),
                 "rng": rng_state(data_rng),
                 "history": [asdict(m) for m in history],
+                "clock": clock.state(),
             },
             checkpoint_path,
         )
@@ -295,14 +303,16 @@ def train_head(
         # With eval_fraction=0 there is nothing held out: the numbers are then on train data.
         with accelerator.autocast():
             metrics = evaluate(model, heldout or train, frozen, config, device, step)
+        metrics = replace(metrics, train_seconds=clock.seconds, train_tokens=clock.tokens)
         history.append(metrics)
         return metrics
 
     if step == 0:
         run_eval()
-    started, trained_tokens = time.perf_counter(), 0
+    run_seconds, run_tokens = clock.seconds, clock.tokens
     bar = tqdm(total=config.max_steps, initial=step, desc="train head", disable=not progress)
-    while step < config.max_steps:
+    while step < config.max_steps and not clock.out_of_time():
+        clock.start()
         windows = sample_windows(train, config.batch_size, config.max_seq_len, data_rng)
         batch = make_batch(windows, config.max_seq_len, answers_only=config.answers_only)
         batch = batch.to(device)
@@ -323,11 +333,12 @@ def train_head(
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         step += 1
-        trained_tokens += batch.tokens
+        clock.stop(batch.tokens)
         after_step(
             step,
             float(loss.total.detach()),
             max_steps=config.max_steps,
+            out_of_time=clock.out_of_time(),
             eval_every=config.eval_every,
             checkpoint_every=config.checkpoint_every,
             bar=bar,
@@ -336,7 +347,7 @@ def train_head(
             on_step=on_step,
         )
     bar.close()
-    elapsed = time.perf_counter() - started
+    run_seconds, run_tokens = clock.seconds - run_seconds, clock.tokens - run_tokens
     if not history or history[-1].step != step:
         run_eval()
 
@@ -348,7 +359,9 @@ def train_head(
         final=history[-1],
         history=list(history),
         draft_vocab_size=config.draft_vocab_size,
-        train_tokens_per_s=trained_tokens / elapsed if trained_tokens else None,
+        train_tokens_per_s=run_tokens / run_seconds if run_tokens else None,
+        train_seconds=clock.seconds,
+        train_tokens=clock.tokens,
         train_sequences=len(train),
         heldout_sequences=len(heldout),
     )

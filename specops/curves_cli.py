@@ -1,0 +1,225 @@
+"""``specops teacher ...`` (teacher caches) and ``specops draft-curves`` (learning curves).
+
+Thin: options are checked before any model loads; the work is in :mod:`tasks.teacher`,
+:mod:`tasks.teacher_answers`, :mod:`tasks.draft_curves` and :mod:`tasks.curves_report`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from specops.data_cli import _fail
+
+teacher_app = typer.Typer(
+    help="Teacher caches: the target's own greedy answers with features and top-k log-probs.",
+    no_args_is_help=True,
+)
+
+
+def _sharegpt(tokenizer, n: int | None, split: str, max_prompt_tokens: int, seed: int):
+    """ShareGPT first turns of ``split`` that fit ``max_prompt_tokens``, chat-templated, in
+    the seeded order (the first ``n``, or all)."""
+    from tasks.teacher import encode_traffic
+    from tasks.traffic import sharegpt_available, sharegpt_prompts
+
+    if max_prompt_tokens < 1:
+        raise _bad(f"--max-prompt-tokens must be >= 1, got {max_prompt_tokens}")
+    chars = 4 * max_prompt_tokens  # a token rarely holds more than ~4 characters
+    available = sharegpt_available(split, chars)
+    if not available:
+        raise _bad(f"no ShareGPT {split} prompt fits --max-prompt-tokens {max_prompt_tokens}")
+    candidates = sharegpt_prompts(available, seed=seed, split=split, max_prompt_chars=chars)
+    picked = encode_traffic(tokenizer, candidates, max_prompt_tokens=max_prompt_tokens)
+    if n is not None and n > len(picked):
+        raise _bad(f"asked for {n} prompts but only {len(picked)} ShareGPT {split} prompts fit")
+    return picked if n is None else picked[:n]
+
+
+def _bad(message: str):
+    from serving.errors import BadInputError
+
+    return BadInputError(message)
+
+
+@teacher_app.command("prompts")
+def teacher_prompts(
+    out: Annotated[Path, typer.Option(help="JSONL of {id, token_ids} to write.")],
+    prompts: Annotated[int | None, typer.Option(help="How many (default: all that fit).")] = None,
+    split: Annotated[str, typer.Option(help="ShareGPT split: train | heldout.")] = "train",
+    max_prompt_tokens: Annotated[int, typer.Option(help="Longest prompt kept.")] = 128,
+    seed: Annotated[int, typer.Option(help="Prompt-order seed.")] = 0,
+    target: Annotated[str, typer.Option(help="smollm2 or a local HF model folder.")] = "smollm2",
+) -> None:
+    """Write chat-templated ShareGPT prompts for `python -m tasks.teacher_answers` (which
+    can run on any machine with torch and transformers, a GPU box included)."""
+    from serving.errors import SpecOpsError
+    from serving.loader import load_target
+    from tasks.store import write_jsonl_atomic
+
+    try:
+        _, tokenizer = load_target(target, kernels="stock")
+        picked = _sharegpt(tokenizer, prompts, split, max_prompt_tokens, seed)
+    except SpecOpsError as error:
+        _fail(str(error))
+    count = write_jsonl_atomic(out, ({"id": p.id, "token_ids": p.token_ids} for p in picked))
+    typer.echo(f"{count} prompts ({sum(len(p.token_ids) for p in picked)} tokens) -> {out}")
+
+
+@teacher_app.command("build")
+def teacher_build(
+    out: Annotated[Path, typer.Option(help="The teacher cache folder (resumable).")],
+    prompts: Annotated[
+        Path | None, typer.Option(help="JSONL of {id, token_ids} (default: ShareGPT).")
+    ] = None,
+    answers: Annotated[
+        Path | None,
+        typer.Option(help="JSONL of {id, answer_ids} from tasks.teacher_answers: skip generating."),
+    ] = None,
+    count: Annotated[
+        int | None, typer.Option("--count", help="Use only the first N prompts.")
+    ] = None,
+    split: Annotated[str, typer.Option(help="ShareGPT split without --prompts.")] = "train",
+    max_prompt_tokens: Annotated[int, typer.Option(help="Longest ShareGPT prompt kept.")] = 128,
+    max_new_tokens: Annotated[int, typer.Option(help="Answer length (or EOS).")] = 256,
+    seed: Annotated[int, typer.Option(help="Prompt-order seed.")] = 0,
+    threads: Annotated[int, typer.Option(help="torch threads.")] = 2,
+    target: Annotated[str, typer.Option(help="smollm2 or a local HF model folder.")] = "smollm2",
+) -> None:
+    """Build (or resume) a teacher cache: the target's greedy answers, then one
+    teacher-forced pass recording features and top-k log-probabilities."""
+    from serving.errors import SpecOpsError
+    from serving.loader import eos_ids, load_target, set_threads
+    from tasks.teacher import TeacherConfig, TeacherPrompt, build_teacher_cache
+
+    try:
+        if count is not None and count < 1:
+            raise _bad(f"--count must be >= 1, got {count}")
+        config = TeacherConfig(max_new_tokens=max_new_tokens)
+        given = None
+        if answers is not None:
+            given = {row["id"]: row["answer_ids"] for row in _rows(answers, ("id", "answer_ids"))}
+        set_threads(threads)
+        model, tokenizer = load_target(target)
+        if prompts is not None:
+            chosen = [
+                TeacherPrompt(row["id"], list(row["token_ids"]))
+                for row in _rows(prompts, ("id", "token_ids"))
+            ]
+        else:
+            chosen = _sharegpt(tokenizer, None, split, max_prompt_tokens, seed)
+        chosen = chosen[:count] if count is not None else chosen
+        report = build_teacher_cache(
+            model,
+            chosen,
+            out,
+            eos_token_ids=eos_ids(model, tokenizer),
+            pad_token_id=tokenizer.pad_token_id,
+            config=config,
+            answers=given,
+        )
+    except SpecOpsError as error:
+        _fail(str(error))
+    typer.echo(
+        f"teacher cache {out}: {report.sequences} sequences, {report.tokens} tokens "
+        f"({report.shards_written} shards written, {report.shards_skipped} kept); "
+        f"generate {report.generate_tokens_per_s or 0:.0f} tok/s, teacher-forced "
+        f"{report.forward_tokens_per_s or 0:.0f} tok/s"
+    )
+
+
+def _rows(path: Path, keys: tuple[str, ...]) -> list[dict]:
+    from tasks.teacher_answers import read_jsonl
+
+    if not path.is_file():
+        raise _bad(f"{path} does not exist")
+    try:
+        return read_jsonl(path, keys)
+    except ValueError as error:
+        raise _bad(str(error)) from None
+
+
+def draft_curves(
+    teacher: Annotated[Path, typer.Option(help="Training teacher cache.")] = Path(
+        "results/teacher/train"
+    ),
+    heldout: Annotated[Path, typer.Option(help="Held-out teacher cache (scoring).")] = Path(
+        "results/teacher/heldout"
+    ),
+    out: Annotated[Path, typer.Option(help="Results folder.")] = Path("results/draft-curves"),
+    config: Annotated[Path, typer.Option(help="Designs and marks.")] = Path(
+        "configs/draft_curves.yaml"
+    ),
+    designs: Annotated[
+        str | None, typer.Option(help="Comma-separated designs to run (default: all).")
+    ] = None,
+    max_minutes: Annotated[
+        float | None, typer.Option(help="Stop every curve at this mark (default: all marks).")
+    ] = None,
+    speed_prompts: Annotated[
+        int, typer.Option(help="Held-out prompts for the wall-clock check (0: skip it).")
+    ] = 8,
+    speed_tokens: Annotated[int, typer.Option(help="Tokens per prompt in that check.")] = 128,
+    speed_threads: Annotated[int, typer.Option(help="torch threads in that check.")] = 2,
+    report_only: Annotated[
+        bool, typer.Option("--report-only", help="Only redraw the table and plot.")
+    ] = False,
+    goal: Annotated[float, typer.Option(help="Mean accepted length drawn as the goal.")] = 1.6,
+    target: Annotated[str, typer.Option(help="smollm2 or a local HF model folder.")] = "smollm2",
+) -> None:
+    """Learning curves of the draft designs (mean accepted length and agreement against
+    training minutes and tokens), then a wall-clock check of each design's last draft
+    through the engine; writes curves.json, curves.md and curves.png under OUT."""
+    from serving.errors import SpecOpsError
+    from serving.loader import load_target, set_threads
+    from tasks.curves_report import write_report
+    from tasks.draft_curves import answer_sequences, load_curves_config, run_design, speed
+
+    try:
+        settings = load_curves_config(config)
+        chosen = list(settings.designs)
+        if designs is not None:
+            chosen = [d.strip() for d in designs.split(",") if d.strip()]
+            unknown = [d for d in chosen if d not in settings.designs]
+            if unknown or not chosen:
+                raise _bad(f"unknown designs {unknown}; {config} has {list(settings.designs)}")
+        if speed_prompts < 0 or speed_tokens < 1:
+            raise _bad("--speed-prompts must be >= 0 and --speed-tokens >= 1")
+        if not report_only:
+            set_threads(settings.threads)
+            # Stock kernels: layers drafts copy the target's weights, which packed layers lack.
+            model, tokenizer = load_target(target, kernels="stock")
+            sequences = answer_sequences(heldout, model)
+            for name in chosen:
+                run_design(
+                    name,
+                    settings.designs[name],
+                    settings,
+                    target=model,
+                    tokenizer=tokenizer,
+                    teacher_dir=teacher,
+                    heldout=sequences,
+                    out_dir=out,
+                    max_minutes=max_minutes,
+                    log=typer.echo,
+                )
+            if speed_prompts:
+                set_threads(speed_threads)
+                engine, tokenizer = load_target(target)
+                speed(
+                    out,
+                    target=engine,
+                    tokenizer=tokenizer,
+                    k=settings.k,
+                    prompts=speed_prompts,
+                    max_new_tokens=speed_tokens,
+                    threads=speed_threads,
+                )
+        written = write_report(out, goal=goal)
+    except SpecOpsError as error:
+        _fail(str(error))
+    typer.echo(written["table"].read_text())
+    typer.echo(json.dumps({k: str(v) for k, v in written.items()}))
