@@ -345,3 +345,14 @@ def test_bad_settings_fail_at_load_time_naming_the_key(teacher_dir, tmp_path):
         config(teacher_dir, tmp_path, layers=None)
     with pytest.raises(ValidationError, match="no_such_setting"):
         config(teacher_dir, tmp_path, no_such_setting=1)
+
+
+def test_a_time_budget_stops_distillation_and_resuming_adds_to_its_clock(
+    target, teacher_dir, tmp_path
+):
+    settings = config(teacher_dir, tmp_path, max_steps=10**6, eval_every=10**6)
+    first = distill(settings, target, progress=False, max_train_seconds=0.3)
+    assert 0 < first.steps < 10**6 and first.train_seconds >= 0.3
+    assert first.final.train_tokens == first.train_tokens > 0
+    more = distill(settings, target, progress=False, max_train_seconds=0.6)
+    assert more.resumed_from == first.steps < more.steps and more.train_seconds >= 0.6

@@ -161,3 +161,39 @@ def test_encode_traffic_applies_the_tokenizer_and_drops_long_prompts(char_tokeni
     encoded = encode_traffic(char_tokenizer, prompts, max_prompt_tokens=10)
     assert [p.id for p in encoded] == ["p0"]
     assert encoded[0].token_ids == char_tokenizer("short")["input_ids"]
+
+
+def test_given_answers_replace_generation_and_match_it(target, tmp_path):
+    prompts = tiny_prompts(5)
+    build(target, prompts, tmp_path / "generated")
+    _, generated = load_teacher_data(tmp_path / "generated")
+    answers = {s.prompt_id: s.tokens[s.prompt_len :].tolist() for s in generated}
+    report = build_teacher_cache(
+        target, prompts, tmp_path / "given", eos_token_ids=[EOS], config=CONFIG,
+        answers=answers, progress=False,
+    )  # fmt: skip
+    assert report.generated_tokens == 0 and report.generate_tokens_per_s is None
+    _, given = load_teacher_data(tmp_path / "given")
+    for a, b in zip(given, generated, strict=True):
+        assert torch.equal(a.tokens, b.tokens) and torch.equal(a.top_ids, b.top_ids)
+        torch.testing.assert_close(a.features, b.features)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda answers: answers.pop("p1"), "have no given answer"),
+        (lambda answers: answers.update(p1=[5] * (CONFIG.max_new_tokens + 1)), "more than"),
+        (lambda answers: answers.update(p1=[5, 10_000]), "outside the target's vocabulary"),
+    ],
+)
+def test_bad_given_answers_are_refused_by_name(target, tmp_path, change, message):
+    prompts = tiny_prompts(3)
+    answers = {p.id: [5, 6] for p in prompts}
+    change(answers)
+    with pytest.raises(BadInputError, match=message):
+        build_teacher_cache(
+            target, prompts, tmp_path, eos_token_ids=[EOS], config=CONFIG, answers=answers,
+            progress=False,
+        )  # fmt: skip
+    assert not (tmp_path / MANIFEST).exists()  # refused before any work

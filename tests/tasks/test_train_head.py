@@ -189,3 +189,18 @@ def test_bad_settings_fail_at_load_time_naming_the_key(teacher_dir, tmp_path):
         config(teacher_dir, tmp_path, token_loss="kl")
     with pytest.raises(ValidationError, match="no_such_setting"):
         config(teacher_dir, tmp_path, no_such_setting=1)
+
+
+def test_a_time_budget_stops_training_and_a_resumed_run_adds_to_its_clock(
+    target, teacher_dir, tmp_path
+):
+    settings = config(teacher_dir, tmp_path, max_steps=10**6, eval_every=10**6)
+    first = train_head(settings, target, progress=False, max_train_seconds=0.3)
+    assert 0 < first.steps < 10**6 and first.train_seconds >= 0.3
+    assert first.final.train_seconds == first.train_seconds
+    assert first.final.train_tokens == first.train_tokens > 0
+    more = train_head(settings, target, progress=False, max_train_seconds=0.6)
+    assert more.resumed_from == first.steps < more.steps
+    assert more.train_seconds >= 0.6 and more.train_tokens > first.train_tokens
+    with pytest.raises(ValueError, match="time budget must be > 0"):
+        train_head(settings, target, progress=False, max_train_seconds=0)
