@@ -171,9 +171,10 @@ def teacher_forced(
     for row, sequence in enumerate(sequences):
         input_ids[row, : len(sequence)] = torch.tensor(sequence)
         attention_mask[row, : len(sequence)] = 1
+    device = next(target.parameters()).device
     out = target(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
+        input_ids=input_ids.to(device),
+        attention_mask=attention_mask.to(device),
         output_hidden_states=True,
         logits_to_keep=1,  # the full logits are taken below in chunks, not all at once
     )
@@ -188,7 +189,7 @@ def teacher_forced(
             top = logits.log_softmax(dim=-1).topk(top_k, dim=-1)
             ids.append(top.indices)
             logprobs.append(top.values)
-        results.append((features, torch.cat(ids), torch.cat(logprobs)))
+        results.append((features.cpu(), torch.cat(ids).cpu(), torch.cat(logprobs).cpu()))
     return results
 
 
