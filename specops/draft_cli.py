@@ -84,7 +84,16 @@ def train_draft(
     target_modules: Annotated[
         str, typer.Option(help="LoRA: all-linear or comma-separated module names.")
     ] = "all-linear",
-    steps: Annotated[int, typer.Option(help="Optimizer steps (head/lora/full).")] = 200,
+    steps: Annotated[
+        int | None,
+        typer.Option(
+            help="Optimizer steps (head/lora/full; default 200, or no limit with --minutes)."
+        ),
+    ] = None,
+    minutes: Annotated[
+        float | None,
+        typer.Option(help="Stop after this many minutes in optimizer steps (resumable)."),
+    ] = None,
     batch_size: Annotated[int, typer.Option(help="Windows per step.")] = 4,
     max_seq_len: Annotated[int, typer.Option(help="Positions per window.")] = 256,
     lr: Annotated[float | None, typer.Option(help="Learning rate (default: the kind's).")] = None,
@@ -126,7 +135,7 @@ def train_draft(
             "teacher_dir": teacher,
             "output_dir": work_dir or out.with_name(out.name + ".work"),
             "seed": seed,
-            "max_steps": steps,
+            "max_steps": steps if steps is not None else (200 if minutes is None else 10**9),
             "batch_size": batch_size,
             "max_seq_len": max_seq_len,
             "checkpoint_every": checkpoint_every,
@@ -161,6 +170,9 @@ def train_draft(
             )
             check_quantize_available(config.quantize)
         _check_teacher_source(teacher, build_teacher)
+        if minutes is not None and not minutes > 0:
+            _fail(f"--minutes must be > 0, got {minutes}")
+        budget = None if minutes is None else 60.0 * minutes
         set_threads(threads)
         # Stock kernels: a layers draft copies the target's weights, which packed layers lack.
         model, tokenizer = load_target(target, kernels="stock")
@@ -169,9 +181,9 @@ def train_draft(
                 model, tokenizer, teacher, build_teacher, teacher_new_tokens, max_prompt_tokens
             )
         if kind == "head":
-            summary = _finish_head(config, model, manifest, out)
+            summary = _finish_head(config, model, manifest, out, budget)
         else:
-            summary = _finish_distill(config, model, tokenizer, manifest, out)
+            summary = _finish_distill(config, model, tokenizer, manifest, out, budget)
     except ValidationError as error:
         _fail(_validation_message(error))
     except SpecOpsError as error:
@@ -227,11 +239,11 @@ def _train_suffix(out, store, include_prompts, hardware, k, policy) -> str:
     return f"suffix draft: {len(corpus.sequences)} sequences, {tokens} tokens -> {folder}"
 
 
-def _finish_head(config, model, manifest, out: Path) -> str:
+def _finish_head(config, model, manifest, out: Path, budget_s: float | None) -> str:
     from serving.drafters.package import write_package
     from tasks.train_head import METRICS_FILE, train_head
 
-    result = train_head(config, model)
+    result = train_head(config, model, max_train_seconds=budget_s)
     first, last = result.history[0], result.final
     manifest = manifest.model_copy(
         update={
@@ -245,15 +257,16 @@ def _finish_head(config, model, manifest, out: Path) -> str:
         {"head": result.head_dir, METRICS_FILE: Path(config.output_dir) / METRICS_FILE},
     )
     return (
-        f"head draft: {result.steps} steps; held-out agreement {_fmt(first.agreement)} -> "
+        f"head draft: {result.steps} steps ({result.train_seconds / 60:.1f} min); held-out "
+        f"agreement {_fmt(first.agreement)} -> "
         f"{_fmt(last.agreement)} (loss {first.loss:.4f} -> {last.loss:.4f}) -> {folder}"
     )
 
 
-def _finish_distill(config, model, tokenizer, manifest, out: Path) -> str:
+def _finish_distill(config, model, tokenizer, manifest, out: Path, budget_s: float | None) -> str:
     from tasks.distill import distill, write_draft_package
 
-    result = distill(config, model, tokenizer=tokenizer)
+    result = distill(config, model, tokenizer=tokenizer, max_train_seconds=budget_s)
     first, last = result.history[0], result.final
     folder = write_draft_package(result, out, k=manifest.k, policy=manifest.policy)
     return (

@@ -122,6 +122,40 @@ class TrainClock:
         self.tokens = int(saved.get("tokens", 0))
 
 
+class _TimeBar:
+    """A progress bar over a time budget: seconds spent in optimiser steps, not steps."""
+
+    def __init__(self, bar, clock: TrainClock) -> None:
+        self.bar, self.clock = bar, clock
+
+    def update(self, n: int = 1) -> None:
+        self.bar.n = min(round(self.clock.seconds), self.bar.total)
+        self.bar.refresh()
+
+    def set_postfix(self, **values: Any) -> None:
+        self.bar.set_postfix(**values)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def progress_bar(desc: str, *, step: int, max_steps: int, clock: TrainClock, enabled: bool):
+    """Steps out of ``max_steps``, or, when the clock has a budget, its seconds."""
+    from tqdm.auto import tqdm
+
+    if clock.budget_s is None:
+        return tqdm(total=max_steps, initial=step, desc=desc, disable=not enabled)
+    total = round(clock.budget_s)
+    bar = tqdm(
+        total=total,
+        initial=min(round(clock.seconds), total),
+        desc=f"{desc} (seconds of training)",
+        unit="s",
+        disable=not enabled,
+    )
+    return _TimeBar(bar, clock)
+
+
 def after_step(
     step: int,
     loss: float,

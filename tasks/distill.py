@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from serving.drafters.package import DraftManifest, write_package
 from serving.errors import BadInputError, IncompatibleDraftError
-from tasks.checkpoints import TrainClock, after_step
+from tasks.checkpoints import TrainClock, after_step, progress_bar
 from tasks.distill_checkpoint import (
     check_resumable,
     load_checkpoint,
@@ -251,7 +251,6 @@ def distill(
     ``draft_model``'s and saved beside the merged model. ``on_step(step, {"loss": ...})``
     is called after every optimizer step."""
     from accelerate import Accelerator
-    from tqdm.auto import tqdm
 
     check_quantize_available(config.quantize)
     manifest, sequences = load_teacher_data(config.teacher_dir)
@@ -311,7 +310,9 @@ def distill(
     if step == 0:
         run_eval()
     run_seconds, run_tokens = clock.seconds, clock.tokens
-    bar = tqdm(total=config.max_steps, initial=step, desc="distil draft", disable=not progress)
+    bar = progress_bar(
+        "distil draft", step=step, max_steps=config.max_steps, clock=clock, enabled=progress
+    )
     while step < config.max_steps and not clock.out_of_time():
         clock.start()
         windows = sample_windows(train, config.batch_size, config.max_seq_len, data_rng)

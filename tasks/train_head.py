@@ -34,6 +34,7 @@ from tasks.checkpoints import (
     after_step,
     atomic_torch_save,
     check_resumable,
+    progress_bar,
     read_checkpoint,
     restore_rng,
     rng_state,
@@ -218,7 +219,6 @@ def train_head(
     ``on_step(step, {"loss": ...})`` is called after every optimizer step.
     """
     from accelerate import Accelerator
-    from tqdm.auto import tqdm
 
     manifest, sequences = load_teacher_data(config.teacher_dir)
     check_target(manifest.target, target)
@@ -310,7 +310,9 @@ def train_head(
     if step == 0:
         run_eval()
     run_seconds, run_tokens = clock.seconds, clock.tokens
-    bar = tqdm(total=config.max_steps, initial=step, desc="train head", disable=not progress)
+    bar = progress_bar(
+        "train head", step=step, max_steps=config.max_steps, clock=clock, enabled=progress
+    )
     while step < config.max_steps and not clock.out_of_time():
         clock.start()
         windows = sample_windows(train, config.batch_size, config.max_seq_len, data_rng)

@@ -4,7 +4,6 @@ with a character tokenizer (both made here, for tests only)."""
 from __future__ import annotations
 
 import json
-import string
 import sys
 import time
 from pathlib import Path
@@ -37,31 +36,6 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
-
-
-def char_tokenizer():
-    """93 characters and pad/BOS/EOS: the tiny target's 96 ids."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2}
-    for char in string.ascii_letters + string.digits + " " + string.punctuation[:30]:
-        vocab[char] = len(vocab)
-    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="?"))
-    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    tokenizer.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
-        unk_token="?",
-    )  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def target_dir(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("target")
-    tiny_llama(max_positions=1024).save_pretrained(folder)
-    char_tokenizer().save_pretrained(folder)
-    return folder
 
 
 @pytest.fixture(scope="module")
@@ -216,10 +190,10 @@ def test_train_draft_reports_a_corrupt_checkpoint(target_dir, teacher_dir, tmp_p
     assert_fails(result, "is corrupt or unreadable")
 
 
-def test_train_draft_reports_another_targets_teacher_data(teacher_dir, tmp_path):
+def test_train_draft_reports_another_targets_teacher_data(teacher_dir, char_tokenizer, tmp_path):
     other = tmp_path / "other-target"
     tiny_llama(seed=3).save_pretrained(other)
-    char_tokenizer().save_pretrained(other)
+    char_tokenizer.save_pretrained(other)
     result = invoke(*train_args(other, teacher_dir, tmp_path / "p"))
     assert_fails(result, "recorded from another target")
 
@@ -270,3 +244,13 @@ def test_train_draft_builds_the_teacher_cache_first(target_dir, tmp_path):
     assert (teacher / "manifest.json").is_file()
     assert read_manifest(tmp_path / "package").family == "lora"
     assert_fails(invoke(*args, "--build-teacher", 0), "--build-teacher needs N >= 1")
+
+
+def test_train_draft_stops_on_its_time_budget(target_dir, teacher_dir, tmp_path):
+    args = train_args(target_dir, teacher_dir, tmp_path / "p", "head")
+    at = args.index("--steps")
+    del args[at : at + 2]  # with --minutes, no step limit
+    result = invoke(*args, "--minutes", 0.005)
+    assert result.exit_code == 0, result.output
+    assert "head draft:" in result.output and " min); held-out" in result.output
+    assert_fails(invoke(*args, "--minutes", 0), "--minutes must be > 0, got 0")

@@ -1,0 +1,124 @@
+"""``specops teacher build`` and ``specops draft-curves`` on the tiny target folder;
+``specops teacher prompts`` on the real model's tokenizer."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import typer
+from typer.testing import CliRunner
+
+from specops.curves_cli import draft_curves, teacher_app
+from tasks.teacher import load_teacher_data
+
+runner = CliRunner()
+app = typer.Typer()
+app.add_typer(teacher_app, name="teacher")
+app.command("draft-curves")(draft_curves)
+
+
+def invoke(*args: object):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def assert_fails(result, fragment: str) -> None:
+    assert result.exit_code == 2, result.output
+    assert fragment in result.output and "Traceback" not in result.output
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+@pytest.fixture(scope="module")
+def prompts_file(tmp_path_factory):
+    generator = torch.Generator().manual_seed(5)
+    rows = [
+        {"id": f"q{i}", "token_ids": torch.randint(3, 96, (6,), generator=generator).tolist()}
+        for i in range(12)
+    ]
+    return write_jsonl(tmp_path_factory.mktemp("prompts") / "prompts.jsonl", rows)
+
+
+def build(target_dir, prompts_file, out, *extra):
+    return invoke(
+        "teacher", "build", "--prompts", prompts_file, "--out", out, "--target", target_dir,
+        "--max-new-tokens", 12, "--threads", 1, *extra,
+    )  # fmt: skip
+
+
+def test_teacher_build_generates_or_takes_given_answers(target_dir, prompts_file, tmp_path):
+    result = build(target_dir, prompts_file, tmp_path / "generated", "--count", 8)
+    assert result.exit_code == 0, result.output
+    assert "teacher cache" in result.output and "8 sequences" in result.output
+    _, generated = load_teacher_data(tmp_path / "generated")
+    answers = write_jsonl(
+        tmp_path / "answers.jsonl",
+        [{"id": s.prompt_id, "answer_ids": s.tokens[s.prompt_len :].tolist()} for s in generated],
+    )
+    result = build(target_dir, prompts_file, tmp_path / "given", "--count", 8, "--answers", answers)
+    assert result.exit_code == 0, result.output
+    _, given = load_teacher_data(tmp_path / "given")
+    assert [s.tokens.tolist() for s in given] == [s.tokens.tolist() for s in generated]
+
+
+def test_teacher_build_errors(target_dir, prompts_file, tmp_path):
+    assert_fails(build(target_dir, prompts_file, tmp_path / "a", "--count", 0), "--count must be")
+    missing = tmp_path / "nope.jsonl"
+    assert_fails(
+        build(target_dir, prompts_file, tmp_path / "a", "--answers", missing), "does not exist"
+    )
+    few = write_jsonl(tmp_path / "few.jsonl", [{"id": "q0", "answer_ids": [5]}])
+    assert_fails(
+        build(target_dir, prompts_file, tmp_path / "a", "--answers", few), "no given answer"
+    )
+    bad = write_jsonl(tmp_path / "bad.jsonl", [{"id": "q0"}])
+    assert_fails(
+        build(target_dir, prompts_file, tmp_path / "a", "--answers", bad), "bad.jsonl:1 lacks"
+    )
+
+
+CURVES = """
+marks_minutes: [0.005]
+threads: 1
+designs:
+  head: {kind: head, settings: {intermediate_size: 48, learning_rate: 0.01, eval_fraction: 0}}
+"""
+
+
+def test_draft_curves_trains_scores_and_draws(target_dir, prompts_file, tmp_path):
+    assert build(target_dir, prompts_file, tmp_path / "teacher").exit_code == 0
+    config = tmp_path / "curves.yaml"
+    config.write_text(CURVES)
+    out = tmp_path / "curves"
+    common = ["--config", config, "--teacher", tmp_path / "teacher", "--heldout",
+              tmp_path / "teacher", "--out", out, "--target", target_dir]  # fmt: skip
+    result = invoke("draft-curves", *common, "--speed-prompts", 0)
+    assert result.exit_code == 0, result.output
+    assert "| head | " in result.output
+    assert {p.name for p in out.iterdir()} >= {"head", "curves.md", "curves.json", "curves.png"}
+    assert_fails(invoke("draft-curves", *common, "--designs", "medusa"), "unknown designs")
+    assert_fails(invoke("draft-curves", *common, "--speed-prompts", -1), "--speed-prompts")
+    config.write_text("marks_minutes: []\ndesigns: {}\n")
+    assert_fails(invoke("draft-curves", *common), "invalid draft-curves config")
+
+
+@pytest.mark.real_model
+def test_teacher_prompts_writes_chat_templated_sharegpt_prompts(tmp_path):
+    out = tmp_path / "prompts.jsonl"
+    result = invoke("teacher", "prompts", "--out", out, "--prompts", 3, "--split", "heldout")
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 3 and all(0 < len(r["token_ids"]) <= 128 for r in rows)
+    assert_fails(invoke("teacher", "prompts", "--out", out, "--prompts", 10**6), "only")
