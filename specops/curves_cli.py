@@ -167,6 +167,10 @@ def draft_curves(
     report_only: Annotated[
         bool, typer.Option("--report-only", help="Only redraw the table and plot.")
     ] = False,
+    speed_only: Annotated[
+        bool,
+        typer.Option("--speed-only", help="Train nothing: only the wall-clock check and report."),
+    ] = False,
     goal: Annotated[float, typer.Option(help="Mean accepted length drawn as the goal.")] = 1.6,
     target: Annotated[str, typer.Option(help="smollm2 or a local HF model folder.")] = "smollm2",
 ) -> None:
@@ -188,7 +192,7 @@ def draft_curves(
                 raise _bad(f"unknown designs {unknown}; {config} has {list(settings.designs)}")
         if speed_prompts < 0 or speed_tokens < 1:
             raise _bad("--speed-prompts must be >= 0 and --speed-tokens >= 1")
-        if not report_only:
+        if not (report_only or speed_only):
             set_threads(settings.threads)
             # Stock kernels: layers drafts copy the target's weights, which packed layers lack.
             model, tokenizer = load_target(target, kernels="stock")
@@ -206,18 +210,18 @@ def draft_curves(
                     max_minutes=max_minutes,
                     log=typer.echo,
                 )
-            if speed_prompts:
-                set_threads(speed_threads)
-                engine, tokenizer = load_target(target)
-                speed(
-                    out,
-                    target=engine,
-                    tokenizer=tokenizer,
-                    k=settings.k,
-                    prompts=speed_prompts,
-                    max_new_tokens=speed_tokens,
-                    threads=speed_threads,
-                )
+        if speed_prompts and not report_only:
+            set_threads(speed_threads)
+            engine, tokenizer = load_target(target)
+            speed(
+                out,
+                target=engine,
+                tokenizer=tokenizer,
+                k=settings.k,
+                prompts=speed_prompts,
+                max_new_tokens=speed_tokens,
+                threads=speed_threads,
+            )
         written = write_report(out, goal=goal)
     except SpecOpsError as error:
         _fail(str(error))

@@ -48,7 +48,8 @@ def table(designs: dict[str, dict[str, Any]], speed: dict[str, Any] | None) -> s
         lines += [
             "",
             f"Wall clock through the engine: {speed['prompts']} held-out prompts x "
-            f"{speed['max_new_tokens']} tokens, k = {speed['k']}, {speed['threads']} threads, "
+            f"{speed['max_new_tokens']} tokens, designs with k = {speed['k']} drafts per "
+            f"step, {speed['threads']} threads, "
             f"on {speed['hardware']} (plain decoding: "
             f"{_cell(speed['results']['plain']['tokens_per_s'], '.1f')} tok/s).",
             "",

@@ -114,12 +114,12 @@ def _train(config, target, tokenizer, budget_s: float, progress: bool):
     from tasks.train_head import train_head
 
     if isinstance(config, DistillConfig):
-        result = distill(
+        distilled = distill(
             config, target, tokenizer=tokenizer, progress=progress, max_train_seconds=budget_s
         )
-        return result, result.model_dir
-    result = train_head(config, target, progress=progress, max_train_seconds=budget_s)
-    return result, result.head_dir
+        return distilled, distilled.model_dir
+    trained = train_head(config, target, progress=progress, max_train_seconds=budget_s)
+    return trained, trained.head_dir
 
 
 def _hits_of(kind: str, draft_dir: Path, target, k: int) -> Callable:
@@ -273,11 +273,13 @@ def speed(
     max_new_tokens: int,
     threads: int,
     hardware: str = "cpu",
-    baselines: tuple[str, ...] = ("pld:3",),
+    baselines: tuple[tuple[str, str, int], ...] = (("pld:3", "cost", 10),),
     seed: int = 0,
 ) -> dict[str, Any]:
-    """Every scored design's latest draft (and n-gram ``baselines``) against plain decoding,
-    interleaved, through the engine on held-out ShareGPT prompts; writes ``speed.json``."""
+    """Every scored design's latest draft (``k`` drafts per step) and each baseline
+    (``(drafter, policy, k)``: by default prompt lookup as specops serves it) against plain
+    decoding, interleaved, through the engine on held-out ShareGPT prompts; writes
+    ``speed.json``."""
     from serving.drafters.package import DraftManifest, write_package
     from tasks.curves_report import SPEED_FILE, collect
     from tasks.evaluate import Contender, evaluate
@@ -291,10 +293,11 @@ def speed(
         Contender(name, package_design(name, payload, packages / name, k))
         for name, payload in designs.items()
     ]
-    for spec in baselines:
-        manifest = DraftManifest(drafter=spec, policy="fixed", k=k, family="ngram")
+    for spec, policy, baseline_k in baselines:
+        manifest = DraftManifest(drafter=spec, policy=policy, k=baseline_k, family="ngram")
         folder = packages / spec.replace(":", "-")
-        contenders.append(Contender(spec, write_package(folder, manifest)))
+        name = f"{spec} ({policy} policy, k <= {baseline_k})"
+        contenders.append(Contender(name, write_package(folder, manifest)))
     chosen = build_workload("sharegpt", prompts, seed=seed, split="heldout")
     report = evaluate(
         contenders,

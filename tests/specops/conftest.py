@@ -37,5 +37,5 @@ def target_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def char_tokenizer():
+def hf_char_tokenizer():
     return make_char_tokenizer()

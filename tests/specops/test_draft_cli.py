@@ -190,10 +190,10 @@ def test_train_draft_reports_a_corrupt_checkpoint(target_dir, teacher_dir, tmp_p
     assert_fails(result, "is corrupt or unreadable")
 
 
-def test_train_draft_reports_another_targets_teacher_data(teacher_dir, char_tokenizer, tmp_path):
+def test_train_draft_reports_another_targets_teacher_data(teacher_dir, hf_char_tokenizer, tmp_path):
     other = tmp_path / "other-target"
     tiny_llama(seed=3).save_pretrained(other)
-    char_tokenizer.save_pretrained(other)
+    hf_char_tokenizer.save_pretrained(other)
     result = invoke(*train_args(other, teacher_dir, tmp_path / "p"))
     assert_fails(result, "recorded from another target")
 

@@ -117,3 +117,40 @@ def test_the_shipped_config_loads_and_marks_must_increase(tmp_path):
     path.write_text("marks_minutes: [5, 2]\ndesigns: {h: {kind: head}}\n")
     with pytest.raises(BadInputError, match="positive and increasing"):
         load_curves_config(path)
+
+
+def test_the_wall_clock_check_runs_every_design_and_prompt_lookup(model_folder, tmp_path):
+    """A tiny target with the real tokenizer: the check decodes real held-out prompts."""
+    from serving.loader import load_target
+    from tasks.curves_report import SPEED_FILE
+    from tasks.draft_curves import speed
+
+    target, tokenizer = load_target(str(model_folder), kernels="stock")
+    generator = torch.Generator().manual_seed(0)
+    prompts = [
+        TeacherPrompt(f"r{i}", torch.randint(3, 49152, (6,), generator=generator).tolist())
+        for i in range(8)
+    ]
+    build_teacher_cache(
+        target, prompts, tmp_path / "teacher", eos_token_ids=[2],
+        config=TeacherConfig(max_new_tokens=8), progress=False,
+    )  # fmt: skip
+    design = Design(
+        kind="head", settings={"intermediate_size": 32, "draft_vocab_size": 256, "eval_fraction": 0}
+    )
+    settings = CurvesConfig(marks_minutes=[0.002], designs={"head-rv": design})
+    run_design(
+        "head-rv", design, settings, target=target, tokenizer=tokenizer,
+        teacher_dir=tmp_path / "teacher", heldout=answer_sequences(tmp_path / "teacher", target),
+        out_dir=tmp_path / "curves", progress=False, log=lambda line: None,
+    )  # fmt: skip
+    engine, tokenizer = load_target(str(model_folder))
+    report = speed(
+        tmp_path / "curves", target=engine, tokenizer=tokenizer, k=2, prompts=2,
+        max_new_tokens=8, threads=1,
+    )  # fmt: skip
+    names = set(report["results"])
+    assert names == {"plain", "head-rv", "pld:3 (cost policy, k <= 10)"}
+    assert all(result["lossless"] for result in report["results"].values())
+    assert (tmp_path / "curves" / SPEED_FILE).is_file()
+    assert "Wall clock through the engine" in write_report(tmp_path / "curves")["table"].read_text()
