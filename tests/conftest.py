@@ -125,6 +125,16 @@ def _prompts(texts: list[str] = TEXTS, *, workload: str = "grounded") -> list[Pr
     ]
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models run fastest on one thread, and far slower on two on a busy machine;
+    modules that train them use it (``pytestmark = pytest.mark.usefixtures(...)``)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def char_tokenizer() -> CharTokenizer:
     return CharTokenizer()

@@ -28,12 +28,7 @@ def assert_fails(result, fragment: str) -> None:
     assert fragment in result.output and "Traceback" not in result.output
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # see tests/conftest.py
 
 
 def write_jsonl(path, rows):

@@ -38,13 +38,7 @@ from tasks.teacher import (
     target_fingerprint,
 )
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # see tests/conftest.py
 
 
 def random_prompts(n: int, seed: int = 0) -> list[TeacherPrompt]:

@@ -25,12 +25,7 @@ from tasks.teacher import TeacherConfig, TeacherPrompt, build_teacher_cache
 MARKS = [0.005, 0.01]  # minutes: 0.3 s and 0.6 s of optimiser steps
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # see tests/conftest.py
 
 
 def cache(target, path, n: int, seed: int):

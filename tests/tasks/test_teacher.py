@@ -29,12 +29,7 @@ CONFIG = TeacherConfig(
 )
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # see tests/conftest.py
 
 
 def tiny_prompts(n: int, seed: int = 0) -> list[TeacherPrompt]:

@@ -71,13 +71,7 @@ def _train(target, prompt, reference, tmp_path, draft_vocab_size):
     return load_head(train_head(config, target, progress=False).head_dir, target)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread, and far slower on two on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # see tests/conftest.py
 
 
 @pytest.fixture(scope="module")
