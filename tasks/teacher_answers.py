@@ -8,9 +8,9 @@ runs on a bare GPU box: ``python -m tasks.teacher_answers PROMPTS.jsonl ANSWERS.
 cut after the first EOS (kept). :func:`tasks.teacher.build_teacher_cache` takes these answers
 instead of generating its own, and then only runs the teacher-forced pass.
 
-Answers are written in prompt-file order, batch by batch, to a temporary file renamed into
-place at the end; a re-run with ``--resume`` keeps the answers already in an interrupted
-run's partial file.
+Prompts are answered shortest first (similar lengths share a batch), each batch appended to
+a hidden partial file that is renamed into place at the end; a re-run with ``--resume``
+keeps the answers already in an interrupted run's partial file.
 """
 
 from __future__ import annotations
@@ -100,11 +100,9 @@ def write_answers(
     from tqdm.auto import tqdm
 
     partial = out.with_name(f".{out.name}.partial")
-    done = (
-        {row["id"] for row in read_jsonl(partial, ("id", "answer_ids"))}
-        if resume and (partial.is_file())
-        else set()
-    )
+    done: set[str] = set()
+    if resume and partial.is_file():
+        done = {row["id"] for row in read_jsonl(partial, ("id", "answer_ids"))}
     todo = [p for p in prompts if p["id"] not in done]
     # Similar lengths share a batch: less padding, and the answers do not depend on it.
     todo.sort(key=lambda p: len(p["token_ids"]))
