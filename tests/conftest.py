@@ -125,6 +125,31 @@ def _prompts(texts: list[str] = TEXTS, *, workload: str = "grounded") -> list[Pr
     ]
 
 
+def _tiny_teacher_cache(
+    target, path, *, prompts: int, prompt_len: int, max_new_tokens: int, seed: int, prefix="p"
+):
+    from tasks.teacher import TeacherConfig, TeacherPrompt, build_teacher_cache
+
+    generator = torch.Generator().manual_seed(seed)
+    chosen = [
+        TeacherPrompt(
+            f"{prefix}{i}", torch.randint(3, 96, (prompt_len,), generator=generator).tolist()
+        )
+        for i in range(prompts)
+    ]
+    config = TeacherConfig(max_new_tokens=max_new_tokens)
+    build_teacher_cache(target, chosen, path, eos_token_ids=[2], config=config, progress=False)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_teacher_cache():
+    """``tiny_teacher_cache(target, path, prompts=, prompt_len=, max_new_tokens=, seed=,
+    prefix="p")``: the tiny target's greedy answers to random prompts (ids ``p0, p1, ...``)
+    as a teacher cache at ``path``, the training data of the trainer tests."""
+    return _tiny_teacher_cache
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """Tiny models run fastest on one thread, and far slower on two on a busy machine;

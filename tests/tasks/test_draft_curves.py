@@ -28,23 +28,17 @@ MARKS = [0.005, 0.01]  # minutes: 0.3 s and 0.6 s of optimiser steps
 pytestmark = pytest.mark.usefixtures("one_thread")  # see tests/conftest.py
 
 
-def cache(target, path, n: int, seed: int):
-    generator = torch.Generator().manual_seed(seed)
-    prompts = [
-        TeacherPrompt(f"s{seed}-{i}", torch.randint(3, 96, (6,), generator=generator).tolist())
-        for i in range(n)
-    ]
-    build_teacher_cache(
-        target, prompts, path, eos_token_ids=[2], config=TeacherConfig(max_new_tokens=16),
-        progress=False,
-    )  # fmt: skip
-    return path
-
-
 @pytest.fixture(scope="module")
-def caches(target, tmp_path_factory):
+def caches(target, tiny_teacher_cache, tmp_path_factory):
     root = tmp_path_factory.mktemp("curves")
-    return cache(target, root / "train", 24, 0), cache(target, root / "heldout", 6, 1)
+
+    def cache(name: str, n: int, seed: int):
+        return tiny_teacher_cache(
+            target, root / name, prompts=n, prompt_len=6, max_new_tokens=16, seed=seed,
+            prefix=f"s{seed}-",
+        )  # fmt: skip
+
+    return cache("train", 24, 0), cache("heldout", 6, 1)
 
 
 DESIGNS = {

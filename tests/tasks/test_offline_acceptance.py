@@ -5,7 +5,6 @@ steps and tokens as decoding those prompts through the engine."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 from serving.drafters.head import HeadDrafter
 from serving.drafters.model import ModelDrafter
@@ -16,7 +15,7 @@ from serving.policy import FixedK
 from tasks.head_data import split_sequences
 from tasks.head_loss import frozen_target
 from tasks.offline_acceptance import Replay, head_hits, model_hits, replay, replay_all
-from tasks.teacher import TeacherConfig, TeacherPrompt, build_teacher_cache, load_teacher_data
+from tasks.teacher import load_teacher_data
 from tasks.train_head import TrainHeadConfig, train_head
 
 NEW_TOKENS = 24
@@ -26,22 +25,10 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # see tests/conftest.py
 
 
 @pytest.fixture(scope="module")
-def recorded(target, tmp_path_factory):
+def recorded(target, tiny_teacher_cache, tmp_path_factory):
     """The tiny target's greedy answers to 16 random prompts, recorded."""
-    generator = torch.Generator().manual_seed(1)
-    prompts = [
-        TeacherPrompt(f"p{i}", torch.randint(3, 96, (6,), generator=generator).tolist())
-        for i in range(16)
-    ]
     path = tmp_path_factory.mktemp("recorded")
-    build_teacher_cache(
-        target,
-        prompts,
-        path,
-        eos_token_ids=[2],
-        config=TeacherConfig(max_new_tokens=NEW_TOKENS),
-        progress=False,
-    )
+    tiny_teacher_cache(target, path, prompts=16, prompt_len=6, max_new_tokens=NEW_TOKENS, seed=1)
     _, sequences = load_teacher_data(path)
     return path, sequences
 

@@ -19,8 +19,6 @@ from tasks.teacher import (
     MANIFEST,
     TeacherConfig,
     TeacherManifest,
-    TeacherPrompt,
-    build_teacher_cache,
     target_fingerprint,
 )
 from tasks.train_head import (
@@ -36,22 +34,9 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # see tests/conftest.py
 
 
 @pytest.fixture(scope="module")
-def teacher_dir(target, tmp_path_factory):
-    generator = torch.Generator().manual_seed(0)
-    prompts = [
-        TeacherPrompt(f"p{i}", torch.randint(3, 96, (8,), generator=generator).tolist())
-        for i in range(24)
-    ]
+def teacher_dir(target, tiny_teacher_cache, tmp_path_factory):
     path = tmp_path_factory.mktemp("teacher")
-    build_teacher_cache(
-        target,
-        prompts,
-        path,
-        eos_token_ids=[2],
-        config=TeacherConfig(max_new_tokens=24),
-        progress=False,
-    )
-    return path
+    return tiny_teacher_cache(target, path, prompts=24, prompt_len=8, max_new_tokens=24, seed=0)
 
 
 def config(teacher_dir, output_dir, **overrides) -> TrainHeadConfig:
