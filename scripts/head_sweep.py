@@ -42,7 +42,7 @@ def _target(args: argparse.Namespace):
 
 
 def run_one(args: argparse.Namespace, name: str, overrides: dict) -> None:
-    from serving.models.head import load_head, output_weight
+    from serving.models.head import load_head
     from tasks.draft_curves import answer_sequences, load_curves_config, trainer_config
     from tasks.head_loss import frozen_target
     from tasks.offline_acceptance import head_hits, replay_all
@@ -57,9 +57,7 @@ def run_one(args: argparse.Namespace, name: str, overrides: dict) -> None:
         started = time.perf_counter()
         result = train_head(base.model_copy(update={"max_steps": steps}), target, progress=False)
         head = load_head(result.head_dir, target).to(next(target.parameters()).device)
-        frozen = frozen_target(
-            target.get_input_embeddings().weight, output_weight(target), head.vocab_ids
-        )
+        frozen = frozen_target(target, head.vocab_ids)
         total = replay_all(
             lambda s, head=head, frozen=frozen: head_hits(head, s, frozen), heldout, 2
         )

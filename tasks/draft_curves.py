@@ -127,13 +127,11 @@ def _hits_of(kind: str, draft_dir: Path, target, k: int) -> Callable:
     from tasks.offline_acceptance import head_hits, model_hits
 
     if kind == "head":
-        from serving.models.head import load_head, output_weight
+        from serving.models.head import load_head
         from tasks.head_loss import frozen_target
 
         head = load_head(draft_dir, target)
-        frozen = frozen_target(
-            target.get_input_embeddings().weight, output_weight(target), head.vocab_ids
-        )
+        frozen = frozen_target(target, head.vocab_ids)
         if k > 2:
             raise BadInputError(f"a head's replay covers k <= 2 drafts, got k={k}")
         return lambda sequence: head_hits(head, sequence, frozen)

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
-from serving.models.head import DraftHead, causal_mask
+from serving.models.head import DraftHead, causal_mask, output_weight
 from tasks.head_data import HeadBatch
 
 IGNORE = -100
@@ -51,10 +51,10 @@ class FrozenTarget:
         )
 
 
-def frozen_target(
-    embed: torch.Tensor, output: torch.Tensor, vocab_ids: torch.Tensor | None
-) -> FrozenTarget:
-    embed, output = embed.detach().float(), output.detach().float()
+def frozen_target(target, vocab_ids: torch.Tensor | None) -> FrozenTarget:
+    """``target``'s input embedding and output-layer rows (of ``vocab_ids``, or all)."""
+    embed = target.get_input_embeddings().weight.detach().float()
+    output = output_weight(target).detach().float()
     if vocab_ids is None:
         return FrozenTarget(embed, output, None, None)
     reduced_index = torch.full((output.shape[0],), IGNORE, dtype=torch.int64)

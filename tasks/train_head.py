@@ -28,7 +28,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from serving.errors import IncompatibleDraftError, ModelSourceError
-from serving.models.head import DraftHead, head_config_for, output_weight, save_head
+from serving.models.head import DraftHead, head_config_for, save_head
 from tasks.checkpoints import (
     TrainClock,
     after_step,
@@ -185,9 +185,7 @@ def evaluate_head(
         max_seq_len=max_seq_len,
         second_step_weight=0.5 if second_step else 0.0,
     )
-    frozen = frozen_target(
-        target.get_input_embeddings().weight, output_weight(target), head.vocab_ids
-    )
+    frozen = frozen_target(target, head.vocab_ids)
     device = next(head.parameters()).device
     return evaluate(head, sequences, frozen.to(device), config, device, step=0)
 
@@ -277,9 +275,7 @@ def train_head(
         history = [EvalMetrics(**m) for m in state.get("history", [])]
         clock.restore(state.get("clock"))
 
-    frozen = frozen_target(
-        target.get_input_embeddings().weight, output_weight(target), head.vocab_ids
-    ).to(device)
+    frozen = frozen_target(target, head.vocab_ids).to(device)
     head, optimizer = accelerator.prepare(head, optimizer)
     model: DraftHead = accelerator.unwrap_model(head)
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from serving.models.head import DraftHead, causal_mask, head_config_for, output_weight
+from serving.models.head import DraftHead, causal_mask, head_config_for
 from tasks.head_data import make_batch
 from tasks.head_loss import frozen_target, head_loss, head_predictions, step_loss
 from tasks.teacher import TeacherSequence
@@ -30,7 +30,7 @@ def head(target) -> DraftHead:
 
 def test_second_step_sees_what_the_second_draft_sees(target, head, teacher_sequence):
     """Step 2 at position j == a cache of true pairs 0..j-1, then (f̂_j, x_{j+1}) fed at j."""
-    frozen = frozen_target(target.get_input_embeddings().weight, output_weight(target), None)
+    frozen = frozen_target(target, None)
     batch = make_batch([(teacher_sequence, 0)], max_len=32)
     with torch.no_grad():
         first, second = head_predictions(head, batch, frozen, two_steps=True)
@@ -56,7 +56,7 @@ def test_second_step_sees_what_the_second_draft_sees(target, head, teacher_seque
 
 
 def test_true_next_features_score_perfectly(target, teacher_sequence):
-    frozen = frozen_target(target.get_input_embeddings().weight, output_weight(target), None)
+    frozen = frozen_target(target, None)
     batch = make_batch([(teacher_sequence, 0)], max_len=32)
     result = step_loss(batch.target_features, batch, frozen, batch.valid, "top1")
     assert float(result.feature) == 0.0
@@ -68,7 +68,7 @@ def test_labels_outside_the_reduced_vocabulary_give_no_signal_and_count_as_misse
 ):
     used = set(teacher_sequence.top_ids.flatten().tolist())
     unused = torch.tensor(sorted(set(range(96)) - used)[:8])
-    frozen = frozen_target(target.get_input_embeddings().weight, output_weight(target), unused)
+    frozen = frozen_target(target, unused)
     batch = make_batch([(teacher_sequence, 0)], max_len=32)
     for token_loss in ("top1", "topk"):
         result = step_loss(batch.target_features, batch, frozen, batch.valid, token_loss)
@@ -78,7 +78,7 @@ def test_labels_outside_the_reduced_vocabulary_give_no_signal_and_count_as_misse
 
 @pytest.mark.parametrize("token_loss", ["top1", "topk"])
 def test_the_loss_has_gradients_only_for_the_head(target, head, teacher_sequence, token_loss):
-    frozen = frozen_target(target.get_input_embeddings().weight, output_weight(target), None)
+    frozen = frozen_target(target, None)
     batch = make_batch([(teacher_sequence, 0), (teacher_sequence, 3)], max_len=8)
     head.zero_grad()
     loss = head_loss(head, batch, frozen, token_loss=token_loss, second_step_weight=0.5)

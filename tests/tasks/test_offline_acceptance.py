@@ -9,7 +9,7 @@ import pytest
 from serving.drafters.head import HeadDrafter
 from serving.drafters.model import ModelDrafter
 from serving.engine import SpeculativeDecoder
-from serving.models.head import load_head, output_weight
+from serving.models.head import load_head
 from serving.models.truncated import first_layers
 from serving.policy import FixedK
 from tasks.head_data import split_sequences
@@ -86,9 +86,7 @@ def test_head_replay_equals_the_engine(target, recorded, tmp_path):
         checkpoint_every=60,
     )
     head = load_head(train_head(config, target, progress=False).head_dir, target)
-    frozen = frozen_target(
-        target.get_input_embeddings().weight, output_weight(target), head.vocab_ids
-    )
+    frozen = frozen_target(target, head.vocab_ids)
     sequences, _ = split_sequences(sequences, 0.0)
     offline = replay_all(lambda s: head_hits(head, s, frozen), sequences, 2)
     decoder = SpeculativeDecoder(
