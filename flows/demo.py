@@ -19,7 +19,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from flows.loop import collect, evaluate_and_promote
-from tasks import prefect_tasks as steps
+from tasks.loop import prefect_tasks as steps
 
 
 @flow(name="drift-demo")

@@ -1,4 +1,4 @@
-"""The loop's flows. They only wire tasks (``tasks/prefect_tasks.py``).
+"""The loop's flows. They only wire tasks (``tasks/loop/prefect_tasks.py``).
 
 - ``collect``: (optionally replay a workload through the champion,) validate the store,
   version it with DVC, and trigger ``retrain`` when rolling acceptance falls below the
@@ -16,7 +16,7 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
-from tasks import prefect_tasks as steps
+from tasks.loop import prefect_tasks as steps
 
 
 @flow(name="evaluate-and-promote")

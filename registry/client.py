@@ -13,7 +13,7 @@ rollback is an MLflow run (experiment ``<experiment>-promotions``) with its reas
 metrics and gate results: the audit trail that rollback reads.
 
 Per-target artifacts: a version's draft exported to another backend's format
-(:mod:`tasks.export`) is logged beside its package, under ``exports/<backend>`` of the
+(:mod:`tasks.evaluate.export`) is logged beside its package, under ``exports/<backend>`` of the
 same run, and the version is tagged ``export.<backend>``. Promotion on a target served by
 another backend (``configs/hardware.yaml``) needs that export: what was evaluated there
 is exactly what will serve there.

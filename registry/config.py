@@ -9,9 +9,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from serving.errors import BadInputError
+from serving.paths import CONFIG_DIR, PROJECT_ROOT
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
-REGISTRY_CONFIG = PROJECT_ROOT / "configs" / "registry.yaml"
+REGISTRY_CONFIG = CONFIG_DIR / "registry.yaml"
 
 
 class RegistryConfig(BaseModel):

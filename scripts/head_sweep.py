@@ -43,10 +43,10 @@ def _target(args: argparse.Namespace):
 
 def run_one(args: argparse.Namespace, name: str, overrides: dict) -> None:
     from serving.models.head import load_head
-    from tasks.draft_curves import answer_sequences, load_curves_config, trainer_config
-    from tasks.head_loss import frozen_target
-    from tasks.offline_acceptance import head_hits, replay_all
-    from tasks.train_head import train_head
+    from tasks.bench.draft_curves import answer_sequences, load_curves_config, trainer_config
+    from tasks.evaluate.offline_acceptance import head_hits, replay_all
+    from tasks.train.head_loss import frozen_target
+    from tasks.train.train_head import train_head
 
     target = _target(args)
     heldout = answer_sequences(args.heldout, target)

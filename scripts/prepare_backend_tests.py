@@ -6,7 +6,7 @@ writes into OUT (reused when already complete):
 
 - ``tiny/``: a tiny random Llama (2 layers, head size 64) with the real tokenizer;
 - ``real/``: a link to the shipped SmolLM2-135M-Instruct, converted once;
-- ``exports/<model>/<backend>/<draft>/``: drafts exported by :mod:`tasks.export` exactly
+- ``exports/<model>/<backend>/<draft>/``: drafts exported by :mod:`tasks.evaluate.export` exactly
   as a promotion exports them — ``layers1``/``layers4`` (the target's first layers) and
   ``self`` (a model draft that is the target itself, so every draft is accepted);
 - ``prompts.json``: held-out HumanEval and ShareGPT prompts, tokenized.
@@ -29,9 +29,9 @@ def main(out: Path) -> None:
     from serving.drafters.package import DraftManifest, write_package
     from serving.models.real import real_model_dir
     from serving.models.tiny import tiny_llama
-    from tasks.export import export_draft
-    from tasks.targets import tokenize
-    from tasks.traffic import build_workload
+    from tasks.data.traffic import build_workload
+    from tasks.evaluate.export import export_draft
+    from tasks.evaluate.targets import tokenize
 
     done = out / "ready.json"
     if done.is_file():

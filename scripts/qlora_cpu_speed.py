@@ -43,7 +43,7 @@ def main() -> None:
     import bitsandbytes
 
     from serving.models.tiny import tiny_llama
-    from tasks.distill_model import quantized, with_lora
+    from tasks.train.distill_model import quantized, with_lora
 
     heads = max(args.hidden // 64, 1)
     results: dict[str, dict[str, float]] = {}

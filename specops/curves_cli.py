@@ -1,7 +1,8 @@
 """``specops teacher ...`` (teacher caches) and ``specops draft-curves`` (learning curves).
 
-Thin: options are checked before any model loads; the work is in :mod:`tasks.teacher`,
-:mod:`tasks.teacher_answers`, :mod:`tasks.draft_curves` and :mod:`tasks.curves_report`.
+Thin: options are checked before any model loads; the work is in :mod:`tasks.train.teacher`,
+:mod:`tasks.train.teacher_answers`, :mod:`tasks.bench.draft_curves` and
+:mod:`tasks.bench.curves_report`.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ teacher_app = typer.Typer(
 def _sharegpt(tokenizer, n: int | None, split: str, max_prompt_tokens: int, seed: int):
     """ShareGPT first turns of ``split`` that fit ``max_prompt_tokens``, chat-templated, in
     the seeded order (the first ``n``, or all)."""
-    from tasks.teacher import encode_traffic
-    from tasks.traffic import sharegpt_available, sharegpt_prompts
+    from tasks.data.traffic import sharegpt_available, sharegpt_prompts
+    from tasks.train.teacher import encode_traffic
 
     if max_prompt_tokens < 1:
         raise _bad(f"--max-prompt-tokens must be >= 1, got {max_prompt_tokens}")
@@ -54,11 +55,11 @@ def teacher_prompts(
     seed: Annotated[int, typer.Option(help="Prompt-order seed.")] = 0,
     target: Annotated[str, typer.Option(help="smollm2 or a local HF model folder.")] = "smollm2",
 ) -> None:
-    """Write chat-templated ShareGPT prompts for `python -m tasks.teacher_answers` (which
+    """Write chat-templated ShareGPT prompts for `python -m tasks.train.teacher_answers` (which
     can run on any machine with torch and transformers, a GPU box included)."""
     from serving.errors import SpecOpsError
     from serving.loader import load_target
-    from tasks.store import write_jsonl_atomic
+    from serving.records.store import write_jsonl_atomic
 
     try:
         _, tokenizer = load_target(target, kernels="stock")
@@ -77,7 +78,9 @@ def teacher_build(
     ] = None,
     answers: Annotated[
         Path | None,
-        typer.Option(help="JSONL of {id, answer_ids} from tasks.teacher_answers: skip generating."),
+        typer.Option(
+            help="JSONL of {id, answer_ids} from tasks.train.teacher_answers: skip generating."
+        ),
     ] = None,
     count: Annotated[
         int | None, typer.Option("--count", help="Use only the first N prompts.")
@@ -93,7 +96,7 @@ def teacher_build(
     teacher-forced pass recording features and top-k log-probabilities."""
     from serving.errors import SpecOpsError
     from serving.loader import eos_ids, load_target, set_threads
-    from tasks.teacher import TeacherConfig, TeacherPrompt, build_teacher_cache
+    from tasks.train.teacher import TeacherConfig, TeacherPrompt, build_teacher_cache
 
     try:
         if count is not None and count < 1:
@@ -132,7 +135,7 @@ def teacher_build(
 
 
 def _rows(path: Path, keys: tuple[str, ...]) -> list[dict]:
-    from tasks.teacher_answers import read_jsonl
+    from tasks.train.teacher_answers import read_jsonl
 
     if not path.is_file():
         raise _bad(f"{path} does not exist")
@@ -179,8 +182,8 @@ def draft_curves(
     through the engine; writes curves.json, curves.md and curves.png under OUT."""
     from serving.errors import SpecOpsError
     from serving.loader import load_target, set_threads
-    from tasks.curves_report import write_report
-    from tasks.draft_curves import answer_sequences, load_curves_config, run_design, speed
+    from tasks.bench.curves_report import write_report
+    from tasks.bench.draft_curves import answer_sequences, load_curves_config, run_design, speed
 
     try:
         settings = load_curves_config(config)

@@ -31,9 +31,9 @@ def build_traffic(
 ) -> None:
     """Build the train and held-out prompts from real data (params: traffic)."""
     from serving.errors import SpecOpsError
-    from tasks.params import load_params
-    from tasks.store import write_jsonl_atomic
-    from tasks.traffic import build_workload
+    from serving.records.store import write_jsonl_atomic
+    from tasks.data.params import load_params
+    from tasks.data.traffic import build_workload
 
     try:
         settings = load_params(params).traffic
@@ -56,7 +56,7 @@ def build_traffic(
 
 def _read_traffic(folder: Path):
     from serving.errors import BadInputError
-    from tasks.traffic import Prompt
+    from tasks.data.traffic import Prompt
 
     prompts = []
     for split in ("train", "heldout"):
@@ -92,10 +92,10 @@ def collect(
     from serving.errors import SpecOpsError
     from serving.hardware import engine_target
     from serving.loader import DecoderOptions, build_decoder, load_target, set_threads
+    from serving.records.store import write_json_atomic
     from serving.sampling import SamplingParams
-    from tasks.collect import collect as run_collect
-    from tasks.params import load_params
-    from tasks.store import write_json_atomic
+    from tasks.data.collect import collect as run_collect
+    from tasks.data.params import load_params
 
     try:
         settings = load_params(params).collect
@@ -153,9 +153,9 @@ def validate(
 ) -> None:
     """Validate the store (Great Expectations), quarantine bad rows, build the dataset."""
     from serving.errors import SpecOpsError
-    from tasks.curate import curate
-    from tasks.params import load_params
-    from tasks.store import write_json_atomic
+    from serving.records.store import write_json_atomic
+    from tasks.data.curate import curate
+    from tasks.data.params import load_params
 
     try:
         settings = load_params(params)
@@ -191,10 +191,10 @@ def acceptance(
     from pydantic import ValidationError
 
     from serving.errors import SpecOpsError
-    from tasks.acceptance import rolling_acceptance
-    from tasks.params import load_params
-    from tasks.records import RequestRecord
-    from tasks.store import read_raw
+    from serving.records.schema import RequestRecord
+    from serving.records.store import read_raw
+    from tasks.data.acceptance import rolling_acceptance
+    from tasks.data.params import load_params
 
     try:
         settings = load_params(params).tracker
@@ -227,7 +227,7 @@ def version(
 ) -> None:
     """Snapshot the store with DVC (`dvc add` + `dvc push`); commit the .dvc file to git."""
     from serving.errors import SpecOpsError
-    from tasks.version import version_store
+    from tasks.data.version import version_store
 
     try:
         digest = version_store(store_root, push=push)

@@ -1,8 +1,8 @@
 """``specops train-draft`` and ``specops eval-draft``: train a draft package, evaluate one.
 
 Registered on the main app by :func:`register_draft_commands`. Thin: options are checked
-(configs built and validated) before any model loads; the work is in :mod:`tasks.distill`,
-:mod:`tasks.train_head`, :mod:`tasks.suffix_index` and :mod:`tasks.evaluate`.
+(configs built and validated) before any model loads; the work is in :mod:`tasks.train.distill`,
+:mod:`tasks.train.train_head`, :mod:`tasks.train.suffix_index` and :mod:`tasks.evaluate.evaluate`.
 """
 
 from __future__ import annotations
@@ -143,14 +143,14 @@ def train_draft(
             **({"learning_rate": lr} if lr is not None else {}),
         }
         if kind == "head":
-            from tasks.train_head import TrainHeadConfig
+            from tasks.train.train_head import TrainHeadConfig
 
             config: Any = TrainHeadConfig(
                 **common, draft_vocab_size=draft_vocab, intermediate_size=intermediate_size
             )
         else:
-            from tasks.distill import DistillConfig
-            from tasks.distill_model import check_quantize_available
+            from tasks.train.distill import DistillConfig
+            from tasks.train.distill_model import check_quantize_available
 
             config = DistillConfig(
                 **common,
@@ -193,7 +193,7 @@ def train_draft(
 
 def _check_teacher_source(teacher: Path, build: int | None) -> None:
     from serving.errors import BadInputError
-    from tasks.teacher import MANIFEST
+    from tasks.train.teacher import MANIFEST
 
     if build is not None and build < 1:
         raise BadInputError(f"--build-teacher needs N >= 1 prompts, got {build}")
@@ -206,7 +206,7 @@ def _check_teacher_source(teacher: Path, build: int | None) -> None:
 
 def _build_teacher(model, tokenizer, teacher: Path, n: int, new_tokens: int, max_prompt: int):
     from serving.loader import eos_ids
-    from tasks.teacher import TeacherConfig, build_teacher_cache, sharegpt_teacher_prompts
+    from tasks.train.teacher import TeacherConfig, build_teacher_cache, sharegpt_teacher_prompts
 
     prompts = sharegpt_teacher_prompts(tokenizer, n, max_prompt_tokens=max_prompt)
     return build_teacher_cache(
@@ -222,7 +222,7 @@ def _train_suffix(out, store, include_prompts, hardware, k, policy) -> str:
     import tempfile
 
     from serving.drafters.package import write_package
-    from tasks.suffix_index import build_suffix_index_from_store
+    from tasks.train.suffix_index import build_suffix_index_from_store
 
     manifest = _manifest("suffix", k, policy, "suffix:corpus.json")
     with tempfile.TemporaryDirectory() as scratch:
@@ -241,7 +241,7 @@ def _train_suffix(out, store, include_prompts, hardware, k, policy) -> str:
 
 def _finish_head(config, model, manifest, out: Path, budget_s: float | None) -> str:
     from serving.drafters.package import write_package
-    from tasks.train_head import METRICS_FILE, train_head
+    from tasks.train.train_head import METRICS_FILE, train_head
 
     result = train_head(config, model, max_train_seconds=budget_s)
     first, last = result.history[0], result.final
@@ -264,7 +264,7 @@ def _finish_head(config, model, manifest, out: Path, budget_s: float | None) -> 
 
 
 def _finish_distill(config, model, tokenizer, manifest, out: Path, budget_s: float | None) -> str:
-    from tasks.distill import distill, write_draft_package
+    from tasks.train.distill import distill, write_draft_package
 
     result = distill(config, model, tokenizer=tokenizer, max_train_seconds=budget_s)
     first, last = result.history[0], result.final
@@ -298,9 +298,9 @@ def eval_draft(
     from serving.errors import SpecOpsError
     from serving.hardware import engine_target
     from serving.loader import load_target, set_threads
-    from tasks.evaluate import Contender, evaluate
-    from tasks.store import write_json_atomic
-    from tasks.traffic import build_workload
+    from serving.records.store import write_json_atomic
+    from tasks.data.traffic import build_workload
+    from tasks.evaluate.evaluate import Contender, evaluate
 
     try:
         if prompts < 1:

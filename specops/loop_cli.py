@@ -48,7 +48,7 @@ def demo(
     os.environ.setdefault("SPECOPS_MLFLOW_ARTIFACTS", str(work.resolve() / "mlartifacts"))
     _prefect_env()
     from flows.demo import drift_demo
-    from tasks.demo_report import write_report
+    from tasks.loop.demo_report import write_report
 
     try:
         set_threads(threads)
@@ -67,7 +67,7 @@ def demo(
                 for key in ("mean_accepted_length", "speedup"):
                     if ba[role] and ba[role][key] is not None:
                         headline[f"{hardware}/{role}_{key}"] = float(ba[role][key])
-        from tasks.prefect_tasks import open_registry
+        from tasks.loop.prefect_tasks import open_registry
 
         open_registry().log_report(
             "drift-demo",

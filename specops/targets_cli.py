@@ -56,9 +56,9 @@ def evaluate(
 
     from serving.drafters.package import DraftManifest, write_package
     from serving.errors import SpecOpsError
-    from tasks.store import write_json_atomic
-    from tasks.targets import evaluate_target, table
-    from tasks.traffic import build_workload
+    from serving.records.store import write_json_atomic
+    from tasks.data.traffic import build_workload
+    from tasks.evaluate.targets import evaluate_target, table
 
     reports = []
     try:
@@ -100,7 +100,7 @@ def evaluate(
 def _registered(hardware: str, champion_of: str, prompts, workdir: Path, max_new_tokens: int):
     from registry.client import Registry, RegistryError
     from serving.models.real import cache_root
-    from tasks.target_promotion import evaluate_registered
+    from tasks.loop.target_promotion import evaluate_registered
 
     registry = Registry()
     champion = registry.champion(champion_of)

@@ -51,7 +51,7 @@ def _lock_params(repo: Path, stage: str) -> dict:
 
 
 def _records(repo: Path) -> list[dict]:
-    from tasks.store import read_raw
+    from serving.records.store import read_raw
 
     return [row for _, row in read_raw(repo / "pipeline" / "store")]
 

@@ -34,7 +34,7 @@ class Speculation:
 
     ``ngram``: prompt lookup over the request (vLLM's ``ngram`` method; specops's ``pld``).
     ``draft_model``: a causal LM folder sharing the target's tokenizer, in the backend's
-    format (see :mod:`tasks.export`).
+    format (see :mod:`tasks.evaluate.export`).
     """
 
     method: Method = "none"

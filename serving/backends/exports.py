@@ -1,4 +1,4 @@
-"""Reading a draft export (written by :mod:`tasks.export`) where the backend runs.
+"""Reading a draft export (written by :mod:`tasks.evaluate.export`) where the backend runs.
 
 Torch-free: the MLX environment has no torch, and the vLLM one should not need the
 specops engine to load a draft.

@@ -3,7 +3,7 @@
 It runs the same :class:`~serving.backends.base.Speculation` the other backends run —
 prompt lookup or a draft model folder, a fixed number of drafts per step — so all
 targets are compared on equal terms. (The engine's own adaptive policies and its other
-drafters are evaluated by :mod:`tasks.evaluate`.)
+drafters are evaluated by :mod:`tasks.evaluate.evaluate`.)
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 On this machine MLX runs on its CPU device (``mlx[cpu]``); on Apple silicon the same code
 runs on the GPU. Targets and drafts are safetensors folders mlx-lm loads directly (the
-export writes them, :mod:`tasks.export`); mlx-lm cannot read GGUF. Each generated token
+export writes them, :mod:`tasks.evaluate.export`); mlx-lm cannot read GGUF. Each generated token
 says whether it was an accepted draft (``from_draft``), from which the verification passes
 and acceptance by position follow exactly (:func:`serving.backends.base.checks_from_flags`).
 

@@ -2,7 +2,7 @@
 
 ``python -m serving.backends.run REQUEST.json REPORT.json`` — the main environment writes
 the request (target folder, contenders as :class:`Speculation` dicts, tokenized prompts),
-starts this module with the backend's interpreter (:mod:`tasks.targets`) and reads the
+starts this module with the backend's interpreter (:mod:`tasks.evaluate.targets`) and reads the
 report back. Per prompt, plain greedy decoding and every contender run once each, in an
 order that rotates per prompt, after one warm-up generation each, so machine noise lands
 on all alike. Each contender's output must equal the backend's own plain greedy output

@@ -3,7 +3,7 @@ indexed text most often continued it.
 
 Two indexes answer each lookup: the request's own tokens (prompt and output so far,
 extended on every commit) and, optionally, a global corpus of earlier outputs of the target
-(built from collected traffic by :mod:`tasks.suffix_index`). Both are suffix automata over
+(built from collected traffic by :mod:`tasks.train.suffix_index`). Both are suffix automata over
 token ids, so finding the longest suffix of the request that occurs in an index is
 amortised O(1) per token with no bound on its length, and every state knows how often its
 strings occur: the count of ``matched + [t]`` is the count of the state reached on ``t``.
@@ -265,7 +265,7 @@ class SuffixCorpus:
         def bad(reason: str) -> ModelSourceError:
             return ModelSourceError(
                 f"suffix corpus {source!r} is not usable: {reason}; rebuild it with "
-                "tasks.suffix_index.build_suffix_index"
+                "tasks.train.suffix_index.build_suffix_index"
             )
 
         if not isinstance(payload, dict) or payload.get("format") != CORPUS_FORMAT:
@@ -306,12 +306,12 @@ def load_suffix_corpus(path: str | Path) -> SuffixCorpus:
     except FileNotFoundError:
         raise ModelSourceError(
             f"suffix corpus {str(path)!r} does not exist; build one with "
-            "tasks.suffix_index.build_suffix_index"
+            "tasks.train.suffix_index.build_suffix_index"
         ) from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise ModelSourceError(
             f"suffix corpus {str(path)!r} cannot be read ({error}); rebuild it with "
-            "tasks.suffix_index.build_suffix_index"
+            "tasks.train.suffix_index.build_suffix_index"
         ) from None
     return SuffixCorpus.from_payload(payload, source=str(path))
 

@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 
 from serving.detailed import DetailedRecord
-from tasks import store
-from tasks.records import from_detailed, record_id
+from serving.records import store
+from serving.records.schema import from_detailed, record_id
 
 log = logging.getLogger(__name__)
 

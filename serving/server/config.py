@@ -9,9 +9,10 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from serving.errors import BadInputError
+from serving.paths import CONFIG_DIR
 from serving.policy import MAX_DRAFT_TOKENS
 
-SERVING_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "serving.yaml"
+SERVING_CONFIG = CONFIG_DIR / "serving.yaml"
 
 
 class _Section(BaseModel):

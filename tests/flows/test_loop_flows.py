@@ -4,12 +4,12 @@ SQLite registry in a temporary folder."""
 import pytest
 import torch
 
-import tasks.loop as loop
-import tasks.prefect_tasks as steps
+import tasks.loop.prefect_tasks as steps
+import tasks.loop.steps as loop
 from registry.client import Registry
 from serving.drafters.package import DraftManifest, write_package
 from serving.models.tiny import tiny_llama
-from tasks import store as record_store
+from serving.records import store as record_store
 
 
 @pytest.fixture(scope="module")

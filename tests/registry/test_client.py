@@ -145,7 +145,7 @@ def test_downloads_from_two_stores_never_collide(tmp_path, package):
 
 
 def test_a_target_on_another_backend_needs_the_draft_exported_for_it(registry, package, tmp_path):
-    from tasks.export import export_draft
+    from tasks.evaluate.export import export_draft
 
     draft = evaluated(registry, registry.log_draft(package("pld:2"), family="ported"), "cpu-vllm")
     with pytest.raises(RegistryError, match="has no vllm export"):

@@ -11,7 +11,7 @@ import typer
 from typer.testing import CliRunner
 
 from specops.curves_cli import draft_curves, teacher_app
-from tasks.teacher import load_teacher_data
+from tasks.train.teacher import load_teacher_data
 
 runner = CliRunner()
 app = typer.Typer()

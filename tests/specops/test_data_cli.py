@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from serving.records.schema import RequestRecord, Sampling
+from serving.records.store import partition_dir, read_raw, write_jsonl_atomic
 from specops.cli import app
-from tasks.records import RequestRecord, Sampling
-from tasks.store import partition_dir, read_raw, write_jsonl_atomic
 
 runner = CliRunner()
 

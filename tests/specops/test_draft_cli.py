@@ -15,11 +15,11 @@ from typer.testing import CliRunner
 
 from serving.drafters.package import DraftManifest, read_manifest, write_package
 from serving.models.tiny import tiny_llama
+from serving.records.schema import RequestRecord, Sampling
+from serving.records.store import partition_dir, write_jsonl_atomic
 from specops.draft_cli import register_draft_commands
-from tasks.distill import CHECKPOINT_FILE
-from tasks.records import RequestRecord, Sampling
-from tasks.store import partition_dir, write_jsonl_atomic
-from tasks.teacher import TeacherConfig, TeacherPrompt, build_teacher_cache
+from tasks.train.distill import CHECKPOINT_FILE
+from tasks.train.teacher import TeacherConfig, TeacherPrompt, build_teacher_cache
 
 runner = CliRunner()
 app = typer.Typer()

@@ -32,8 +32,8 @@ from serving.models.tiny import tiny_llama
 from serving.policy import FixedK
 from serving.sampling import SamplingParams, make_sampler
 from serving.step import speculative_step
-from tasks.teacher import TeacherConfig, TeacherPrompt, build_teacher_cache
-from tasks.train_head import TrainHeadConfig, train_head
+from tasks.train.teacher import TeacherConfig, TeacherPrompt, build_teacher_cache
+from tasks.train.train_head import TrainHeadConfig, train_head
 
 GREEDY = make_sampler()
 NEW_TOKENS = 48  # conftest's greedy_reference length

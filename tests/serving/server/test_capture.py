@@ -1,9 +1,9 @@
 from serving.drafters.prompt_lookup import PromptLookupDrafter
 from serving.engine import SpeculativeDecoder
 from serving.policy import FixedK
+from serving.records import store
 from serving.server.capture import Capture
-from tasks import store
-from tasks.validate import validate_store
+from tasks.data.validate import validate_store
 
 
 def detailed_record(target, prompt):

@@ -14,10 +14,10 @@ import pytest
 from serving.drafters.package import DraftManifest, write_package
 from serving.engine import SpeculativeDecoder
 from serving.loader import encode_messages, eos_ids
-from tasks import store
-from tasks.loadtest import LoadTestSettings, run_load_test
-from tasks.server_process import ServerProcess
-from tasks.validate import validate_store
+from serving.records import store
+from tasks.data.validate import validate_store
+from tasks.ops.loadtest import LoadTestSettings, run_load_test
+from tasks.ops.server_process import ServerProcess
 
 pytestmark = pytest.mark.real_model
 

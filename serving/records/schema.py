@@ -1,0 +1,138 @@
+"""The collected-record schema (version 1): one request record per line, disagreements nested.
+
+A request record is what one request through the engine in detailed mode leaves behind: the
+prompt and the target's output, per-request acceptance, every draft/target disagreement,
+and who produced it (drafter and its version, policy, hardware target, sampling). Records
+whose acceptance falls below the collection's threshold are *failure cases*; the rest feed
+the replay buffer. Validation (``tasks/data/validate.py``) also views the disagreements as their
+own flat record type.
+
+``RequestRecord`` is the structural contract: pydantic rejects missing fields, wrong types
+and NaN/inf at parse time, with the field named in the reason.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from serving.detailed import DetailedRecord
+
+SCHEMA_VERSION: Literal[1] = 1
+DEFAULT_FAILURE_THRESHOLD = 0.5
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+
+class Sampling(_Strict):
+    temperature: float
+    top_k: int
+    top_p: float
+    seed: int | None
+
+
+class DisagreementRow(_Strict):
+    position: int  # index in the output where the draft was rejected
+    draft_index: int  # position inside the draft block
+    draft_token: int
+    target_token: int
+    target_prob_of_draft: float
+    target_prob_of_target: float
+    draft_prob_of_draft: float
+    draft_prob_of_target: float
+    context: list[int]  # tokens right before `position`
+
+
+class RequestRecord(_Strict):
+    schema_version: Literal[1]
+    id: str = Field(min_length=1)
+    prompt_id: str
+    workload: str
+    split: str
+    prompt: str
+    prompt_token_ids: list[int]
+    output_text: str
+    output_token_ids: list[int]
+    from_draft: list[bool]
+    acceptance_rate: float | None  # None when nothing was drafted
+    mean_accepted_length: float | None
+    draft_tokens: int
+    accepted_tokens: int
+    checks: int
+    steps: list[list[int]]  # [proposed, accepted] per target pass
+    is_failure: bool
+    failure_threshold: float
+    drafter: str
+    drafter_version: str
+    policy: str
+    hardware: str
+    sampling: Sampling
+    timestamp: float  # unix seconds
+    run_id: str
+    disagreements: list[DisagreementRow]
+
+
+def record_id(*parts: object) -> str:
+    """A deterministic id: the same request in the same collection gets the same id, so a
+    re-run after an interruption recognises what it already wrote."""
+    text = json.dumps([str(p) for p in parts])
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def is_failure(acceptance_rate: float | None, threshold: float) -> bool:
+    """A failure case: drafts were proposed and fewer than ``threshold`` of them were kept."""
+    return acceptance_rate is not None and acceptance_rate < threshold
+
+
+def from_detailed(
+    detailed: DetailedRecord,
+    *,
+    record_key: str,
+    prompt_id: str,
+    workload: str,
+    split: str,
+    prompt: str,
+    output_text: str,
+    drafter_version: str,
+    hardware: str,
+    run_id: str,
+    failure_threshold: float = DEFAULT_FAILURE_THRESHOLD,
+    timestamp: float | None = None,
+) -> dict:
+    """Build a schema-v1 record (as a plain dict, ready for JSON) from the engine's record."""
+    sampling = detailed.sampling
+    record = RequestRecord(
+        schema_version=SCHEMA_VERSION,
+        id=record_key,
+        prompt_id=prompt_id,
+        workload=workload,
+        split=split,
+        prompt=prompt,
+        prompt_token_ids=list(detailed.prompt_token_ids),
+        output_text=output_text,
+        output_token_ids=list(detailed.output_token_ids),
+        from_draft=list(detailed.from_draft),
+        acceptance_rate=detailed.acceptance_rate,
+        mean_accepted_length=detailed.mean_accepted_length,
+        draft_tokens=detailed.draft_tokens,
+        accepted_tokens=detailed.accepted_tokens,
+        checks=detailed.checks,
+        steps=[list(step) for step in detailed.steps],
+        is_failure=is_failure(detailed.acceptance_rate, failure_threshold),
+        failure_threshold=failure_threshold,
+        drafter=str(detailed.drafter.get("name", "none")),
+        drafter_version=drafter_version,
+        policy=str(detailed.policy.get("name", "none")),
+        hardware=hardware,
+        sampling=Sampling.model_validate(sampling),
+        timestamp=time.time() if timestamp is None else timestamp,
+        run_id=run_id,
+        disagreements=[DisagreementRow(**vars(d)) for d in detailed.disagreements],
+    )
+    return record.model_dump(mode="json")

@@ -1,0 +1,311 @@
+"""Learning curves of the trainable draft designs: which one pays on this hardware, and when.
+
+Each design of ``configs/draft_curves.yaml`` (a draft head, a head over a reduced
+vocabulary, LoRA on the target's first layers, a full fine-tune of them) trains on the same
+teacher cache with the same thread count. Training stops at each time mark (minutes spent
+in optimiser steps: loading, evaluation and checkpoints are not counted), the draft is
+scored on a held-out teacher cache, and training resumes from its checkpoint to the next
+mark. Scores per mark (see :mod:`tasks.evaluate.offline_acceptance`): top-1 agreement with the
+target's own greedy output, and the mean accepted length with ``k`` greedy drafts per step.
+
+Everything lands under ``out_dir``: ``<design>/work`` (checkpoints, the draft),
+``<design>/points.json`` (one point per finished mark, rewritten atomically). A killed run
+re-run with the same settings skips finished marks and resumes the one in flight.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from serving.errors import BadInputError
+from serving.paths import CONFIG_DIR
+from serving.records.store import write_json_atomic
+
+DEFAULT_CONFIG = CONFIG_DIR / "draft_curves.yaml"
+POINTS_FILE = "points.json"
+WORK_DIR = "work"
+_NO_STEP_LIMIT = 10**9  # designs stop on time, not on steps
+
+
+class Design(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["head", "lora", "full"]
+    description: str = ""
+    # Settings of TrainHeadConfig (head) or DistillConfig (lora, full), checked on load.
+    settings: dict[str, Any] = Field(default_factory=dict)
+
+
+class CurvesConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    marks_minutes: list[float]  # where each curve is scored, increasing
+    k: int = Field(default=2, ge=1)  # drafts per step in the replayed mean accepted length
+    threads: int = Field(default=1, ge=1)
+    designs: dict[str, Design]
+
+    @field_validator("marks_minutes")
+    @classmethod
+    def _increasing(cls, marks: list[float]) -> list[float]:
+        if not marks or any(m <= 0 for m in marks) or sorted(set(marks)) != marks:
+            raise ValueError(f"marks_minutes must be positive and increasing, got {marks}")
+        return marks
+
+    @field_validator("designs")
+    @classmethod
+    def _some(cls, designs: dict[str, Design]) -> dict[str, Design]:
+        if not designs:
+            raise ValueError("name at least one design")
+        return designs
+
+
+def load_curves_config(path: Path = DEFAULT_CONFIG) -> CurvesConfig:
+    try:
+        raw = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError) as error:
+        raise BadInputError(f"cannot read draft-curves config {str(path)!r}: {error}") from None
+    try:
+        return CurvesConfig.model_validate(raw)
+    except ValidationError as error:
+        raise BadInputError(f"invalid draft-curves config {str(path)!r}:\n{error}") from None
+
+
+@dataclass(frozen=True)
+class CurvePoint:
+    minutes: float  # training time at this point (>= the mark it stopped at)
+    steps: int
+    train_tokens: int  # positions trained on (with repeats: epochs count)
+    agreement: float | None  # held-out top-1 agreement of the first draft
+    mean_accepted_length: float | None  # replayed with k drafts per step
+    heldout_positions: int
+
+
+# ------------------------------------------------------------------------- the designs
+
+
+def trainer_config(name: str, design: Design, teacher_dir: Path, work: Path):
+    """The design's trainer config, stopping on time only; a bad setting names the design."""
+    from tasks.train.distill import DistillConfig
+    from tasks.train.train_head import TrainHeadConfig
+
+    fixed = {
+        "teacher_dir": teacher_dir,
+        "output_dir": work,
+        "max_steps": _NO_STEP_LIMIT,
+        "eval_every": _NO_STEP_LIMIT,  # the curve scores each mark itself
+    }
+    try:
+        if design.kind == "head":
+            return TrainHeadConfig(**{**design.settings, **fixed})
+        return DistillConfig(**{**design.settings, **fixed, "kind": design.kind})
+    except ValidationError as error:
+        raise BadInputError(f"design {name!r} has bad settings:\n{error}") from None
+
+
+def _train(config, target, tokenizer, budget_s: float, progress: bool):
+    from tasks.train.distill import DistillConfig, distill
+    from tasks.train.train_head import train_head
+
+    if isinstance(config, DistillConfig):
+        distilled = distill(
+            config, target, tokenizer=tokenizer, progress=progress, max_train_seconds=budget_s
+        )
+        return distilled, distilled.model_dir
+    trained = train_head(config, target, progress=progress, max_train_seconds=budget_s)
+    return trained, trained.head_dir
+
+
+def _hits_of(kind: str, draft_dir: Path, target, k: int) -> Callable:
+    """A function giving the hits of the trained draft on one held-out sequence."""
+    from tasks.evaluate.offline_acceptance import head_hits, model_hits
+
+    if kind == "head":
+        from serving.models.head import load_head
+        from tasks.train.head_loss import frozen_target
+
+        head = load_head(draft_dir, target)
+        frozen = frozen_target(target, head.vocab_ids)
+        if k > 2:
+            raise BadInputError(f"a head's replay covers k <= 2 drafts, got k={k}")
+        return lambda sequence: head_hits(head, sequence, frozen)
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(draft_dir, dtype=torch.float32).eval()
+    return lambda sequence: model_hits(model, sequence, k)
+
+
+def score(kind: str, draft_dir: Path, target, heldout: list, k: int) -> dict[str, Any]:
+    from tasks.evaluate.offline_acceptance import replay_all
+
+    total = replay_all(_hits_of(kind, draft_dir, target, k), heldout, k)
+    return {
+        "agreement": total.agreement,
+        "mean_accepted_length": total.mean_accepted_length,
+        "heldout_positions": total.scored,
+    }
+
+
+# ------------------------------------------------------------------------------- runs
+
+
+def read_points(path: Path) -> list[CurvePoint]:
+    import json
+
+    if not path.is_file():
+        return []
+    try:
+        payload = json.loads(path.read_text())
+        return [CurvePoint(**point) for point in payload["points"]]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise BadInputError(f"{path} is corrupt ({exc}); delete it to score again") from exc
+
+
+def run_design(
+    name: str,
+    design: Design,
+    config: CurvesConfig,
+    *,
+    target,
+    tokenizer,
+    teacher_dir: Path,
+    heldout: list,
+    out_dir: Path,
+    max_minutes: float | None = None,
+    progress: bool = True,
+    log: Callable[[str], None] = print,
+) -> list[CurvePoint]:
+    """Train ``design`` to each mark (up to ``max_minutes``), scoring it at each."""
+    folder = out_dir / name
+    work = folder / WORK_DIR
+    trainer = trainer_config(name, design, teacher_dir, work)
+    points = read_points(folder / POINTS_FILE)
+    marks = [m for m in config.marks_minutes if max_minutes is None or m <= max_minutes]
+    for mark in marks:
+        if any(p.minutes >= mark for p in points):
+            continue
+        started = time.perf_counter()
+        result, draft_dir = _train(trainer, target, tokenizer, mark * 60.0, progress)
+        scores = score(design.kind, draft_dir, target, heldout, config.k)
+        point = CurvePoint(
+            minutes=result.train_seconds / 60.0,
+            steps=result.steps,
+            train_tokens=result.train_tokens,
+            **scores,
+        )
+        points.append(point)
+        write_json_atomic(
+            folder / POINTS_FILE,
+            {
+                "design": name,
+                "kind": design.kind,
+                "description": design.description,
+                "settings": design.settings,
+                "k": config.k,
+                "threads": config.threads,
+                "teacher_dir": str(teacher_dir),
+                "draft_dir": str(draft_dir),
+                "points": [asdict(p) for p in points],
+            },
+        )
+        log(
+            f"{name} @ {point.minutes:.1f} min: {point.steps} steps, "
+            f"{point.train_tokens} tokens, agreement {_fmt(point.agreement)}, mean accepted "
+            f"length (k={config.k}) {_fmt(point.mean_accepted_length)} "
+            f"[{time.perf_counter() - started:.0f} s]"
+        )
+    return points
+
+
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
+def answer_sequences(heldout_dir: Path, target) -> list:
+    """The held-out teacher cache's sequences, checked to be this target's."""
+    from tasks.train.head_data import split_sequences
+    from tasks.train.teacher import load_teacher_data
+    from tasks.train.train_head import check_target
+
+    manifest, sequences = load_teacher_data(heldout_dir)
+    check_target(manifest.target, target)
+    sequences, _ = split_sequences(sequences, 0.0)
+    return sequences
+
+
+# ---------------------------------------------------------------------- wall clock
+
+
+def package_design(name: str, payload: dict[str, Any], folder: Path, k: int) -> Path:
+    """A draft package (policy ``fixed``, ``k`` drafts) of a scored design's latest draft."""
+    from serving.drafters.package import DraftManifest, write_package
+
+    draft_dir = Path(payload["draft_dir"])
+    if not draft_dir.is_dir():
+        raise BadInputError(f"design {name!r}: its draft {draft_dir} is gone; run it again")
+    inside = "head" if payload["kind"] == "head" else "weights"
+    last = payload["points"][-1]
+    manifest = DraftManifest(
+        drafter=f"{'head' if inside == 'head' else 'model'}:{inside}",
+        policy="fixed",
+        k=k,
+        family=payload["kind"],
+        description=f"{name} after {last['minutes']:.1f} training minutes",
+    )
+    return write_package(folder, manifest, {inside: draft_dir})
+
+
+def speed(
+    out_dir: Path,
+    *,
+    target,
+    tokenizer,
+    k: int,
+    prompts: int,
+    max_new_tokens: int,
+    threads: int,
+    hardware: str = "cpu",
+    baselines: tuple[tuple[str, str, int], ...] = (("pld:3", "cost", 10),),
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Every scored design's latest draft (``k`` drafts per step) and each baseline
+    (``(drafter, policy, k)``: by default prompt lookup as specops serves it) against plain
+    decoding, interleaved, through the engine on held-out ShareGPT prompts; writes
+    ``speed.json``."""
+    from serving.drafters.package import DraftManifest, write_package
+    from tasks.bench.curves_report import SPEED_FILE, collect
+    from tasks.data.traffic import build_workload
+    from tasks.evaluate.evaluate import Contender, evaluate
+
+    designs = collect(out_dir)
+    if not designs:
+        raise BadInputError(f"no scored design under {out_dir}; train the curves first")
+    packages = out_dir / "packages"
+    contenders = [
+        Contender(name, package_design(name, payload, packages / name, k))
+        for name, payload in designs.items()
+    ]
+    for spec, policy, baseline_k in baselines:
+        manifest = DraftManifest(drafter=spec, policy=policy, k=baseline_k, family="ngram")
+        folder = packages / spec.replace(":", "-")
+        name = f"{spec} ({policy} policy, k <= {baseline_k})"
+        contenders.append(Contender(name, write_package(folder, manifest)))
+    chosen = build_workload("sharegpt", prompts, seed=seed, split="heldout")
+    report = evaluate(
+        contenders,
+        chosen,
+        target=target,
+        tokenizer=tokenizer,
+        hardware=hardware,
+        max_new_tokens=max_new_tokens,
+    )
+    report.update({"k": k, "threads": threads})
+    write_json_atomic(out_dir / SPEED_FILE, report)
+    return report

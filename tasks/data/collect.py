@@ -1,0 +1,196 @@
+"""Collect failure cases: run traffic through the engine in detailed mode and append every
+request's record to the store, partitioned by hardware target and date.
+
+Re-runnable: a record's id is a hash of the collection's run id, the prompt, the drafter
+(its settings and version), the draft-length policy, the token budget, the hardware target
+and the sampling settings, so a run killed midway and
+started again with the same run id skips what it already wrote. Records are written in
+chunks, each an atomic part file: readers never see a partial part.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+from serving import metrics
+from serving.engine import SpeculativeDecoder
+from serving.loader import encode_messages
+from serving.metrics import StepRecord
+from serving.records import store
+from serving.records.schema import DEFAULT_FAILURE_THRESHOLD, from_detailed, record_id
+from serving.sampling import SamplingParams
+from tasks.data.traffic import Prompt
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CollectSummary:
+    run_id: str
+    prompts: int
+    skipped_existing: int
+    written: int
+    failures: int
+    parts: list[str]
+    draft_tokens: int
+    accepted_tokens: int
+    acceptance_rate: float | None
+    acceptance_by_position: list[float | None]
+    acceptance_by_workload: dict[str, float | None]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _request_seed(seed: int | None, prompt_id: str) -> int | None:
+    if seed is None:
+        return None
+    digest = hashlib.sha256(f"{seed}:{prompt_id}".encode()).digest()
+    return int.from_bytes(digest[:4], "little")
+
+
+def _next_part_number(root, run_id: str) -> int:
+    prefix = f"part-{run_id}-"
+    numbers = [
+        int(p.stem[len(prefix) :])
+        for p in store.part_files(root)
+        if p.stem.startswith(prefix) and p.stem[len(prefix) :].isdigit()
+    ]
+    return max(numbers, default=-1) + 1
+
+
+def collect(
+    prompts: Sequence[Prompt],
+    *,
+    decoder: SpeculativeDecoder,
+    tokenizer,
+    store_root,
+    run_id: str,
+    hardware: str,
+    drafter_version: str = "builtin",
+    sampling: SamplingParams | None = None,
+    max_new_tokens: int = 64,
+    failure_threshold: float = DEFAULT_FAILURE_THRESHOLD,
+    chunk_size: int = 8,
+    progress: bool = True,
+) -> CollectSummary:
+    from tqdm.auto import tqdm
+
+    sampling = sampling or SamplingParams()
+    described = decoder.describe()
+    drafter_info = described["drafter"]
+    assert isinstance(drafter_info, dict)
+    drafter_name = str(drafter_info.get("name"))
+    removed = store.remove_stale_temporaries(store_root)
+    if removed:
+        log.warning("removed %d partial part(s) left by an interrupted run", removed)
+    # Everything that changes what a request produces is part of its id: a collection
+    # with another policy, k or token budget in the same run slot is new data.
+    settings = json.dumps(
+        {"drafter": described["drafter"], "policy": described["policy"], "max": max_new_tokens},
+        sort_keys=True,
+    )
+    done = store.existing_ids(store_root)
+    keyed = [
+        (
+            record_id(run_id, p.id, drafter_name, drafter_version, hardware, sampling, settings),
+            p,
+        )
+        for p in prompts
+    ]
+    todo = [(key, p) for key, p in keyed if key not in done]
+    part_number = _next_part_number(store_root, run_id)
+    parts: list[str] = []
+    buffer: list[dict] = []
+    written: list[dict] = []
+
+    def flush() -> None:
+        nonlocal part_number
+        by_partition: dict = {}
+        for row in buffer:
+            by_partition.setdefault(
+                store.partition_dir(store_root, hardware, row["timestamp"]), []
+            ).append(row)
+        for directory, rows in by_partition.items():
+            path = directory / f"part-{run_id}-{part_number:05d}.jsonl"
+            store.write_jsonl_atomic(path, rows)
+            parts.append(str(path))
+            part_number += 1
+        written.extend(buffer)
+        buffer.clear()
+
+    for key, prompt in tqdm(todo, desc=f"collecting ({drafter_name})", disable=not progress):
+        prompt_ids = encode_messages(tokenizer, prompt.messages)
+        request_sampling = SamplingParams(
+            temperature=sampling.temperature,
+            top_k=sampling.top_k,
+            top_p=sampling.top_p,
+            seed=_request_seed(sampling.seed, prompt.id),
+        )
+        result = decoder.generate(
+            prompt_ids,
+            max_new_tokens=max_new_tokens,
+            sampling=request_sampling,
+            mode="detailed",
+            request_id=key,
+        )
+        assert result.record is not None
+        buffer.append(
+            from_detailed(
+                result.record,
+                record_key=key,
+                prompt_id=prompt.id,
+                workload=prompt.workload,
+                split=prompt.split,
+                prompt=prompt.user_text,
+                output_text=tokenizer.decode(result.token_ids, skip_special_tokens=True),
+                drafter_version=drafter_version,
+                hardware=hardware,
+                run_id=run_id,
+                failure_threshold=failure_threshold,
+            )
+        )
+        if len(buffer) >= chunk_size:
+            flush()
+    if buffer:
+        flush()
+    return summarize_collection(run_id, len(prompts), len(prompts) - len(todo), written, parts)
+
+
+def acceptance_by_position(records: Sequence[dict]) -> list[float | None]:
+    """Pooled over every check of every record (``steps``), as serving.metrics defines it."""
+    steps = [
+        StepRecord(proposed, accepted, 0, 0.0, 0.0)
+        for record in records
+        for proposed, accepted in record["steps"]
+    ]
+    return metrics.acceptance_by_position(steps)
+
+
+def summarize_collection(
+    run_id: str, prompts: int, skipped: int, written: Sequence[dict], parts: list[str]
+) -> CollectSummary:
+    drafted = sum(r["draft_tokens"] for r in written)
+    accepted = sum(r["accepted_tokens"] for r in written)
+    by_workload: dict[str, float | None] = {}
+    for workload in sorted({r["workload"] for r in written}):
+        rows = [r for r in written if r["workload"] == workload]
+        d = sum(r["draft_tokens"] for r in rows)
+        by_workload[workload] = sum(r["accepted_tokens"] for r in rows) / d if d else None
+    return CollectSummary(
+        run_id=run_id,
+        prompts=prompts,
+        skipped_existing=skipped,
+        written=len(written),
+        failures=sum(1 for r in written if r["is_failure"]),
+        parts=parts,
+        draft_tokens=drafted,
+        accepted_tokens=accepted,
+        acceptance_rate=accepted / drafted if drafted else None,
+        acceptance_by_position=acceptance_by_position(written),
+        acceptance_by_workload=by_workload,
+    )

@@ -1,0 +1,144 @@
+"""Evaluate draft packages against each other on held-out prompts, on one hardware target.
+
+In one run, interleaved: plain decoding (no draft, the reference) and every contender
+(champion, challenger, ...), each once per prompt in an order that rotates per prompt,
+after one warm-up generation each, so machine noise lands on all alike. Greedy decoding:
+every contender's output must equal the reference token for token (``lossless``).
+Reported per contender, pooled over prompts as :mod:`serving.metrics` defines them:
+acceptance rate, mean accepted length, acceptance by position, tokens/s and its ratio to
+plain decoding (``speedup``), and the same by workload.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from serving.drafters.package import load_package
+from serving.engine import SpeculativeDecoder
+from serving.errors import BadInputError
+from serving.hardware import engine_target
+from serving.loader import encode_messages, eos_ids
+from serving.metrics import RequestStats, StepRecord, acceptance_by_position, pool
+from serving.policy import make_policy
+from tasks.data.traffic import Prompt
+
+REFERENCE = "plain"
+
+
+@dataclass(frozen=True)
+class Contender:
+    name: str  # "champion", "challenger", ...
+    package: Path  # a draft package folder
+
+
+@dataclass
+class _Run:
+    name: str
+    decoder: SpeculativeDecoder
+
+
+def _decoders(contenders, target, tokenizer, hardware: str) -> list[_Run]:
+    names = [c.name for c in contenders]
+    if REFERENCE in names or len(set(names)) != len(names):
+        raise BadInputError(f"contender names must be unique and not {REFERENCE!r}: {names}")
+    curve = engine_target(hardware).curve
+    eos = eos_ids(target, tokenizer)
+    runs = [_Run(REFERENCE, SpeculativeDecoder(target, eos_token_ids=eos))]
+    for contender in contenders:
+        manifest, drafter = load_package(contender.package, target, tokenizer)
+        policy = make_policy(manifest.policy, manifest.k, verify_curve=curve) if drafter else None
+        runs.append(
+            _Run(
+                contender.name,
+                SpeculativeDecoder(target, drafter=drafter, policy=policy, eos_token_ids=eos),
+            )
+        )
+    return runs
+
+
+def _summary(rows: list[dict[str, Any]], reference_tps: float | None) -> dict[str, Any]:
+    stats = [RequestStats(**row["stats"]) for row in rows]
+    pooled = pool(stats)
+    seconds = sum(row["seconds"] for row in rows)
+    tokens = sum(len(row["token_ids"]) for row in rows)
+    steps = [StepRecord(p, a, 0, 0.0, 0.0) for row in rows for p, a in row["steps"]]
+    tps = tokens / seconds if seconds else None
+    return {
+        **pooled,
+        "tokens_per_s": tps,
+        "speedup": tps / reference_tps if tps and reference_tps else None,
+        "acceptance_by_position": acceptance_by_position(steps),
+        "lossless": all(row["lossless"] for row in rows),
+        "mismatched_prompts": [row["prompt_id"] for row in rows if not row["lossless"]],
+    }
+
+
+def evaluate(
+    contenders: Sequence[Contender],
+    prompts: Sequence[Prompt],
+    *,
+    target,
+    tokenizer,
+    hardware: str,
+    max_new_tokens: int = 64,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Run the interleaved evaluation; return a JSON-ready report."""
+    from tqdm.auto import tqdm
+
+    if not prompts:
+        raise BadInputError("no evaluation prompts: the held-out split is empty")
+    if not contenders:
+        raise BadInputError("nothing to evaluate: give at least one contender")
+    runs = _decoders(contenders, target, tokenizer, hardware)
+    encoded = [encode_messages(tokenizer, p.messages) for p in prompts]
+    for run in runs:  # warm-up: first-call costs (kernels, allocations) stay out of timings
+        run.decoder.generate(encoded[0], max_new_tokens=min(8, max_new_tokens))
+    rows: dict[str, list[dict[str, Any]]] = {run.name: [] for run in runs}
+    bar = tqdm(
+        total=len(prompts) * len(runs), desc=f"evaluating on {hardware}", disable=not progress
+    )
+    for index, (prompt, ids) in enumerate(zip(prompts, encoded, strict=True)):
+        order = runs[index % len(runs) :] + runs[: index % len(runs)]
+        outputs: dict[str, dict[str, Any]] = {}
+        for run in order:
+            started = time.perf_counter()
+            result = run.decoder.generate(ids, max_new_tokens=max_new_tokens)
+            outputs[run.name] = {
+                "prompt_id": prompt.id,
+                "workload": prompt.workload,
+                "seconds": time.perf_counter() - started,
+                "token_ids": result.token_ids,
+                "stats": result.stats.to_dict(),
+                "steps": [[s.proposed, s.accepted] for s in result.steps],
+            }
+            bar.update()
+        reference = outputs[REFERENCE]["token_ids"]
+        for name, row in outputs.items():
+            row["lossless"] = row["token_ids"] == reference
+            rows[name].append(row)
+    bar.close()
+    reference_tps = _summary(rows[REFERENCE], None)["tokens_per_s"]
+    report: dict[str, Any] = {
+        "hardware": hardware,
+        "prompts": len(prompts),
+        "max_new_tokens": max_new_tokens,
+        "contenders": {c.name: str(c.package) for c in contenders},
+        "results": {},
+        "by_workload": {},
+    }
+    for name, name_rows in rows.items():
+        report["results"][name] = _summary(name_rows, reference_tps)
+    for workload in sorted({p.workload for p in prompts}):
+        subset = {n: [r for r in rs if r["workload"] == workload] for n, rs in rows.items()}
+        base = _summary(subset[REFERENCE], None)["tokens_per_s"]
+        report["by_workload"][workload] = {n: _summary(rs, base) for n, rs in subset.items()}
+    report["per_prompt"] = {
+        name: [{k: v for k, v in row.items() if k != "token_ids"} for row in name_rows]
+        for name, name_rows in rows.items()
+    }
+    return report

@@ -1,0 +1,100 @@
+"""Export a draft package to a backend's format (:mod:`serving.backends`).
+
+An export is a folder with ``export.json`` — the backend, the drafter it came from and the
+:class:`~serving.backends.base.Speculation` to run — plus, for model drafts, ``draft/``: a
+self-contained causal-LM folder (``config.json``, ``model.safetensors``, the tokenizer) that
+vLLM takes as its draft ``model``, mlx-lm loads as its ``draft_model`` and
+transformers-neuronx compiles. A ``layers:N`` draft, which shares the target's modules
+at serve time, is written out as a model of its own here.
+
+What each backend can run is fixed by the backend (:data:`serving.backends.BACKENDS`);
+a draft it cannot load fails here, before any model work, naming the drafter and the
+backend. Exports are written into a temporary folder and renamed into place.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from serving.backends import Speculation, UnsupportedDraftError, backend_info, check_supported
+from serving.backends.exports import DRAFT_FOLDER, EXPORT_MANIFEST, load_export, read_export
+from serving.drafters.package import read_manifest
+from serving.errors import ModelSourceError
+from tasks.train.distill_model import save_atomic, save_causal_lm
+
+
+def speculation_for(drafter: str, backend: str, k: int) -> Speculation:
+    """The :class:`Speculation` a drafter spec becomes on ``backend`` (``draft_path`` is
+    left for the export to fill in). Raises :class:`UnsupportedDraftError`."""
+    backend_info(backend)
+    kind, _, arg = drafter.partition(":")
+    kind = kind.lower()
+    if kind == "none":
+        speculation = Speculation()
+    elif kind == "pld":
+        speculation = Speculation("ngram", k, prompt_lookup_max=int(arg or 3))
+    elif kind in ("layers", "model"):
+        speculation = Speculation("draft_model", k, draft_path=DRAFT_FOLDER)
+    else:
+        raise UnsupportedDraftError(
+            f"drafter {drafter!r} runs only on the specops engine (backend 'transformers' "
+            f"through its own evaluation); backend {backend!r} loads prompt lookup (pld) or "
+            "model drafts (layers:N, model:PATH)"
+        )
+    check_supported(backend, speculation)
+    return speculation
+
+
+def _write_model_draft(drafter: str, package: Path, out: Path, target_source: str) -> None:
+    from serving.loader import load_target
+    from serving.models.truncated import first_layers
+
+    model, tokenizer = load_target(target_source, kernels="stock")
+    kind, _, arg = drafter.partition(":")
+    if kind.lower() == "layers":
+        draft = first_layers(model, int(arg))
+    else:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        folder = package / arg
+        try:
+            draft = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+        except (OSError, ValueError) as error:
+            raise ModelSourceError(
+                f"cannot load the model draft at {str(folder)!r}: {error}"
+            ) from None
+        if draft.config.vocab_size != model.config.vocab_size:
+            raise UnsupportedDraftError(
+                f"draft {drafter!r} has {draft.config.vocab_size} tokens, the target "
+                f"{model.config.vocab_size}: it cannot draft for this target"
+            )
+    save_causal_lm(draft, out, tokenizer)  # mlx-lm loads a tokenizer with every model
+
+
+def export_draft(
+    package: str | Path, backend: str, out: str | Path, *, k: int, target: str = "smollm2"
+) -> Path:
+    """Export the draft package at ``package`` for ``backend`` into ``out``."""
+    package, out = Path(package), Path(out)
+    manifest = read_manifest(package)
+    speculation = speculation_for(manifest.drafter, backend, k)
+    record = {
+        "format": 1,
+        "backend": backend,
+        "drafter": manifest.drafter,
+        "family": manifest.family,
+        "speculation": speculation.to_dict(),
+    }
+
+    def write(scratch: Path) -> None:
+        if speculation.method == "draft_model":
+            _write_model_draft(manifest.drafter, package, scratch / DRAFT_FOLDER, target)
+        (scratch / EXPORT_MANIFEST).write_text(json.dumps(record, indent=2))
+        scratch.chmod(0o755)  # mkdtemp makes it 0700; a server may run as another user
+
+    return save_atomic(out, write)
+
+
+__all__ = ["export_draft", "load_export", "read_export", "speculation_for"]

@@ -1,0 +1,221 @@
+"""The closed loop's steps as plain typed functions (Prefect wraps them in
+``tasks/loop/prefect_tasks.py``; the flows in ``flows/`` only wire them).
+
+collect (replayed or live traffic through the champion, detailed mode) -> validate and
+build the dataset -> version (DVC) -> train challengers from the collected traffic ->
+register them -> evaluate challengers against the champion on held-out prompts, per
+hardware target -> gate -> promote the best passing challenger (or keep the champion).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from registry.client import DraftVersion, Registry
+from serving.drafters.package import DraftManifest, load_package, write_package
+from serving.engine import SpeculativeDecoder
+from serving.errors import BadInputError
+from serving.hardware import engine_target
+from serving.loader import eos_ids, load_target
+from serving.policy import make_policy
+from tasks.data.collect import CollectSummary, collect
+from tasks.data.curate import curate
+from tasks.data.traffic import Prompt
+from tasks.evaluate.evaluate import Contender, evaluate
+from tasks.evaluate.gates import GateResult, gate
+
+log = logging.getLogger(__name__)
+
+
+@lru_cache(maxsize=4)
+def target_for(hardware: str, target: str = "smollm2"):
+    """The target model on ``hardware``'s kernels, loaded once per process."""
+    return load_target(target, kernels=engine_target(hardware).kernels)
+
+
+def champion_package(registry: Registry, hardware: str, cache: Path) -> tuple[DraftVersion, Path]:
+    draft = registry.champion(hardware)
+    if draft is None:
+        raise BadInputError(
+            f"no champion on hardware target {hardware!r}: bootstrap one first "
+            "(the main job does, or `specops loop bootstrap`)"
+        )
+    return draft, registry.download(draft, cache)
+
+
+def replay_traffic(
+    prompts: Sequence[Prompt],
+    *,
+    package: Path,
+    draft_label: str,
+    store_root: Path,
+    run_id: str,
+    hardware: str,
+    max_new_tokens: int,
+    failure_threshold: float = 0.5,
+    progress: bool = True,
+) -> CollectSummary:
+    """Serve ``prompts`` with the champion package in detailed mode; append their records
+    (re-running with the same ``run_id`` skips what is already stored)."""
+    model, tokenizer = target_for(hardware)
+    manifest, drafter = load_package(package, model, tokenizer)
+    policy = None
+    if drafter is not None:
+        curve = engine_target(hardware).curve
+        policy = make_policy(manifest.policy, manifest.k, verify_curve=curve)
+    decoder = SpeculativeDecoder(
+        model, drafter=drafter, policy=policy, eos_token_ids=eos_ids(model, tokenizer)
+    )
+    return collect(
+        prompts,
+        decoder=decoder,
+        tokenizer=tokenizer,
+        store_root=store_root,
+        run_id=run_id,
+        hardware=hardware,
+        drafter_version=draft_label,
+        max_new_tokens=max_new_tokens,
+        failure_threshold=failure_threshold,
+        progress=progress,
+    )
+
+
+def validate_store_step(
+    store_root: Path, out_dir: Path, *, window: int = 50, threshold: float = 0.5
+) -> dict[str, Any]:
+    """Great Expectations validation with quarantine, the dataset, rolling acceptance."""
+    return curate(store_root, out_dir, window=window, threshold=threshold)
+
+
+def train_suffix_challenger(
+    store_root: Path, out_dir: Path, *, hardware: str | None = None, k: int = 10
+) -> Path:
+    """A suffix-decoding draft whose corpus is the target's outputs in the collected
+    (valid, train-split) traffic: rebuilt from scratch each time, so it follows drift."""
+    from tasks.train.suffix_index import build_suffix_index_from_store
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    corpus = out_dir / "suffix-corpus.json"
+    build_suffix_index_from_store(store_root, corpus, hardware=hardware)
+    return write_package(
+        out_dir / "suffix",
+        DraftManifest(
+            drafter="suffix:corpus.json",
+            k=k,
+            policy="cost",
+            family="suffix",
+            description=f"suffix corpus of the target's outputs collected in {store_root}",
+        ),
+        files={"corpus.json": corpus},
+    )
+
+
+@dataclass(frozen=True)
+class Decision:
+    hardware: str
+    champion: str | None
+    promoted: str | None  # the new champion's label, or None (champion kept)
+    gates: dict[str, dict[str, Any]]  # challenger label -> gate result
+    report: dict[str, Any]  # the evaluation report
+    # Export on promotion: backend -> what happened (exported, or why the backend can't
+    # load this draft). Each other target then evaluates it (`specops targets evaluate`).
+    exports: dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "hardware": self.hardware,
+            "champion": self.champion,
+            "promoted": self.promoted,
+            "exports": self.exports,
+            "gates": self.gates,
+            "results": self.report["results"],
+            "by_workload": self.report["by_workload"],
+        }
+
+
+def evaluate_and_decide(
+    registry: Registry,
+    challengers: Sequence[DraftVersion],
+    prompts: Sequence[Prompt],
+    *,
+    hardware: str,
+    cache: Path,
+    max_new_tokens: int,
+    promote: bool = True,
+    progress: bool = True,
+) -> Decision:
+    """Evaluate the champion and every challenger in one interleaved run on ``hardware``,
+    log each evaluation to MLflow, gate, and promote the fastest challenger that passes."""
+    model, tokenizer = target_for(hardware)
+    current = registry.champion(hardware)
+    contenders: list[Contender] = []
+    by_name: dict[str, DraftVersion] = {}
+    if current is not None:
+        contenders.append(Contender("champion", registry.download(current, cache)))
+        by_name["champion"] = current
+    for index, draft in enumerate(challengers):
+        registry.set_challenger(draft, hardware)
+        name = f"challenger-{index}"
+        contenders.append(Contender(name, registry.download(draft, cache)))
+        by_name[name] = draft
+    report = evaluate(
+        contenders,
+        prompts,
+        target=model,
+        tokenizer=tokenizer,
+        hardware=hardware,
+        max_new_tokens=max_new_tokens,
+        progress=progress,
+    )
+    gates: dict[str, GateResult] = {}
+    for name, draft in by_name.items():
+        result = report["results"][name]
+        metrics = {
+            k: float(v)
+            for k, v in result.items()
+            if k in ("acceptance_rate", "mean_accepted_length", "tokens_per_s", "speedup")
+            and v is not None
+        }
+        registry.log_evaluation(
+            draft,
+            hardware,
+            {**metrics, "lossless": float(result["lossless"])},
+            report={"contender": name, **{k: v for k, v in report.items() if k != "per_prompt"}},
+        )
+        if name != "champion":
+            gates[name] = gate(report, challenger=name, champion="champion")
+    passing = [n for n, g in gates.items() if g.passed]
+    promoted = None
+    exports: dict[str, str] = {}
+    if passing and promote:
+        best = max(passing, key=lambda n: report["results"][n]["speedup"] or 0.0)
+        winner = registry.get(by_name[best].family, by_name[best].version)
+        registry.promote(
+            winner,
+            hardware,
+            reason=gates[best].reason,
+            metrics={
+                k: float(v)
+                for k, v in report["results"][best].items()
+                if k in ("mean_accepted_length", "speedup", "acceptance_rate") and v is not None
+            },
+            gates=gates[best].to_dict(),
+        )
+        promoted = winner.label
+        from tasks.loop.target_promotion import export_for_targets
+
+        exports = export_for_targets(registry, winner, cache)
+    return Decision(
+        hardware=hardware,
+        champion=current.label if current else None,
+        promoted=promoted,
+        gates={by_name[n].label: g.to_dict() for n, g in gates.items()},
+        report=report,
+        exports=exports,
+    )

@@ -1,0 +1,228 @@
+"""The append-only store: atomic parts, tolerant reading, partitions, stale temporaries."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from serving.errors import BadInputError
+from serving.records.schema import RequestRecord, Sampling
+from serving.records.store import (
+    existing_ids,
+    part_files,
+    partition_dir,
+    read_raw,
+    remove_stale_temporaries,
+    write_json_atomic,
+    write_jsonl_atomic,
+)
+
+NOW = 1_750_000_000.0  # 2025-06-15T15:06:40Z
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def _record(index: int) -> dict:
+    """A well-formed record that drafted nothing (the store only checks the schema)."""
+    return RequestRecord(
+        schema_version=1,
+        id=f"req-{index}",
+        prompt_id=f"p{index}",
+        workload="grounded",
+        split="train",
+        prompt="x",
+        prompt_token_ids=[1, 2],
+        output_text="y",
+        output_token_ids=[5],
+        from_draft=[False],
+        acceptance_rate=None,
+        mean_accepted_length=1.0,
+        draft_tokens=0,
+        accepted_tokens=0,
+        checks=1,
+        steps=[[0, 0]],
+        is_failure=False,
+        failure_threshold=0.5,
+        drafter="pld",
+        drafter_version="builtin",
+        policy="fixed",
+        hardware="cpu",
+        sampling=Sampling(temperature=0.0, top_k=0, top_p=1.0, seed=None),
+        timestamp=NOW,
+        run_id="r",
+        disagreements=[],
+    ).model_dump(mode="json")
+
+
+# ------------------------------------------------------------------------- atomic writes
+
+
+def test_jsonl_write_is_readable_and_world_readable(tmp_path):
+    path = tmp_path / "deep" / "folder" / "part.jsonl"
+    rows = [{"a": 1}, {"b": [1, 2]}, {"c": "é"}]
+    assert write_jsonl_atomic(path, rows) == 3
+    assert [json.loads(line) for line in path.read_text().splitlines()] == rows
+    assert _mode(path) == 0o644
+    assert sorted(os.listdir(path.parent)) == ["part.jsonl"]
+
+
+def test_empty_jsonl_write(tmp_path):
+    assert write_jsonl_atomic(tmp_path / "empty.jsonl", iter(())) == 0
+    assert (tmp_path / "empty.jsonl").read_text() == ""
+
+
+def test_json_write_is_readable_and_world_readable(tmp_path):
+    path = tmp_path / "summary.json"
+    payload = {"total": 3, "nested": {"rate": None}}
+    write_json_atomic(path, payload)
+    assert json.loads(path.read_text()) == payload
+    assert _mode(path) == 0o644
+    write_json_atomic(path, {"total": 4})  # replacing works too
+    assert json.loads(path.read_text()) == {"total": 4}
+
+
+def _rows_then(error: BaseException):
+    yield {"row": 1}
+    yield {"row": 2}
+    raise error
+
+
+@pytest.mark.parametrize("error", [RuntimeError("disk on fire"), KeyboardInterrupt()])
+def test_interrupted_write_leaves_nothing_new(tmp_path, error):
+    fresh = tmp_path / "fresh.jsonl"
+    with pytest.raises(type(error)):
+        write_jsonl_atomic(fresh, _rows_then(error))
+    assert not fresh.exists()
+    assert os.listdir(tmp_path) == []  # no temporary left behind
+
+
+def test_interrupted_write_keeps_the_previous_content(tmp_path):
+    path = tmp_path / "part.jsonl"
+    write_jsonl_atomic(path, [{"old": True}])
+    before = path.read_bytes()
+    with pytest.raises(RuntimeError):
+        write_jsonl_atomic(path, _rows_then(RuntimeError("killed")))
+    assert path.read_bytes() == before
+    assert os.listdir(tmp_path) == ["part.jsonl"]
+
+
+def test_unserialisable_row_aborts_the_write(tmp_path):
+    path = tmp_path / "part.jsonl"
+    with pytest.raises(TypeError):
+        write_jsonl_atomic(path, [{"ok": 1}, {"bad": object()}])
+    assert os.listdir(tmp_path) == []
+
+
+# -------------------------------------------------------------------------------- reading
+
+
+def _part(root: Path, name: str = "part-r-00000.jsonl") -> Path:
+    return partition_dir(root, "cpu", NOW) / name
+
+
+def test_read_raw_yields_bad_lines_as_text_and_skips_blank_lines(tmp_path):
+    path = _part(tmp_path)
+    path.parent.mkdir(parents=True)
+    path.write_bytes(
+        b'{"id": "a"}\n\n{"id": "trunc\n\xff\xfe not utf-8\n[1, 2]\n{"id": "last, no newline"}'
+    )
+    rows = list(read_raw(tmp_path))
+    prefix = "records/hardware=cpu/date=2025-06-15/part-r-00000.jsonl"
+    assert rows == [
+        (f"{prefix}:1", {"id": "a"}),
+        (f"{prefix}:3", '{"id": "trunc'),
+        (f"{prefix}:4", "\ufffd\ufffd not utf-8"),
+        (f"{prefix}:5", [1, 2]),
+        (f"{prefix}:6", {"id": "last, no newline"}),
+    ]
+
+
+def test_read_raw_skips_hidden_temporaries_and_reads_parts_in_order(tmp_path):
+    write_jsonl_atomic(_part(tmp_path, "part-r-00001.jsonl"), [{"n": 2}])
+    write_jsonl_atomic(_part(tmp_path, "part-r-00000.jsonl"), [{"n": 1}])
+    hidden = _part(tmp_path, ".part-r-00002.jsonl.abc123.tmp")
+    hidden.write_text('{"n": "half-writ')
+    (hidden.parent / ".hidden.jsonl").write_text('{"n": "hidden"}\n')
+    later = partition_dir(tmp_path, "cpu", NOW + 86_400.0) / "part-r-00002.jsonl"
+    write_jsonl_atomic(later, [{"n": 3}])
+    assert [row for _, row in read_raw(tmp_path)] == [{"n": 1}, {"n": 2}, {"n": 3}]
+    assert [p.name for p in part_files(tmp_path)] == [
+        "part-r-00000.jsonl",
+        "part-r-00001.jsonl",
+        "part-r-00002.jsonl",
+    ]
+
+
+def test_reading_a_missing_store_yields_nothing(tmp_path):
+    assert list(read_raw(tmp_path / "nope")) == []
+    assert part_files(tmp_path / "nope") == []
+    assert existing_ids(tmp_path / "nope") == set()
+
+
+def test_read_raw_reads_other_areas(tmp_path):
+    write_jsonl_atomic(tmp_path / "quarantine" / "part-r.jsonl", [{"q": 1}])
+    assert list(read_raw(tmp_path)) == []
+    assert list(read_raw(tmp_path, "quarantine")) == [("quarantine/part-r.jsonl:1", {"q": 1})]
+
+
+# ----------------------------------------------------------------------------- partitions
+
+
+def test_partition_layout_uses_the_utc_date(tmp_path):
+    late = datetime(2025, 6, 15, 23, 59, 59, tzinfo=UTC).timestamp()
+    assert partition_dir(tmp_path, "cpu", late) == (
+        tmp_path / "records" / "hardware=cpu" / "date=2025-06-15"
+    )
+    assert partition_dir(tmp_path, "cpu-stock", late + 1).name == "date=2025-06-16"
+
+
+@pytest.mark.parametrize("hardware", ["", "a/b", "x=y"])
+def test_partition_refuses_a_hardware_name_that_cannot_name_a_folder(tmp_path, hardware):
+    with pytest.raises(BadInputError, match="cannot name a partition"):
+        partition_dir(tmp_path, hardware, NOW)
+
+
+# ---------------------------------------------------------------------------- existing ids
+
+
+def test_existing_ids_count_only_well_formed_records(tmp_path):
+    broken = _record(2)
+    del broken["prompt"]
+    write_jsonl_atomic(
+        _part(tmp_path), [_record(0), _record(1), broken, {"id": "req-3"}, [1], "text"]
+    )
+    with _part(tmp_path).open("a") as handle:
+        handle.write('{"id": "req-4", "trunc\n')
+    assert existing_ids(tmp_path) == {"req-0", "req-1"}
+
+
+# ---------------------------------------------------------------------- stale temporaries
+
+
+def test_only_old_temporaries_are_removed(tmp_path):
+    folder = partition_dir(tmp_path, "cpu", NOW)
+    folder.mkdir(parents=True)
+    old = folder / ".part-r-00000.jsonl.aaa.tmp"
+    new = folder / ".part-r-00001.jsonl.bbb.tmp"
+    visible_old = folder / "part-r-00002.jsonl"
+    for path in (old, new, visible_old):
+        path.write_text("{}\n")
+    an_hour_ago = time.time() - 3600
+    os.utime(old, (an_hour_ago, an_hour_ago))
+    os.utime(visible_old, (an_hour_ago, an_hour_ago))
+    assert remove_stale_temporaries(tmp_path, older_than_s=600) == 1
+    assert not old.exists()
+    assert new.exists() and visible_old.exists()
+    a_minute_ago = time.time() - 60
+    os.utime(new, (a_minute_ago, a_minute_ago))
+    assert remove_stale_temporaries(tmp_path, older_than_s=30) == 1
+    assert not new.exists()
+    assert remove_stale_temporaries(tmp_path / "missing") == 0

@@ -1,0 +1,82 @@
+import pytest
+
+from serving.errors import BadInputError
+from tasks.evaluate.gates import GateConfig, gate, load_gates
+
+CONFIG = GateConfig(
+    min_prompts=4, min_speedup_gain=0.03, max_mean_accepted_length_drop=0.05,
+    max_workload_slowdown=0.10,
+)  # fmt: skip
+
+
+def result(speedup, length=1.5, lossless=True):
+    return {
+        "speedup": speedup,
+        "mean_accepted_length": length,
+        "lossless": lossless,
+        "mismatched_prompts": [] if lossless else ["p3"],
+    }
+
+
+def report(challenger, champion=None, prompts=8, by_workload=None):
+    results = {"plain": result(1.0, 1.0), "challenger": challenger}
+    if champion is not None:
+        results["champion"] = champion
+    return {"prompts": prompts, "results": results, "by_workload": by_workload or {}}
+
+
+def test_a_faster_lossless_challenger_passes():
+    outcome = gate(report(result(1.40), result(1.20)), config=CONFIG)
+    assert outcome.passed, outcome.reason
+    assert outcome.reason.startswith("all gates passed")
+
+
+def test_a_challenger_that_breaks_losslessness_is_refused_whatever_its_speed():
+    outcome = gate(report(result(9.0, 5.0, lossless=False), result(1.2)), config=CONFIG)
+    assert not outcome.passed
+    assert "lossless" in outcome.reason and "p3" in outcome.reason
+
+
+def test_a_slower_challenger_is_refused():
+    outcome = gate(report(result(0.9, 1.0), result(1.2)), config=CONFIG)
+    assert not outcome.passed and "faster than the champion" in outcome.reason
+
+
+def test_a_marginal_gain_is_not_enough():
+    assert not gate(report(result(1.21), result(1.20)), config=CONFIG).passed
+
+
+def test_an_acceptance_regression_is_refused():
+    outcome = gate(report(result(1.5, 1.3), result(1.2, 1.6)), config=CONFIG)
+    assert not outcome.passed and "no acceptance regression" in outcome.reason
+
+
+def test_a_workload_slowdown_is_refused():
+    workloads = {
+        "humaneval": {"challenger": {"speedup": 2.0}, "champion": {"speedup": 1.2}},
+        "sharegpt": {"challenger": {"speedup": 0.9}, "champion": {"speedup": 1.1}},
+    }
+    outcome = gate(report(result(1.5), result(1.2), by_workload=workloads), config=CONFIG)
+    assert not outcome.passed and "sharegpt" in outcome.reason
+
+
+def test_too_few_prompts_decide_nothing():
+    assert not gate(report(result(2.0), result(1.0), prompts=2), config=CONFIG).passed
+
+
+def test_without_a_champion_the_challenger_must_beat_plain_decoding():
+    assert gate(report(result(1.2)), config=CONFIG).passed
+    assert not gate(report(result(1.01)), config=CONFIG).passed
+
+
+def test_a_missing_challenger_and_a_bad_config_are_errors(tmp_path):
+    with pytest.raises(BadInputError, match="no contender 'nope'"):
+        gate(report(result(1.2)), challenger="nope", config=CONFIG)
+    bad = tmp_path / "gates.yaml"
+    bad.write_text("min_speedup_gain: -1\n")
+    with pytest.raises(BadInputError, match="min_speedup_gain"):
+        load_gates(bad)
+
+
+def test_the_shipped_config_loads():
+    assert load_gates().min_prompts >= 1

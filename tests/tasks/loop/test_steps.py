@@ -1,0 +1,66 @@
+"""The loop's plain steps without Prefect: tiny target, character tokenizer, a real MLflow
+SQLite registry in a temporary folder."""
+
+import pytest
+
+import tasks.loop.steps as loop
+from registry.client import Registry
+from registry.config import RegistryConfig
+from serving.drafters.package import DraftManifest, read_manifest, write_package
+from serving.errors import BadInputError
+
+
+@pytest.fixture
+def registry(tmp_path):
+    return Registry(
+        RegistryConfig(
+            tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", artifact_root=str(tmp_path / "a")
+        )
+    )
+
+
+@pytest.fixture
+def tiny(monkeypatch, target, char_tokenizer):
+    monkeypatch.setattr(
+        loop, "target_for", lambda hardware, target="smollm2": (model, char_tokenizer)
+    )
+    model = target
+
+
+def test_replay_then_a_suffix_challenger_from_the_collected_outputs(tmp_path, tiny, make_prompts):
+    package = write_package(tmp_path / "pld", DraftManifest(drafter="pld:3", k=4, policy="fixed"))
+    summary = loop.replay_traffic(
+        make_prompts(), package=package, draft_label="t/1", store_root=tmp_path / "store",
+        run_id="r", hardware="cpu", max_new_tokens=16, progress=False,
+    )  # fmt: skip
+    assert summary.written == len(make_prompts())
+    challenger = loop.train_suffix_challenger(tmp_path / "store", tmp_path / "out")
+    manifest = read_manifest(challenger)
+    assert manifest.drafter == "suffix:corpus.json" and manifest.family == "suffix"
+    assert (challenger / "corpus.json").is_file()
+
+
+def test_evaluate_and_decide_logs_gates_and_promotes(tmp_path, tiny, registry, make_prompts):
+    draft = registry.log_draft(
+        write_package(tmp_path / "pld", DraftManifest(drafter="pld:3", k=4, policy="fixed")),
+        family="ngram",
+    )
+    decision = loop.evaluate_and_decide(
+        registry, [draft], make_prompts(), hardware="cpu", cache=tmp_path / "cache",
+        max_new_tokens=16, progress=False,
+    )  # fmt: skip
+    assert decision.champion is None
+    assert registry.get("ngram", draft.version).evaluated_on("cpu")
+    (gate,) = decision.gates.values()
+    # Promoted exactly when the gates passed (speed on the tiny target is the machine's).
+    assert (decision.promoted == draft.label) == gate["passed"]
+    if decision.promoted:  # exported on promotion where a backend can load it
+        assert decision.exports["vllm"] == "exported (for cpu-vllm)"  # vLLM's ngram method
+        assert decision.exports["mlx"].startswith("not exported")  # mlx-lm has no lookup
+    assert (registry.champion("cpu") is not None) == gate["passed"]
+    assert decision.to_dict()["results"]["plain"]["lossless"]
+
+
+def test_no_champion_is_a_clear_error(tmp_path, registry):
+    with pytest.raises(BadInputError, match="no champion on hardware target 'cpu'"):
+        loop.champion_package(registry, "cpu", tmp_path)

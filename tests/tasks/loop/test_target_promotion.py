@@ -1,0 +1,54 @@
+"""A registered draft exported, evaluated and promoted on another hardware target."""
+
+from __future__ import annotations
+
+import pytest
+
+from registry.client import Registry
+from registry.config import RegistryConfig
+from serving.drafters.package import DraftManifest, write_package
+from tasks.loop.target_promotion import evaluate_registered, export_for_targets
+from tests.tasks.evaluate.test_targets import PROMPTS
+
+
+@pytest.fixture
+def registry(tmp_path):
+    return Registry(
+        RegistryConfig(
+            tracking_uri=f"sqlite:///{tmp_path}/mlflow.db",
+            artifact_root=str(tmp_path / "artifacts"),
+            model_prefix="t",
+        )
+    )
+
+
+def test_export_on_promotion_covers_every_backend_that_can_load_it(registry, tmp_path):
+    pld = registry.log_draft(
+        write_package(tmp_path / "pld", DraftManifest(drafter="pld:3")), family="ngram"
+    )
+    outcomes = export_for_targets(registry, pld, tmp_path / "cache")
+    assert outcomes["vllm"].startswith("exported")
+    assert "cannot draft with 'ngram'" in outcomes["mlx"]
+    assert "export.vllm" in registry.get("ngram", pld.version).tags
+
+
+@pytest.mark.real_model
+def test_evaluated_there_then_promoted_there(registry, tmp_path):
+    pld = registry.log_draft(
+        write_package(tmp_path / "pld", DraftManifest(drafter="pld:3")), family="ngram"
+    )
+    report = evaluate_registered(
+        registry,
+        "cpu-stock",
+        [pld],
+        PROMPTS,
+        cache=tmp_path / "cache",
+        workdir=tmp_path / "w",
+        max_new_tokens=16,
+    )
+    result = report["results"][pld.label]
+    assert result["exact"]
+    assert registry.get("ngram", pld.version).evaluated_on("cpu-stock")
+    assert registry.champion("cpu") is None  # other targets untouched
+    promoted = report["decision"]["promoted"]
+    assert (promoted == pld.label) == (result["speedup"] >= 1.03)
