@@ -22,7 +22,6 @@ is exactly what will serve there.
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import tempfile
 import time
@@ -31,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from registry.config import RegistryConfig, load_registry_config
+from serving.atomic import replace_dir
 from serving.backends.exports import read_export
 from serving.drafters.package import read_manifest
 from serving.errors import SpecOpsError
@@ -419,9 +419,7 @@ class Registry:
         try:
             local = Path(download_artifacts(artifact_uri=uri, dst_path=str(scratch)))
             check(local)
-            if folder.exists():
-                shutil.rmtree(folder)
-            os.replace(local, folder)
+            replace_dir(local, folder)
         except Exception as error:
             if isinstance(error, SpecOpsError):
                 raise

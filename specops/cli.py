@@ -199,8 +199,8 @@ def profile(
     kernels: Annotated[str, typer.Option(help="onednn (packed, CPU) | stock.")] = "onednn",
 ) -> None:
     """Measure target-pass cost by block size, and first-N-layer draft costs, on this CPU."""
+    from serving.atomic import write_json_atomic
     from serving.loader import load_target, set_threads
-    from serving.records.store import write_json_atomic
     from tasks.bench.profile import profile_model
 
     set_threads(threads)
@@ -318,8 +318,8 @@ def loadtest(
     import asyncio
     import shlex
 
+    from serving.atomic import write_json_atomic
     from serving.errors import SpecOpsError
-    from serving.records.store import write_json_atomic
     from tasks.ops.loadtest import LoadTestSettings, run_load_test
     from tasks.ops.server_process import ServerProcess
 

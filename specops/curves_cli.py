@@ -57,9 +57,9 @@ def teacher_prompts(
 ) -> None:
     """Write chat-templated ShareGPT prompts for `python -m tasks.train.teacher_answers` (which
     can run on any machine with torch and transformers, a GPU box included)."""
+    from serving.atomic import write_jsonl_atomic
     from serving.errors import SpecOpsError
     from serving.loader import load_target
-    from serving.records.store import write_jsonl_atomic
 
     try:
         _, tokenizer = load_target(target, kernels="stock")

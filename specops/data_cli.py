@@ -30,8 +30,8 @@ def build_traffic(
     ),
 ) -> None:
     """Build the train and held-out prompts from real data (params: traffic)."""
+    from serving.atomic import write_jsonl_atomic
     from serving.errors import SpecOpsError
-    from serving.records.store import write_jsonl_atomic
     from tasks.data.params import load_params
     from tasks.data.traffic import build_workload
 
@@ -89,10 +89,10 @@ def collect(
     summary: Annotated[Path | None, typer.Option(help="Write the summary JSON here.")] = None,
 ) -> None:
     """Run traffic through the engine in detailed mode; append records (params: collect)."""
+    from serving.atomic import write_json_atomic
     from serving.errors import SpecOpsError
     from serving.hardware import engine_target
     from serving.loader import DecoderOptions, build_decoder, load_target, set_threads
-    from serving.records.store import write_json_atomic
     from serving.sampling import SamplingParams
     from tasks.data.collect import collect as run_collect
     from tasks.data.params import load_params
@@ -152,8 +152,8 @@ def validate(
     plots: Annotated[Path | None, typer.Option(help="Folder for plot data (JSON).")] = None,
 ) -> None:
     """Validate the store (Great Expectations), quarantine bad rows, build the dataset."""
+    from serving.atomic import write_json_atomic
     from serving.errors import SpecOpsError
-    from serving.records.store import write_json_atomic
     from tasks.data.curate import curate
     from tasks.data.params import load_params
 

@@ -294,11 +294,11 @@ def eval_draft(
 
     Greedy; prints acceptance, mean accepted length, acceptance by position, speedup and
     whether the output equals plain decoding's (lossless); writes the JSON report."""
+    from serving.atomic import write_json_atomic
     from serving.drafters.package import read_manifest
     from serving.errors import SpecOpsError
     from serving.hardware import engine_target
     from serving.loader import load_target, set_threads
-    from serving.records.store import write_json_atomic
     from tasks.data.traffic import build_workload
     from tasks.evaluate.evaluate import Contender, evaluate
 

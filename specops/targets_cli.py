@@ -54,9 +54,9 @@ def evaluate(
     decoding there; print the side-by-side table and write the results file."""
     import tempfile
 
+    from serving.atomic import write_json_atomic
     from serving.drafters.package import DraftManifest, write_package
     from serving.errors import SpecOpsError
-    from serving.records.store import write_json_atomic
     from tasks.data.traffic import build_workload
     from tasks.evaluate.targets import evaluate_target, table
 

@@ -12,12 +12,11 @@ token for token (``exact``). Progress goes to stderr.
 from __future__ import annotations
 
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from serving.atomic import write_json_atomic
 from serving.backends import Speculation, open_backend
 from serving.backends.base import BackendOutput
 from serving.errors import BadInputError, SpecOpsError
@@ -123,14 +122,6 @@ def run(request: dict[str, Any], progress=sys.stderr) -> dict[str, Any]:
     }
 
 
-def _write_atomic(path: Path, payload: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, scratch = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as handle:
-        json.dump(payload, handle, indent=2)
-    os.replace(scratch, path)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2:
@@ -140,10 +131,10 @@ def main(argv: list[str] | None = None) -> int:
         request = json.loads(Path(args[0]).read_text())
         report = run(request)
     except SpecOpsError as error:
-        _write_atomic(Path(args[1]), {"error": type(error).__name__, "message": str(error)})
+        write_json_atomic(Path(args[1]), {"error": type(error).__name__, "message": str(error)})
         print(f"error: {error}", file=sys.stderr)
         return 1
-    _write_atomic(Path(args[1]), report)
+    write_json_atomic(Path(args[1]), report)
     return 0
 
 

@@ -16,14 +16,13 @@ into a temporary folder and renamed into place, so a reader never sees half of o
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from serving.atomic import atomic_dir
 from serving.drafters.base import Drafter
 from serving.drafters.factory import DrafterSpec, build_drafter, parse_drafter_spec
 from serving.errors import BadInputError, ModelSourceError
@@ -85,9 +84,7 @@ def write_package(
     """Write a package atomically: ``files`` maps a package-relative name to a file or
     folder to copy in. An existing package at ``folder`` is replaced."""
     folder = Path(folder)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}."))
-    try:
+    with atomic_dir(folder) as scratch:
         for name, source in (files or {}).items():
             destination = scratch / name
             destination.parent.mkdir(parents=True, exist_ok=True)
@@ -96,19 +93,7 @@ def write_package(
             else:
                 shutil.copy2(source, destination)
         (scratch / MANIFEST).write_text(manifest.model_dump_json(indent=2))
-        scratch.chmod(0o755)  # mkdtemp makes it 0700; a server may run as another user
         read_manifest(scratch)  # what we wrote must load
-        if folder.exists():
-            old = folder.with_name(f".{folder.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(folder, old)
-            os.replace(scratch, folder)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(scratch, folder)
-    except BaseException:
-        shutil.rmtree(scratch, ignore_errors=True)
-        raise
     return folder
 
 

@@ -15,9 +15,6 @@ target's embedding and output layer are borrowed at load time. A saved head is a
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +28,7 @@ from transformers.models.llama.modeling_llama import (
     LlamaRotaryEmbedding,
 )
 
+from serving.atomic import atomic_dir
 from serving.errors import IncompatibleDraftError, ModelSourceError
 
 HEAD_FORMAT = 1
@@ -226,14 +224,9 @@ def save_head(head: DraftHead, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     state = {name: tensor.detach().cpu().contiguous() for name, tensor in head.state_dict().items()}
-    with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as scratch:
-        work = Path(scratch) / "head"
-        work.mkdir()
+    with atomic_dir(path) as work:
         (work / CONFIG_FILE).write_text(head.head_config.model_dump_json(indent=2))
         save_file(state, str(work / WEIGHTS_FILE), metadata={"format": str(HEAD_FORMAT)})
-        if path.exists():
-            shutil.rmtree(path)
-        os.replace(work, path)
     return path
 
 

@@ -13,10 +13,9 @@ import importlib.util
 import json
 import logging
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
+from serving.atomic import atomic_dir
 from serving.errors import ModelSourceError
 
 log = logging.getLogger(__name__)
@@ -81,8 +80,7 @@ def _convert(source: Path, target: Path, fingerprint: str, *, progress: bool) ->
     steps = tqdm(
         total=3, desc=f"converting {source.name} (once)", disable=not progress, unit="step"
     )
-    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".convert-") as scratch:
-        work = Path(scratch) / REAL_MODEL_NAME
+    with atomic_dir(target) as work:
         steps.set_postfix_str("tokenizer")
         tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
         steps.update()
@@ -100,10 +98,7 @@ def _convert(source: Path, target: Path, fingerprint: str, *, progress: bool) ->
         (work / _MARKER).write_text(
             json.dumps({"gguf": str(source), "gguf_sha256": fingerprint}, indent=2)
         )
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(work, target)
-        steps.update()
+    steps.update()
     steps.close()
 
 

@@ -6,21 +6,18 @@ Layout under a root::
     quarantine/part-<run>.jsonl                                           rejected rows + reasons
 
 A part is written to a hidden temporary file beside its final name and renamed into place,
-so a reader never sees a half-written part and a killed writer leaves only a hidden
-``.tmp`` file that readers skip and the next run removes. Parts are never modified.
+(:mod:`serving.atomic`), so a reader never sees a half-written part and a killed writer
+leaves only a hidden ``.tmp`` file that readers skip and the next run removes. Parts are
+never modified.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import time
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TextIO
 
 from serving.errors import BadInputError
 
@@ -33,41 +30,6 @@ def partition_dir(root: Path, hardware: str, when: float) -> Path:
         raise BadInputError(f"hardware target {hardware!r} cannot name a partition")
     day = datetime.fromtimestamp(when, tz=UTC).strftime("%Y-%m-%d")
     return Path(root) / RECORDS / f"hardware={hardware}" / f"date={day}"
-
-
-@contextmanager
-def atomic_writer(path: Path) -> Iterator[TextIO]:
-    """Open a hidden temporary file beside ``path``; on success, fsync it and rename it into
-    place (readable by everyone); on any error, delete it. Readers see all or nothing."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as handle:
-            yield handle
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(temporary, 0o644)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-
-
-def write_jsonl_atomic(path: Path, rows: Iterable[dict]) -> int:
-    """Write ``rows`` to ``path`` atomically; return the row count."""
-    count = 0
-    with atomic_writer(path) as handle:
-        for row in rows:
-            handle.write(json.dumps(row) + "\n")
-            count += 1
-    return count
-
-
-def write_json_atomic(path: Path, payload: object) -> None:
-    """Write one JSON document atomically."""
-    with atomic_writer(path) as handle:
-        json.dump(payload, handle, indent=2)
 
 
 def part_files(root: Path, area: str = RECORDS) -> list[Path]:
@@ -131,7 +93,7 @@ def remove_stale_temporaries(root: Path, *, older_than_s: float = 600.0) -> int:
     if base.is_dir():
         cutoff = time.time() - older_than_s
         for path in base.rglob(".*.tmp"):
-            if path.stat().st_mtime < cutoff:
+            if path.is_file() and path.stat().st_mtime < cutoff:
                 path.unlink(missing_ok=True)
                 removed += 1
     return removed

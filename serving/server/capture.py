@@ -20,6 +20,7 @@ import threading
 import time
 from pathlib import Path
 
+from serving.atomic import write_jsonl_atomic
 from serving.detailed import DetailedRecord
 from serving.records import store
 from serving.records.schema import from_detailed, record_id
@@ -112,7 +113,7 @@ class Capture:
             for directory, part_rows in by_partition.items():
                 path = directory / f"part-{self.run_id}-{self._part:05d}.jsonl"
                 try:
-                    store.write_jsonl_atomic(path, part_rows)
+                    write_jsonl_atomic(path, part_rows)
                 except OSError:
                     # Keep the rows for the next flush rather than lose them.
                     log.exception("capture: could not write %s; will retry", path)

@@ -23,13 +23,13 @@ import torch
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from serving.atomic import write_json_atomic
 from serving.errors import BadInputError
 from serving.hardware import engine_target
 from serving.loader import DecoderOptions, build_decoder, eos_ids, set_threads
 from serving.metrics import pool
 from serving.models.truncated import first_layers
 from serving.paths import CONFIG_DIR
-from serving.records.store import write_json_atomic
 
 log = logging.getLogger(__name__)
 

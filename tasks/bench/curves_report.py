@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from serving.records.store import atomic_writer, write_json_atomic
+from serving.atomic import atomic_writer, write_json_atomic
 from tasks.bench.draft_curves import POINTS_FILE
 
 SPEED_FILE = "speed.json"

@@ -25,9 +25,9 @@ import torch
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from serving.atomic import write_json_atomic
 from serving.errors import BadInputError
 from serving.paths import CONFIG_DIR
-from serving.records.store import write_json_atomic
 
 DEFAULT_CONFIG = CONFIG_DIR / "draft_curves.yaml"
 POINTS_FILE = "points.json"

@@ -28,12 +28,12 @@ from pathlib import Path
 
 import torch
 
+from serving.atomic import write_json_atomic
 from serving.drafters.base import Drafter, DraftProposal, DraftRequest, StepFeedback
 from serving.errors import BadInputError
 from serving.hardware import engine_target
 from serving.loader import DecoderOptions, build_decoder, encode_messages, set_threads
 from serving.metrics import RequestStats, pool
-from serving.records.store import write_json_atomic
 
 log = logging.getLogger(__name__)
 

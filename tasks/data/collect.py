@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 from serving import metrics
+from serving.atomic import write_jsonl_atomic
 from serving.engine import SpeculativeDecoder
 from serving.loader import encode_messages
 from serving.metrics import StepRecord
@@ -117,7 +118,7 @@ def collect(
             ).append(row)
         for directory, rows in by_partition.items():
             path = directory / f"part-{run_id}-{part_number:05d}.jsonl"
-            store.write_jsonl_atomic(path, rows)
+            write_jsonl_atomic(path, rows)
             parts.append(str(path))
             part_number += 1
         written.extend(buffer)

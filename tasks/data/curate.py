@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from serving.atomic import write_json_atomic, write_jsonl_atomic
 from serving.hardware import load_hardware
 from serving.records import store
 from tasks.data.acceptance import rolling_acceptance
@@ -33,7 +34,7 @@ def curate(
     store_root, out_dir = Path(store_root), Path(out_dir)
     known_hardware = sorted(load_hardware().targets)
     result = validate_records(store.read_raw(store_root), known_hardware=known_hardware)
-    store.write_jsonl_atomic(out_dir / "quarantine.jsonl", result.quarantined)
+    write_jsonl_atomic(out_dir / "quarantine.jsonl", result.quarantined)
     dataset = build_dataset(result.valid, failure_share=failure_share, seed=seed)
     sizes = write_dataset(dataset, out_dir)
     tracker = rolling_acceptance(result.valid, window=window, threshold=threshold)
@@ -56,7 +57,7 @@ def curate(
 
 
 def _write_plot_data(plots_dir: Path, by_position, tracker) -> None:
-    store.write_json_atomic(
+    write_json_atomic(
         plots_dir / "acceptance_by_position.json",
         [
             {"position": i + 1, "acceptance": value}
@@ -64,7 +65,7 @@ def _write_plot_data(plots_dir: Path, by_position, tracker) -> None:
             if value is not None
         ],
     )
-    store.write_json_atomic(
+    write_json_atomic(
         plots_dir / "acceptance_by_workload.json",
         [
             {"workload": f"{g.workload}@{g.hardware}", "acceptance": g.acceptance}

@@ -16,7 +16,7 @@ import hashlib
 from collections.abc import Sequence
 from pathlib import Path
 
-from serving.records.store import write_jsonl_atomic
+from serving.atomic import write_jsonl_atomic
 
 SPLITS = ("failures", "replay", "train_mix", "eval")
 

@@ -31,14 +31,13 @@ import ast
 import hashlib
 import json
 import logging
-import os
-import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from serving.atomic import atomic_writer
 from serving.errors import BadInputError
 from serving.models.real import cache_root
 
@@ -299,28 +298,13 @@ def _read_pairs_cache(cache_file: Path) -> tuple[SharegptPair, ...] | None:
 
 
 def _write_pairs_cache(cache_file: Path, pairs: Sequence[SharegptPair], source: Path) -> None:
-    cache_file.parent.mkdir(parents=True, exist_ok=True)
     header = {"format": _CACHE_FORMAT, "source": str(source), "pairs": len(pairs)}
-    descriptor, scratch = tempfile.mkstemp(
-        dir=cache_file.parent, prefix=f".{cache_file.name}.", suffix=".tmp"
-    )
-    try:
-        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-            handle.write(json.dumps(header) + "\n")
-            for pair in pairs:
-                row = {
-                    "conversation_id": pair.conversation_id,
-                    "human": pair.human,
-                    "gpt": pair.gpt,
-                }
-                handle.write(json.dumps(row, ensure_ascii=False) + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        # Readers see either no cache or a complete one, never a half-written file.
-        os.replace(scratch, cache_file)
-    except BaseException:
-        Path(scratch).unlink(missing_ok=True)
-        raise
+    # Readers see either no cache or a complete one, never a half-written file.
+    with atomic_writer(cache_file) as handle:
+        handle.write(json.dumps(header) + "\n")
+        for pair in pairs:
+            row = {"conversation_id": pair.conversation_id, "human": pair.human, "gpt": pair.gpt}
+            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
 
 
 # ---------------------------------------------------------------------------- sources

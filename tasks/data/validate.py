@@ -33,9 +33,10 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
+from serving.atomic import write_json_atomic, write_jsonl_atomic
 from serving.errors import BadInputError
 from serving.records.schema import SCHEMA_VERSION, RequestRecord, is_failure
-from serving.records.store import QUARANTINE, read_raw, write_json_atomic, write_jsonl_atomic
+from serving.records.store import QUARANTINE, read_raw
 
 if TYPE_CHECKING:
     import pandas as pd

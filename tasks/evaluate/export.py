@@ -17,11 +17,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from serving.atomic import atomic_dir
 from serving.backends import Speculation, UnsupportedDraftError, backend_info, check_supported
 from serving.backends.exports import DRAFT_FOLDER, EXPORT_MANIFEST, load_export, read_export
 from serving.drafters.package import read_manifest
 from serving.errors import ModelSourceError
-from tasks.train.distill_model import save_atomic, save_causal_lm
+from tasks.train.distill_model import save_causal_lm
 
 
 def speculation_for(drafter: str, backend: str, k: int) -> Speculation:
@@ -88,13 +89,11 @@ def export_draft(
         "speculation": speculation.to_dict(),
     }
 
-    def write(scratch: Path) -> None:
+    with atomic_dir(out) as scratch:
         if speculation.method == "draft_model":
             _write_model_draft(manifest.drafter, package, scratch / DRAFT_FOLDER, target)
         (scratch / EXPORT_MANIFEST).write_text(json.dumps(record, indent=2))
-        scratch.chmod(0o755)  # mkdtemp makes it 0700; a server may run as another user
-
-    return save_atomic(out, write)
+    return out
 
 
 __all__ = ["export_draft", "load_export", "read_export", "speculation_for"]

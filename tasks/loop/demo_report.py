@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from serving.records.store import write_json_atomic
+from serving.atomic import write_json_atomic
 from tasks.train.suffix_index import read_valid_records
 
 

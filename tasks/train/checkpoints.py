@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 import time
 from collections.abc import Callable, Collection
 from pathlib import Path
@@ -16,20 +14,15 @@ from typing import Any
 import torch
 from pydantic import BaseModel
 
+from serving.atomic import atomic_path
 from serving.errors import ModelSourceError
 
 
 def atomic_torch_save(state: dict[str, Any], path: Path) -> None:
     """``torch.save`` into a hidden temporary file beside ``path``, then rename: a killed
     run leaves the previous checkpoint whole."""
-    descriptor, scratch = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(descriptor)
-    try:
+    with atomic_path(path) as scratch:
         torch.save(state, scratch)
-        os.replace(scratch, path)
-    except BaseException:
-        Path(scratch).unlink(missing_ok=True)
-        raise
 
 
 def read_checkpoint(path: Path, *, keys: Collection[str], version: int) -> dict[str, Any]:

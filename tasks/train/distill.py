@@ -28,9 +28,9 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from serving.atomic import atomic_dir, write_json_atomic
 from serving.drafters.package import DraftManifest, write_package
 from serving.errors import BadInputError, IncompatibleDraftError
-from serving.records.store import write_json_atomic
 from tasks.train.checkpoints import TrainClock, after_step, progress_bar
 from tasks.train.distill_checkpoint import (
     check_resumable,
@@ -46,7 +46,6 @@ from tasks.train.distill_model import (
     check_quantize_available,
     merge_lora,
     quantized,
-    save_atomic,
     save_causal_lm,
     with_lora,
 )
@@ -374,7 +373,9 @@ def _save_models(model, config: DistillConfig, target, tokenizer) -> tuple[Path,
     output_dir = Path(config.output_dir)
     if config.kind == "full":
         return save_causal_lm(model, output_dir / MODEL_DIR, tokenizer), None
-    adapter_dir = save_atomic(output_dir / ADAPTER_DIR, model.save_pretrained)
+    adapter_dir = output_dir / ADAPTER_DIR
+    with atomic_dir(adapter_dir) as scratch:
+        model.save_pretrained(scratch)
     # Merged into a fresh fp32 base (not the possibly quantized one trained against).
     base = base_draft(
         target, layers=config.layers, draft_model=config.draft_model, tokenizer=tokenizer

@@ -13,15 +13,13 @@ against the 8-/4-bit weights and merged into the fp32 ones.
 from __future__ import annotations
 
 import copy
-import os
-import shutil
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
 import torch
 
+from serving.atomic import atomic_dir
 from serving.errors import BadInputError, IncompatibleDraftError, ModelSourceError
 from serving.models.truncated import first_layers
 
@@ -153,27 +151,11 @@ def merge_lora(adapter_dir: str | Path, base):
     return load_lora(adapter_dir, base).merge_and_unload()
 
 
-def save_atomic(folder: Path, write: Callable[[Path], None]) -> Path:
-    """Run ``write`` on a temporary folder beside ``folder``, then rename it into place."""
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}."))
-    try:
-        write(scratch)
-        if folder.exists():
-            shutil.rmtree(folder)
-        os.replace(scratch, folder)
-    except BaseException:
-        shutil.rmtree(scratch, ignore_errors=True)
-        raise
-    return folder
-
-
 def save_causal_lm(model, folder: Path, tokenizer=None) -> Path:
-    """A standalone Hugging Face causal-LM folder (with the tokenizer, if given)."""
-
-    def write(scratch: Path) -> None:
+    """A standalone Hugging Face causal-LM folder (with the tokenizer, if given), written
+    atomically."""
+    with atomic_dir(folder) as scratch:
         model.save_pretrained(scratch)
         if tokenizer is not None:
             tokenizer.save_pretrained(scratch)
-
-    return save_atomic(folder, write)
+    return folder

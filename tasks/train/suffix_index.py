@@ -19,10 +19,11 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from serving.atomic import atomic_writer
 from serving.drafters.suffix import MAX_INDEX_TOKENS, SuffixCorpus, load_suffix_corpus
 from serving.errors import BadInputError
 from serving.records.schema import RequestRecord
-from serving.records.store import atomic_writer, read_raw
+from serving.records.store import read_raw
 
 log = logging.getLogger(__name__)
 

@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -31,6 +29,7 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from serving.atomic import atomic_path, write_text_atomic
 from serving.errors import BadInputError
 from tasks.train.teacher_answers import greedy_answers
 
@@ -212,31 +211,12 @@ def _shard_file(index: int) -> str:
     return f"shard-{index:05d}.safetensors"
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
-    descriptor, scratch = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(scratch, path)
-    except BaseException:
-        Path(scratch).unlink(missing_ok=True)
-        raise
-
-
 def _write_shard(path: Path, tensors: dict[str, torch.Tensor], prompt_ids: list[str]) -> None:
     from safetensors.torch import save_file
 
-    descriptor, scratch = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(descriptor)
-    try:
-        metadata = {"format": str(TEACHER_FORMAT), "prompt_ids": json.dumps(prompt_ids)}
-        save_file(tensors, scratch, metadata=metadata)
-        os.replace(scratch, path)  # readers see no shard or a complete one
-    except BaseException:
-        Path(scratch).unlink(missing_ok=True)
-        raise
+    metadata = {"format": str(TEACHER_FORMAT), "prompt_ids": json.dumps(prompt_ids)}
+    with atomic_path(path) as scratch:  # readers see no shard or a complete one
+        save_file(tensors, str(scratch), metadata=metadata)
 
 
 def _shard_prompt_ids(path: Path) -> list[str] | None:
@@ -370,7 +350,7 @@ def build_teacher_cache(
         manifest.shards.append(
             ShardEntry(file=path.name, prompt_ids=ids, sequences=len(shard), tokens=tokens)
         )
-        _atomic_write_text(cache_dir / MANIFEST, manifest.model_dump_json(indent=2))
+        write_text_atomic(cache_dir / MANIFEST, manifest.model_dump_json(indent=2))
         bar.update(len(shard))
         if forward_s:
             bar.set_postfix(

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -27,6 +25,7 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from serving.atomic import write_json_atomic
 from serving.errors import IncompatibleDraftError, ModelSourceError
 from serving.models.head import DraftHead, head_config_for, save_head
 from tasks.train.checkpoints import (
@@ -372,7 +371,4 @@ def _write_metrics(path: Path, config: TrainHeadConfig, result: TrainResult) -> 
         "config": json.loads(config.model_dump_json()),
         "result": {**asdict(result), "head_dir": str(result.head_dir)},
     }
-    descriptor, scratch = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(descriptor, "w") as handle:
-        json.dump(payload, handle, indent=2)
-    os.replace(scratch, path)
+    write_json_atomic(path, payload)

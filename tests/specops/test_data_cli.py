@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from serving.atomic import write_jsonl_atomic
 from serving.records.schema import RequestRecord, Sampling
-from serving.records.store import partition_dir, read_raw, write_jsonl_atomic
+from serving.records.store import partition_dir, read_raw
 from specops.cli import app
 
 runner = CliRunner()

@@ -13,10 +13,11 @@ import torch
 import typer
 from typer.testing import CliRunner
 
+from serving.atomic import write_jsonl_atomic
 from serving.drafters.package import DraftManifest, read_manifest, write_package
 from serving.models.tiny import tiny_llama
 from serving.records.schema import RequestRecord, Sampling
-from serving.records.store import partition_dir, write_jsonl_atomic
+from serving.records.store import partition_dir
 from specops.draft_cli import register_draft_commands
 from tasks.train.distill import CHECKPOINT_FILE
 from tasks.train.teacher import TeacherConfig, TeacherPrompt, build_teacher_cache

@@ -1,8 +1,7 @@
-"""The append-only store: atomic parts, tolerant reading, partitions, stale temporaries."""
+"""The append-only store: tolerant reading, partitions, stale temporaries."""
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 import time
@@ -11,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from serving.atomic import write_jsonl_atomic
 from serving.errors import BadInputError
 from serving.records.schema import RequestRecord, Sampling
 from serving.records.store import (
@@ -19,8 +19,6 @@ from serving.records.store import (
     partition_dir,
     read_raw,
     remove_stale_temporaries,
-    write_json_atomic,
-    write_jsonl_atomic,
 )
 
 NOW = 1_750_000_000.0  # 2025-06-15T15:06:40Z
@@ -60,65 +58,6 @@ def _record(index: int) -> dict:
         run_id="r",
         disagreements=[],
     ).model_dump(mode="json")
-
-
-# ------------------------------------------------------------------------- atomic writes
-
-
-def test_jsonl_write_is_readable_and_world_readable(tmp_path):
-    path = tmp_path / "deep" / "folder" / "part.jsonl"
-    rows = [{"a": 1}, {"b": [1, 2]}, {"c": "é"}]
-    assert write_jsonl_atomic(path, rows) == 3
-    assert [json.loads(line) for line in path.read_text().splitlines()] == rows
-    assert _mode(path) == 0o644
-    assert sorted(os.listdir(path.parent)) == ["part.jsonl"]
-
-
-def test_empty_jsonl_write(tmp_path):
-    assert write_jsonl_atomic(tmp_path / "empty.jsonl", iter(())) == 0
-    assert (tmp_path / "empty.jsonl").read_text() == ""
-
-
-def test_json_write_is_readable_and_world_readable(tmp_path):
-    path = tmp_path / "summary.json"
-    payload = {"total": 3, "nested": {"rate": None}}
-    write_json_atomic(path, payload)
-    assert json.loads(path.read_text()) == payload
-    assert _mode(path) == 0o644
-    write_json_atomic(path, {"total": 4})  # replacing works too
-    assert json.loads(path.read_text()) == {"total": 4}
-
-
-def _rows_then(error: BaseException):
-    yield {"row": 1}
-    yield {"row": 2}
-    raise error
-
-
-@pytest.mark.parametrize("error", [RuntimeError("disk on fire"), KeyboardInterrupt()])
-def test_interrupted_write_leaves_nothing_new(tmp_path, error):
-    fresh = tmp_path / "fresh.jsonl"
-    with pytest.raises(type(error)):
-        write_jsonl_atomic(fresh, _rows_then(error))
-    assert not fresh.exists()
-    assert os.listdir(tmp_path) == []  # no temporary left behind
-
-
-def test_interrupted_write_keeps_the_previous_content(tmp_path):
-    path = tmp_path / "part.jsonl"
-    write_jsonl_atomic(path, [{"old": True}])
-    before = path.read_bytes()
-    with pytest.raises(RuntimeError):
-        write_jsonl_atomic(path, _rows_then(RuntimeError("killed")))
-    assert path.read_bytes() == before
-    assert os.listdir(tmp_path) == ["part.jsonl"]
-
-
-def test_unserialisable_row_aborts_the_write(tmp_path):
-    path = tmp_path / "part.jsonl"
-    with pytest.raises(TypeError):
-        write_jsonl_atomic(path, [{"ok": 1}, {"bad": object()}])
-    assert os.listdir(tmp_path) == []
 
 
 # -------------------------------------------------------------------------------- reading

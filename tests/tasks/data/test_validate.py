@@ -8,9 +8,10 @@ import math
 
 import pytest
 
+from serving.atomic import write_jsonl_atomic
 from serving.errors import BadInputError
 from serving.records.schema import DisagreementRow, RequestRecord, Sampling
-from serving.records.store import partition_dir, read_raw, write_jsonl_atomic
+from serving.records.store import partition_dir, read_raw
 from tasks.data.validate import quarantine_path, validate_records, validate_store
 
 NOW = 1_750_000_000.0
