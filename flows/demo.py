@@ -13,12 +13,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
 
-from flows.loop import collect, evaluate_and_promote
+from flows.loop import bootstrap, collect
 from tasks.loop import prefect_tasks as steps
 
 
@@ -33,27 +32,16 @@ def drift_demo(
     eval_prompts: int = 8,
     max_new_tokens: int = 96,
 ) -> dict[str, Any]:
-    from serving.drafters.package import DraftManifest, write_package
-
     logger = get_run_logger()
     store = f"{work}/store"
-    registry = steps.open_registry()
-    bootstrap = None
-    if registry.champion(hardware) is None:
-        package = write_package(
-            Path(work) / "bootstrap" / "pld",
-            DraftManifest(drafter="pld:3", k=10, policy="cost", family="ngram"),
-        )
-        draft = steps.register(str(package), "ngram")
-        bootstrap = evaluate_and_promote(
-            [draft],
-            hardware=hardware,
-            workloads=[before_workload],
-            prompts_per_workload=4,
-            max_new_tokens=max_new_tokens,
-            cache=f"{work}/packages",
-        )
-    logger.info("champion before drift: %s", registry.champion(hardware))
+    bootstrapped = bootstrap(
+        hardware=hardware,
+        workloads=[before_workload],
+        prompts_per_workload=4,
+        max_new_tokens=max_new_tokens,
+        work=work,
+    )["bootstrapped"]
+    logger.info("champion before drift: %s", steps.open_registry().champion(hardware))
     phases = []
     for index, (workload, n) in enumerate(
         [(before_workload, before_prompts), (after_workload, after_prompts)], start=1
@@ -74,4 +62,4 @@ def drift_demo(
     retrained = phases[-1]["retrained"]
     if retrained is None:
         logger.warning("rolling acceptance did not fall below the threshold: no retrain")
-    return {"bootstrap": bootstrap, "phases": phases, "retrained": retrained}
+    return {"bootstrap": bootstrapped, "phases": phases, "retrained": retrained}

@@ -8,6 +8,9 @@
 - ``evaluate-and-promote``: one interleaved evaluation of champion and challengers on
   held-out prompts of a hardware target; the gates decide; the fastest passing
   challenger becomes the champion (the registry alias moves; servers hot-swap to it).
+- ``bootstrap``: a hardware target's first champion: a built-in drafter (prompt lookup by
+  default) is registered and goes through ``evaluate-and-promote`` (with no champion, it
+  must beat plain decoding). Run once per target, before ``collect``.
 """
 
 from __future__ import annotations
@@ -45,6 +48,36 @@ def evaluate_and_promote(
         "champion on %s: %s", hardware, decision["promoted"] or f"kept {decision['champion']}"
     )
     return decision
+
+
+@flow(name="bootstrap")
+def bootstrap(
+    hardware: str = "cpu",
+    drafter: str = "pld:3",
+    family: str = "ngram",
+    k: int = 10,
+    policy: str = "cost",
+    workloads: list[str] | None = None,
+    prompts_per_workload: int = 4,
+    max_new_tokens: int = 96,
+    work: str = ".specops/work",
+) -> dict[str, Any]:
+    logger = get_run_logger()
+    current = steps.champion(hardware)
+    if current is not None:
+        logger.info("%s already has a champion (%s): nothing to bootstrap", hardware, current)
+        return {"champion": current, "bootstrapped": None}
+    package = steps.builtin_package(drafter, f"{work}/bootstrap", k=k, policy=policy, family=family)
+    draft = steps.register(package, family)
+    decision = evaluate_and_promote(
+        [draft],
+        hardware=hardware,
+        workloads=workloads or ["grounded"],
+        prompts_per_workload=prompts_per_workload,
+        max_new_tokens=max_new_tokens,
+        cache=f"{work}/packages",
+    )
+    return {"champion": decision["promoted"], "bootstrapped": decision}
 
 
 @flow(name="retrain")

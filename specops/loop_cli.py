@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -105,6 +106,55 @@ def demo(
 
 
 @loop_app.command()
+def bootstrap(
+    hardware: Annotated[str, typer.Option(help="Hardware target.")] = "cpu",
+    drafter: Annotated[
+        str, typer.Option(help="A built-in drafter: pld[:N], ngram[:N] or layers:N.")
+    ] = "pld:3",
+    family: Annotated[str, typer.Option(help="Registered-model family.")] = "ngram",
+    k: Annotated[int, typer.Option(help="Largest draft block.")] = 10,
+    policy: Annotated[str, typer.Option(help="Draft-length policy.")] = "cost",
+    workload: Annotated[str, typer.Option(help="Held-out prompts it is evaluated on.")] = (
+        "grounded"
+    ),
+    prompts: Annotated[int, typer.Option(help="Held-out prompts.")] = 4,
+    max_new_tokens: Annotated[int, typer.Option(help="Tokens per prompt.")] = 96,
+) -> None:
+    """A hardware target's first champion: register a built-in drafter, evaluate it against
+    plain decoding on held-out prompts, and promote it if the gates pass."""
+    from serving.drafters.factory import parse_drafter_spec
+    from serving.errors import SpecOpsError
+    from serving.hardware import engine_target
+    from tasks.loop.steps import BUILTIN_DRAFTERS
+
+    try:  # bad options fail here, before Prefect or any model starts
+        engine_target(hardware)  # bootstrapping evaluates on the specops engine
+        if parse_drafter_spec(drafter).kind not in BUILTIN_DRAFTERS:
+            _fail(f"--drafter {drafter!r} needs files; use one of {', '.join(BUILTIN_DRAFTERS)}")
+    except SpecOpsError as error:
+        _fail(str(error))
+    _prefect_env()
+    from flows.loop import bootstrap as bootstrap_flow
+
+    try:
+        result = bootstrap_flow(
+            hardware=hardware, drafter=drafter, family=family, k=k, policy=policy,
+            workloads=[workload], prompts_per_workload=prompts, max_new_tokens=max_new_tokens,
+        )  # fmt: skip
+    except SpecOpsError as error:
+        _fail(str(error))
+    if result["bootstrapped"] is None:
+        typer.echo(f"{hardware} already has a champion: {result['champion']}")
+        return
+    for label, gate in result["bootstrapped"]["gates"].items():
+        typer.echo(f"gate {label}: {gate['reason']}")
+    champion = result["champion"]
+    typer.echo(f"champion-{hardware}: {champion}" if champion else "not promoted: no champion")
+    if not champion:
+        raise typer.Exit(1)
+
+
+@loop_app.command()
 def run(
     flow_name: Annotated[str, typer.Argument(help="collect | retrain")],
     hardware: Annotated[str, typer.Option(help="Hardware target.")] = "cpu",
@@ -114,7 +164,7 @@ def run(
     _prefect_env()
     from flows.loop import collect, retrain
 
-    flows = {"collect": collect, "retrain": retrain}
+    flows: dict[str, Callable[..., dict[str, Any]]] = {"collect": collect, "retrain": retrain}
     if flow_name not in flows:
         _fail(f"unknown flow {flow_name!r}; choose one of {sorted(flows)}")
     result = flows[flow_name](hardware=hardware, store=store)

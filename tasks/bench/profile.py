@@ -11,11 +11,23 @@ from __future__ import annotations
 import random
 import statistics
 import time
+from typing import TypedDict
 
 import torch
 
 from serving.kv import new_cache, rewind
 from serving.models.truncated import first_layers
+
+
+class PassProfile(TypedDict):
+    """What :func:`profile_model` measured (and ``specops profile`` writes as JSON)."""
+
+    context: int  # tokens in the warm KV cache
+    repeats: int  # timings per size; medians kept
+    threads: int
+    target_pass_s: dict[int, float]  # n new tokens -> seconds of one target pass
+    verify_curve: list[float]  # t_verify(n) / t_verify(1), n = 1..max_n
+    draft_cost: dict[str, float]  # "layers:N" -> one draft pass / one target pass
 
 
 @torch.inference_mode()
@@ -38,13 +50,13 @@ def profile_model(
     draft_layers: tuple[int, ...] = (1, 2, 4, 8),
     seed: int = 0,
     progress: bool = True,
-) -> dict[str, object]:
+) -> PassProfile:
     from tqdm.auto import tqdm
 
     vocab = int(model.config.vocab_size)
     generator = torch.Generator().manual_seed(seed)
     prompt = torch.randint(0, vocab, (1, context), generator=generator)
-    subjects: dict[str, tuple[object, list[int]]] = {"target": (model, list(range(1, max_n + 1)))}
+    subjects: dict[str, tuple[torch.nn.Module, list[int]]] = {"target": (model, list(range(1, max_n + 1)))}
     for layers in draft_layers:
         if layers < model.config.num_hidden_layers:
             subjects[f"layers:{layers}"] = (first_layers(model, layers), [1])

@@ -64,9 +64,10 @@ def write_report(result: dict[str, Any], store: Path, out_dir: Path) -> dict[str
     out_dir = Path(out_dir)
     series = acceptance_over_time(store)
     decision = (result.get("retrained") or {}).get("decision")
+    ba = before_after(decision) if decision else None
     summary = {
         "acceptance_over_time": series,
-        "before_after": before_after(decision) if decision else None,
+        "before_after": ba,
         "bootstrap": (result.get("bootstrap") or {}).get("promoted"),
     }
     write_json_atomic(out_dir / "loop.json", {**summary, "flow_result": result})
@@ -80,8 +81,7 @@ def write_report(result: dict[str, Any], store: Path, out_dir: Path) -> dict[str
     left.set(xlabel="request (serving order)", ylabel="acceptance (rolling, 8 requests)",
              title="drift: acceptance of the champion draft", ylim=(0, 1))  # fmt: skip
     left.legend()
-    if decision:
-        ba = summary["before_after"]
+    if ba is not None:
         names = ["plain", "champion (before)", "challenger"]
         rows = [ba["plain"], ba["before"], ba["challenger"]]
         lengths = [r["mean_accepted_length"] if r else 0 for r in rows]

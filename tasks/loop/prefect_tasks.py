@@ -67,6 +67,18 @@ def train_suffix(store: str, out: str, *, hardware: str) -> str:
     return str(loop.train_suffix_challenger(Path(store), Path(out), hardware=hardware))
 
 
+@task(name="builtin-package", cache_policy=NO_CACHE)
+def builtin_package(drafter: str, folder: str, *, k: int, policy: str, family: str) -> str:
+    return str(loop.builtin_package(drafter, Path(folder), k=k, policy=policy, family=family))
+
+
+@task(name="champion", cache_policy=NO_CACHE, retries=1)
+def champion(hardware: str) -> str | None:
+    """The label of ``hardware``'s champion, or None."""
+    draft = open_registry().champion(hardware)
+    return None if draft is None else draft.label
+
+
 @task(name="register", cache_policy=NO_CACHE, retries=1)
 def register(package: str, family: str, params: dict[str, Any] | None = None) -> dict[str, str]:
     draft = open_registry().log_draft(package, family=family, params=params)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from registry.client import DraftVersion, Registry
+from serving.drafters.factory import parse_drafter_spec
 from serving.drafters.package import DraftManifest, load_package, write_package
 from serving.engine import SpeculativeDecoder
 from serving.errors import BadInputError
@@ -42,8 +43,8 @@ def champion_package(registry: Registry, hardware: str, cache: Path) -> tuple[Dr
     draft = registry.champion(hardware)
     if draft is None:
         raise BadInputError(
-            f"no champion on hardware target {hardware!r}: bootstrap one first "
-            "(the main job does, or `specops loop bootstrap`)"
+            f"no champion on hardware target {hardware!r}: bootstrap one first with "
+            f"`specops loop bootstrap --hardware {hardware}` (the main job does it too)"
         )
     return draft, registry.download(draft, cache)
 
@@ -90,6 +91,29 @@ def validate_store_step(
 ) -> dict[str, Any]:
     """Great Expectations validation with quarantine, the dataset, rolling acceptance."""
     return curate(store_root, out_dir, window=window, threshold=threshold)
+
+
+# Drafters that need no files: a package of one is just its manifest.
+BUILTIN_DRAFTERS = ("pld", "ngram", "layers")
+
+
+def builtin_package(
+    drafter: str, folder: Path, *, k: int = 10, policy: str = "cost", family: str = "ngram"
+) -> Path:
+    """A draft package of a drafter that needs no files (prompt lookup, the n-gram store,
+    the target's first layers), ready to register: how a fresh registry gets its first
+    champion."""
+    spec = parse_drafter_spec(drafter)
+    if spec.kind not in BUILTIN_DRAFTERS:
+        raise BadInputError(
+            f"drafter {drafter!r} needs files; bootstrap with one of "
+            f"{', '.join(BUILTIN_DRAFTERS)} (e.g. pld:3), or train a draft package "
+            "(`specops train-draft`) and register it"
+        )
+    manifest = DraftManifest(
+        drafter=drafter, k=k, policy=policy, family=family, description="built-in drafter"
+    )
+    return write_package(Path(folder) / drafter.replace(":", "-"), manifest)
 
 
 def train_suffix_challenger(

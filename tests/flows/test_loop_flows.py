@@ -126,3 +126,27 @@ def test_a_flow_killed_midway_moves_no_alias_and_reruns(harness, world, monkeypa
     )  # fmt: skip
     assert set(decision["gates"]) == {challenger["label"]}
     torch.set_num_threads(2)
+
+
+def test_bootstrap_registers_a_builtin_drafter_once(harness, world):
+    from flows.loop import bootstrap
+
+    result = bootstrap(
+        hardware="cpu", drafter="pld:3", k=4, policy="fixed", workloads=["grounded"],
+        prompts_per_workload=6, max_new_tokens=16, work=str(world / "work"),
+    )  # fmt: skip
+    decision = result["bootstrapped"]
+    (label,) = decision["gates"]
+    assert label == "specops-draft-ngram/1"
+    # With no champion the gate compares with plain decoding; on the tiny target whether
+    # prompt lookup wins is the machine's timing, so the promotion follows the gate.
+    passed = decision["gates"][label]["passed"]
+    assert result["champion"] == (label if passed else None)
+    assert (Registry().champion("cpu") is not None) == passed
+    registry = Registry()
+    if not passed:  # promote it directly, to see a second bootstrap leave a champion be
+        registry.promote(registry.get("ngram", 1), "cpu", reason="test setup")
+    again = bootstrap(hardware="cpu", work=str(world / "work"))
+    assert again == {"champion": label, "bootstrapped": None}
+    name = registry.model_name("ngram")
+    assert len(registry.client.search_model_versions(f"name = '{name}'")) == 1

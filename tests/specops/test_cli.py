@@ -35,6 +35,22 @@ def test_bad_generate_options_fail_with_the_value_named(args, fragment):
     assert "Traceback" not in result.output
 
 
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--drafter", "suffix"], "--drafter 'suffix' needs files"),
+        (["--drafter", "magic"], "unknown drafter 'magic'"),
+        (["--hardware", "tpu"], "unknown hardware target 'tpu'"),
+        (["--hardware", "cpu-vllm"], "runs on the 'vllm' backend"),
+    ],
+)
+def test_bad_bootstrap_options_fail_before_any_flow_runs(args, fragment):
+    result = runner.invoke(app, ["loop", "bootstrap", *args])
+    assert result.exit_code == 2, result.output
+    assert fragment in result.output
+    assert "Traceback" not in result.output
+
+
 @pytest.mark.real_model
 def test_generate_json_on_the_real_model(real_packed):
     result = runner.invoke(

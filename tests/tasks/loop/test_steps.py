@@ -1,6 +1,8 @@
 """The loop's plain steps without Prefect: tiny target, character tokenizer, a real MLflow
 SQLite registry in a temporary folder."""
 
+import re
+
 import pytest
 
 import tasks.loop.steps as loop
@@ -64,3 +66,15 @@ def test_evaluate_and_decide_logs_gates_and_promotes(tmp_path, tiny, registry, m
 def test_no_champion_is_a_clear_error(tmp_path, registry):
     with pytest.raises(BadInputError, match="no champion on hardware target 'cpu'"):
         loop.champion_package(registry, "cpu", tmp_path)
+
+
+def test_builtin_package_writes_a_registrable_manifest(tmp_path):
+    package = loop.builtin_package("ngram:4", tmp_path, k=6, policy="fixed", family="ngram")
+    manifest = read_manifest(package)
+    assert (manifest.drafter, manifest.k, manifest.policy) == ("ngram:4", 6, "fixed")
+
+
+@pytest.mark.parametrize("drafter", ["suffix", "model:/nowhere", "nonsense:1"])
+def test_builtin_package_refuses_drafters_with_files_or_unknown(tmp_path, drafter):
+    with pytest.raises(BadInputError, match=re.escape(drafter)):
+        loop.builtin_package(drafter, tmp_path)
