@@ -28,7 +28,7 @@ class HardwareTarget(BaseModel):
     num_speculative_tokens: int = Field(3, ge=1, le=16)
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     # False for targets whose hardware this project cannot reach (CUDA, Trainium): their
-    # code is real but was not run here; the README says so.
+    # code is real but was not run here; docs/targets.md says so.
     runs_here: bool = True
 
     @field_validator("verify_curve")

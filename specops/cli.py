@@ -54,7 +54,10 @@ def _format_stats(stats: dict) -> str:
 def generate(
     prompt: Annotated[str, typer.Argument(help="The prompt text.")],
     drafter: Annotated[
-        str, typer.Option(help="none | pld[:N] | ngram[:N] | layers:N | model:PATH")
+        str,
+        typer.Option(
+            help="none | pld[:N] | ngram[:N] | suffix[:PATH] | layers:N | model:PATH | head:PATH"
+        ),
     ] = "pld",
     k: Annotated[
         int,

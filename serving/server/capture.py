@@ -6,8 +6,8 @@ validates: ``<store>/records/hardware=<target>/date=<day>/part-serve-....jsonl``
 are buffered and flushed as atomic parts (every ``chunk_size`` records, every
 ``max_age_s`` seconds, and at shutdown), so a reader never sees half a part.
 
-This is the one place the serving tier imports from ``tasks/``: the record schema and the
-store writer, so that captured traffic cannot drift from collected traffic.
+The record schema and the store writer are :mod:`serving.records`, shared with the data
+stage's collection, so that captured traffic cannot drift from collected traffic.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 from serving.atomic import write_jsonl_atomic
 from serving.detailed import DetailedRecord
 from serving.records import store
-from serving.records.schema import from_detailed, record_id
+from serving.records.schema import LIVE_WORKLOAD, from_detailed, record_id
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ class Capture:
             record,
             record_key=record_id(self.run_id, record.request_id),
             prompt_id=prompt_id,
-            workload="live",
+            workload=LIVE_WORKLOAD,
             split="train",
             prompt=prompt_text,
             output_text=output_text,

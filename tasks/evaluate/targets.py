@@ -32,7 +32,7 @@ from serving.backends import (
 from serving.errors import BadInputError, ModelSourceError
 from serving.hardware import HardwareTarget, hardware_target
 from serving.paths import PROJECT_ROOT
-from tasks.data.traffic import Prompt
+from tasks.data.prompts import Prompt
 from tasks.evaluate.export import export_draft, load_export, speculation_for
 
 RUN_TIMEOUT_S = 3600
@@ -62,7 +62,7 @@ def runnable_target(hardware: str) -> HardwareTarget:
     if not target.runs_here:
         raise BadInputError(
             f"hardware target {hardware!r} ({target.backend} on {target.device}) cannot run on "
-            "this machine; its code is real but untested here (see the README)"
+            "this machine; its code is real but untested here (see docs/targets.md)"
         )
     return target
 
