@@ -10,7 +10,8 @@ killed writer leaves only a hidden ``.<name>.*.tmp`` that readers skip.
 - :func:`atomic_writer` opens it as a text file; :func:`write_text_atomic`,
   :func:`write_json_atomic` and :func:`write_jsonl_atomic` are the usual cases;
 - :func:`atomic_dir` does the same for a folder; :func:`replace_dir` puts a finished
-  folder in place of another.
+  folder in place of another; :func:`recover_dir` and :func:`remove_scratch` tidy up
+  after a writer that was killed outright, for a folder that one owner writes.
 """
 
 from __future__ import annotations
@@ -28,6 +29,16 @@ from typing import TextIO
 def _fsync(path: Path) -> None:
     with open(path, "rb") as handle:
         os.fsync(handle.fileno())
+
+
+def _fsync_tree(folder: Path) -> None:
+    for parent, _, names in os.walk(folder):
+        for name in names:
+            _fsync(Path(parent) / name)
+
+
+def _old(folder: Path) -> Path:
+    return folder.with_name(f".{folder.name}.old")
 
 
 @contextmanager
@@ -86,7 +97,7 @@ def replace_dir(source: Path, folder: Path) -> None:
     if not folder.exists():
         os.replace(source, folder)
         return
-    old = folder.with_name(f".{folder.name}.old")
+    old = _old(folder)
     shutil.rmtree(old, ignore_errors=True)
     os.replace(folder, old)
     os.replace(source, folder)
@@ -102,8 +113,35 @@ def atomic_dir(folder: str | Path) -> Iterator[Path]:
     scratch = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}.", suffix=".tmp"))
     try:
         yield scratch
+        _fsync_tree(scratch)
         scratch.chmod(0o755)  # mkdtemp makes it 0700; a server may run as another user
         replace_dir(scratch, folder)
     except BaseException:
         shutil.rmtree(scratch, ignore_errors=True)
         raise
+
+
+def recover_dir(folder: str | Path) -> bool:
+    """Put back the previous ``folder`` when a writer died between :func:`replace_dir`'s two
+    renames (only ``.<name>.old`` is left); True if it did."""
+    folder = Path(folder)
+    old = _old(folder)
+    if folder.exists() or not old.is_dir():
+        return False
+    os.replace(old, folder)
+    return True
+
+
+def remove_scratch(folder: str | Path) -> int:
+    """Remove the hidden temporaries a killed :func:`atomic_dir` or :func:`atomic_path`
+    left beside ``folder`` (``.<name>.*.tmp``); return how many. Only for a folder whose
+    one writer is the caller: a writer still running would lose its temporary."""
+    folder = Path(folder)
+    removed = 0
+    for scratch in folder.parent.glob(f".{folder.name}.*.tmp"):
+        if scratch.is_dir():
+            shutil.rmtree(scratch, ignore_errors=True)
+        else:
+            scratch.unlink(missing_ok=True)
+        removed += 1
+    return removed

@@ -1,8 +1,8 @@
 """``specops teacher ...`` (teacher caches) and ``specops draft-curves`` (learning curves).
 
-Thin: options are checked before any model loads; the work is in :mod:`tasks.train.teacher`,
-:mod:`tasks.train.teacher_answers`, :mod:`tasks.bench.draft_curves` and
-:mod:`tasks.bench.curves_report`.
+Thin: options are checked before any model loads; the work is in
+:mod:`tasks.train.teacher_build`, :mod:`tasks.train.teacher_answers`,
+:mod:`tasks.bench.draft_curves` and :mod:`tasks.bench.curves_report`.
 """
 
 from __future__ import annotations
@@ -24,16 +24,18 @@ teacher_app = typer.Typer(
 def _sharegpt(tokenizer, n: int | None, split: str, max_prompt_tokens: int, seed: int):
     """ShareGPT first turns of ``split`` that fit ``max_prompt_tokens``, chat-templated, in
     the seeded order (the first ``n``, or all)."""
-    from tasks.data.traffic import sharegpt_available, sharegpt_prompts
-    from tasks.train.teacher import encode_traffic
+    from tasks.data.prompts import as_split
+    from tasks.data.sharegpt import sharegpt_available, sharegpt_prompts
+    from tasks.train.teacher_build import encode_traffic
 
+    selector = as_split(split)
     if max_prompt_tokens < 1:
         raise _bad(f"--max-prompt-tokens must be >= 1, got {max_prompt_tokens}")
     chars = 4 * max_prompt_tokens  # a token rarely holds more than ~4 characters
-    available = sharegpt_available(split, chars)
+    available = sharegpt_available(selector, chars)
     if not available:
         raise _bad(f"no ShareGPT {split} prompt fits --max-prompt-tokens {max_prompt_tokens}")
-    candidates = sharegpt_prompts(available, seed=seed, split=split, max_prompt_chars=chars)
+    candidates = sharegpt_prompts(available, seed=seed, split=selector, max_prompt_chars=chars)
     picked = encode_traffic(tokenizer, candidates, max_prompt_tokens=max_prompt_tokens)
     if n is not None and n > len(picked):
         raise _bad(f"asked for {n} prompts but only {len(picked)} ShareGPT {split} prompts fit")
@@ -96,7 +98,8 @@ def teacher_build(
     teacher-forced pass recording features and top-k log-probabilities."""
     from serving.errors import SpecOpsError
     from serving.loader import eos_ids, load_target, set_threads
-    from tasks.train.teacher import TeacherConfig, TeacherPrompt, build_teacher_cache
+    from tasks.train.teacher import TeacherConfig
+    from tasks.train.teacher_build import TeacherPrompt, build_teacher_cache
 
     try:
         if count is not None and count < 1:

@@ -6,7 +6,7 @@ import json
 from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated
 
 import typer
 
@@ -32,12 +32,13 @@ def build_traffic(
     """Build the train and held-out prompts from real data (params: traffic)."""
     from serving.atomic import write_jsonl_atomic
     from serving.errors import SpecOpsError
+    from serving.records.schema import Split
     from tasks.data.params import load_params
     from tasks.data.traffic import build_workload
 
     try:
         settings = load_params(params).traffic
-        splits: list[tuple[Literal["train", "heldout"], int]] = [
+        splits: list[tuple[Split, int]] = [
             ("train", settings.train_prompts_per_workload),
             ("heldout", settings.heldout_prompts_per_workload),
         ]
@@ -56,10 +57,11 @@ def build_traffic(
 
 def _read_traffic(folder: Path):
     from serving.errors import BadInputError
-    from tasks.data.traffic import Prompt
+    from serving.records.schema import SPLITS
+    from tasks.data.prompts import Prompt
 
     prompts = []
-    for split in ("train", "heldout"):
+    for split in SPLITS:
         path = folder / f"{split}.jsonl"
         if not path.is_file():
             raise BadInputError(f"traffic file {str(path)!r} is missing; run build-traffic")

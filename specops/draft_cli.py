@@ -206,7 +206,8 @@ def _check_teacher_source(teacher: Path, build: int | None) -> None:
 
 def _build_teacher(model, tokenizer, teacher: Path, n: int, new_tokens: int, max_prompt: int):
     from serving.loader import eos_ids
-    from tasks.train.teacher import TeacherConfig, build_teacher_cache, sharegpt_teacher_prompts
+    from tasks.train.teacher import TeacherConfig
+    from tasks.train.teacher_build import build_teacher_cache, sharegpt_teacher_prompts
 
     prompts = sharegpt_teacher_prompts(tokenizer, n, max_prompt_tokens=max_prompt)
     return build_teacher_cache(

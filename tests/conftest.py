@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from serving.models.tiny import tiny_llama
-from tasks.data.traffic import Prompt
+from tasks.data.prompts import Prompt
 
 # Repeats a few n-grams so that prompt lookup and the n-gram store find something to draft.
 PROMPT = [1, 5, 17, 42, 8, 5, 17, 42, 33, 9, 5, 17]
@@ -128,7 +128,8 @@ def _prompts(texts: list[str] = TEXTS, *, workload: str = "grounded") -> list[Pr
 def _tiny_teacher_cache(
     target, path, *, prompts: int, prompt_len: int, max_new_tokens: int, seed: int, prefix="p"
 ):
-    from tasks.train.teacher import TeacherConfig, TeacherPrompt, build_teacher_cache
+    from tasks.train.teacher import TeacherConfig
+    from tasks.train.teacher_build import TeacherPrompt, build_teacher_cache
 
     generator = torch.Generator().manual_seed(seed)
     chosen = [

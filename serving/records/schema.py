@@ -4,8 +4,9 @@ A request record is what one request through the engine in detailed mode leaves 
 prompt and the target's output, per-request acceptance, every draft/target disagreement,
 and who produced it (drafter and its version, policy, hardware target, sampling). Records
 whose acceptance falls below the collection's threshold are *failure cases*; the rest feed
-the replay buffer. Validation (``tasks/data/validate.py``) also views the disagreements as their
-own flat record type.
+the replay buffer. Validation (``tasks/data/expectations.py``) also views the disagreements
+as their own flat record type. The workload and split names live here too, the lowest layer
+that needs them.
 
 ``RequestRecord`` is the structural contract: pydantic rejects missing fields, wrong types
 and NaN/inf at parse time, with the field named in the reason.
@@ -16,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -24,6 +25,18 @@ from serving.detailed import DetailedRecord
 
 SCHEMA_VERSION: Literal[1] = 1
 DEFAULT_FAILURE_THRESHOLD = 0.5
+
+# Workload and split names, declared once here for every layer above (traffic, params,
+# validation, benchmarks, CLI). Traffic built from packaged data is one of ``WORKLOADS``;
+# the server's capture writes ``LIVE_WORKLOAD``, always in the train split (live traffic is
+# never evaluation data, which comes from the held-out workloads). A record's ``workload``
+# and ``split`` stay plain strings: validation's expectations check them, with a reason.
+Workload = Literal["sharegpt", "humaneval", "grounded"]
+Split = Literal["train", "heldout"]
+WORKLOADS: tuple[Workload, ...] = get_args(Workload)
+SPLITS: tuple[Split, ...] = get_args(Split)
+LIVE_WORKLOAD: Literal["live"] = "live"
+RECORD_WORKLOADS: tuple[str, ...] = (*WORKLOADS, LIVE_WORKLOAD)
 
 
 class _Strict(BaseModel):
@@ -53,8 +66,8 @@ class RequestRecord(_Strict):
     schema_version: Literal[1]
     id: str = Field(min_length=1)
     prompt_id: str
-    workload: str
-    split: str
+    workload: str  # one of RECORD_WORKLOADS (checked by validation, not at parse)
+    split: str  # one of SPLITS (likewise)
     prompt: str
     prompt_token_ids: list[int]
     output_text: str

@@ -30,6 +30,7 @@ from serving.loader import DecoderOptions, build_decoder, eos_ids, set_threads
 from serving.metrics import pool
 from serving.models.truncated import first_layers
 from serving.paths import CONFIG_DIR
+from serving.records.schema import WORKLOADS, Split, Workload
 
 log = logging.getLogger(__name__)
 
@@ -52,9 +53,9 @@ class MethodConfig(BaseModel):
 class BenchConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    workloads: list[str] = Field(default_factory=lambda: ["sharegpt", "humaneval", "grounded"])
+    workloads: list[Workload] = Field(default_factory=lambda: list(WORKLOADS))
     prompts_per_workload: int = Field(4, ge=1)
-    split: Literal["train", "heldout"] = "heldout"
+    split: Split = "heldout"
     seed: int = 0
     max_new_tokens: int = Field(128, ge=1)
     threads: int = Field(2, ge=1)

@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from serving.atomic import atomic_writer, write_json_atomic
-from tasks.bench.draft_curves import POINTS_FILE
 
-SPEED_FILE = "speed.json"
+# The files of a curves run (the harness, tasks.bench.draft_curves, writes them).
+POINTS_FILE = "points.json"  # <out_dir>/<design>/
+SPEED_FILE = "speed.json"  # <out_dir>/
 
 
 def collect(out_dir: Path) -> dict[str, dict[str, Any]]:

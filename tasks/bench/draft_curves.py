@@ -28,9 +28,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from serving.atomic import write_json_atomic
 from serving.errors import BadInputError
 from serving.paths import CONFIG_DIR
+from tasks.bench.curves_report import POINTS_FILE, SPEED_FILE, collect
 
 DEFAULT_CONFIG = CONFIG_DIR / "draft_curves.yaml"
-POINTS_FILE = "points.json"
 WORK_DIR = "work"
 _NO_STEP_LIMIT = 10**9  # designs stop on time, not on steps
 
@@ -280,7 +280,6 @@ def speed(
     decoding, interleaved, through the engine on held-out ShareGPT prompts; writes
     ``speed.json``."""
     from serving.drafters.package import DraftManifest, write_package
-    from tasks.bench.curves_report import SPEED_FILE, collect
     from tasks.data.traffic import build_workload
     from tasks.evaluate.evaluate import Contender, evaluate
 

@@ -56,7 +56,9 @@ def profile_model(
     vocab = int(model.config.vocab_size)
     generator = torch.Generator().manual_seed(seed)
     prompt = torch.randint(0, vocab, (1, context), generator=generator)
-    subjects: dict[str, tuple[torch.nn.Module, list[int]]] = {"target": (model, list(range(1, max_n + 1)))}
+    subjects: dict[str, tuple[torch.nn.Module, list[int]]] = {
+        "target": (model, list(range(1, max_n + 1)))
+    }
     for layers in draft_layers:
         if layers < model.config.num_hidden_layers:
             subjects[f"layers:{layers}"] = (first_layers(model, layers), [1])

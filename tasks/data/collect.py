@@ -24,7 +24,7 @@ from serving.metrics import StepRecord
 from serving.records import store
 from serving.records.schema import DEFAULT_FAILURE_THRESHOLD, from_detailed, record_id
 from serving.sampling import SamplingParams
-from tasks.data.traffic import Prompt
+from tasks.data.prompts import Prompt
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,9 @@ from pathlib import Path
 
 from serving.atomic import write_jsonl_atomic
 
-SPLITS = ("failures", "replay", "train_mix", "eval")
+# The dataset's parts, one JSONL file each (not to be confused with the train/held-out splits
+# of traffic, serving.records.schema.SPLITS: every part but `eval` comes from the train split).
+PARTS = ("failures", "replay", "train_mix", "eval")
 
 
 def _rank(seed: int, record_id: str) -> str:
@@ -48,6 +50,6 @@ def build_dataset(
 
 def write_dataset(dataset: dict[str, list[dict]], out_dir: Path) -> dict[str, int]:
     counts = {}
-    for name in SPLITS:
+    for name in PARTS:
         counts[name] = write_jsonl_atomic(Path(out_dir) / f"{name}.jsonl", dataset[name])
     return counts

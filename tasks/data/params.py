@@ -13,6 +13,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from serving.errors import BadInputError
+from serving.records.schema import WORKLOADS, Workload
 
 PARAMS_FILE = Path("params.yaml")
 
@@ -21,11 +22,8 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-Workload = Literal["sharegpt", "humaneval", "grounded"]
-
-
 def _all_workloads() -> list[Workload]:
-    return ["sharegpt", "humaneval", "grounded"]
+    return list(WORKLOADS)
 
 
 class TrafficParams(_Section):

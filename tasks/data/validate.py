@@ -7,15 +7,13 @@ reasons), never dropped silently:
    accepts (structure, types, no extra fields, no NaN/inf). Reasons name the field.
 2. ``duplicate``: among parsed rows the first occurrence of an id is kept; later ones are
    quarantined, naming where the first one came from.
-3. ``expectations``: two Great Expectations suites, one per record type: the requests (one
-   row each, with helper columns computed here where GE has no built-in check, e.g. list
-   lengths) and their disagreements (flattened, one row each). A request with any failing
-   row in either suite is quarantined once, with every reason.
+3. ``expectations``: two Great Expectations suites over the parsed records
+   (:mod:`tasks.data.expectations`). A request with any failing row in either suite is
+   quarantined once, with every reason.
 
-Great Expectations is imported lazily (about 6 s); it is skipped when no row survives
-stages 1-2. :func:`validate_store` runs this over a store's records and writes the
-quarantine and a JSON summary atomically, so a re-run with the same run id gives the same
-files.
+Great Expectations is skipped when no row survives stages 1-2. :func:`validate_store` runs
+this over a store's records and writes the quarantine and a JSON summary atomically, so a
+re-run with the same run id gives the same files.
 """
 
 from __future__ import annotations
@@ -25,36 +23,22 @@ import math
 import re
 import time
 from collections import Counter
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
 from serving.atomic import write_json_atomic, write_jsonl_atomic
 from serving.errors import BadInputError
-from serving.records.schema import SCHEMA_VERSION, RequestRecord, is_failure
+from serving.records.schema import RECORD_WORKLOADS, SCHEMA_VERSION, RequestRecord
 from serving.records.store import QUARANTINE, read_raw
-
-if TYPE_CHECKING:
-    import pandas as pd
+from tasks.data.expectations import expectation_reasons, skipped_suite
 
 log = logging.getLogger(__name__)
 
 STAGES = ("parse", "duplicate", "expectations")
-# "live": requests captured by the serving tier (always the train split: live traffic is
-# never evaluation data, which comes from the held-out workloads).
-KNOWN_WORKLOADS = ("sharegpt", "humaneval", "grounded", "live")
-KNOWN_SPLITS = ("train", "heldout")
-# Timestamps must be later than this (2017-07-14) and at most a day in the future.
-MIN_TIMESTAMP = 1.5e9
-MAX_CLOCK_SKEW_S = 86_400.0
-
-# Helper columns that carry the row back to its request (and disagreement) in GE's results.
-ROW = "_row"
-DISAGREEMENT = "_disagreement"
 
 
 @dataclass
@@ -62,100 +46,6 @@ class ValidationResult:
     valid: list[dict]  # parsed records (``model_dump(mode="json")``), in input order
     quarantined: list[dict]  # {"source", "record" (the raw row), "stage", "reasons"}
     summary: dict  # JSON-serialisable counts; see ``_summarise``
-
-
-@dataclass(frozen=True)
-class _Expectation:
-    """One GE expectation: its class name in ``gx.expectations`` and keyword arguments."""
-
-    kind: str  # e.g. "ExpectColumnValuesToBeBetween"
-    kwargs: dict[str, Any]
-
-    @property
-    def label(self) -> str:
-        return _label(re.sub(r"(?<!^)(?=[A-Z])", "_", self.kind).lower(), self.kwargs)
-
-
-def _label(expectation_type: str, kwargs: dict[str, Any]) -> str:
-    """``expect_column_values_to_be_between(acceptance_rate)``: an expectation in reasons."""
-    if "column" in kwargs:
-        return f"{expectation_type}({kwargs['column']})"
-    return f"{expectation_type}({kwargs['column_A']},{kwargs['column_B']})"
-
-
-def _between(
-    column: str, low: float | None = None, high: float | None = None, **extra: object
-) -> _Expectation:
-    return _Expectation(
-        "ExpectColumnValuesToBeBetween",
-        {"column": column, "min_value": low, "max_value": high, **extra},
-    )
-
-
-def _in_set(column: str, values: Iterable[object]) -> _Expectation:
-    return _Expectation(
-        "ExpectColumnValuesToBeInSet", {"column": column, "value_set": list(values)}
-    )
-
-
-def _equal(column_a: str, column_b: str) -> _Expectation:
-    return _Expectation(
-        "ExpectColumnPairValuesToBeEqual", {"column_A": column_a, "column_B": column_b}
-    )
-
-
-def _greater(column_a: str, column_b: str, *, or_equal: bool) -> _Expectation:
-    """``column_a > column_b`` (``>=`` with ``or_equal``) on every row."""
-    return _Expectation(
-        "ExpectColumnPairValuesAToBeGreaterThanB",
-        {"column_A": column_a, "column_B": column_b, "or_equal": or_equal},
-    )
-
-
-def request_expectations(
-    known_hardware: Collection[str], known_workloads: Collection[str], now: float
-) -> list[_Expectation]:
-    """The requests suite; helper columns are built in ``_request_frame``."""
-    return [
-        _Expectation("ExpectColumnValuesToNotBeNull", {"column": "id"}),
-        _Expectation("ExpectColumnValuesToBeUnique", {"column": "id"}),
-        _between("prompt_token_count", 1),  # GE has no check for an empty list column
-        _between("output_token_count", 1),
-        _equal("from_draft_length", "output_token_count"),
-        _between("acceptance_rate", 0, 1),  # null (nothing drafted) is allowed
-        _between("mean_accepted_length", 1),  # null allowed
-        _between("draft_tokens", 0),
-        _between("accepted_tokens", 0),
-        _greater("draft_tokens", "accepted_tokens", or_equal=True),
-        _greater("accepted_tokens", "from_draft_count", or_equal=True),
-        _between("checks", 1),
-        # steps hold [proposed, accepted] per check; the totals are sums over them.
-        _in_set("steps_well_formed", [True]),
-        _equal("steps_count", "checks"),
-        _equal("steps_proposed", "draft_tokens"),
-        _equal("steps_accepted", "accepted_tokens"),
-        _in_set("hardware", sorted(known_hardware)),
-        _in_set("workload", sorted(known_workloads)),
-        _in_set("split", list(KNOWN_SPLITS)),
-        _between("timestamp", MIN_TIMESTAMP, now + MAX_CLOCK_SKEW_S, strict_min=True),
-        _between("failure_threshold", 0, 1),
-        _equal("is_failure", "is_failure_expected"),
-    ]
-
-
-def disagreement_expectations() -> list[_Expectation]:
-    """The disagreements suite: one row per disagreement, with its request's output length."""
-    return [
-        _between("position", 0),
-        _greater("output_length", "position", or_equal=False),
-        _between("draft_index", 0),
-        _in_set("draft_token_differs", [True]),  # GE has no "pair not equal" check
-        _between("target_prob_of_draft", 0, 1),
-        _between("target_prob_of_target", 0, 1),
-        _between("draft_prob_of_draft", 0, 1),
-        _between("draft_prob_of_target", 0, 1),
-        _between("context_length", 1),
-    ]
 
 
 # --- Stages 1 and 2 --------------------------------------------------------------------------
@@ -177,188 +67,6 @@ def _parse(row: object) -> tuple[RequestRecord | None, list[str]]:
         return None, [_format_error(e) for e in error.errors()]
 
 
-# --- Stage 3: Great Expectations --------------------------------------------------------------
-
-
-def _steps_well_formed(steps: list[list[int]]) -> bool:
-    return all(len(step) == 2 and 0 <= step[1] <= step[0] for step in steps)
-
-
-def _request_frame(records: Sequence[RequestRecord]) -> pd.DataFrame:
-    import pandas as pd
-
-    return pd.DataFrame(
-        [
-            {
-                ROW: row,
-                "id": r.id,
-                "prompt_token_count": len(r.prompt_token_ids),
-                "output_token_count": len(r.output_token_ids),
-                "from_draft_length": len(r.from_draft),
-                "from_draft_count": sum(r.from_draft),
-                "acceptance_rate": r.acceptance_rate,
-                "mean_accepted_length": r.mean_accepted_length,
-                "draft_tokens": r.draft_tokens,
-                "accepted_tokens": r.accepted_tokens,
-                "checks": r.checks,
-                "steps_well_formed": _steps_well_formed(r.steps),
-                "steps_count": len(r.steps),
-                "steps_proposed": sum(step[0] for step in r.steps if step),
-                "steps_accepted": sum(step[1] for step in r.steps if len(step) > 1),
-                "hardware": r.hardware,
-                "workload": r.workload,
-                "split": r.split,
-                "timestamp": r.timestamp,
-                "failure_threshold": r.failure_threshold,
-                "is_failure": r.is_failure,
-                "is_failure_expected": is_failure(r.acceptance_rate, r.failure_threshold),
-            }
-            for row, r in enumerate(records)
-        ]
-    )
-
-
-_DISAGREEMENT_COLUMNS = [
-    ROW,
-    DISAGREEMENT,
-    "position",
-    "output_length",
-    "draft_index",
-    "draft_token_differs",
-    "target_prob_of_draft",
-    "target_prob_of_target",
-    "draft_prob_of_draft",
-    "draft_prob_of_target",
-    "context_length",
-]
-
-
-def _disagreement_frame(records: Sequence[RequestRecord]) -> pd.DataFrame:
-    import pandas as pd
-
-    rows = [
-        (
-            row,
-            index,
-            d.position,
-            len(r.output_token_ids),
-            d.draft_index,
-            d.draft_token != d.target_token,
-            d.target_prob_of_draft,
-            d.target_prob_of_target,
-            d.draft_prob_of_draft,
-            d.draft_prob_of_target,
-            len(d.context),
-        )
-        for row, r in enumerate(records)
-        for index, d in enumerate(r.disagreements)
-    ]
-    return pd.DataFrame(rows, columns=_DISAGREEMENT_COLUMNS)
-
-
-def _suite_report(success: bool, frame: pd.DataFrame, unexpected: dict[str, list[dict]]) -> dict:
-    """``unexpected`` counts the suite's rows (requests, or disagreements) per expectation."""
-    return {
-        "ran": True,
-        "success": success,
-        "rows": len(frame),
-        "unexpected": {label: len(keys) for label, keys in unexpected.items()},
-    }
-
-
-def _run_suite(
-    context, name: str, frame: pd.DataFrame, expectations: Sequence[_Expectation], keys: list[str]
-) -> tuple[bool, dict[str, list[dict]]]:
-    """Validate ``frame``; return GE's success flag and, per expectation label (in suite
-    order), the ``keys`` columns of every failing row."""
-    import great_expectations as gx
-
-    labels = [e.label for e in expectations]
-    if len(set(labels)) != len(labels):
-        raise ValueError(f"expectation labels must be unique in suite {name!r}: {labels}")
-    suite = gx.ExpectationSuite(
-        name=name,
-        expectations=[getattr(gx.expectations, e.kind)(**e.kwargs) for e in expectations],
-    )
-    batch_definition = (
-        context.data_sources.add_pandas(name)
-        .add_dataframe_asset(name)
-        .add_batch_definition_whole_dataframe(name)
-    )
-    batch = batch_definition.get_batch(batch_parameters={"dataframe": frame})
-    outcome = batch.validate(
-        suite,
-        result_format={"result_format": "COMPLETE", "unexpected_index_column_names": keys},
-    )
-    unexpected: dict[str, list[dict]] = {label: [] for label in labels}
-    returned = set()
-    for result in outcome.results:
-        label = _label(result.expectation_config.type, result.expectation_config.kwargs)
-        if label not in unexpected or label in returned:
-            raise RuntimeError(f"{name}: unexpected result from Great Expectations for {label}")
-        returned.add(label)
-        info = result.exception_info or {}
-        if info.get("raised_exception"):
-            raise RuntimeError(f"{name}: {label} raised: {info.get('exception_message')}")
-        failing = result.result.get("unexpected_index_list") or []
-        if not result.success and not failing:
-            # A failure we cannot map to rows must not pass silently.
-            raise RuntimeError(f"{name}: {label} failed without naming rows: {result.result}")
-        unexpected[label] = [{key: int(item[key]) for key in keys} for item in failing]
-    if returned != set(labels):
-        raise RuntimeError(f"{name}: no result for {sorted(set(labels) - returned)}")
-    return bool(outcome.success), unexpected
-
-
-def _expectation_reasons(
-    records: Sequence[RequestRecord],
-    *,
-    known_hardware: Collection[str],
-    known_workloads: Collection[str],
-    now: float,
-) -> tuple[dict[int, list[str]], dict[str, dict]]:
-    """Run both suites; return the reasons per failing request (by index) and the reports."""
-    import great_expectations as gx
-    from great_expectations.data_context.types.base import (
-        DataContextConfig,
-        InMemoryStoreBackendDefaults,
-        ProgressBarsConfig,
-    )
-
-    context = gx.get_context(
-        mode="ephemeral",
-        project_config=DataContextConfig(
-            store_backend_defaults=InMemoryStoreBackendDefaults(init_temp_docs_sites=False),
-            analytics_enabled=False,
-            progress_bars=ProgressBarsConfig(globally=False),
-        ),
-    )
-    reasons: dict[int, list[str]] = {}
-    reports: dict[str, dict] = {}
-
-    requests = _request_frame(records)
-    suite = request_expectations(known_hardware, known_workloads, now)
-    success, unexpected = _run_suite(context, "requests", requests, suite, [ROW])
-    reports["requests"] = _suite_report(success, requests, unexpected)
-    for expectation in suite:
-        for key in unexpected[expectation.label]:
-            reasons.setdefault(key[ROW], []).append(expectation.label)
-
-    disagreements = _disagreement_frame(records)
-    suite = disagreement_expectations()
-    keys = [ROW, DISAGREEMENT]
-    success, unexpected = _run_suite(context, "disagreements", disagreements, suite, keys)
-    reports["disagreements"] = _suite_report(success, disagreements, unexpected)
-    failures = sorted(
-        (key[ROW], key[DISAGREEMENT], position, expectation.label)
-        for position, expectation in enumerate(suite)
-        for key in unexpected[expectation.label]
-    )
-    for row, index, _, label in failures:
-        reasons.setdefault(row, []).append(f"disagreement {index}: {label}")
-    return reasons, reports
-
-
 # --- Summary and entry points ----------------------------------------------------------------
 
 
@@ -371,10 +79,6 @@ def _reason_key(reason: str) -> str:
         return "disagreement: " + reason.split(": ", 1)[1]
     field, sep, message = reason.partition(": ")
     return re.sub(r"(?<=\.)\d+(?=\.|$)", "*", field) + sep + message
-
-
-def _skipped_suite() -> dict:
-    return {"ran": False, "success": None, "rows": 0, "unexpected": {}}
 
 
 def _summarise(total: int, valid: int, quarantined: list[dict], suites: dict[str, dict]) -> dict:
@@ -397,7 +101,7 @@ def validate_records(
     rows: Iterable[tuple[str, object]],
     *,
     known_hardware: Collection[str],
-    known_workloads: Collection[str] = KNOWN_WORKLOADS,
+    known_workloads: Collection[str] = RECORD_WORKLOADS,
     now: float | None = None,
 ) -> ValidationResult:
     """Validate ``(source, row)`` pairs (as :func:`serving.records.store.read_raw` yields them).
@@ -439,7 +143,7 @@ def validate_records(
             parsed.append((position, source, row, record))
 
     if parsed:
-        reasons_by_row, suites = _expectation_reasons(
+        reasons_by_row, suites = expectation_reasons(
             [record for *_, record in parsed],
             known_hardware=known_hardware,
             known_workloads=known_workloads,
@@ -447,7 +151,7 @@ def validate_records(
         )
     else:
         reasons_by_row = {}
-        suites = {"requests": _skipped_suite(), "disagreements": _skipped_suite()}
+        suites = {"requests": skipped_suite(), "disagreements": skipped_suite()}
 
     valid: list[dict] = []
     for index, (position, source, row, record) in enumerate(parsed):
@@ -486,7 +190,7 @@ def validate_store(
     known_hardware: Collection[str],
     run_id: str,
     report_dir: Path | None = None,
-    known_workloads: Collection[str] = KNOWN_WORKLOADS,
+    known_workloads: Collection[str] = RECORD_WORKLOADS,
     now: float | None = None,
 ) -> ValidationResult:
     """Validate every committed record part under ``root`` and write, atomically,

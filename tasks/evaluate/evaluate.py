@@ -24,7 +24,7 @@ from serving.hardware import engine_target
 from serving.loader import encode_messages, eos_ids
 from serving.metrics import RequestStats, StepRecord, acceptance_by_position, pool
 from serving.policy import make_policy
-from tasks.data.traffic import Prompt
+from tasks.data.prompts import Prompt
 
 REFERENCE = "plain"
 

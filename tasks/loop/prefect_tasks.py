@@ -11,7 +11,8 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from registry.client import Registry
-from tasks.data.traffic import Prompt, build_workload
+from tasks.data.prompts import Prompt
+from tasks.data.traffic import build_workload
 from tasks.loop import steps as loop
 
 

@@ -26,7 +26,7 @@ from serving.loader import eos_ids, load_target
 from serving.policy import make_policy
 from tasks.data.collect import CollectSummary, collect
 from tasks.data.curate import curate
-from tasks.data.traffic import Prompt
+from tasks.data.prompts import Prompt
 from tasks.evaluate.evaluate import Contender, evaluate
 from tasks.evaluate.gates import GateResult, gate
 

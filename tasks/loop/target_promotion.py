@@ -21,7 +21,7 @@ from registry.client import DraftVersion, Registry
 from serving.backends import UnsupportedDraftError
 from serving.drafters.package import read_manifest
 from serving.hardware import load_hardware
-from tasks.data.traffic import Prompt
+from tasks.data.prompts import Prompt
 from tasks.evaluate.export import export_draft, speculation_for
 from tasks.evaluate.gates import load_gates
 from tasks.evaluate.targets import evaluate_target, metrics_of, runnable_target

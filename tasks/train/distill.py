@@ -4,13 +4,13 @@
 or a local causal LM sharing its vocabulary: ``draft_model``) with a LoRA adapter
 (``kind="lora"``, peft; optionally on an 8-/4-bit base: ``quantize``) or all its weights
 (``kind="full"``), on the loss of :mod:`tasks.train.distill_data` (``"ce"``: cross-entropy to the
-target's greedy tokens; ``"kl"``: KL to its top-k distribution). It evaluates held-out top-1
-agreement every ``eval_every`` steps and checkpoints (trainable weights, optimizer,
-scheduler, step, RNG states) atomically every ``checkpoint_every`` steps. Run again with the
-same config (a larger ``max_steps`` is fine) and it resumes from the checkpoint; the same
-seed gives the same weights. Device placement goes through ``accelerate``.
+target's greedy tokens; ``"kl"``: KL to its top-k distribution), in the loop of
+:mod:`tasks.train.loop` (held-out top-1 agreement every ``eval_every`` steps, a checkpoint of
+the trainable weights every ``checkpoint_every`` steps). Run again with the same config (a
+larger ``max_steps`` is fine) and it resumes from the checkpoint; the same seed gives the
+same weights.
 
-Layout of ``output_dir``: ``checkpoint.pt``, ``adapter/`` (LoRA only: the peft adapter),
+Layout of ``output_dir``: ``checkpoint/``, ``adapter/`` (LoRA only: the peft adapter),
 ``model/`` (a standalone causal LM, the adapter merged in) and ``train_metrics.json``.
 :func:`write_draft_package` turns the result into a draft package (``model:weights``).
 """
@@ -21,24 +21,16 @@ import json
 import math
 import tempfile
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from serving.atomic import atomic_dir, write_json_atomic
 from serving.drafters.package import DraftManifest, write_package
 from serving.errors import BadInputError, IncompatibleDraftError
-from tasks.train.checkpoints import TrainClock, after_step, progress_bar
-from tasks.train.distill_checkpoint import (
-    check_resumable,
-    load_checkpoint,
-    restore,
-    save_checkpoint,
-    trainable,
-)
 from tasks.train.distill_data import DistillBatch, LossKind, distill_loss, make_batch
 from tasks.train.distill_model import (
     Quantize,
@@ -50,6 +42,14 @@ from tasks.train.distill_model import (
     with_lora,
 )
 from tasks.train.head_data import eval_windows, sample_windows, split_sequences
+from tasks.train.loop import (
+    CHECKPOINT_DIR,
+    LoopConfig,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    run_training,
+)
 from tasks.train.teacher import (
     TeacherManifest,
     TeacherSequence,
@@ -57,19 +57,16 @@ from tasks.train.teacher import (
     target_fingerprint,
 )
 
-CHECKPOINT_FILE = "checkpoint.pt"
+CHECKPOINT_FILE = CHECKPOINT_DIR  # the loop's checkpoint folder under output_dir
 ADAPTER_DIR = "adapter"
 MODEL_DIR = "model"
 METRICS_FILE = "train_metrics.json"
 
 
-class DistillConfig(BaseModel):
-    """Every setting of a distillation run."""
+class DistillConfig(LoopConfig):
+    """Every setting of a distillation run (see :class:`LoopConfig` for the shared ones)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    teacher_dir: Path  # a cache written by tasks.train.teacher.build_teacher_cache
-    output_dir: Path
+    teacher_dir: Path  # a cache written by tasks.train.teacher_build.build_teacher_cache
     kind: Literal["lora", "full"] = "lora"
     layers: int | None = Field(default=None, ge=1)  # the target's first N layers, or ...
     draft_model: Path | None = None  # ... a local causal-LM folder sharing its vocabulary
@@ -80,19 +77,13 @@ class DistillConfig(BaseModel):
     lora_dropout: float = Field(default=0.0, ge=0, lt=1)
     target_modules: str | tuple[str, ...] = "all-linear"  # peft's name for every linear layer
     freeze_embeddings: bool = True  # full: keep the embedding and output layer as they are
-    seed: int = 0
-    max_steps: int = Field(default=200, ge=1)
-    batch_size: int = Field(default=4, ge=1)
-    max_seq_len: int = Field(default=256, ge=1)  # positions per training window
-    learning_rate: float = Field(default=2e-4, gt=0)
-    weight_decay: float = Field(default=0.0, ge=0)
-    warmup_steps: int = Field(default=10, ge=0)  # linear warm-up, then constant
-    grad_clip: float | None = Field(default=1.0, gt=0)
-    answers_only: bool = False  # train on answer positions only (eval always is)
-    eval_fraction: float = Field(default=0.1, ge=0, lt=1)
-    eval_every: int = Field(default=50, ge=1)
-    checkpoint_every: int = Field(default=50, ge=1)
-    mixed_precision: Literal["no", "bf16", "fp16"] = "no"
+    max_steps: PositiveInt = 200
+    batch_size: PositiveInt = 4
+    max_seq_len: PositiveInt = 256
+    learning_rate: PositiveFloat = 2e-4
+    warmup_steps: NonNegativeInt = 10
+    eval_every: PositiveInt = 50
+    checkpoint_every: PositiveInt = 50
 
     @model_validator(mode="after")
     def _one_base(self) -> DistillConfig:
@@ -112,17 +103,13 @@ class DistillConfig(BaseModel):
         return self
 
 
-# Settings a resumed run may change; any other difference refuses to resume.
-RESUMABLE = frozenset({"max_steps", "eval_every", "checkpoint_every", "output_dir"})
-
-
 @dataclass(frozen=True)
 class EvalMetrics:
     step: int
     loss: float  # the training loss over held-out positions
     agreement: float | None  # held-out top-1 agreement with the target (answer positions)
     positions: int  # answer positions scored
-    train_seconds: float = 0.0  # time in optimiser steps so far (see TrainClock)
+    train_seconds: float = 0.0  # time in optimiser steps so far (loop.TrainClock)
     train_tokens: int = 0  # positions trained on so far
 
 
@@ -241,6 +228,31 @@ def _build(config: DistillConfig, target, tokenizer, scratch: Path):
     ).train()
 
 
+@dataclass(frozen=True)
+class DistillTask:
+    """A distillation run as the training loop sees it (:class:`tasks.train.loop.TrainTask`)."""
+
+    model: torch.nn.Module  # the draft; only its adapter (LoRA) or unfrozen weights train
+    config: DistillConfig
+    train: list[TeacherSequence]
+    heldout: list[TeacherSequence]
+    metrics_type: type[EvalMetrics] = EvalMetrics
+
+    def sample_batch(self, generator: torch.Generator) -> DistillBatch:
+        config = self.config
+        windows = sample_windows(self.train, config.batch_size, config.max_seq_len, generator)
+        return make_batch(windows, config.max_seq_len, answers_only=config.answers_only)
+
+    def batch_loss(self, model: torch.nn.Module, batch: DistillBatch) -> torch.Tensor:
+        return distill_loss(model, batch, self.config.loss).loss
+
+    def evaluate(self, model: torch.nn.Module, step: int) -> EvalMetrics:
+        # With eval_fraction=0 there is nothing held out: the numbers are then on train data.
+        config = self.config
+        sequences = self.heldout or self.train
+        return _evaluate(model, sequences, config.loss, config.batch_size, config.max_seq_len, step)
+
+
 def distill(
     config: DistillConfig,
     target,
@@ -254,114 +266,36 @@ def distill(
     ``target`` is read, never modified. ``tokenizer`` (the target's) is checked against a
     ``draft_model``'s and saved beside the merged model. ``on_step(step, {"loss": ...})``
     is called after every optimizer step."""
-    from accelerate import Accelerator
-
     check_quantize_available(config.quantize)
     manifest, sequences = load_teacher_data(config.teacher_dir)
     check_teacher(manifest, target, Path(config.teacher_dir), config.loss)
     train, heldout = split_sequences(sequences, config.eval_fraction)
 
     output_dir = Path(config.output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    accelerator = Accelerator(mixed_precision=config.mixed_precision)
-    device = accelerator.device
+    output_dir.mkdir(parents=True, exist_ok=True)  # quantized() saves the base under it
     torch.manual_seed(config.seed)
     model = _build(config, target, tokenizer, output_dir)
-    params = list(trainable(model).values())
-    optimizer = torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=config.weight_decay)
-    warmup = config.warmup_steps
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0
+    run = run_training(
+        config,
+        DistillTask(model, config, train, heldout),
+        desc="distil draft",
+        progress=progress,
+        on_step=on_step,
+        max_train_seconds=max_train_seconds,
     )
-    data_rng = torch.Generator().manual_seed(config.seed)
-    clock = TrainClock(max_train_seconds)
-
-    checkpoint_path = output_dir / CHECKPOINT_FILE
-    step, resumed_from = 0, None
-    history: list[EvalMetrics] = []
-    if checkpoint_path.exists():
-        state = load_checkpoint(checkpoint_path)
-        check_resumable(state["config"], config, RESUMABLE, checkpoint_path)
-        restore(
-            state, checkpoint_path, model=model, optimizer=optimizer, scheduler=scheduler,
-            data_rng=data_rng,
-        )  # fmt: skip
-        step = resumed_from = int(state["step"])
-        history = [EvalMetrics(**m) for m in state.get("history", [])]
-        clock.restore(state.get("clock"))
-
-    model, optimizer = accelerator.prepare(model, optimizer)
-    unwrapped = accelerator.unwrap_model(model)
-
-    def checkpoint() -> None:
-        save_checkpoint(
-            checkpoint_path, step=step, config=config, model=unwrapped, optimizer=optimizer,
-            scheduler=scheduler, data_rng=data_rng, history=[asdict(m) for m in history],
-            clock=clock.state(),
-        )  # fmt: skip
-
-    def run_eval() -> EvalMetrics:
-        # With eval_fraction=0 there is nothing held out: the numbers are then on train data.
-        with accelerator.autocast():
-            metrics = _evaluate(
-                unwrapped, heldout or train, config.loss, config.batch_size,
-                config.max_seq_len, step,
-            )  # fmt: skip
-        metrics = replace(metrics, train_seconds=clock.seconds, train_tokens=clock.tokens)
-        history.append(metrics)
-        return metrics
-
-    if step == 0:
-        run_eval()
-    run_seconds, run_tokens = clock.seconds, clock.tokens
-    bar = progress_bar(
-        "distil draft", step=step, max_steps=config.max_steps, clock=clock, enabled=progress
-    )
-    while step < config.max_steps and not clock.out_of_time():
-        clock.start()
-        windows = sample_windows(train, config.batch_size, config.max_seq_len, data_rng)
-        batch = make_batch(windows, config.max_seq_len, answers_only=config.answers_only)
-        batch = batch.to(device)
-        with accelerator.autocast():
-            loss = distill_loss(model, batch, config.loss).loss
-        accelerator.backward(loss)
-        if config.grad_clip is not None:
-            accelerator.clip_grad_norm_(params, config.grad_clip)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        step += 1
-        clock.stop(batch.tokens)
-        after_step(
-            step,
-            float(loss.detach()),
-            max_steps=config.max_steps,
-            out_of_time=clock.out_of_time(),
-            eval_every=config.eval_every,
-            checkpoint_every=config.checkpoint_every,
-            bar=bar,
-            run_eval=run_eval,
-            checkpoint=checkpoint,
-            on_step=on_step,
-        )
-    bar.close()
-    run_seconds, run_tokens = clock.seconds - run_seconds, clock.tokens - run_tokens
-    if not history or history[-1].step != step:
-        run_eval()
-
-    model_dir, adapter_dir = _save_models(unwrapped, config, target, tokenizer)
+    model_dir, adapter_dir = _save_models(run.model, config, target, tokenizer)
     result = DistillResult(
         model_dir=model_dir,
         adapter_dir=adapter_dir,
         config=config,
-        steps=step,
-        resumed_from=resumed_from,
-        final=history[-1],
-        history=list(history),
-        trainable_parameters=sum(p.numel() for p in params),
-        train_tokens_per_s=run_tokens / run_seconds if run_tokens else None,
-        train_seconds=clock.seconds,
-        train_tokens=clock.tokens,
+        steps=run.steps,
+        resumed_from=run.resumed_from,
+        final=run.history[-1],
+        history=run.history,
+        trainable_parameters=sum(p.numel() for p in model.parameters() if p.requires_grad),
+        train_tokens_per_s=run.tokens_per_s,
+        train_seconds=run.train_seconds,
+        train_tokens=run.train_tokens,
         train_sequences=len(train),
         heldout_sequences=len(heldout),
     )

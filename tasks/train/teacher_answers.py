@@ -5,8 +5,8 @@ It needs only torch and transformers (no specops settings or stores), so the sam
 runs on a bare GPU box: ``python -m tasks.train.teacher_answers PROMPTS.jsonl ANSWERS.jsonl
 --model DIR [--gguf-file NAME]``. ``PROMPTS.jsonl`` holds ``{"id", "token_ids"}`` lines (see
 ``specops teacher prompts``); each output line is ``{"id", "answer_ids"}``, the greedy answer
-cut after the first EOS (kept). :func:`tasks.train.teacher.build_teacher_cache` takes these answers
-instead of generating its own, and then only runs the teacher-forced pass.
+cut after the first EOS (kept). :func:`tasks.train.teacher_build.build_teacher_cache` takes
+these answers instead of generating its own, and then only runs the teacher-forced pass.
 
 Prompts are answered shortest first (similar lengths share a batch), each batch appended to
 a hidden partial file that is renamed into place at the end; a re-run with ``--resume``

@@ -12,6 +12,8 @@ import pytest
 from serving.atomic import (
     atomic_dir,
     atomic_path,
+    recover_dir,
+    remove_scratch,
     write_json_atomic,
     write_jsonl_atomic,
     write_text_atomic,
@@ -128,3 +130,23 @@ def test_atomic_dir_failure_keeps_the_old_folder(tmp_path):
         raise KeyboardInterrupt
     assert os.listdir(folder) == ["a.txt"]
     assert os.listdir(tmp_path) == ["model"]
+
+
+def test_a_writer_killed_between_the_renames_leaves_a_recoverable_folder(tmp_path):
+    folder = tmp_path / "checkpoint"
+    with atomic_dir(folder) as scratch:
+        (scratch / "a.txt").write_text("1")
+    os.replace(folder, tmp_path / ".checkpoint.old")  # what replace_dir's first rename does
+    assert recover_dir(folder)
+    assert os.listdir(folder) == ["a.txt"]
+    assert not recover_dir(folder)  # nothing to do when the folder is there
+
+
+def test_remove_scratch_clears_what_a_killed_writer_left(tmp_path):
+    folder = tmp_path / "checkpoint"
+    (tmp_path / ".checkpoint.abc.tmp").mkdir()
+    (tmp_path / ".checkpoint.abc.tmp" / "half.bin").write_bytes(b"x")
+    (tmp_path / ".checkpoint.def.tmp").write_bytes(b"y")
+    (tmp_path / ".other.abc.tmp").write_bytes(b"not ours")
+    assert remove_scratch(folder) == 2
+    assert os.listdir(tmp_path) == [".other.abc.tmp"]

@@ -20,7 +20,9 @@ from serving.records.schema import RequestRecord, Sampling
 from serving.records.store import partition_dir
 from specops.draft_cli import register_draft_commands
 from tasks.train.distill import CHECKPOINT_FILE
-from tasks.train.teacher import TeacherConfig, TeacherPrompt, build_teacher_cache
+from tasks.train.loop import LOOP_STATE_FILE
+from tasks.train.teacher import TeacherConfig
+from tasks.train.teacher_build import TeacherPrompt, build_teacher_cache
 
 runner = CliRunner()
 app = typer.Typer()
@@ -82,7 +84,7 @@ def test_train_draft_writes_a_package(target_dir, teacher_dir, tmp_path, kind):
     manifest = read_manifest(out)
     assert manifest.family == kind and manifest.k == 5 and manifest.policy == "cost"
     assert manifest.drafter == ("head:head" if kind == "head" else "model:weights")
-    assert (tmp_path / "package.work" / CHECKPOINT_FILE).is_file()
+    assert (tmp_path / "package.work" / CHECKPOINT_FILE / LOOP_STATE_FILE).is_file()
     if kind != "head":  # the merged model ships with the target's tokenizer
         assert (out / "weights" / "tokenizer.json").is_file()
 
@@ -178,8 +180,8 @@ def test_train_draft_errors(target_dir, teacher_dir, tmp_path, monkeypatch):
 
 def test_train_draft_reports_a_corrupt_checkpoint(target_dir, teacher_dir, tmp_path):
     work = tmp_path / "work"
-    work.mkdir()
-    (work / CHECKPOINT_FILE).write_bytes(b"garbage")
+    (work / CHECKPOINT_FILE).mkdir(parents=True)
+    (work / CHECKPOINT_FILE / LOOP_STATE_FILE).write_bytes(b"garbage")
     result = invoke(
         *train_args(target_dir, teacher_dir, tmp_path / "p", "lora", "--work-dir", work)
     )

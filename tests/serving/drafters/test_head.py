@@ -32,7 +32,8 @@ from serving.models.tiny import tiny_llama
 from serving.policy import FixedK
 from serving.sampling import SamplingParams, make_sampler
 from serving.step import speculative_step
-from tasks.train.teacher import TeacherConfig, TeacherPrompt, build_teacher_cache
+from tasks.train.teacher import TeacherConfig
+from tasks.train.teacher_build import TeacherPrompt, build_teacher_cache
 from tasks.train.train_head import TrainHeadConfig, train_head
 
 GREEDY = make_sampler()

@@ -10,9 +10,8 @@ import torch
 
 from serving.drafters.package import load_package
 from serving.errors import BadInputError
-from tasks.bench.curves_report import write_report
+from tasks.bench.curves_report import POINTS_FILE, write_report
 from tasks.bench.draft_curves import (
-    POINTS_FILE,
     CurvesConfig,
     Design,
     answer_sequences,
@@ -20,7 +19,8 @@ from tasks.bench.draft_curves import (
     package_design,
     run_design,
 )
-from tasks.train.teacher import TeacherConfig, TeacherPrompt, build_teacher_cache
+from tasks.train.teacher import TeacherConfig
+from tasks.train.teacher_build import TeacherPrompt, build_teacher_cache
 
 MARKS = [0.005, 0.01]  # minutes: 0.3 s and 0.6 s of optimiser steps
 

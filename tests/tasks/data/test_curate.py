@@ -15,7 +15,7 @@ from serving.atomic import write_jsonl_atomic
 from serving.records.store import partition_dir, read_raw
 from tasks.data.collect import collect
 from tasks.data.curate import curate
-from tasks.data.dataset import SPLITS
+from tasks.data.dataset import PARTS
 
 
 def _read_jsonl(path: Path) -> list[dict]:
@@ -76,7 +76,7 @@ def test_curate_writes_quarantine_dataset_plots_and_a_consistent_summary(tmp_pat
     assert ["prompt: Field required"] in [e["reasons"] for e in quarantine]
     assert ["not JSON"] in [e["reasons"] for e in quarantine]
 
-    dataset = {name: _read_jsonl(out / f"{name}.jsonl") for name in SPLITS}
+    dataset = {name: _read_jsonl(out / f"{name}.jsonl") for name in PARTS}
     assert summary["dataset"] == {name: len(rows) for name, rows in dataset.items()}
     valid_ids = {r["id"] for r in (*dataset["train_mix"], *dataset["eval"])}
     assert "tpu-copy" not in valid_ids
@@ -117,7 +117,7 @@ def test_curating_twice_gives_identical_files(tmp_path, store):
 def test_curating_an_empty_store(tmp_path):
     summary = curate(tmp_path / "empty", tmp_path / "out", plots_dir=tmp_path / "plots")
     assert summary["validation"]["total"] == 0
-    assert summary["dataset"] == dict.fromkeys(SPLITS, 0)
+    assert summary["dataset"] == dict.fromkeys(PARTS, 0)
     assert summary["acceptance_rate"] is None
     assert summary["acceptance_by_position"] == []
     assert summary["rolling_acceptance"] == [] and summary["retrain_wanted"] is False

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tasks.data.dataset import SPLITS, build_dataset, write_dataset
+from tasks.data.dataset import PARTS, build_dataset, write_dataset
 
 
 def _rows(prefix: str, n: int, *, split: str, failure: bool) -> list[dict]:
@@ -27,7 +27,7 @@ def _ids(rows: list[dict]) -> list[str]:
 
 def test_mix_has_the_configured_failure_share():
     dataset = build_dataset(RECORDS, failure_share=0.8, seed=0)
-    assert set(dataset) == set(SPLITS)
+    assert set(dataset) == set(PARTS)
     assert _ids(dataset["failures"]) == [f"fail-{i}" for i in range(8)]
     assert len(dataset["replay"]) == 2  # 8 failures at 80% -> 2 replay at 20%
     assert sorted(_ids(dataset["train_mix"])) == sorted(
@@ -77,7 +77,7 @@ def test_failure_share_out_of_range_raises(share):
 def test_write_dataset_writes_every_split(tmp_path):
     dataset = build_dataset(RECORDS)
     counts = write_dataset(dataset, tmp_path / "out")
-    assert counts == {name: len(dataset[name]) for name in SPLITS}
-    for name in SPLITS:
+    assert counts == {name: len(dataset[name]) for name in PARTS}
+    for name in PARTS:
         lines = (tmp_path / "out" / f"{name}.jsonl").read_text().splitlines()
         assert [json.loads(line) for line in lines] == dataset[name]

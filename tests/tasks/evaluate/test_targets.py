@@ -8,7 +8,7 @@ import pytest
 from serving.backends import BackendUnavailableError
 from serving.drafters.package import DraftManifest, write_package
 from serving.errors import BadInputError
-from tasks.data.traffic import Prompt
+from tasks.data.prompts import Prompt
 from tasks.evaluate.targets import backend_python, evaluate_target, metrics_of, table
 
 PROMPTS = [

@@ -10,6 +10,7 @@ import sys
 import pytest
 import torch
 from pydantic import ValidationError
+from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from serving.drafters.model import ModelDrafter
@@ -29,14 +30,8 @@ from tasks.train.distill import (
     write_draft_package,
 )
 from tasks.train.distill_model import base_draft, load_lora
-from tasks.train.teacher import (
-    MANIFEST,
-    TeacherConfig,
-    TeacherManifest,
-    TeacherPrompt,
-    build_teacher_cache,
-    target_fingerprint,
-)
+from tasks.train.teacher import MANIFEST, TeacherConfig, TeacherManifest, target_fingerprint
+from tasks.train.teacher_build import TeacherPrompt, build_teacher_cache
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see tests/conftest.py
 
@@ -85,10 +80,10 @@ def weights(result) -> dict[str, torch.Tensor]:
     return AutoModelForCausalLM.from_pretrained(result.model_dir).state_dict()
 
 
-def assert_same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], atol=1e-6):
+def assert_same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
     assert a.keys() == b.keys()
     for name in a:
-        torch.testing.assert_close(a[name], b[name], rtol=0, atol=atol, msg=name)
+        assert torch.equal(a[name], b[name]), name
 
 
 def snapshot(model) -> dict[str, torch.Tensor]:
@@ -122,7 +117,7 @@ def test_training_lowers_the_loss_and_raises_agreement(target, teacher_dir, tmp_
     assert {p.name for p in tmp_path.iterdir()} >= {CHECKPOINT_FILE, MODEL_DIR, METRICS_FILE}
     assert (result.adapter_dir is not None) == (kind == "lora")
     # The target lent its first layers by reference (first_layers); training used a copy.
-    assert_same_weights(before, snapshot(target), atol=0)
+    assert_same_weights(before, snapshot(target))
     # The saved model scores what the run reported.
     merged = AutoModelForCausalLM.from_pretrained(result.model_dir).eval()
     again = evaluate_draft(merged, teacher_dir, target=target, loss=loss, max_seq_len=64)
@@ -165,9 +160,13 @@ def test_a_killed_run_resumes_from_its_last_checkpoint(target, teacher_dir, tmp_
     with pytest.raises(KeyboardInterrupt):
         distill(config(teacher_dir, killed, **settings), target, progress=False, on_step=kill)
     assert not (killed / MODEL_DIR).exists()
+    # The checkpoint holds the trainable weights only: no base, no frozen embedding.
+    saved = load_file(killed / CHECKPOINT_FILE / "model.safetensors")
+    assert saved and all(("lora_" in name) == (kind == "lora") for name in saved)
+    assert not any("embed_tokens" in name for name in saved)
     resumed = distill(config(teacher_dir, killed, **settings), target, progress=False)
     assert resumed.resumed_from == 10 and resumed.steps == 20
-    assert_same_weights(weights(straight), weights(resumed), atol=1e-5)
+    assert_same_weights(weights(straight), weights(resumed))
     assert [m.step for m in resumed.history] == [m.step for m in straight.history]
 
 
@@ -177,7 +176,7 @@ def test_n_then_n_more_steps_equal_2n_straight(target, teacher_dir, tmp_path):
     assert half.steps == 10
     resumed = distill(config(teacher_dir, tmp_path / "two"), target, progress=False)
     assert resumed.resumed_from == 10 and resumed.steps == 20
-    assert_same_weights(weights(straight), weights(resumed), atol=1e-5)
+    assert_same_weights(weights(straight), weights(resumed))
 
 
 def test_the_package_serves_greedy_identical_output(
@@ -265,8 +264,9 @@ def test_resuming_with_other_settings_names_the_keys(target, teacher_dir, tmp_pa
 
 
 def test_a_corrupt_checkpoint_is_reported(target, teacher_dir, tmp_path):
-    (tmp_path / CHECKPOINT_FILE).write_bytes(b"not a checkpoint")
-    with pytest.raises(ModelSourceError, match="corrupt or unreadable"):
+    distill(config(teacher_dir, tmp_path, max_steps=2), target, progress=False)
+    (tmp_path / CHECKPOINT_FILE / "optimizer.bin").write_bytes(b"not a checkpoint")
+    with pytest.raises(ModelSourceError, match=r"corrupt or unreadable.*delete it"):
         distill(config(teacher_dir, tmp_path), target, progress=False)
 
 

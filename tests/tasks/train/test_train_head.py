@@ -61,7 +61,7 @@ def weights(result) -> dict[str, torch.Tensor]:
 def assert_same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
     assert a.keys() == b.keys()
     for name in a:
-        torch.testing.assert_close(a[name], b[name], rtol=0, atol=1e-6, msg=name)
+        assert torch.equal(a[name], b[name]), name
 
 
 def test_training_lowers_the_loss_and_raises_agreement(target, teacher_dir, tmp_path):
@@ -131,9 +131,9 @@ def test_a_reduced_vocabulary_head_keeps_eos_and_drafts(target, teacher_dir, pro
 
 
 def test_a_corrupt_checkpoint_is_reported(target, teacher_dir, tmp_path):
-    tmp_path.mkdir(exist_ok=True)
-    (tmp_path / CHECKPOINT_FILE).write_bytes(b"not a checkpoint")
-    with pytest.raises(ModelSourceError, match="corrupt or unreadable"):
+    train_head(config(teacher_dir, tmp_path, max_steps=2), target, progress=False)
+    (tmp_path / CHECKPOINT_FILE / "model.safetensors").write_bytes(b"not a checkpoint")
+    with pytest.raises(ModelSourceError, match=r"corrupt or unreadable.*delete it"):
         train_head(config(teacher_dir, tmp_path), target, progress=False)
 
 
