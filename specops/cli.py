@@ -11,8 +11,9 @@ from typing import Annotated
 import typer
 
 from specops.curves_cli import draft_curves, teacher_app
-from specops.data_cli import _fail, data_app
+from specops.data_cli import data_app
 from specops.draft_cli import register_draft_commands
+from specops.exit import fail
 from specops.loop_cli import loop_app
 from specops.registry_cli import registry_app
 from specops.targets_cli import targets_app
@@ -94,11 +95,11 @@ def generate(
     try:
         # Every option is checked before any model is loaded.
         if not prompt.strip():
-            _fail("the prompt is empty; give some text")
+            fail("the prompt is empty; give some text")
         if mode not in MODES:
-            _fail(f"unknown mode {mode!r}; choose one of {MODES}")
+            fail(f"unknown mode {mode!r}; choose one of {MODES}")
         if max_new_tokens < 1:
-            _fail(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+            fail(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
         options = DecoderOptions(drafter=drafter, k=k, policy=policy, hardware=hardware)
         options.check()
@@ -120,7 +121,7 @@ def generate(
                 shown = text
         result = generation.result
     except SpecOpsError as error:
-        _fail(str(error))
+        fail(str(error))
     assert result is not None
     text = tokenizer.decode(result.token_ids, skip_special_tokens=True)
     stats = result.stats.to_dict()
@@ -175,7 +176,7 @@ def bench(
             wanted = methods.split(",")
             unknown = sorted(set(wanted) - {m.name for m in settings.methods})
             if unknown:
-                _fail(
+                fail(
                     f"unknown methods {unknown}; the config has "
                     f"{[m.name for m in settings.methods]}"
                 )
@@ -184,7 +185,7 @@ def bench(
             ]
         results = run_bench(settings, out_dir=out)
     except SpecOpsError as error:
-        _fail(str(error))
+        fail(str(error))
     typer.echo(format_table(results["summary"]))
     typer.echo(
         f"threads={results['environment']['threads']}  results: {out / 'bench.json'}  "
@@ -259,7 +260,7 @@ def serve(
     from serving.server.state import build_state
 
     if sum([drafter is not None, champion is not None, registry]) > 1:
-        _fail("give at most one of --drafter, --champion and --registry")
+        fail("give at most one of --drafter, --champion and --registry")
     source = "static" if drafter else "local" if champion else "registry" if registry else None
     try:
         settings = load_server_config(
@@ -283,7 +284,7 @@ def serve(
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
         state = build_state(settings)
     except SpecOpsError as error:
-        _fail(str(error))
+        fail(str(error))
     typer.echo(
         f"serving {settings.model_name} on http://{settings.host}:{settings.port}/v1 "
         f"(hardware {settings.hardware}, draft {state.watcher.current.ref.version})",
@@ -345,7 +346,7 @@ def loadtest(
         settings.url = url
         results = asyncio.run(run_load_test(settings))
     except SpecOpsError as error:
-        _fail(str(error))
+        fail(str(error))
     finally:
         if server is not None:
             server.stop()

@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from specops.data_cli import _fail
+from specops.exit import fail
 
 teacher_app = typer.Typer(
     help="Teacher caches: the target's own greedy answers with features and top-k log-probs.",
@@ -67,7 +67,7 @@ def teacher_prompts(
         _, tokenizer = load_target(target, kernels="stock")
         picked = _sharegpt(tokenizer, prompts, split, max_prompt_tokens, seed)
     except SpecOpsError as error:
-        _fail(str(error))
+        fail(str(error))
     count = write_jsonl_atomic(out, ({"id": p.id, "token_ids": p.token_ids} for p in picked))
     typer.echo(f"{count} prompts ({sum(len(p.token_ids) for p in picked)} tokens) -> {out}")
 
@@ -128,7 +128,7 @@ def teacher_build(
             answers=given,
         )
     except SpecOpsError as error:
-        _fail(str(error))
+        fail(str(error))
     typer.echo(
         f"teacher cache {out}: {report.sequences} sequences, {report.tokens} tokens "
         f"({report.shards_written} shards written, {report.shards_skipped} kept); "
@@ -230,6 +230,6 @@ def draft_curves(
             )
         written = write_report(out, goal=goal)
     except SpecOpsError as error:
-        _fail(str(error))
+        fail(str(error))
     typer.echo(written["table"].read_text())
     typer.echo(json.dumps({k: str(v) for k, v in written.items()}))

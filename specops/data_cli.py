@@ -10,13 +10,9 @@ from typing import Annotated
 
 import typer
 
+from specops.exit import fail
+
 data_app = typer.Typer(help="Traffic, failure-case collection, validation, acceptance.")
-
-
-def _fail(message: str) -> None:
-    """Print one line naming what was wrong and exit 2 (no traceback)."""
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code=2)
 
 
 ParamsOption = Annotated[Path, typer.Option("--params", help="The pipeline's params file.")]
@@ -52,7 +48,7 @@ def build_traffic(
             count = write_jsonl_atomic(out / f"{split}.jsonl", prompts)
             typer.echo(f"{split}: {count} prompts -> {out / f'{split}.jsonl'}")
     except SpecOpsError as error:
-        _fail(str(error))
+        fail(str(error))
 
 
 def _read_traffic(folder: Path):
@@ -132,7 +128,7 @@ def collect(
             chunk_size=settings.chunk_size,
         )
     except SpecOpsError as error:
-        _fail(str(error))
+        fail(str(error))
     if summary is not None:
         write_json_atomic(summary, result.to_dict())
     rate = result.acceptance_rate
@@ -171,7 +167,7 @@ def validate(
             plots_dir=plots,
         )
     except SpecOpsError as error:
-        _fail(str(error))
+        fail(str(error))
     write_json_atomic(summary or out / "summary.json", result)
     checked = result["validation"]
     typer.echo(
@@ -208,7 +204,7 @@ def acceptance(
                 malformed += 1
         groups = rolling_acceptance(rows, window=settings.window, threshold=settings.threshold)
     except SpecOpsError as error:
-        _fail(str(error))
+        fail(str(error))
     if malformed:
         typer.echo(f"skipped {malformed} malformed records (see `specops data validate`)", err=True)
     if as_json:
@@ -234,5 +230,5 @@ def version(
     try:
         digest = version_store(store_root, push=push)
     except SpecOpsError as error:
-        _fail(str(error))
+        fail(str(error))
     typer.echo(f"{store_root} versioned as {digest}; `git add {store_root}.dvc` to record it")

@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 import typer
 
-from specops.data_cli import _fail
+from specops.exit import fail
 
 DRAFT_KINDS = ("head", "lora", "full", "suffix")
 
@@ -124,7 +124,7 @@ def train_draft(
     from serving.loader import load_target, set_threads
 
     if kind not in DRAFT_KINDS:
-        _fail(f"unknown kind {kind!r}; choose one of {', '.join(DRAFT_KINDS)}")
+        fail(f"unknown kind {kind!r}; choose one of {', '.join(DRAFT_KINDS)}")
     try:
         if kind == "suffix":
             typer.echo(_train_suffix(out, store, include_prompts, hardware, k, policy))
@@ -171,7 +171,7 @@ def train_draft(
             check_quantize_available(config.quantize)
         _check_teacher_source(teacher, build_teacher)
         if minutes is not None and not minutes > 0:
-            _fail(f"--minutes must be > 0, got {minutes}")
+            fail(f"--minutes must be > 0, got {minutes}")
         budget = None if minutes is None else 60.0 * minutes
         set_threads(threads)
         # Stock kernels: a layers draft copies the target's weights, which packed layers lack.
@@ -185,9 +185,9 @@ def train_draft(
         else:
             summary = _finish_distill(config, model, tokenizer, manifest, out, budget)
     except ValidationError as error:
-        _fail(_validation_message(error))
+        fail(_validation_message(error))
     except SpecOpsError as error:
-        _fail(str(error))
+        fail(str(error))
     typer.echo(summary)
 
 
@@ -305,9 +305,9 @@ def eval_draft(
 
     try:
         if prompts < 1:
-            _fail(f"--prompts must be >= 1, got {prompts}")
+            fail(f"--prompts must be >= 1, got {prompts}")
         if max_new_tokens < 1:
-            _fail(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
+            fail(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
         contenders = [Contender("draft", package)]
         if baseline_package is not None:
             contenders.append(Contender("baseline", baseline_package))
@@ -326,7 +326,7 @@ def eval_draft(
             max_new_tokens=max_new_tokens,
         )
     except SpecOpsError as error:
-        _fail(str(error))
+        fail(str(error))
     options = [str(package)]
     if baseline_package is not None:
         options += ["--baseline-package", str(baseline_package)]

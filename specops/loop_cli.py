@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 import typer
 
-from specops.data_cli import _fail
+from specops.exit import fail
 
 loop_app = typer.Typer(help="The closed loop: drift demo, flows, scheduled deployments.")
 
@@ -77,7 +77,7 @@ def demo(
             tags={"hardware": hardware},
         )
     except SpecOpsError as error:
-        _fail(str(error))
+        fail(str(error))
     typer.echo("")
     typer.echo(f"bootstrap champion: {summary['bootstrap']}")
     if ba is None:
@@ -130,9 +130,9 @@ def bootstrap(
     try:  # bad options fail here, before Prefect or any model starts
         engine_target(hardware)  # bootstrapping evaluates on the specops engine
         if parse_drafter_spec(drafter).kind not in BUILTIN_DRAFTERS:
-            _fail(f"--drafter {drafter!r} needs files; use one of {', '.join(BUILTIN_DRAFTERS)}")
+            fail(f"--drafter {drafter!r} needs files; use one of {', '.join(BUILTIN_DRAFTERS)}")
     except SpecOpsError as error:
-        _fail(str(error))
+        fail(str(error))
     _prefect_env()
     from flows.loop import bootstrap as bootstrap_flow
 
@@ -142,7 +142,7 @@ def bootstrap(
             workloads=[workload], prompts_per_workload=prompts, max_new_tokens=max_new_tokens,
         )  # fmt: skip
     except SpecOpsError as error:
-        _fail(str(error))
+        fail(str(error))
     if result["bootstrapped"] is None:
         typer.echo(f"{hardware} already has a champion: {result['champion']}")
         return
@@ -166,7 +166,7 @@ def run(
 
     flows: dict[str, Callable[..., dict[str, Any]]] = {"collect": collect, "retrain": retrain}
     if flow_name not in flows:
-        _fail(f"unknown flow {flow_name!r}; choose one of {sorted(flows)}")
+        fail(f"unknown flow {flow_name!r}; choose one of {sorted(flows)}")
     result = flows[flow_name](hardware=hardware, store=store)
     typer.echo(json.dumps(result, indent=2, default=str)[:4000])
 

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from specops.data_cli import _fail
+from specops.exit import fail
 
 registry_app = typer.Typer(help="The MLflow draft registry: drafts, champions, rollback.")
 
@@ -44,7 +44,7 @@ def show(
                 "aliases": dict(model.aliases or {}),
             }
     except SpecOpsError as error:
-        _fail(str(error))
+        fail(str(error))
     payload = {
         "tracking_uri": registry.tracking_uri,
         "champions": {hw: d.label if d else None for hw, d in champions.items()},
@@ -64,7 +64,7 @@ def register(
     try:
         draft = _registry().log_draft(package, family=family)
     except SpecOpsError as error:
-        _fail(str(error))
+        fail(str(error))
     typer.echo(f"registered {draft.label} (run {draft.run_id})")
 
 
@@ -79,5 +79,5 @@ def rollback(
     try:
         draft = _registry().rollback(hardware, reason=reason)
     except SpecOpsError as error:
-        _fail(str(error))
+        fail(str(error))
     typer.echo(f"champion-{hardware} -> {draft.label}")

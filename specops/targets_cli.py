@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from specops.data_cli import _fail
+from specops.exit import fail
 
 targets_app = typer.Typer(
     help="Hardware targets: evaluate drafts on each backend (vLLM, MLX, the specops engine)."
@@ -88,7 +88,7 @@ def evaluate(
                         )
                     )
     except SpecOpsError as error:
-        _fail(str(error))
+        fail(str(error))
     typer.echo(table(reports))
     for report in reports:
         if "decision" in report:
