@@ -125,6 +125,9 @@ def write_answers(
             handle.flush()
             generated += sum(map(len, answers))
             bar.update(len(batch))
+        os.fsync(handle.fileno())
+    # Appended to as it goes (a killed run resumes from it), so not serving.atomic's
+    # write-then-rename; renamed whole once every answer is in.
     os.replace(partial, out)
     return generated
 
