@@ -102,7 +102,7 @@ class NoDraft(DraftLengthPolicy):
 
 
 # Cost of one target pass over n tokens relative to n = 1, on the CPU target (SmolLM2-135M,
-# warm cache; ../shared/ENVIRONMENT.md and `specops profile`). Only the curve's shape is
+# warm cache; measured with `specops profile`, see docs/engine.md). Only the curve's shape is
 # assumed: CostAwareK scales it by the times it measures.
 DEFAULT_VERIFY_CURVE = (
     1.0,
