@@ -41,7 +41,7 @@ def drift_demo(
         max_new_tokens=max_new_tokens,
         work=work,
     )["bootstrapped"]
-    logger.info("champion before drift: %s", steps.open_registry().champion(hardware))
+    logger.info("champion before drift: %s", steps.champion(hardware))
     phases = []
     for index, (workload, n) in enumerate(
         [(before_workload, before_prompts), (after_workload, after_prompts)], start=1

@@ -222,7 +222,6 @@ def save_head(head: DraftHead, path: str | Path) -> Path:
     from safetensors.torch import save_file
 
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     state = {name: tensor.detach().cpu().contiguous() for name, tensor in head.state_dict().items()}
     with atomic_dir(path) as work:
         (work / CONFIG_FILE).write_text(head.head_config.model_dump_json(indent=2))

@@ -76,7 +76,6 @@ def _convert(source: Path, target: Path, fingerprint: str, *, progress: bool) ->
     from tqdm.auto import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    target.parent.mkdir(parents=True, exist_ok=True)
     steps = tqdm(
         total=3, desc=f"converting {source.name} (once)", disable=not progress, unit="step"
     )

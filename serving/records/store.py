@@ -5,7 +5,7 @@ Layout under a root::
     records/hardware=<target>/date=<YYYY-MM-DD>/part-<run>-<seq>.jsonl   collected requests
     quarantine/part-<run>.jsonl                                           rejected rows + reasons
 
-A part is written to a hidden temporary file beside its final name and renamed into place,
+A part is written to a hidden temporary file beside its final name and renamed into place
 (:mod:`serving.atomic`), so a reader never sees a half-written part and a killed writer
 leaves only a hidden ``.tmp`` file that readers skip and the next run removes. Parts are
 never modified.
@@ -19,7 +19,10 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from serving.errors import BadInputError
+from serving.records.schema import RequestRecord
 
 RECORDS = "records"
 QUARANTINE = "quarantine"
@@ -30,6 +33,35 @@ def partition_dir(root: Path, hardware: str, when: float) -> Path:
         raise BadInputError(f"hardware target {hardware!r} cannot name a partition")
     day = datetime.fromtimestamp(when, tz=UTC).strftime("%Y-%m-%d")
     return Path(root) / RECORDS / f"hardware={hardware}" / f"date={day}"
+
+
+def part_name(run_id: str, number: int) -> str:
+    return f"part-{run_id}-{number:05d}.jsonl"
+
+
+def next_part_number(root: Path, run_id: str) -> int:
+    """The first part number ``run_id`` has not used under ``root`` (a re-run continues)."""
+    prefix = f"part-{run_id}-"
+    numbers = [
+        int(p.stem[len(prefix) :])
+        for p in part_files(root)
+        if p.stem.startswith(prefix) and p.stem[len(prefix) :].isdigit()
+    ]
+    return max(numbers, default=-1) + 1
+
+
+def plan_parts(
+    root: Path, hardware: str, run_id: str, first: int, rows: list[dict]
+) -> list[tuple[Path, list[dict]]]:
+    """``rows`` as new parts, one per partition (the day of each row's ``timestamp``),
+    numbered from ``first`` in order; the caller writes each and moves past all of them."""
+    by_partition: dict[Path, list[dict]] = {}
+    for row in rows:
+        by_partition.setdefault(partition_dir(root, hardware, row["timestamp"]), []).append(row)
+    return [
+        (directory / part_name(run_id, first + index), part_rows)
+        for index, (directory, part_rows) in enumerate(by_partition.items())
+    ]
 
 
 def part_files(root: Path, area: str = RECORDS) -> list[Path]:
@@ -71,10 +103,6 @@ def read_raw(root: Path, area: str = RECORDS) -> Iterator[tuple[str, object]]:
 def existing_ids(root: Path) -> set[str]:
     """Ids of the well-formed records already stored (a malformed copy does not count, so a
     re-run of collection replaces it with a good one)."""
-    from pydantic import ValidationError
-
-    from serving.records.schema import RequestRecord
-
     ids: set[str] = set()
     for _, row in read_raw(root):
         if isinstance(row, dict):

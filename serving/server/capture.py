@@ -105,13 +105,11 @@ class Capture:
             rows, self._buffer, self._oldest = self._buffer, [], None
             if not rows:
                 return 0
-            by_partition: dict[Path, list[dict]] = {}
-            for row in rows:
-                directory = store.partition_dir(self.root, self.hardware, row["timestamp"])
-                by_partition.setdefault(directory, []).append(row)
+            planned = store.plan_parts(self.root, self.hardware, self.run_id, self._part, rows)
+            # Past every planned number, written or not: a retried part gets a new one.
+            self._part += len(planned)
             written = 0
-            for directory, part_rows in by_partition.items():
-                path = directory / f"part-{self.run_id}-{self._part:05d}.jsonl"
+            for path, part_rows in planned:
                 try:
                     write_jsonl_atomic(path, part_rows)
                 except OSError:
@@ -121,6 +119,5 @@ class Capture:
                     self._oldest = time.monotonic()
                     continue
                 self.parts.append(str(path))
-                self._part += 1
                 written += len(part_rows)
             return written

@@ -54,16 +54,6 @@ def _request_seed(seed: int | None, prompt_id: str) -> int | None:
     return int.from_bytes(digest[:4], "little")
 
 
-def _next_part_number(root, run_id: str) -> int:
-    prefix = f"part-{run_id}-"
-    numbers = [
-        int(p.stem[len(prefix) :])
-        for p in store.part_files(root)
-        if p.stem.startswith(prefix) and p.stem[len(prefix) :].isdigit()
-    ]
-    return max(numbers, default=-1) + 1
-
-
 def collect(
     prompts: Sequence[Prompt],
     *,
@@ -104,23 +94,18 @@ def collect(
         for p in prompts
     ]
     todo = [(key, p) for key, p in keyed if key not in done]
-    part_number = _next_part_number(store_root, run_id)
+    part_number = store.next_part_number(store_root, run_id)
     parts: list[str] = []
     buffer: list[dict] = []
     written: list[dict] = []
 
     def flush() -> None:
         nonlocal part_number
-        by_partition: dict = {}
-        for row in buffer:
-            by_partition.setdefault(
-                store.partition_dir(store_root, hardware, row["timestamp"]), []
-            ).append(row)
-        for directory, rows in by_partition.items():
-            path = directory / f"part-{run_id}-{part_number:05d}.jsonl"
+        planned = store.plan_parts(store_root, hardware, run_id, part_number, buffer)
+        for path, rows in planned:
             write_jsonl_atomic(path, rows)
             parts.append(str(path))
-            part_number += 1
+        part_number += len(planned)
         written.extend(buffer)
         buffer.clear()
 

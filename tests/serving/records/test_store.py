@@ -15,8 +15,10 @@ from serving.errors import BadInputError
 from serving.records.schema import RequestRecord, Sampling
 from serving.records.store import (
     existing_ids,
+    next_part_number,
     part_files,
     partition_dir,
+    plan_parts,
     read_raw,
     remove_stale_temporaries,
 )
@@ -165,3 +167,18 @@ def test_only_old_temporaries_are_removed(tmp_path):
     assert remove_stale_temporaries(tmp_path, older_than_s=30) == 1
     assert not new.exists()
     assert remove_stale_temporaries(tmp_path / "missing") == 0
+
+
+def test_rows_become_one_part_per_day_and_numbering_continues(tmp_path):
+    day = 86_400.0
+    rows = [{"timestamp": NOW}, {"timestamp": NOW + day}, {"timestamp": NOW + 1}]
+    planned = plan_parts(tmp_path, "cpu", "r", 3, rows)
+    assert [(path.relative_to(tmp_path).as_posix(), len(part)) for path, part in planned] == [
+        ("records/hardware=cpu/date=2025-06-15/part-r-00003.jsonl", 2),
+        ("records/hardware=cpu/date=2025-06-16/part-r-00004.jsonl", 1),
+    ]
+    assert next_part_number(tmp_path, "r") == 0  # nothing written yet
+    for path, part in planned:
+        write_jsonl_atomic(path, part)
+    assert next_part_number(tmp_path, "r") == 5
+    assert next_part_number(tmp_path, "other") == 0
