@@ -162,6 +162,7 @@ def validate(
             out,
             failure_share=settings.dataset.failure_share,
             seed=settings.dataset.seed,
+            heldout_share=settings.dataset.heldout_share,
             window=settings.tracker.window,
             threshold=settings.tracker.threshold,
             plots_dir=plots,

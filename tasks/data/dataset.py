@@ -1,11 +1,19 @@
 """The training dataset built from validated records.
 
-- ``failures``: train-split requests whose acceptance fell below their threshold;
-- ``replay``: train-split successes, sampled so that the training mix is
-  ``failure_share`` failures and the rest replay (80/20 by default) - the replay buffer
-  guards the draft against forgetting what it already did well;
+- ``failures``: trainable requests whose acceptance fell below their threshold;
+- ``replay``: trainable successes, sampled so that the training mix is ``failure_share``
+  failures and the rest replay (80/20 by default) - the replay buffer guards the draft
+  against forgetting what it already did well;
 - ``train_mix``: failures + replay, in a seeded order;
-- ``eval``: every held-out-split request (never trained on).
+- ``eval``: every held-out-split request (never trained on);
+- ``heldout_traffic``: the newest ``heldout_share`` of each workload's train-split requests
+  (:func:`holdout_by_time`), never trained on either.
+
+*Trainable* means train split and not in ``heldout_traffic``. The two held-out parts answer
+different questions: ``eval`` holds prompts that a hash of their id keeps out of training
+for good (built-in workloads only), while ``heldout_traffic`` is the most recent traffic,
+including captured ``live`` traffic, which has no hash split: a draft is judged on the
+traffic that came after what it learned from, as it will be once it serves.
 
 Derived data: rebuilt whole from the validated records each run, written atomically.
 """
@@ -13,29 +21,97 @@ Derived data: rebuilt whole from the validated records each run, written atomica
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
 from serving.atomic import write_jsonl_atomic
+from serving.errors import BadInputError
 
 # The dataset's parts, one JSONL file each (not to be confused with the train/held-out splits
-# of traffic, serving.records.schema.SPLITS: every part but `eval` comes from the train split).
-PARTS = ("failures", "replay", "train_mix", "eval")
+# of traffic, serving.records.schema.SPLITS: `failures`, `replay` and `train_mix` come from
+# the trainable records, `heldout_traffic` from the rest of the train split, `eval` from the
+# held-out split).
+PARTS = ("failures", "replay", "train_mix", "eval", "heldout_traffic")
+
+# The newest fifth of each workload's train-split traffic is held out by default
+# (params.yaml `dataset.heldout_share`).
+DEFAULT_HELDOUT_SHARE = 0.2
 
 
 def _rank(seed: int, record_id: str) -> str:
     return hashlib.sha256(f"{seed}:{record_id}".encode()).hexdigest()
 
 
+def _held_out_count(n: int, share: float) -> int:
+    """How many of a workload's ``n`` train-split records are held out: ``ceil(share * n)``,
+    but never all of them, so the oldest record of every workload trains (a lone record
+    is never held out). ``share * n`` is rounded to 9 decimals first, so that a product
+    like ``0.7 * 10 = 7.000000000000001`` does not round up to 8."""
+    return min(math.ceil(round(share * n, 9)), max(n - 1, 0))
+
+
+def check_heldout_share(share: float) -> None:
+    """:class:`BadInputError` naming ``share`` unless it is in [0, 1)."""
+    if not 0.0 <= share < 1.0:  # also rejects NaN
+        raise BadInputError(
+            f"heldout_share must be in [0, 1), got {share!r}; 0 holds nothing out, and "
+            "some traffic must stay trainable"
+        )
+
+
+def holdout_by_time(records: Sequence[dict], share: float) -> tuple[list[dict], list[dict]]:
+    """``(trainable, heldout_traffic)``: the train-split ``records`` split by time.
+
+    Per workload, the train-split records are ordered by ``(timestamp, id)`` (the id breaks
+    ties, so the split does not depend on the order records were read in) and the newest
+    ``ceil(share * n)`` of the workload's ``n`` are held out; at least one record of each
+    workload stays trainable, so a workload with a single record is not held out at all.
+    ``share == 0`` holds out nothing.
+
+    Records of the ``heldout`` split are in neither list (they are the ``eval`` part).
+    ``trainable`` keeps the input order; ``heldout_traffic`` is in time order.
+    """
+    check_heldout_share(share)
+    train = [r for r in records if r["split"] == "train"]
+    by_workload: dict[str, list[int]] = {}
+    for index, record in enumerate(train):
+        by_workload.setdefault(record["workload"], []).append(index)
+    held: set[int] = set()
+    for indices in by_workload.values():
+        count = _held_out_count(len(indices), share)
+        if count:
+            newest_last = sorted(indices, key=lambda i: (train[i]["timestamp"], train[i]["id"]))
+            held.update(newest_last[-count:])
+    trainable = [r for i, r in enumerate(train) if i not in held]
+    heldout = sorted((train[i] for i in held), key=lambda r: (r["timestamp"], r["id"]))
+    return trainable, heldout
+
+
+def heldout_traffic_records(
+    records: Sequence[dict], share: float = DEFAULT_HELDOUT_SHARE
+) -> list[dict]:
+    """The held-out slice of ``records`` (validated records): the newest ``share`` of each
+    workload's train-split traffic, in time order - what a draft is evaluated on and was
+    never trained on (:func:`holdout_by_time`, which ``build_dataset`` uses with the same
+    rule)."""
+    return holdout_by_time(records, share)[1]
+
+
 def build_dataset(
-    records: Sequence[dict], *, failure_share: float = 0.8, seed: int = 0
+    records: Sequence[dict],
+    *,
+    failure_share: float = 0.8,
+    seed: int = 0,
+    heldout_share: float = DEFAULT_HELDOUT_SHARE,
 ) -> dict[str, list[dict]]:
+    """Every part of :data:`PARTS` from validated ``records`` (see the module docstring)."""
     if not 0.0 < failure_share <= 1.0:
         raise ValueError(f"failure_share must be in (0, 1], got {failure_share!r}")
-    train = [r for r in records if r["split"] == "train"]
-    failures = [r for r in train if r["is_failure"]]
+    trainable, heldout_traffic = holdout_by_time(records, heldout_share)
+    failures = [r for r in trainable if r["is_failure"]]
     successes = sorted(
-        (r for r in train if not r["is_failure"]), key=lambda r: _rank(seed, r["id"])
+        (r for r in trainable if not r["is_failure"]), key=lambda r: _rank(seed, r["id"])
     )
     wanted = round(len(failures) * (1.0 - failure_share) / failure_share)
     replay = successes[:wanted]
@@ -45,6 +121,7 @@ def build_dataset(
         "replay": replay,
         "train_mix": mix,
         "eval": [r for r in records if r["split"] == "heldout"],
+        "heldout_traffic": heldout_traffic,
     }
 
 

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from serving.errors import BadInputError
 from serving.records.schema import WORKLOADS, Workload
+from tasks.data.dataset import DEFAULT_HELDOUT_SHARE
 
 PARAMS_FILE = Path("params.yaml")
 
@@ -52,6 +53,8 @@ class CollectParams(_Section):
 
 class DatasetParams(_Section):
     failure_share: float = Field(0.8, gt=0.0, le=1.0)  # failures vs replay in the training mix
+    # The newest share of each workload's train traffic, held out by time (never trained on).
+    heldout_share: float = Field(DEFAULT_HELDOUT_SHARE, ge=0.0, lt=1.0)
     seed: int = 0
 
 

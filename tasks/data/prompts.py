@@ -1,7 +1,10 @@
 """The prompt type of every workload, train/held-out splitting and seeded selection.
 
-Every prompt belongs to a split (``train`` or ``heldout``) chosen by a stable hash of an id
-(:func:`split_of`), never by sampling order, so evaluation prompts cannot leak into training.
+Every prompt of a built-in workload belongs to a split (``train`` or ``heldout``) chosen by a
+stable hash of an id (:func:`split_of`), never by sampling order, so evaluation prompts cannot
+leak into training. A user's own traffic (:mod:`tasks.data.chat_requests`) is all ``train``:
+its held-out part is its newest share, chosen once collected
+(:func:`tasks.data.dataset.holdout_by_time`).
 
 Selection is seeded: prompts are ranked by a hash of ``(seed, id)``, so the same seed gives
 the same prompts in the same order, a larger ``n`` extends a smaller one, and different
@@ -24,18 +27,25 @@ HELDOUT_FRACTION = 0.2
 # "all" selects from both splits; each prompt still records its own split.
 SplitSelector = Split | Literal["all"]
 
+# A prompt's workload: a built-in one, or "live" (schema's LIVE_WORKLOAD) for a user's own
+# traffic read from a file (tasks.data.chat_requests), recorded like the server's capture.
+PromptWorkload = Workload | Literal["live"]
+
 
 @dataclass(frozen=True)
 class Prompt:
     """One request of a workload.
 
     ``reference`` is the dataset's own answer (ShareGPT reply, HumanEval canonical
-    solution); for grounded prompts it is the source text that the answer should copy.
+    solution); for grounded prompts it is the source text that the answer should copy; a
+    user's own traffic has none.
     """
 
     id: str
-    workload: Workload
-    messages: list[dict[str, str]]  # chat messages, the user turn only
+    workload: PromptWorkload
+    # Chat messages: the user turn only for the built-in workloads; a user's own traffic
+    # keeps the whole conversation (system prompt and earlier turns, the user's turn last).
+    messages: list[dict[str, str]]
     reference: str | None
     split: Split
 

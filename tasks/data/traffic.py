@@ -10,6 +10,10 @@ Three kinds of traffic (:data:`serving.records.schema.WORKLOADS`), each a list o
 - ``grounded`` (:mod:`tasks.data.grounded`): edit/rewrite/annotate requests whose answer
   copies large spans of the input.
 
+A user's own traffic is a fourth kind: ``file:PATH`` names a JSONL file of OpenAI-style
+chat-completion requests (:mod:`tasks.data.chat_requests`), taken in file order as ``live``
+train traffic.
+
 Splits and seeded selection are in :mod:`tasks.data.prompts`. Here: one workload by name
 (:func:`build_workload`) and traffic that changes kind (:func:`drift_scenario`).
 """
@@ -20,24 +24,61 @@ from collections.abc import Sequence
 
 from serving.errors import BadInputError
 from serving.records.schema import WORKLOADS
+from tasks.data.chat_requests import read_chat_requests
 from tasks.data.grounded import grounded_prompts
 from tasks.data.humaneval import humaneval_prompts
 from tasks.data.prompts import Prompt, SplitSelector, check_n
 from tasks.data.sharegpt import sharegpt_prompts
 
+# ``file:PATH`` names a user's own traffic: a JSONL file of chat-completion requests.
+FILE_WORKLOAD_PREFIX = "file:"
+
 
 def build_workload(
     name: str, n: int, *, seed: int, split: SplitSelector = "heldout"
 ) -> list[Prompt]:
-    """``n`` prompts of workload ``name`` (one of :data:`WORKLOADS`) from ``split``."""
+    """``n`` prompts of workload ``name`` from ``split``: one of :data:`WORKLOADS` (a seeded
+    selection), or ``file:PATH`` (the file's first ``n`` requests, see :func:`file_workload`;
+    ``seed`` is not used)."""
+    if name.startswith(FILE_WORKLOAD_PREFIX):
+        return file_workload(name[len(FILE_WORKLOAD_PREFIX) :], n, split=split)
     builders = {
         "sharegpt": sharegpt_prompts,
         "humaneval": humaneval_prompts,
         "grounded": grounded_prompts,
     }
     if name not in builders:
-        raise BadInputError(f"unknown workload {name!r}; choose one of {', '.join(WORKLOADS)}")
+        raise BadInputError(
+            f"unknown workload {name!r}; choose one of {', '.join(WORKLOADS)}, or "
+            f"{FILE_WORKLOAD_PREFIX}PATH for a JSONL file of chat-completion requests"
+        )
     return builders[name](n, seed=seed, split=split)
+
+
+def file_workload(path: str, n: int, *, split: SplitSelector = "train") -> list[Prompt]:
+    """The first ``n`` requests of the chat-requests file at ``path``, in file order.
+
+    File order, not a seeded sample: a user's traffic file is usually in the order it was
+    served, and the held-out part is its newest share once collected. For the same reason
+    it has only the train split: ``split`` must be ``"train"`` or ``"all"``.
+    """
+    check_n(n)
+    if split not in ("train", "all"):
+        raise BadInputError(
+            f"split {split!r} of workload {FILE_WORKLOAD_PREFIX}{path}: a file of requests is "
+            "all train traffic, and its held-out part is chosen by time once collected (the "
+            "newest dataset.heldout_share of it); ask for split 'train' or 'all'"
+        )
+    if not path:
+        raise BadInputError(
+            f"workload {FILE_WORKLOAD_PREFIX!r} names no file; write {FILE_WORKLOAD_PREFIX}PATH"
+        )
+    prompts = read_chat_requests(path)
+    if n > len(prompts):
+        raise BadInputError(
+            f"asked for n={n} requests but {path!r} has only {len(prompts)}; ask for fewer"
+        )
+    return prompts[:n]
 
 
 def drift_scenario(

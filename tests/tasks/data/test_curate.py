@@ -87,6 +87,13 @@ def test_curate_writes_quarantine_dataset_plots_and_a_consistent_summary(tmp_pat
     assert len(dataset["replay"]) == round(len(dataset["failures"]) / 4)  # 80/20
     assert len(dataset["eval"]) == 4  # two held-out prompts, collected twice
     assert all(r["split"] == "heldout" for r in dataset["eval"])
+    # The newest 20 % of the 8 train-split records (ceil(1.6) = 2), from the later run, are
+    # held out by time and trained on nowhere.
+    held = dataset["heldout_traffic"]
+    assert len(held) == 2 and all(r["run_id"] == "ok" and r["split"] == "train" for r in held)
+    trainable = [r for r in dataset["failures"] + dataset["replay"] if r["split"] == "train"]
+    assert max(r["timestamp"] for r in trainable) <= min(r["timestamp"] for r in held)
+    assert not {r["id"] for r in held} & {r["id"] for r in dataset["train_mix"]}
 
     assert summary["acceptance_rate"] is not None and 0.0 <= summary["acceptance_rate"] <= 1.0
     (group,) = summary["rolling_acceptance"]
@@ -124,3 +131,14 @@ def test_curating_an_empty_store(tmp_path):
     assert (tmp_path / "out" / "quarantine.jsonl").read_text() == ""
     assert json.loads((tmp_path / "plots" / "acceptance_by_position.json").read_text()) == []
     assert json.loads((tmp_path / "plots" / "acceptance_by_workload.json").read_text()) == []
+
+
+def test_curate_threads_heldout_share_and_refuses_a_bad_one(tmp_path, store):
+    summary = curate(store, tmp_path / "none", heldout_share=0.0)
+    assert summary["dataset"]["heldout_traffic"] == 0
+    summary = curate(store, tmp_path / "half", heldout_share=0.5)
+    assert summary["dataset"]["heldout_traffic"] == 4  # ceil(0.5 * 8)
+    assert len(_read_jsonl(tmp_path / "half" / "heldout_traffic.jsonl")) == 4
+    with pytest.raises(ValueError, match=r"heldout_share must be in \[0, 1\), got 1.0"):
+        curate(store, tmp_path / "bad", heldout_share=1.0)
+    assert not (tmp_path / "bad").exists()  # refused before anything was written

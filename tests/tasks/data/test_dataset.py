@@ -1,16 +1,40 @@
-"""The training mix: failures plus seeded replay from train successes; held-out for eval."""
+"""The training mix: failures plus seeded replay from trainable successes; held-out split
+for eval; the newest train traffic per workload held out by time."""
 
 from __future__ import annotations
 
 import json
+import math
+import random
 
 import pytest
 
-from tasks.data.dataset import PARTS, build_dataset, write_dataset
+from serving.errors import BadInputError
+from tasks.data.dataset import (
+    PARTS,
+    build_dataset,
+    heldout_traffic_records,
+    holdout_by_time,
+    write_dataset,
+)
+
+# The mix tests below are about failures and replay: nothing held out by time.
+NO_HOLDOUT = 0.0
 
 
-def _rows(prefix: str, n: int, *, split: str, failure: bool) -> list[dict]:
-    return [{"id": f"{prefix}{i}", "split": split, "is_failure": failure} for i in range(n)]
+def _rows(
+    prefix: str, n: int, *, split: str, failure: bool, workload: str = "grounded"
+) -> list[dict]:
+    return [
+        {
+            "id": f"{prefix}{i}",
+            "workload": workload,
+            "split": split,
+            "is_failure": failure,
+            "timestamp": 1000.0 + i,
+        }
+        for i in range(n)
+    ]
 
 
 RECORDS = (
@@ -26,7 +50,7 @@ def _ids(rows: list[dict]) -> list[str]:
 
 
 def test_mix_has_the_configured_failure_share():
-    dataset = build_dataset(RECORDS, failure_share=0.8, seed=0)
+    dataset = build_dataset(RECORDS, failure_share=0.8, seed=0, heldout_share=NO_HOLDOUT)
     assert set(dataset) == set(PARTS)
     assert _ids(dataset["failures"]) == [f"fail-{i}" for i in range(8)]
     assert len(dataset["replay"]) == 2  # 8 failures at 80% -> 2 replay at 20%
@@ -39,11 +63,14 @@ def test_mix_has_the_configured_failure_share():
 
 @pytest.mark.parametrize("share, replay", [(1.0, 0), (0.8, 2), (0.5, 8), (0.25, 20), (0.1, 20)])
 def test_replay_size_follows_the_share_up_to_the_successes_available(share, replay):
-    assert len(build_dataset(RECORDS, failure_share=share)["replay"]) == replay
+    assert (
+        len(build_dataset(RECORDS, failure_share=share, heldout_share=NO_HOLDOUT)["replay"])
+        == replay
+    )
 
 
 def test_replay_comes_only_from_train_successes_and_eval_only_from_heldout():
-    dataset = build_dataset(RECORDS, failure_share=0.25, seed=3)
+    dataset = build_dataset(RECORDS, failure_share=0.25, seed=3, heldout_share=NO_HOLDOUT)
     assert all(r["split"] == "train" and not r["is_failure"] for r in dataset["replay"])
     assert all(r["split"] == "train" for r in dataset["train_mix"])
     assert _ids(dataset["eval"]) == _ids([r for r in RECORDS if r["split"] == "heldout"])
@@ -62,6 +89,8 @@ def test_mix_is_deterministic_per_seed_and_order_free():
     assert build_dataset(RECORDS, seed=5) == first
     assert build_dataset(list(reversed(RECORDS)), seed=5)["replay"] == first["replay"]
     assert build_dataset(list(reversed(RECORDS)), seed=5)["train_mix"] == first["train_mix"]
+    reversed_heldout = build_dataset(list(reversed(RECORDS)), seed=5)["heldout_traffic"]
+    assert reversed_heldout == first["heldout_traffic"]
     picks = {tuple(_ids(build_dataset(RECORDS, seed=seed)["replay"])) for seed in range(6)}
     assert len(picks) > 1  # the seed chooses which successes are replayed
     orders = {tuple(_ids(build_dataset(RECORDS, seed=seed)["train_mix"])) for seed in range(6)}
@@ -81,3 +110,108 @@ def test_write_dataset_writes_every_split(tmp_path):
     for name in PARTS:
         lines = (tmp_path / "out" / f"{name}.jsonl").read_text().splitlines()
         assert [json.loads(line) for line in lines] == dataset[name]
+
+
+# ------------------------------------------------------------------ held out by time
+
+
+def _traffic(rng: random.Random) -> list[dict]:
+    """Train and held-out-split records of three workloads, with timestamps drawn from a
+    small range (so that ties happen) and random failure flags, in a random order."""
+    records = []
+    for workload, n in (("sharegpt", rng.randint(0, 12)), ("grounded", rng.randint(1, 30))):
+        for i in range(n):
+            records.append(
+                {
+                    "id": f"{workload}-{rng.randrange(10**6):06d}-{i}",
+                    "workload": workload,
+                    "split": rng.choice(["train", "train", "train", "heldout"]),
+                    "is_failure": rng.random() < 0.6,
+                    "timestamp": float(rng.randint(0, 8)),
+                }
+            )
+    records.append(  # a lone live request
+        {"id": "live-0", "workload": "live", "split": "train", "is_failure": True, "timestamp": 9.0}
+    )
+    rng.shuffle(records)
+    return records
+
+
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("share", [0.0, 0.1, 0.2, 0.5, 0.9])
+def test_held_out_traffic_never_leaks_into_training(share, seed):
+    records = _traffic(random.Random(seed))
+    dataset = build_dataset(records, failure_share=0.5, seed=seed, heldout_share=share)
+    held = {r["id"] for r in dataset["heldout_traffic"]}
+    for part in ("failures", "replay", "train_mix"):
+        assert not held & {r["id"] for r in dataset[part]}, part
+    assert all(r["split"] == "train" for r in dataset["heldout_traffic"])
+    assert dataset["eval"] == [r for r in records if r["split"] == "heldout"]
+
+    trainable, heldout = holdout_by_time(records, share)
+    assert heldout == dataset["heldout_traffic"] == heldout_traffic_records(records, share)
+    train = [r for r in records if r["split"] == "train"]
+    assert sorted(r["id"] for r in trainable + heldout) == sorted(r["id"] for r in train)
+    for workload in {r["workload"] for r in train}:
+        kept = [(r["timestamp"], r["id"]) for r in trainable if r["workload"] == workload]
+        newest = [(r["timestamp"], r["id"]) for r in heldout if r["workload"] == workload]
+        n = len(kept) + len(newest)
+        assert len(newest) == (0 if n == 1 else min(math.ceil(share * n), n - 1))
+        assert kept, "every workload keeps something to train on"
+        assert not newest or max(kept) < min(newest)  # the held-out records are the newest
+    # The split does not depend on the order the records were read in.
+    shuffled = list(records)
+    random.Random(seed + 100).shuffle(shuffled)
+    assert holdout_by_time(shuffled, share)[1] == heldout
+
+
+def test_the_newest_share_of_each_workload_is_held_out():
+    records = _rows("g", 10, split="train", failure=True) + _rows(
+        "s", 5, split="train", failure=False, workload="sharegpt"
+    )
+    trainable, heldout = holdout_by_time(records, 0.2)
+    # ceil(0.2 * 10) = 2 grounded, ceil(0.2 * 5) = 1 sharegpt; in time order.
+    assert [r["id"] for r in heldout] == ["s4", "g8", "g9"]
+    assert [r["id"] for r in trainable] == [f"g{i}" for i in range(8)] + [f"s{i}" for i in range(4)]
+    # ceil, with 0.7 * 10 = 7.000000000000001 counted as 7.
+    assert len(heldout_traffic_records(_rows("g", 10, split="train", failure=True), 0.7)) == 7
+
+
+def test_ties_in_time_are_broken_by_id():
+    same_time = [
+        {"id": name, "workload": "live", "split": "train", "is_failure": False, "timestamp": 5.0}
+        for name in ("b", "d", "a", "c")
+    ]
+    assert [r["id"] for r in heldout_traffic_records(same_time, 0.5)] == ["c", "d"]
+    assert heldout_traffic_records(list(reversed(same_time)), 0.5) == heldout_traffic_records(
+        same_time, 0.5
+    )
+
+
+def test_a_lone_record_trains_and_every_workload_keeps_one():
+    (lone,) = _rows("g", 1, split="train", failure=True)
+    assert holdout_by_time([lone], 0.5) == ([lone], [])
+    pair = _rows("g", 2, split="train", failure=True)
+    assert holdout_by_time(pair, 0.9) == ([pair[0]], [pair[1]])  # not ceil(1.8) = 2
+
+
+def test_share_zero_holds_nothing_out():
+    assert holdout_by_time(RECORDS, 0.0) == ([r for r in RECORDS if r["split"] == "train"], [])
+    assert build_dataset(RECORDS, heldout_share=0.0)["heldout_traffic"] == []
+
+
+def test_heldout_split_records_are_eval_whatever_the_share():
+    for share in (0.0, 0.2, 0.9):
+        dataset = build_dataset(RECORDS, heldout_share=share)
+        assert dataset["eval"] == [r for r in RECORDS if r["split"] == "heldout"]
+        assert not {r["id"] for r in dataset["heldout_traffic"]} & {
+            r["id"] for r in dataset["eval"]
+        }
+
+
+@pytest.mark.parametrize("share", [-0.1, 1.0, 1.5, float("nan")])
+def test_heldout_share_out_of_range_names_the_value(share):
+    with pytest.raises(BadInputError, match=rf"heldout_share must be in \[0, 1\), got {share!r}"):
+        holdout_by_time(RECORDS, share)
+    with pytest.raises(BadInputError, match="heldout_share must be in"):
+        build_dataset(RECORDS, heldout_share=share)

@@ -21,6 +21,7 @@ def test_shipped_params_load():
     assert params.collect.target == "smollm2"
     assert params.collect.hardware in load_hardware().targets
     assert 0.0 < params.dataset.failure_share <= 1.0
+    assert params.dataset.heldout_share == 0.2
 
 
 def test_shipped_params_list_every_key():
@@ -67,6 +68,8 @@ def test_missing_sections_and_keys_take_the_defaults(tmp_path):
         ("traffic:\n  workloads: []\n", "traffic.workloads"),
         ("traffic:\n  train_prompts_per_workload: -1\n", "traffic.train_prompts_per_workload"),
         ("dataset:\n  failure_share: 0\n", "dataset.failure_share"),
+        ("dataset:\n  heldout_share: 1\n", "dataset.heldout_share"),
+        ("dataset:\n  heldout_share: -0.1\n", "dataset.heldout_share"),
         ("tracker:\n  window: 0\n", "tracker.window"),
         ("tracker:\n  threshold: lots\n", "tracker.threshold"),
         ("extras:\n  a: 1\n", "extras"),

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -58,6 +60,7 @@ def test_unknown_workload_names_the_value_and_choices() -> None:
         build_workload("chitchat", 5, seed=0)
     for name in WORKLOADS:
         assert name in str(error.value)
+    assert "file:PATH" in str(error.value)
 
 
 @pytest.mark.parametrize("n", [0, -3, True, 2.5])
@@ -70,6 +73,56 @@ def test_bad_n_is_rejected(name: str, n) -> None:
 def test_bad_split_is_rejected() -> None:
     with pytest.raises(BadInputError, match="'test'"):
         build_workload("humaneval", 5, seed=0, split="test")
+
+
+# ----------------------------------------------------------------- a user's own traffic
+
+
+def _requests_file(tmp_path: Path, n: int) -> Path:
+    path = tmp_path / "requests.jsonl"
+    lines = [
+        json.dumps({"messages": [{"role": "user", "content": f"question {i}"}], "id": f"q{i}"})
+        for i in range(n)
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("split", ["train", "all"])
+def test_a_file_workload_is_its_first_n_requests_in_file_order(tmp_path, split) -> None:
+    path = _requests_file(tmp_path, 5)
+    prompts = build_workload(f"file:{path}", 3, seed=7, split=split)
+    assert [p.id for p in prompts] == ["q0", "q1", "q2"]
+    assert {(p.workload, p.split) for p in prompts} == {("live", "train")}
+    assert build_workload(f"file:{path}", 3, seed=8, split=split) == prompts  # no seeded pick
+    assert build_workload(f"file:{path}", 5, seed=7, split=split)[:3] == prompts
+
+
+def test_a_file_workload_with_too_few_requests_names_both_numbers(tmp_path) -> None:
+    path = _requests_file(tmp_path, 2)
+    with pytest.raises(
+        BadInputError, match=re.escape(f"n=3 requests but {str(path)!r} has only 2")
+    ):
+        build_workload(f"file:{path}", 3, seed=0, split="train")
+
+
+def test_a_file_workload_has_no_heldout_split(tmp_path) -> None:
+    path = _requests_file(tmp_path, 2)
+    with pytest.raises(BadInputError, match="chosen by time") as caught:
+        build_workload(f"file:{path}", 1, seed=0, split="heldout")
+    assert "'heldout'" in str(caught.value) and "'train' or 'all'" in str(caught.value)
+
+
+def test_a_file_workload_checks_n_and_names_a_missing_file(tmp_path) -> None:
+    with pytest.raises(BadInputError, match="n must be a positive integer, got 0"):
+        build_workload(f"file:{_requests_file(tmp_path, 2)}", 0, seed=0, split="train")
+    missing = tmp_path / "missing.jsonl"
+    with pytest.raises(
+        BadInputError, match=re.escape(f"cannot read chat requests file {str(missing)!r}")
+    ):
+        build_workload(f"file:{missing}", 1, seed=0, split="train")
+    with pytest.raises(BadInputError, match="names no file"):
+        build_workload("file:", 1, seed=0, split="train")
 
 
 # ---------------------------------------------------------------------------- drift
