@@ -1,13 +1,21 @@
 """The loop's flows. They only wire tasks (``tasks/loop/prefect_tasks.py``).
 
 - ``collect``: (optionally replay a workload through the champion,) validate the store,
-  version it with DVC, and trigger ``retrain`` when rolling acceptance falls below the
-  threshold. Scheduled hourly.
-- ``retrain``: rebuild challengers from the collected traffic, register them, then
-  ``evaluate-and-promote``. Scheduled daily, and triggered by ``collect``.
+  version it with DVC, and trigger ``retrain`` when rolling acceptance falls below a
+  threshold relative to the champion's evaluated acceptance, outside the cool-down
+  (:mod:`tasks.loop.triggers`). Scheduled hourly.
+- ``retrain``: rebuild the suffix draft and train the learned challengers of
+  ``configs/retrain.yaml`` (head, LoRA) from the collected traffic, register them with
+  their training curves and data lineage, then ``evaluate-and-promote`` on the held-out
+  traffic and the built-in workloads. Scheduled daily, and triggered by ``collect``.
 - ``evaluate-and-promote``: one interleaved evaluation of champion and challengers on
-  held-out prompts of a hardware target; the gates decide; the fastest passing
-  challenger becomes the champion (the registry alias moves; servers hot-swap to it).
+  held-out prompts of a hardware target (and the held-out slice of collected traffic);
+  the gates decide; the fastest passing challenger becomes the champion (the registry
+  alias moves under a lock; servers hot-swap to it).
+
+Run ids and work folders come from the flow run's *scheduled* start time (:func:`slot`),
+not the wall clock: a retry, or a re-run of a killed run, lands in the same slot, skips the
+records it already wrote and resumes training from its checkpoints.
 - ``bootstrap``: a hardware target's first champion: a built-in drafter (prompt lookup by
   default) is registered and goes through ``evaluate-and-promote`` (with no champion, it
   must beat plain decoding). Run once per target, before ``collect``.
@@ -22,6 +30,27 @@ from prefect import flow, get_run_logger
 from tasks.loop import prefect_tasks as steps
 
 
+def slot(resolution: str = "%Y%m%dT%H%M") -> str:
+    """This flow run's scheduled start time (UTC), as a run id: the same for every retry
+    of a scheduled run; a flow called directly gets its own start time."""
+    from datetime import UTC, datetime
+
+    from prefect.runtime import flow_run
+
+    scheduled = flow_run.scheduled_start_time
+    moment = datetime.now(tz=UTC) if scheduled is None else scheduled.astimezone(UTC)
+    return moment.strftime(resolution)
+
+
+def scheduled_timestamp() -> float:
+    from datetime import UTC, datetime
+
+    from prefect.runtime import flow_run
+
+    scheduled = flow_run.scheduled_start_time
+    return (scheduled or datetime.now(tz=UTC)).timestamp()
+
+
 @flow(name="evaluate-and-promote")
 def evaluate_and_promote(
     challengers: list[dict[str, str]],
@@ -31,6 +60,8 @@ def evaluate_and_promote(
     max_new_tokens: int = 96,
     cache: str = ".specops/work/packages",
     promote: bool = True,
+    traffic: str | None = None,
+    traffic_per_workload: int = 8,
 ) -> dict[str, Any]:
     decision = steps.evaluate_gate_promote(
         challengers,
@@ -40,6 +71,8 @@ def evaluate_and_promote(
         max_new_tokens=max_new_tokens,
         cache=cache,
         promote=promote,
+        traffic=traffic,
+        traffic_per_workload=traffic_per_workload,
     )
     logger = get_run_logger()
     for label, result in decision["gates"].items():
@@ -88,21 +121,58 @@ def retrain(
     eval_workloads: list[str] | None = None,
     eval_prompts_per_workload: int = 8,
     max_new_tokens: int = 96,
+    budgets: dict[str, float] | None = None,
+    run_slot: str | None = None,
 ) -> dict[str, Any]:
-    summary = steps.validate(store, f"{work}/dataset")
-    package = steps.train_suffix(store, f"{work}/challengers", hardware=hardware)
-    challenger = steps.register(
-        package, "suffix", params={"records": summary["validation"]["valid"]}
+    """``budgets`` overrides ``configs/retrain.yaml``'s time budgets (seconds per family);
+    ``run_slot`` names the work folder (default: this run's scheduled start)."""
+    logger = get_run_logger()
+    run_slot = run_slot or slot()
+    dataset = f"{work}/dataset"
+    out = f"{work}/challengers/{hardware}/{run_slot}"
+    summary = steps.validate(store, dataset)
+    tags = steps.lineage(store)
+    challengers = []
+    package = steps.train_suffix(store, dataset, out, hardware=hardware)
+    challengers.append(
+        steps.register(
+            package, "suffix", params={"records": summary["validation"]["valid"]}, tags=tags
+        )
+    )
+    trained = steps.train_learned(dataset, out, hardware=hardware, budgets=budgets)
+    for result in trained:
+        if result["skipped"]:
+            logger.warning("%s challenger skipped: %s", result["family"], result["skipped"])
+            continue
+        logger.info("%s", result["summary"])
+        challengers.append(
+            steps.register(
+                result["package"],
+                result["family"],
+                params=result["params"],
+                tags=tags,
+                curves=result["curves"],
+            )
+        )
+    steps.record_retrain(
+        hardware, run_slot, {"challengers": [c["label"] for c in challengers], **tags}
     )
     decision = evaluate_and_promote(
-        [challenger],
+        challengers,
         hardware=hardware,
         workloads=eval_workloads,
         prompts_per_workload=eval_prompts_per_workload,
         max_new_tokens=max_new_tokens,
         cache=f"{work}/packages",
+        traffic=dataset,
     )
-    return {"validation": summary, "challenger": challenger, "decision": decision}
+    return {
+        "validation": summary,
+        "slot": run_slot,
+        "challengers": challengers,
+        "trained": trained,
+        "decision": decision,
+    }
 
 
 @flow(name="collect")
@@ -118,9 +188,12 @@ def collect(
     trigger_retrain: bool = True,
     window: int = 50,
     threshold: float = 0.5,
+    retrain_options: dict[str, Any] | None = None,
+    cooldown_minutes: float | None = None,
 ) -> dict[str, Any]:
-    from datetime import UTC, datetime
-
+    """``threshold`` is the absolute one, for a champion never evaluated; otherwise
+    ``configs/retrain.yaml``'s relative threshold decides. ``retrain_options`` go to
+    :func:`retrain`; ``cooldown_minutes`` overrides the config's cool-down."""
     logger = get_run_logger()
     replayed = None
     if replay_workload and replay_prompts > 0:
@@ -129,19 +202,32 @@ def collect(
             replay_prompts,
             hardware=hardware,
             store=store,
-            # The hour is the schedule slot: a re-run of a killed run skips what it wrote.
-            run_id=run_id or datetime.now(tz=UTC).strftime("%Y-%m-%dT%H"),
+            # The schedule slot: a re-run of a killed run skips what it already wrote.
+            run_id=run_id or slot("%Y-%m-%dT%H"),
             max_new_tokens=max_new_tokens,
         )
     summary = steps.validate(store, f"{work}/dataset", window=window, threshold=threshold)
     data_version = steps.version(store) if version else None
+    trigger = steps.retrain_trigger(
+        summary,
+        hardware=hardware,
+        absolute=threshold,
+        now=scheduled_timestamp(),
+        cooldown_minutes=cooldown_minutes,
+    )
+    for line in trigger["reasons"]:
+        logger.info("%s", line)
     retrained = None
-    if summary["retrain_wanted"] and trigger_retrain:
-        logger.info("rolling acceptance below %.2f: retraining", threshold)
-        retrained = retrain(hardware=hardware, store=store, work=work)
+    if trigger["retrain"] and trigger_retrain:
+        logger.info("acceptance fell below its threshold: retraining")
+        options = {"run_slot": slot(), **(retrain_options or {})}
+        retrained = retrain(hardware=hardware, store=store, work=work, **options)
+    elif trigger["held_back"]:
+        logger.info("retrain wanted but held back: %s", trigger["held_back"])
     return {
         "replayed": replayed,
         "validation": summary,
         "data_version": data_version,
+        "trigger": trigger,
         "retrained": retrained,
     }

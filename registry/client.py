@@ -12,6 +12,19 @@ version that has not been evaluated on that hardware target, and every promotion
 rollback is an MLflow run (experiment ``<experiment>-promotions``) with its reason,
 metrics and gate results: the audit trail that rollback reads.
 
+Two flows may promote on the same target at once. Every alias move (promotion, rollback)
+holds a file lock per tracking store and hardware target (:func:`promotion_lock_path`), and
+re-reads the champion inside it; a promotion given ``expected_champion`` (the champion its
+evaluation compared against) is refused when the champion has moved since, so a draft is
+never promoted over one it was not measured against. The lock serialises the processes
+that share a file system (one machine, or a shared SQLite store); promotions from other
+machines against a remote tracking server are checked (compare-and-swap) but not
+serialised, and leave a window of a few requests between the check and the move.
+
+A draft version carries its lineage: the tags given to :meth:`Registry.log_draft` (data
+version, git commit, ...) go on both the run and the model version, and its training
+curves are the run's metrics, one point per step.
+
 Per-target artifacts: a version's draft exported to another backend's format
 (:mod:`tasks.evaluate.export`) is logged beside its package, under ``exports/<backend>`` of the
 same run, and the version is tagged ``export.<backend>``. Promotion on a target served by
@@ -21,25 +34,47 @@ is exactly what will serve there.
 
 from __future__ import annotations
 
+import enum
+import hashlib
 import logging
+import math
+import re
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from registry.config import RegistryConfig, load_registry_config
 from serving.atomic import replace_dir
 from serving.backends.exports import read_export
 from serving.drafters.package import read_manifest
-from serving.errors import SpecOpsError
+from serving.errors import BadInputError, SpecOpsError
 from serving.hardware import hardware_target
+from serving.models.real import cache_root
 
 log = logging.getLogger(__name__)
 
 CHAMPION = "champion"
 CHALLENGER = "challenger"
+LOCK_TIMEOUT_S = 120.0  # a promotion takes well under a second; longer means a stuck holder
+_METRICS_PER_BATCH = 1000  # MLflow's limit per log_batch call
+
+
+# A version as people and files name it: ``<family>/<version>`` or ``<registered model>/<version>``.
+LABEL_PATTERN = r"^[A-Za-z0-9_.-]+/[1-9][0-9]*$"
+
+
+class _AnyChampion(enum.Enum):
+    ANY = "any"
+
+
+ANY_CHAMPION = _AnyChampion.ANY
+"""``promote(expected_champion=ANY_CHAMPION)``: promote whatever the champion is now."""
+ExpectedChampion = str | None | Literal[_AnyChampion.ANY]
 
 
 class RegistryError(SpecOpsError, RuntimeError):
@@ -47,6 +82,7 @@ class RegistryError(SpecOpsError, RuntimeError):
 
 
 def alias(role: str, hardware: str) -> str:
+    """``<role>-<hw>``, the alias name; the hardware name is checked (it names a file too)."""
     if role not in (CHAMPION, CHALLENGER):
         raise RegistryError(f"unknown alias role {role!r}; use {CHAMPION!r} or {CHALLENGER!r}")
     if not hardware or not all(c.isalnum() or c in "-_" for c in hardware):
@@ -69,6 +105,47 @@ class DraftVersion:
 
     def evaluated_on(self, hardware: str) -> bool:
         return bool(self.tags.get(f"evaluated.{hardware}"))
+
+
+def promotion_lock_path(tracking_uri: str, hardware: str) -> Path:
+    """The file lock that serialises alias moves on ``hardware`` in one tracking store:
+    beside the database for SQLite, else under ``<specops cache>/locks/`` keyed by the
+    store's URI."""
+    alias(CHAMPION, hardware)  # a safe file name
+    if tracking_uri.startswith("sqlite:///"):
+        database = Path(tracking_uri.removeprefix("sqlite:///"))
+        return database.with_name(f"{database.name}.promote-{hardware}.lock")
+    store = hashlib.sha256(tracking_uri.encode()).hexdigest()[:16]
+    return cache_root() / "locks" / f"{store}-promote-{hardware}.lock"
+
+
+def _shown(label: str | None) -> str:
+    return label if label is not None else "none (plain decoding)"
+
+
+def _curve_metrics(curves: dict[str, Sequence[tuple[int, float]]]) -> list[Any]:
+    """MLflow ``Metric`` entities for training curves, checked (a step is an int >= 0, a
+    value a finite number) before anything is logged."""
+    from mlflow.entities import Metric
+
+    now = int(time.time() * 1000)
+    entities = []
+    for name, points in curves.items():
+        for point in points:
+            try:
+                step, value = point
+            except (TypeError, ValueError):
+                raise RegistryError(
+                    f"curve {name!r}: {point!r} is not a (step, value) pair"
+                ) from None
+            if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+                raise RegistryError(f"curve {name!r}: step {step!r} is not an integer >= 0")
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise RegistryError(f"curve {name!r} at step {step}: {value!r} is not a number")
+            if not math.isfinite(value):
+                raise RegistryError(f"curve {name!r} at step {step}: {value} is not finite")
+            entities.append(Metric(name, float(value), now, step))
+    return entities
 
 
 class Registry:
@@ -143,15 +220,22 @@ class Registry:
         tags: dict[str, str] | None = None,
         run_name: str | None = None,
         artifacts: dict[str, Path] | None = None,
+        curves: dict[str, Sequence[tuple[int, float]]] | None = None,
     ) -> DraftVersion:
         """Log a draft package as a run's artifact and register it as a new version of its
-        family. The package is checked first: a broken package never gets a version."""
+        family. The package (and every curve) is checked first: a broken package never gets
+        a version.
+
+        ``tags`` (lineage: data version, git commit, ...) go on the run and on the model
+        version. ``curves`` are training curves, ``name -> [(step, value), ...]``, logged
+        as the run's metric histories (plotted by step in the MLflow UI)."""
         from mlflow.exceptions import MlflowException
 
         package = Path(package)
         manifest = read_manifest(package)
         name = self.model_name(family)
-        with self._mlflow.start_run(
+        points = _curve_metrics(curves or {})
+        with self._run(
             experiment_id=self.experiment_id, run_name=run_name or f"draft-{family}"
         ) as run:
             self._mlflow.log_params(
@@ -160,6 +244,10 @@ class Registry:
             if metrics:
                 self._mlflow.log_metrics(metrics)
             self._mlflow.set_tags({"kind": "draft", "family": family, **(tags or {})})
+            for start in range(0, len(points), _METRICS_PER_BATCH):
+                self.client.log_batch(
+                    run.info.run_id, metrics=points[start : start + _METRICS_PER_BATCH]
+                )
             self._mlflow.log_artifacts(str(package), artifact_path="draft")
             for artifact_name, path in (artifacts or {}).items():
                 self._mlflow.log_artifact(str(path), artifact_path=artifact_name)
@@ -171,7 +259,7 @@ class Registry:
                 name, tags={"family": family}, description=f"specops {family} drafts"
             )
         mv = self.client.create_model_version(
-            name, source=source, run_id=run.info.run_id, tags={"family": family}
+            name, source=source, run_id=run.info.run_id, tags={**(tags or {}), "family": family}
         )
         log.info("registered %s version %s", name, mv.version)
         return self._version(family, mv)
@@ -184,6 +272,17 @@ class Registry:
             return self._version(family, self.client.get_model_version(name, str(version)))
         except MlflowException:
             raise RegistryError(f"{name} has no version {str(version)!r}") from None
+
+    def resolve(self, label: str) -> DraftVersion:
+        """The version ``label`` names: ``<family>/<version>`` (``head/3``) or the full
+        ``<registered model>/<version>`` (``specops-draft-head/3``)."""
+        if not re.fullmatch(LABEL_PATTERN, label):
+            raise BadInputError(
+                f"{label!r} does not name a draft version; write FAMILY/VERSION (head/3) or "
+                f"the full label ({self.config.model_prefix}-head/3)"
+            )
+        name, version = label.rsplit("/", 1)
+        return self.get(name.removeprefix(f"{self.config.model_prefix}-"), version)
 
     def by_alias(self, family: str, alias_name: str) -> DraftVersion | None:
         from mlflow.exceptions import MlflowException
@@ -214,7 +313,7 @@ class Registry:
         """Record an evaluation of ``draft`` on ``hardware`` (metrics keyed by the target:
         ``<hw>/<metric>``) and mark the version as evaluated there."""
         alias(CHAMPION, hardware)  # checks the name
-        with self._mlflow.start_run(
+        with self._run(
             experiment_id=self.experiment_id, run_name=f"evaluate-{draft.family}-{hardware}"
         ) as run:
             self._mlflow.set_tags(
@@ -250,7 +349,7 @@ class Registry:
         tags: dict[str, str] | None = None,
     ) -> str:
         """A run holding a report's files (plots, JSON) and headline metrics."""
-        with self._mlflow.start_run(experiment_id=self.experiment_id, run_name=name) as run:
+        with self._run(experiment_id=self.experiment_id, run_name=name) as run:
             self._mlflow.set_tags({"kind": "report", **(tags or {})})
             if metrics:
                 self._mlflow.log_metrics(metrics)
@@ -281,64 +380,108 @@ class Registry:
         reason: str,
         metrics: dict[str, float] | None = None,
         gates: dict[str, Any] | None = None,
+        expected_champion: ExpectedChampion = ANY_CHAMPION,
     ) -> str:
-        """Make ``draft`` the champion of ``hardware``; return the promotion run's id."""
-        current = self.get(draft.family, draft.version)  # exists, with fresh tags
-        if not current.evaluated_on(hardware):
-            raise RegistryError(
-                f"{draft.label} has not been evaluated on {hardware!r}; evaluate it there "
-                "before promoting it"
+        """Make ``draft`` the champion of ``hardware``; return the promotion run's id.
+
+        ``expected_champion`` is the label of the champion the evaluation behind this
+        promotion compared against (``None``: there was none); when the champion has moved
+        since, the promotion is refused and ``draft`` must be re-evaluated. The default,
+        :data:`ANY_CHAMPION`, promotes over whatever serves now. The checks, the audit run
+        and the alias move happen under the target's lock (:func:`promotion_lock_path`)."""
+        with self._alias_lock(hardware):
+            current = self.get(draft.family, draft.version)  # exists, with fresh tags
+            if not current.evaluated_on(hardware):
+                raise RegistryError(
+                    f"{draft.label} has not been evaluated on {hardware!r}; evaluate it there "
+                    "before promoting it"
+                )
+            backend = hardware_target(hardware).backend
+            if backend != "transformers" and f"export.{backend}" not in current.tags:
+                raise RegistryError(
+                    f"{draft.label} has no {backend} export; hardware target {hardware!r} "
+                    "serves on that backend, so evaluate the exported draft there first"
+                )
+            previous = self.champion(hardware)
+            found = previous.label if previous else None
+            if expected_champion is not ANY_CHAMPION and found != expected_champion:
+                raise RegistryError(
+                    f"the champion of {hardware!r} moved from {_shown(expected_champion)} to "
+                    f"{_shown(found)} since the evaluation that justified promoting "
+                    f"{draft.label}; re-evaluate {draft.label} against the new champion"
+                )
+            run_id = self._audit(
+                "promote",
+                hardware,
+                draft=current,
+                previous=previous,
+                reason=reason,
+                metrics=metrics,
+                gates=gates,
             )
-        backend = hardware_target(hardware).backend
-        if backend != "transformers" and f"export.{backend}" not in current.tags:
-            raise RegistryError(
-                f"{draft.label} has no {backend} export; hardware target {hardware!r} serves "
-                "on that backend, so evaluate the exported draft there first"
-            )
-        previous = self.champion(hardware)
-        run_id = self._audit(
-            "promote",
-            hardware,
-            draft=current,
-            previous=previous,
-            reason=reason,
-            metrics=metrics,
-            gates=gates,
-        )
-        self._point(current, hardware, previous)
+            self._point(current, hardware, previous)
         return run_id
 
     def rollback(self, hardware: str, *, reason: str = "rollback") -> DraftVersion:
         """Give ``champion-<hw>`` back to the version the last promotion displaced."""
         from mlflow.entities import ViewType
 
-        runs = self.client.search_runs(
-            [self.promotions_id],
-            filter_string=(
-                f"tags.hardware = '{hardware}' and tags.action = 'promote' "
-                "and tags.rolled_back = 'false'"
-            ),
-            run_view_type=ViewType.ACTIVE_ONLY,
-            order_by=["attributes.start_time DESC"],
-            max_results=1,
-        )
-        if not runs:
-            raise RegistryError(f"no promotion on {hardware!r} to roll back")
-        last = runs[0]
-        family, version = (
-            last.data.tags.get("previous_family"),
-            last.data.tags.get("previous_version"),
-        )
-        if not family or not version:
-            raise RegistryError(
-                f"the last promotion on {hardware!r} had no previous champion to return to"
+        with self._alias_lock(hardware):
+            runs = self.client.search_runs(
+                [self.promotions_id],
+                filter_string=(
+                    f"tags.hardware = '{hardware}' and tags.action = 'promote' "
+                    "and tags.rolled_back = 'false'"
+                ),
+                run_view_type=ViewType.ACTIVE_ONLY,
+                order_by=["attributes.start_time DESC"],
+                max_results=1,
             )
-        target = self.get(family, version)
-        current = self.champion(hardware)
-        self._audit("rollback", hardware, draft=target, previous=current, reason=reason)
-        self._point(target, hardware, current)
-        self.client.set_tag(last.info.run_id, "rolled_back", "true")
+            if not runs:
+                raise RegistryError(f"no promotion on {hardware!r} to roll back")
+            last = runs[0]
+            family, version = (
+                last.data.tags.get("previous_family"),
+                last.data.tags.get("previous_version"),
+            )
+            if not family or not version:
+                raise RegistryError(
+                    f"the last promotion on {hardware!r} had no previous champion to return to"
+                )
+            target = self.get(family, version)
+            current = self.champion(hardware)
+            self._audit("rollback", hardware, draft=target, previous=current, reason=reason)
+            self._point(target, hardware, current)
+            self.client.set_tag(last.info.run_id, "rolled_back", "true")
         return target
+
+    @contextmanager
+    def _run(self, **kwargs: Any) -> Iterator[Any]:
+        """``mlflow.start_run`` in this registry's store: the fluent API logs to the global
+        tracking URI, which another :class:`Registry` (another store) may have moved."""
+        self._mlflow.set_tracking_uri(self.tracking_uri)
+        with self._mlflow.start_run(**kwargs) as run:
+            yield run
+
+    @contextmanager
+    def _alias_lock(self, hardware: str) -> Iterator[None]:
+        """Hold the lock of ``hardware``'s aliases in this tracking store."""
+        from filelock import FileLock, Timeout
+
+        path = promotion_lock_path(self.tracking_uri, hardware)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock = FileLock(path, timeout=LOCK_TIMEOUT_S)
+        try:
+            lock.acquire()
+        except Timeout:
+            raise RegistryError(
+                f"another promotion on {hardware!r} has held {str(path)!r} for over "
+                f"{LOCK_TIMEOUT_S:.0f} s; wait for it to finish, then promote again"
+            ) from None
+        try:
+            yield
+        finally:
+            lock.release()
 
     def _point(self, draft: DraftVersion, hardware: str, previous: DraftVersion | None) -> None:
         name = alias(CHAMPION, hardware)
@@ -370,7 +513,7 @@ class Registry:
             "reason": reason,
             "rolled_back": "false",
         }
-        with self._mlflow.start_run(
+        with self._run(
             experiment_id=self.promotions_id, run_name=f"{action}-{hardware}-{draft.label}"
         ) as run:
             self._mlflow.set_tags(record)

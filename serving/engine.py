@@ -96,6 +96,8 @@ class SpeculativeDecoder:
         max_context: int | None = None,
     ) -> None:
         self.target = target
+        # Every tensor the engine makes for the target goes here (computed once).
+        self.device: torch.device = next(target.parameters()).device
         self.vocab_size = int(target.config.vocab_size)
         if drafter is not None:
             drafter.check_compatible(self.vocab_size)
@@ -164,17 +166,18 @@ class SpeculativeDecoder:
     @torch.inference_mode()
     def _decode(self, request: _Request, generation: Generation) -> Iterator[TokenEvent]:
         started = time.perf_counter()
-        sampler = make_sampler(request.sampling)
+        device = self.device
+        sampler = make_sampler(request.sampling, device=device)  # draws where the logits are
         tokens = list(request.prompt)
         cache = new_cache(self.target)
         drafter = self.drafter
         want_hidden = drafter is not None and drafter.needs_target_hidden
         # [len(prompt) - 1, hidden] the target's last hidden states, for drafters that read them
-        prompt_hidden = torch.empty(0, int(self.target.config.hidden_size))
+        prompt_hidden = torch.empty(0, int(self.target.config.hidden_size), device=device)
         if len(tokens) > 1:
             # The cache holds every token but the last, which the first step feeds.
             out = self.target(
-                input_ids=torch.tensor(tokens[:-1])[None],
+                input_ids=torch.tensor(tokens[:-1], dtype=torch.int64, device=device)[None],
                 past_key_values=cache,
                 use_cache=True,
                 logits_to_keep=1,
@@ -186,6 +189,8 @@ class SpeculativeDecoder:
             drafter.begin(list(tokens))
             if want_hidden:
                 drafter.prefill(prompt_hidden)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)  # the prefill was only queued: time it, not its launch
         prefill_s = time.perf_counter() - started
         self.policy.begin()
         stop_reason = "length"
@@ -195,7 +200,14 @@ class SpeculativeDecoder:
                 # Never draft past the budget: the target's own token always comes on top.
                 k = min(self.policy.next_k(), remaining - 1)
                 step = speculative_step(
-                    self.target, cache, tokens, drafter, k, sampler, detailed=request.detailed
+                    self.target,
+                    cache,
+                    tokens,
+                    drafter,
+                    k,
+                    sampler,
+                    detailed=request.detailed,
+                    device=device,
                 )
                 self.policy.update(
                     step.proposed, step.accepted, draft_s=step.draft_s, verify_s=step.verify_s

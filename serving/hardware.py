@@ -10,9 +10,10 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from serving.errors import BadInputError
-from serving.paths import CONFIG_DIR
+from serving.paths import CONFIG_DIR, PROJECT_ROOT
 
 HARDWARE_CONFIG = CONFIG_DIR / "hardware.yaml"
+ENGINE_DEVICES = ("cpu", "cuda")  # where the specops engine (backend transformers) runs
 
 
 class HardwareTarget(BaseModel):
@@ -39,10 +40,38 @@ class HardwareTarget(BaseModel):
         return curve
 
     @model_validator(mode="after")
-    def _engine_needs_curve(self) -> HardwareTarget:
-        if self.backend == "transformers" and not self.verify_curve:
-            raise ValueError("a transformers target needs its measured verify_curve")
+    def _engine_target_is_consistent(self) -> HardwareTarget:
+        if self.backend != "transformers":
+            return self
+        if self.device_type not in ENGINE_DEVICES:
+            raise ValueError(
+                f"the specops engine (backend transformers) runs on {ENGINE_DEVICES}, "
+                f"not on device {self.device!r}"
+            )
+        if self.kernels == "onednn" and (self.device_type != "cpu" or self.dtype != "float32"):
+            raise ValueError(
+                f"kernels 'onednn' pack float32 layers on the CPU; device {self.device!r} with "
+                f"dtype {self.dtype!r} needs kernels 'stock'"
+            )
+        # A target this machine cannot run may wait for its curve: `specops profile
+        # --hardware NAME` on that hardware measures it, and engine_target() refuses to
+        # serve or evaluate on it until then.
+        if not self.verify_curve and self.runs_here:
+            raise ValueError(
+                "a transformers target that runs here needs its measured verify_curve "
+                "(`specops profile --hardware NAME`)"
+            )
         return self
+
+    @property
+    def device_type(self) -> str:
+        """``cuda`` for ``cuda:1``: what the engine's loader checks."""
+        return self.device.split(":")[0]
+
+    def load_options(self) -> dict[str, str]:
+        """How :func:`serving.loader.load_target` loads a model for this target:
+        ``load_target(source, **target.load_options())``."""
+        return {"kernels": self.kernels, "device": self.device, "dtype": self.dtype}
 
     @property
     def curve(self) -> tuple[float, ...]:
@@ -72,13 +101,31 @@ def hardware_target(name: str, path: Path = HARDWARE_CONFIG) -> HardwareTarget:
     return targets[name]
 
 
-def engine_target(name: str, path: Path = HARDWARE_CONFIG) -> HardwareTarget:
-    """A target the specops engine itself serves (backend ``transformers``)."""
+def _shown(path: Path) -> str:
+    """``configs/hardware.yaml`` for the shipped file, the path as given otherwise."""
+    resolved = Path(path).resolve()
+    if resolved.is_relative_to(PROJECT_ROOT):
+        return str(resolved.relative_to(PROJECT_ROOT))
+    return str(path)
+
+
+def engine_target(
+    name: str, path: Path = HARDWARE_CONFIG, *, require_curve: bool = True
+) -> HardwareTarget:
+    """A target the specops engine itself serves (backend ``transformers``), with its
+    measured verify curve. ``require_curve=False`` is for ``specops profile``, which is what
+    measures the curve of a target that has none yet."""
     target = hardware_target(name, path)
     if target.backend != "transformers":
         raise BadInputError(
             f"hardware target {name!r} runs on the {target.backend!r} backend, not on the "
             "specops engine; evaluate it with `specops targets evaluate --hardware "
             f"{name}`"
+        )
+    if require_curve and not target.verify_curve:
+        where = "GPU" if target.device_type == "cuda" else "hardware"
+        raise BadInputError(
+            f"the {name} target's verify curve has not been measured: run `specops profile "
+            f"--hardware {name}` on that {where} and put its curve in {_shown(path)}"
         )
     return target

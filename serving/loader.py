@@ -25,30 +25,80 @@ def set_threads(threads: int) -> int:
 
 
 KERNELS = ("onednn", "stock")
+DEVICES = ("cpu", "cuda")
+DTYPES = ("float32", "bfloat16", "float16")
 
 
-def load_target(source: str = DEFAULT_TARGET, *, kernels: str = "onednn"):
-    """``smollm2`` (the shipped SmolLM2-135M-Instruct) or a local HF model folder.
+def parse_device(device: str | torch.device) -> torch.device:
+    """``device`` as a :class:`torch.device` of a type the engine runs on."""
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise BadInputError(f"unknown device {device!r}; use one of {DEVICES}") from None
+    if parsed.type not in DEVICES:
+        raise BadInputError(f"the engine runs on {DEVICES}, not on device {str(device)!r}")
+    return parsed
+
+
+def check_device(device: str | torch.device) -> torch.device:
+    """:func:`parse_device`, and a :class:`BadInputError` naming the device when this
+    machine does not have it (instead of a CUDA traceback at the first tensor moved)."""
+    parsed = parse_device(device)
+    if parsed.type == "cuda":
+        if not torch.cuda.is_available():
+            raise BadInputError(
+                f"device {str(device)!r} was asked for, but this torch sees no CUDA GPU (torch "
+                f"{torch.__version__}, CUDA build {torch.version.cuda}); use device 'cpu' "
+                "(hardware target cpu) or run on a machine with an NVIDIA GPU"
+            )
+        if parsed.index is not None and parsed.index >= torch.cuda.device_count():
+            raise BadInputError(
+                f"device {str(device)!r} does not exist: this machine has "
+                f"{torch.cuda.device_count()} CUDA device(s)"
+            )
+    return parsed
+
+
+def load_target(
+    source: str = DEFAULT_TARGET,
+    *,
+    kernels: str = "onednn",
+    device: str | torch.device = "cpu",
+    dtype: str = "float32",
+):
+    """``smollm2`` (the shipped SmolLM2-135M-Instruct) or a local HF model folder, loaded
+    in ``dtype`` on ``device`` (a hardware target's ``load_options()`` gives all three).
 
     ``kernels="onednn"`` packs the linear layers for oneDNN (see
-    :mod:`serving.models.onednn`); ``"stock"`` keeps torch's default layers.
+    :mod:`serving.models.onednn`; float32 on the CPU only); ``"stock"`` keeps torch's
+    default layers. Every option is checked before any weights are read.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if kernels not in KERNELS:
         raise BadInputError(f"unknown kernels {kernels!r}; choose one of {KERNELS}")
+    if dtype not in DTYPES:
+        raise BadInputError(f"unknown dtype {dtype!r}; choose one of {DTYPES}")
+    if kernels == "onednn" and (parse_device(device).type != "cpu" or dtype != "float32"):
+        raise BadInputError(
+            f"kernels 'onednn' pack float32 layers for the CPU; on device {str(device)!r} in "
+            f"{dtype} load with kernels='stock'"
+        )
+    target_device = check_device(device)
     if source == DEFAULT_TARGET:
         from serving.models.real import load_real_model
 
-        model, tokenizer = load_real_model()
+        model, tokenizer = load_real_model(dtype=dtype)
     else:
         path = Path(source)
         if not path.is_dir():
             raise ModelSourceError(
                 f"target {source!r} is neither {DEFAULT_TARGET!r} nor a local model folder"
             )
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).eval()
         tokenizer = AutoTokenizer.from_pretrained(path)
+    if target_device.type != "cpu":
+        model = model.to(target_device)
     if kernels == "onednn":
         from serving.models.onednn import pack_linear_layers
 
@@ -104,11 +154,19 @@ class DecoderOptions:
 
 def build_decoder(model, tokenizer, options: DecoderOptions) -> SpeculativeDecoder:
     spec = options.check()
+    hardware = engine_target(options.hardware)
+    device = next(model.parameters()).device
+    if device.type != hardware.device_type:
+        # Its verify curve was measured there: a model elsewhere would decode, mis-timed.
+        raise BadInputError(
+            f"the model is on {device}, but hardware target {options.hardware!r} runs on "
+            f"{hardware.device!r}; load it with load_target(source, "
+            f"**engine_target({options.hardware!r}).load_options())"
+        )
     drafter = build_drafter(spec, model, tokenizer)
     policy = None
     if drafter is not None:
-        curve = engine_target(options.hardware).curve
-        policy = make_policy(options.policy, options.k, verify_curve=curve)
+        policy = make_policy(options.policy, options.k, verify_curve=hardware.curve)
     return SpeculativeDecoder(
         model, drafter=drafter, policy=policy, eos_token_ids=eos_ids(model, tokenizer)
     )

@@ -4,6 +4,11 @@
 raw logits into the processed distribution that tokens are drawn from; the verifier uses
 exactly that distribution (otherwise speculative sampling would not be lossless). Greedy
 decoding is ``temperature == 0``: the sampler then picks the argmax and never draws.
+
+Draws come from the request's ``torch.Generator``, made on the device of the tensors it
+samples (the target's): a CUDA tensor cannot be drawn from with a CPU generator, and
+drawing on the device keeps a model drafter's loop free of a host sync per token. A seed
+therefore reproduces within one device type; CPU and CUDA generators give different draws.
 """
 
 from __future__ import annotations
@@ -104,6 +109,11 @@ class Sampler:
     def greedy(self) -> bool:
         return self.params.greedy
 
+    @property
+    def device(self) -> torch.device | None:
+        """Where this sampler draws (its generator's device); ``None`` when greedy."""
+        return None if self.generator is None else self.generator.device
+
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
         """The distribution tokens are drawn from. Greedy: one-hot at the argmax."""
         if self.greedy:
@@ -128,11 +138,18 @@ class Sampler:
 
     def uniform(self, n: int) -> torch.Tensor:
         """``n`` uniforms in [0, 1) from this request's generator (for acceptance tests)."""
-        return torch.rand(n, generator=self.generator)
+        device = self.device or torch.device("cpu")
+        return torch.rand(n, generator=self.generator, device=device)
 
 
-def make_sampler(params: SamplingParams | None = None, **kwargs: object) -> Sampler:
-    """Compose temperature, top-k and top-p into one sampler (HF's order: T, then k, then p)."""
+def make_sampler(
+    params: SamplingParams | None = None,
+    *,
+    device: torch.device | str = "cpu",
+    **kwargs: object,
+) -> Sampler:
+    """Compose temperature, top-k and top-p into one sampler (HF's order: T, then k, then p).
+    ``device``: where its draws are made, the device of the logits it will see."""
     if params is None:
         params = SamplingParams(**kwargs)  # type: ignore[arg-type]
     processors: list[LogitsProcessor] = []
@@ -145,6 +162,6 @@ def make_sampler(params: SamplingParams | None = None, **kwargs: object) -> Samp
             processors.append(top_p_processor(params.top_p))
     generator = None
     if not params.greedy:
-        generator = torch.Generator()
+        generator = torch.Generator(device=device)
         generator.manual_seed(params.seed if params.seed is not None else torch.seed())
     return Sampler(params=params, process=compose(processors), generator=generator)

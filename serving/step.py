@@ -6,12 +6,14 @@ autoregressive decoding is this step with k = 0 (the target pass then covers one
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass
 
 import torch
 
 from serving.drafters.base import Drafter, DraftProposal, DraftRequest, StepFeedback
+from serving.errors import BadInputError
 from serving.kv import cache_length, rewind
 from serving.sampling import Sampler
 from serving.verify import verify
@@ -70,6 +72,32 @@ def _rejection(
     )
 
 
+class _Clock:
+    """The step's draft and verify times. On CUDA the work is queued, so wall-clock marks
+    would charge the draft's queued kernels to verification: CUDA events on the device's
+    stream time it instead, read once the step's host sync has passed them."""
+
+    def __init__(self, device: torch.device) -> None:
+        self._stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
+        self._events: list[torch.cuda.Event] = []
+        self._times: list[float] = []
+
+    def mark(self) -> None:
+        if self._stream is None:
+            self._times.append(time.perf_counter())
+            return
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(self._stream)
+        self._events.append(event)
+
+    def intervals(self) -> list[float]:
+        """Seconds between consecutive marks."""
+        if self._stream is None:
+            return [b - a for a, b in itertools.pairwise(self._times)]
+        self._events[-1].synchronize()  # already done: the step synced after its last kernel
+        return [a.elapsed_time(b) / 1000 for a, b in itertools.pairwise(self._events)]
+
+
 @torch.inference_mode()
 def speculative_step(
     target,
@@ -80,16 +108,27 @@ def speculative_step(
     sampler: Sampler,
     *,
     detailed: bool = False,
+    device: torch.device | None = None,
 ) -> StepResult:
     """Advance one step. ``cache`` holds ``tokens[:-1]``; on return it holds the new
-    ``tokens[:-1]`` (every kept token but the target's own, which is fed next step)."""
+    ``tokens[:-1]`` (every kept token but the target's own, which is fed next step).
+
+    ``device``: the target's (the engine computes it once); every tensor the step hands the
+    target or the verifier is on it, and a sampling ``sampler`` must draw there too."""
+    device = next(target.parameters()).device if device is None else device
+    if sampler.device is not None and sampler.device.type != device.type:
+        raise BadInputError(
+            f"the sampler draws on {sampler.device} but the target is on {device}; make it "
+            f"with make_sampler(..., device={str(device)!r})"
+        )
     base = cache_length(cache)
     assert base == len(tokens) - 1, f"cache holds {base} tokens, expected {len(tokens) - 1}"
-    start = time.perf_counter()
+    clock = _Clock(device)
+    clock.mark()
     proposal = DraftProposal.empty()
     if drafter is not None and k > 0:
         proposal = drafter.propose(DraftRequest(tokens, k, sampler)).truncate(k)
-    drafted = time.perf_counter()
+    clock.mark()
     proposed = len(proposal)
     keep = base  # on failure, rewind to where we started
     accepted = 0
@@ -98,7 +137,10 @@ def speculative_step(
     rejection = None
     want_hidden = drafter is not None and drafter.needs_target_hidden
     try:
-        block = torch.cat([torch.tensor(tokens[-1:]), proposal.tokens])  # [1 + proposed]
+        # n-gram drafters propose on the CPU: their drafts meet the target's logits here.
+        drafts = proposal.to(device)
+        pending = torch.tensor(tokens[-1:], dtype=torch.int64, device=device)  # [1]
+        block = torch.cat([pending, drafts.tokens])  # [1 + proposed]
         out = target(
             input_ids=block[None],
             past_key_values=cache,
@@ -106,17 +148,16 @@ def speculative_step(
             output_hidden_states=want_hidden,
         )
         target_logits = out.logits[0]  # [1 + proposed, vocab]
-        verdict, target_probs = verify(
-            proposal.tokens, proposal.draft_probs, target_logits, sampler
-        )
+        verdict, target_probs = verify(drafts.tokens, drafts.draft_probs, target_logits, sampler)
         accepted = verdict.accepted_len
+        # The drafter's own tensor: free for CPU drafts, a copy from the idle GPU otherwise.
         new_tokens = [*proposal.tokens[:accepted].tolist(), verdict.next_token]
         keep = base + 1 + accepted  # the pending token and the accepted drafts
         if want_hidden:
             hidden = out.hidden_states[-1][0, : accepted + 1]  # [accepted + 1, hidden]
         if detailed and accepted < proposed:
             rejection = _rejection(
-                proposal, accepted, verdict.next_token, target_logits, target_probs
+                drafts, accepted, verdict.next_token, target_logits, target_probs
             )
     finally:
         # The one place both caches are rewound: the target drops rejected drafts here,
@@ -132,11 +173,13 @@ def speculative_step(
                     target_hidden=hidden,
                 )
             )
+    clock.mark()
+    draft_s, verify_s = clock.intervals()
     return StepResult(
         new_tokens=new_tokens,
         proposed=proposed,
         accepted=accepted,
-        draft_s=drafted - start,
-        verify_s=time.perf_counter() - drafted,
+        draft_s=draft_s,
+        verify_s=verify_s,
         rejection=rejection,
     )

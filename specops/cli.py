@@ -195,22 +195,47 @@ def bench(
 
 @app.command()
 def profile(
-    threads: Annotated[int, typer.Option(help="torch threads (recorded).")] = 2,
+    hardware: Annotated[
+        str,
+        typer.Option(
+            help="Hardware target to measure on: its device, dtype, kernels and threads "
+            "(configs/hardware.yaml). Its verify curve need not exist yet."
+        ),
+    ] = "cpu",
+    threads: Annotated[
+        int | None, typer.Option(help="torch threads (recorded); default: the target's.")
+    ] = None,
     max_n: Annotated[int, typer.Option(help="Largest block to time.")] = 16,
     context: Annotated[int, typer.Option(help="Tokens already in the KV cache.")] = 256,
     repeats: Annotated[int, typer.Option(help="Timings per size (medians kept).")] = 15,
     out: Annotated[Path, typer.Option(help="Results file.")] = Path("results/profile.json"),
-    kernels: Annotated[str, typer.Option(help="onednn (packed, CPU) | stock.")] = "onednn",
+    kernels: Annotated[
+        str | None,
+        typer.Option(help="onednn (packed, CPU) | stock; default: the target's."),
+    ] = None,
 ) -> None:
-    """Measure target-pass cost by block size, and first-N-layer draft costs, on this CPU."""
+    """Measure target-pass cost by block size, and first-N-layer draft costs, on a hardware
+    target, and print its verify curve as configs/hardware.yaml takes it."""
     from serving.atomic import write_json_atomic
-    from serving.loader import load_target, set_threads
-    from tasks.bench.profile import profile_model
+    from serving.errors import SpecOpsError
+    from tasks.bench.profile import curve_yaml, profile_hardware
 
-    set_threads(threads)
-    model, _ = load_target(kernels=kernels)
-    result = profile_model(model, max_n=max_n, context=context, repeats=repeats)
-    write_json_atomic(out, result)
+    try:
+        result = profile_hardware(
+            hardware,
+            kernels=kernels,
+            threads=threads,
+            max_n=max_n,
+            context=context,
+            repeats=repeats,
+        )
+    except SpecOpsError as error:
+        fail(str(error))
+    write_json_atomic(out, {"hardware": hardware, **result})
+    typer.echo(
+        f"{hardware}: {result['device_name']} ({result['device']}, {result['dtype']}, "
+        f"{result['threads']} threads)"
+    )
     typer.echo(f"verify cost by block size n=1..{max_n} (relative to n=1):")
     typer.echo("  " + ", ".join(f"{c:.2f}" for c in result["verify_curve"]))
     typer.echo(f"one-token target pass: {result['target_pass_s'][1] * 1000:.1f} ms")
@@ -218,6 +243,8 @@ def profile(
         "draft cost per token (relative to a target pass): "
         + ", ".join(f"{name}={cost:.2f}" for name, cost in result["draft_cost"].items())
     )
+    typer.echo(f"for configs/hardware.yaml, under targets.{hardware} (made non-decreasing):")
+    typer.echo("    " + curve_yaml(result["config_curve"]))
     typer.echo(f"results: {out}")
 
 

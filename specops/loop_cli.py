@@ -35,6 +35,12 @@ def demo(
     after_prompts: Annotated[int, typer.Option(help="HumanEval requests after it.")] = 32,
     max_new_tokens: Annotated[int, typer.Option(help="Tokens per request.")] = 96,
     threads: Annotated[int, typer.Option(help="torch threads.")] = 2,
+    head_seconds: Annotated[
+        float, typer.Option(help="Head training budget per retrain (seconds).")
+    ] = 60.0,
+    lora_seconds: Annotated[
+        float, typer.Option(help="LoRA training budget per retrain (seconds).")
+    ] = 60.0,
 ) -> None:
     """The main job: bootstrap a champion, replay drift, retrain, evaluate, gate, promote."""
     from serving.errors import SpecOpsError
@@ -59,6 +65,7 @@ def demo(
             before_prompts=before_prompts,
             after_prompts=after_prompts,
             max_new_tokens=max_new_tokens,
+            budgets={"head": head_seconds, "lora": lora_seconds},
         )
         summary = write_report(result, work / "store", Path("results/main"))
         ba = summary["before_after"]
@@ -83,26 +90,37 @@ def demo(
     if ba is None:
         typer.echo("no retrain happened (acceptance stayed above the threshold)")
     else:
-        for label, row in (
-            ("plain", ba["plain"]),
-            ("before", ba["before"]),
-            ("challenger", ba["challenger"]),
-        ):
+        typer.echo("after the drift (overall | held-out drifted traffic):")
+        for row in [ba["plain"], ba["before"], *ba["challengers"]]:
+            traffic = row.get("traffic") or {}
             typer.echo(
-                f"{label:>10}: mean accepted length {row['mean_accepted_length']:.2f}, "
-                f"speedup {row['speedup']:.2f}x, lossless {row['lossless']}"
+                f"  {row['label']:>28}: mean accepted length {_num(row['mean_accepted_length'])}"
+                f" | {_num(traffic.get('mean_accepted_length'))}, speedup "
+                f"{_num(row['speedup'])}x | {_num(traffic.get('speedup'))}x, "
+                f"lossless {row['lossless']}"
             )
-        typer.echo(
-            f"gain in mean accepted length: {ba['mean_accepted_length_gain']:+.2f}; "
-            f"{'promoted ' + ba['promoted'] if ba['promoted'] else 'champion kept'}"
-        )
+        typer.echo(f"{'promoted ' + ba['promoted'] if ba['promoted'] else 'champion kept'}")
         for label, gate in ba["gates"].items():
             typer.echo(f"gate {label}: {gate['reason']}")
+        back = summary["regained"]
+        if back is not None:
+            share = back["regained_share"]
+            typer.echo(
+                f"drift cost the champion {back['lost']:.2f} of mean accepted length on "
+                f"{back['workload']} ({back['champion_before_drift']:.2f} -> "
+                f"{back['champion_after_drift']:.2f}); {back['loop_draft']} gets "
+                f"{back['loop_draft_after_drift']:.2f} on held-out drifted traffic: "
+                f"{'n/a' if share is None else f'{share:.0%}'} regained"
+            )
     typer.echo(
         "results: results/main/loop.json, plot results/main/loop.png\n"
         f"MLflow: mlflow ui --backend-store-uri {os.environ['SPECOPS_MLFLOW_URI']}\n"
         "Prefect: prefect server start (flow runs of this process went to a temporary server)"
     )
+
+
+def _num(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
 
 
 @loop_app.command()
@@ -154,21 +172,86 @@ def bootstrap(
         raise typer.Exit(1)
 
 
+FLOWS = ("collect", "retrain", "evaluate-and-promote")
+
+
 @loop_app.command()
 def run(
-    flow_name: Annotated[str, typer.Argument(help="collect | retrain")],
+    flow_name: Annotated[str, typer.Argument(help=" | ".join(FLOWS))],
     hardware: Annotated[str, typer.Option(help="Hardware target.")] = "cpu",
     store: Annotated[str, typer.Option(help="The record store.")] = "data",
+    work: Annotated[str, typer.Option(help="Work folder (dataset, challengers).")] = (
+        ".specops/work"
+    ),
+    challenger: Annotated[
+        list[str] | None,
+        typer.Option(help="evaluate-and-promote: a registered version, family/version."),
+    ] = None,
+    workload: Annotated[
+        list[str] | None, typer.Option(help="evaluate-and-promote: built-in workloads.")
+    ] = None,
+    prompts: Annotated[int, typer.Option(help="Held-out prompts per built-in workload.")] = 8,
+    traffic: Annotated[
+        bool,
+        typer.Option(
+            "--traffic/--no-traffic",
+            help="evaluate-and-promote: also the held-out traffic of WORK/dataset.",
+        ),
+    ] = True,
+    promote: Annotated[bool, typer.Option("--promote/--no-promote")] = True,
 ) -> None:
     """Run one flow now against the configured registry and store."""
-    _prefect_env()
-    from flows.loop import collect, retrain
+    from serving.errors import SpecOpsError
+    from serving.hardware import hardware_target
 
-    flows: dict[str, Callable[..., dict[str, Any]]] = {"collect": collect, "retrain": retrain}
-    if flow_name not in flows:
-        fail(f"unknown flow {flow_name!r}; choose one of {sorted(flows)}")
-    result = flows[flow_name](hardware=hardware, store=store)
+    if flow_name not in FLOWS:
+        fail(f"unknown flow {flow_name!r}; choose one of {', '.join(FLOWS)}")
+    try:
+        hardware_target(hardware)
+        versions = [_version_ref(ref) for ref in challenger or []]
+    except SpecOpsError as error:
+        fail(str(error))
+    _prefect_env()
+    from flows.loop import collect, evaluate_and_promote, retrain
+
+    try:
+        if flow_name == "evaluate-and-promote":
+            dataset = Path(work) / "dataset"
+            if traffic and not (dataset / "heldout_traffic.jsonl").is_file():
+                fail(
+                    f"no held-out traffic at {dataset}: run `specops loop run collect` first, "
+                    "or pass --no-traffic"
+                )
+            result = evaluate_and_promote(
+                versions,
+                hardware=hardware,
+                workloads=workload or ["humaneval"],
+                prompts_per_workload=prompts,
+                cache=f"{work}/packages",
+                promote=promote,
+                traffic=str(dataset) if traffic else None,
+            )
+        else:
+            flows: dict[str, Callable[..., dict[str, Any]]] = {
+                "collect": collect,
+                "retrain": retrain,
+            }
+            result = flows[flow_name](hardware=hardware, store=store, work=work)
+    except SpecOpsError as error:
+        fail(str(error))
     typer.echo(json.dumps(result, indent=2, default=str)[:4000])
+
+
+def _version_ref(ref: str) -> dict[str, str]:
+    """``family/version`` or ``<prefix>-family/version`` -> the flow's challenger dict."""
+    from registry.config import load_registry_config
+    from serving.errors import BadInputError
+
+    family, _, version = ref.rpartition("/")
+    if not family or not version.isdigit():
+        raise BadInputError(f"--challenger {ref!r} is not family/version (e.g. head/3)")
+    family = family.removeprefix(f"{load_registry_config().model_prefix}-")
+    return {"family": family, "version": version}
 
 
 @loop_app.command()

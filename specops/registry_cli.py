@@ -1,10 +1,16 @@
-"""``specops registry ...``: look at and act on the MLflow draft registry."""
+"""``specops registry ...``: look at and act on the MLflow draft registry.
+
+Bad input (a malformed version, an unknown hardware target, an unreadable or inconsistent
+evaluation file) exits 2 via :func:`specops.exit.fail`; a refusal by the registry (no
+such version, not evaluated on that target, the champion moved) exits 1. Either way one
+line says why, and nothing was changed.
+"""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 
@@ -17,6 +23,21 @@ def _registry():
     from registry.client import Registry
 
     return Registry()
+
+
+def _refuse(message: str) -> NoReturn:
+    """Print the registry's refusal on one line and exit 1 (the input was well formed)."""
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code=1)
+
+
+def _end(error: Exception) -> NoReturn:
+    """Exit on a SpecOpsError: 1 for a registry refusal, 2 for bad input."""
+    from registry.client import RegistryError
+
+    if isinstance(error, RegistryError):
+        _refuse(str(error))
+    fail(str(error))
 
 
 @registry_app.command("show")
@@ -81,3 +102,115 @@ def rollback(
     except SpecOpsError as error:
         fail(str(error))
     typer.echo(f"champion-{hardware} -> {draft.label}")
+
+
+@registry_app.command("describe")
+def describe(
+    version: Annotated[str, typer.Argument(help="FAMILY/VERSION (head/3) or the full label.")],
+) -> None:
+    """Print one version: its tags (lineage, evaluations, exports), its run's parameters
+    and final metrics, and the aliases it holds."""
+    from serving.errors import SpecOpsError
+
+    try:
+        registry = _registry()
+        draft = registry.resolve(version)
+        run = registry.client.get_run(draft.run_id)
+        model = registry.client.get_registered_model(draft.name)
+    except SpecOpsError as error:
+        _end(error)
+    payload = {
+        "label": draft.label,
+        "family": draft.family,
+        "run_id": draft.run_id,
+        "source": draft.source,
+        "aliases": sorted(a for a, v in (model.aliases or {}).items() if str(v) == draft.version),
+        "tags": dict(sorted(draft.tags.items())),
+        "params": dict(sorted(run.data.params.items())),
+        "metrics": dict(sorted(run.data.metrics.items())),
+    }
+    typer.echo(json.dumps(payload, indent=2))
+
+
+@registry_app.command("promote")
+def promote(
+    version: Annotated[str, typer.Argument(help="FAMILY/VERSION (head/3) or the full label.")],
+    hardware: Annotated[str, typer.Option(help="The hardware target it will serve on.")],
+    reason: Annotated[str, typer.Option(help="Why (kept in the audit run).")] = (
+        "manual promotion"
+    ),
+) -> None:
+    """Make a version the champion of a hardware target. Refused unless it was evaluated
+    there (and, off the specops engine, exported for that target's backend)."""
+    from serving.errors import SpecOpsError
+    from serving.hardware import hardware_target
+
+    try:
+        hardware_target(hardware)
+        registry = _registry()
+        draft = registry.resolve(version)
+        run_id = registry.promote(draft, hardware, reason=reason)
+        record = registry.client.get_run(run_id).data.tags  # the champion it displaced
+        was = (
+            f"{registry.model_name(record['previous_family'])}/{record['previous_version']}"
+            if record.get("previous_family")
+            else "none (plain decoding)"
+        )
+    except SpecOpsError as error:
+        _end(error)
+    typer.echo(f"champion-{hardware} -> {draft.label} (was {was}; audit run {run_id})")
+
+
+@registry_app.command("log-evaluation")
+def log_evaluation(
+    file: Annotated[
+        Path, typer.Argument(help="An evaluation file (tasks/evaluate/evaluation_file.py).")
+    ],
+    promote: Annotated[
+        bool,
+        typer.Option(
+            "--promote/--no-promote",
+            help="Gate each challenger against the file's champion and promote the fastest "
+            "that passes (refused if the champion moved since the evaluation).",
+        ),
+    ] = False,
+) -> None:
+    """Record an evaluation that ran on another machine (``python -m tasks.evaluate.remote``):
+    each contender's numbers go to its version, which is then marked evaluated on that
+    hardware target, and the gates judge each challenger. The file is checked first, and
+    every version it names must exist; otherwise nothing is logged."""
+    from serving.errors import SpecOpsError
+    from serving.models.real import cache_root
+    from tasks.evaluate.evaluation_file import read_evaluation_file
+    from tasks.loop.steps import decide
+
+    try:
+        evaluation = read_evaluation_file(file)
+        registry = _registry()
+        drafts = {name: registry.resolve(label) for name, label in evaluation.contenders.items()}
+    except SpecOpsError as error:
+        _end(error)
+    hardware = evaluation.hardware
+    params = {
+        "prompts": evaluation.prompts,
+        "max_new_tokens": evaluation.max_new_tokens,
+        "source": "evaluation-file",
+        **{f"produced_by.{k}": v for k, v in evaluation.produced_by.items()},
+    }
+    report = evaluation.report.model_dump(mode="json")
+    try:
+        decision = decide(
+            registry, report, drafts, hardware=hardware, cache=cache_root() / "registry",
+            promote=promote, params=params, artifacts=[file],
+        )  # fmt: skip
+    except SpecOpsError as error:
+        _end(error)
+    for name, draft in drafts.items():
+        shown = ", ".join(f"{k} {v:.3f}" for k, v in evaluation.metrics_of(name).items())
+        typer.echo(f"{name}: {draft.label} evaluated on {hardware}: {shown}")
+    for label, result in decision.gates.items():
+        typer.echo(f"gate {label}: {result['reason']}")
+    if decision.promoted:
+        typer.echo(f"champion-{hardware} -> {decision.promoted}")
+    elif promote:
+        typer.echo(f"champion-{hardware} kept: {decision.champion}")

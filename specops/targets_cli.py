@@ -119,3 +119,63 @@ def _registered(hardware: str, champion_of: str, prompts, workdir: Path, max_new
         workdir=workdir,
         max_new_tokens=max_new_tokens,
     )
+
+
+@targets_app.command("bundle")
+def bundle(
+    hardware: Annotated[str, typer.Option(help="The hardware target it will run on (cuda...).")],
+    challenger: Annotated[
+        list[str], typer.Option(help="A registered version to evaluate, family/version.")
+    ],
+    out: Annotated[Path, typer.Option(help="The bundle folder to write.")],
+    workload: Annotated[
+        list[str] | None, typer.Option(help="Built-in workloads (held-out prompts).")
+    ] = None,
+    prompts: Annotated[int, typer.Option(min=1, help="Held-out prompts per workload.")] = 8,
+    traffic: Annotated[
+        Path | None,
+        typer.Option(help="A dataset folder whose heldout_traffic.jsonl is evaluated too."),
+    ] = None,
+    traffic_prompts: Annotated[int, typer.Option(min=1, help="Per recorded workload.")] = 8,
+    max_new_tokens: Annotated[int, typer.Option(min=1)] = 96,
+    seed: int = 0,
+) -> None:
+    """Prepare an evaluation of ``hardware``'s champion and challengers for another machine
+    (a GPU box with only torch, transformers, peft and accelerate). There:
+    ``python -m tasks.evaluate.remote OUT --out evaluation.json``; back here:
+    ``specops registry log-evaluation evaluation.json --promote``."""
+    from serving.errors import SpecOpsError
+    from serving.loader import load_target
+    from specops.loop_cli import _version_ref
+    from tasks.data.traffic import build_workload
+    from tasks.evaluate.evaluate import traffic_prompts as held_out_traffic
+    from tasks.loop.prefect_tasks import open_registry
+    from tasks.loop.remote_bundle import prepare_bundle
+    from tasks.loop.steps import read_jsonl
+
+    try:
+        refs = [_version_ref(ref) for ref in challenger]
+        registry = open_registry()
+        drafts = [registry.get(r["family"], r["version"]) for r in refs]
+        chosen: list = [
+            p
+            for name in workload or ["humaneval"]
+            for p in build_workload(name, prompts, seed=seed, split="heldout")
+        ]
+        if traffic is not None:
+            held = read_jsonl(traffic / "heldout_traffic.jsonl")
+            chosen += held_out_traffic(held, per_workload=traffic_prompts)
+        _, tokenizer = load_target("smollm2", kernels="stock")
+        from serving.models.real import cache_root
+
+        folder = prepare_bundle(
+            registry, hardware, drafts, chosen, out, tokenizer=tokenizer,
+            cache=cache_root() / "registry", max_new_tokens=max_new_tokens,
+        )  # fmt: skip
+    except SpecOpsError as error:
+        fail(str(error))
+    typer.echo(
+        f"bundle for {hardware}: {len(drafts)} challenger(s), {len(chosen)} prompts -> {folder}\n"
+        f"there: python -m tasks.evaluate.remote {folder} --out evaluation.json\n"
+        "here:  specops registry log-evaluation evaluation.json --promote"
+    )

@@ -99,6 +99,10 @@ class CharTokenizer:
             if token >= FIRST_TEXT_ID or not skip_special_tokens
         )
 
+    def save_pretrained(self, folder) -> None:
+        """Nothing to write: a draft saved beside it loads without a tokenizer file (the
+        vocabulary-size check still runs)."""
+
 
 # Short texts with repeats, so that prompt lookup finds something to draft.
 TEXTS = [

@@ -52,9 +52,19 @@ class DraftProposal:
             None if self.confidence is None else self.confidence[:k],
         )
 
+    def to(self, device: torch.device) -> DraftProposal:
+        """The proposal on ``device`` (itself when it is already there)."""
+        if self.tokens.device == device:
+            return self
+        return DraftProposal(
+            self.tokens.to(device),
+            None if self.draft_probs is None else self.draft_probs.to(device),
+            None if self.confidence is None else self.confidence.to(device),
+        )
+
     @staticmethod
     def empty() -> DraftProposal:
-        return DraftProposal(torch.empty(0, dtype=torch.int64))
+        return DraftProposal(torch.empty(0, dtype=torch.int64, device="cpu"))
 
 
 @dataclass(frozen=True)

@@ -117,13 +117,16 @@ def build_drafter(spec: str | DrafterSpec, target, target_tokenizer=None) -> Dra
         assert parsed.arg is not None
         return HeadDrafter(load_head(parsed.arg, target), target, name=text)
     # model:PATH
-    import torch
     from transformers import AutoModelForCausalLM
 
     assert parsed.arg is not None
     if target_tokenizer is not None:
         _check_same_tokenizer(parsed.arg, target_tokenizer)
-    model = AutoModelForCausalLM.from_pretrained(parsed.arg, dtype=torch.float32).eval()
+    # The draft runs where its target runs, in its target's dtype.
+    weight = next(target.parameters())
+    model = AutoModelForCausalLM.from_pretrained(parsed.arg, dtype=weight.dtype).eval()
+    if weight.device.type != "cpu":
+        model = model.to(weight.device)
     if getattr(target, "specops_kernels", "stock") == "onednn":
         from serving.models.onednn import pack_linear_layers
 

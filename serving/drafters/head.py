@@ -48,14 +48,21 @@ class HeadDrafter(Drafter):
         self.head_config = head.head_config
         self.vocab_size = int(target.config.vocab_size)
         self._embed = target.get_input_embeddings()  # frozen, [vocab, hidden]
+        # The head runs on its target's device (moved there, in place, like any module) and
+        # keeps its own dtype: features and embeddings are cast to it, its predicted
+        # features back to the target's dtype for the target's output layer.
+        target_weight = next(target.parameters())
+        self.device: torch.device = target_weight.device
+        self._target_dtype = target_weight.dtype
         packed = getattr(target, "specops_kernels", "stock") == "onednn"
-        head = head.eval()
+        head = head.eval().to(self.device)
         if packed:
             from serving.models.onednn import pack_linear_layers
 
             head = copy.deepcopy(head)  # packing replaces layers in place; keep the caller's
             pack_linear_layers(head)  # the head runs on the same kernels as its target
         self.head = head
+        self._head_dtype = next(head.parameters(), target_weight).dtype
         # [draft_vocab] full-vocabulary ids of the head's logits, or None for all of them.
         self.vocab_ids: torch.Tensor | None = head.vocab_ids
         self._logits_layer = self._output_layer(target, packed)
@@ -124,10 +131,11 @@ class HeadDrafter(Drafter):
         assert self._cache is not None, "begin() was not called"
         start = cache_length(self._cache)
         count = int(tokens.shape[0])
-        positions = torch.arange(start, start + count)[None]  # [1, n]
-        mask = None if count == 1 else causal_mask(count, start)  # [1, 1, n, start + n]
-        embeds = self._embed(tokens)[None]  # [1, n, hidden]
-        out = self.head(features[None].to(embeds.dtype), embeds, positions, mask, self._cache)
+        positions = torch.arange(start, start + count, device=self.device)[None]  # [1, n]
+        # [1, 1, n, start + n]
+        mask = None if count == 1 else causal_mask(count, start, device=self.device)
+        embeds = self._embed(tokens)[None].to(self._head_dtype)  # [1, n, hidden]
+        out = self.head(features[None].to(self._head_dtype), embeds, positions, mask, self._cache)
         return out[0]  # [n, hidden]
 
     def _feed_pending(self, tokens: list[int]) -> None:
@@ -140,7 +148,9 @@ class HeadDrafter(Drafter):
             raise SpecOpsError(
                 f"head drafter out of sync: {self._fed} + {count} pairs for {len(tokens)} tokens"
             )
-        pair_tokens = torch.tensor(tokens[self._fed + 1 :], dtype=torch.int64)  # [m]
+        pair_tokens = torch.tensor(
+            tokens[self._fed + 1 :], dtype=torch.int64, device=self.device
+        )  # [m]
         self._tail = self._feed(features, pair_tokens)[-1]  # f̂ of the pending token
         self._fed += count
         self._pending = []
@@ -168,7 +178,7 @@ class HeadDrafter(Drafter):
         tokens: list[torch.Tensor] = []
         probs: list[torch.Tensor] = []
         for i in range(request.k):
-            logits = self._full_logits(self._logits_layer(feature))  # [vocab]
+            logits = self._full_logits(self._logits_layer(feature.to(self._target_dtype)))
             token, row = draw_draft(
                 logits, sampler
             )  # [vocab] row  # zero outside a reduced vocabulary

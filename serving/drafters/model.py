@@ -4,6 +4,9 @@ It keeps its own KV cache. Proposing feeds the committed tokens its cache has no
 then drafts autoregressively; ``commit`` rewinds the cache to the longest prefix the target
 kept. The cache never holds the last drafted token (it was sampled, not fed), so after a
 fully accepted block the next ``propose`` feeds that token together with the bonus token.
+
+It runs on its model's device; ``build_drafter`` loads a ``model:PATH`` draft onto its
+target's, so its drafts and probabilities meet the target's logits without a copy.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ class ModelDrafter(Drafter):
                 f"confidence_threshold must be in [0, 1), got {confidence_threshold!r}"
             )
         self.model = model
+        # Where the draft runs (for a served draft, its target's device: see build_drafter).
+        self.device: torch.device = next(model.parameters()).device
         self.name = name
         self.confidence_threshold = confidence_threshold
         self._cache: DynamicCache | None = None
@@ -66,7 +71,9 @@ class ModelDrafter(Drafter):
     def propose(self, request: DraftRequest) -> DraftProposal:
         assert self._cache is not None, "begin() was not called"
         sampler = request.sampler
-        unseen = torch.tensor(request.tokens[cache_length(self._cache) :], dtype=torch.int64)
+        unseen = torch.tensor(
+            request.tokens[cache_length(self._cache) :], dtype=torch.int64, device=self.device
+        )  # [n]
         logits = self._next_logits(unseen)
         tokens: list[torch.Tensor] = []
         probs: list[torch.Tensor] = []

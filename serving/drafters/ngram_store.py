@@ -120,9 +120,9 @@ class NGramDrafter(Drafter):
             draft.append(prediction.token)
             confidence.append(prediction.confidence)
             context = [*context, prediction.token][-(self.n - 1) :]
-        return DraftProposal(
-            torch.tensor(draft, dtype=torch.int64),
-            confidence=torch.tensor(confidence, dtype=torch.float32),
+        return DraftProposal(  # on the CPU; the step moves it to the target's device
+            torch.tensor(draft, dtype=torch.int64, device="cpu"),
+            confidence=torch.tensor(confidence, dtype=torch.float32, device="cpu"),
         )
 
     def commit(self, feedback: StepFeedback) -> None:

@@ -60,7 +60,7 @@ class PromptLookupDrafter(Drafter):
             if not span:
                 break
             draft.extend(span)
-        return DraftProposal(torch.tensor(draft, dtype=torch.int64))
+        return DraftProposal(torch.tensor(draft, dtype=torch.int64, device="cpu"))
 
     def commit(self, feedback: StepFeedback) -> None:
         self._extend(feedback.new_tokens)

@@ -397,9 +397,9 @@ class SuffixDrafter(Drafter):
             draft.append(token)
             confidence.append(count / total)
             cursors = [index.advance(c, token) for index, c in zip(indexes, cursors, strict=True)]
-        return DraftProposal(
-            torch.tensor(draft, dtype=torch.int64),
-            confidence=torch.tensor(confidence, dtype=torch.float32),
+        return DraftProposal(  # on the CPU; the step moves it to the target's device
+            torch.tensor(draft, dtype=torch.int64, device="cpu"),
+            confidence=torch.tensor(confidence, dtype=torch.float32, device="cpu"),
         )
 
     def describe(self) -> dict[str, object]:

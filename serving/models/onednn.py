@@ -58,7 +58,10 @@ class PackedLinear(torch.nn.Module):
 
 
 def pack_linear_layers(model: torch.nn.Module) -> int:
-    """Replace every ``nn.Linear`` of ``model`` in place; return how many were replaced."""
+    """Replace every plain ``nn.Linear`` of ``model`` in place; return how many were
+    replaced. Subclasses are left alone: a bitsandbytes 8-bit or 4-bit layer is one, and
+    its weight holds quantised codes without their scales (packing it would serve garbage
+    drafts, silently: the target would just reject them all)."""
     if not onednn_available():
         raise SpecOpsError(
             "this torch build has no oneDNN linear kernels; load the model with kernels='stock'"
@@ -68,7 +71,7 @@ def pack_linear_layers(model: torch.nn.Module) -> int:
     replaced = 0
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
-            if isinstance(child, torch.nn.Linear):
+            if type(child) is torch.nn.Linear:
                 setattr(module, name, PackedLinear(child))
                 replaced += 1
     model.specops_kernels = "onednn"  # type: ignore[assignment]

@@ -119,7 +119,7 @@ def build_state(config: ServerConfig, *, target=None, tokenizer=None) -> ServerS
     set_threads(config.threads or hardware.threads)
     source = champion_source(config)  # a bad champion config fails before the model loads
     if target is None or tokenizer is None:
-        target, tokenizer = load_target(config.target, kernels=hardware.kernels)
+        target, tokenizer = load_target(config.target, **hardware.load_options())
     curve = hardware.curve
 
     def loader(ref) -> LoadedDraft:

@@ -6,7 +6,11 @@ after one warm-up generation each, so machine noise lands on all alike. Greedy d
 every contender's output must equal the reference token for token (``lossless``).
 Reported per contender, pooled over prompts as :mod:`serving.metrics` defines them:
 acceptance rate, mean accepted length, acceptance by position, tokens/s and its ratio to
-plain decoding (``speedup``), and the same by workload.
+plain decoding (``speedup``), and the same by workload and by source: ``builtin`` prompts
+of the packaged workloads (held-out split) and ``traffic`` prompts replayed from held-out
+collected or captured traffic (:class:`EncodedPrompt`, already tokenized by the target that
+served them), so the gates can see both the traffic that drifted and what the draft must
+not forget.
 """
 
 from __future__ import annotations
@@ -27,6 +31,46 @@ from serving.policy import make_policy
 from tasks.data.prompts import Prompt
 
 REFERENCE = "plain"
+
+
+TRAFFIC = "traffic"  # prompts replayed from held-out collected traffic
+BUILTIN = "builtin"  # prompts of the packaged workloads' held-out split
+TRAFFIC_PREFIX = f"{TRAFFIC}:"  # their workload in reports: traffic:<recorded workload>
+
+
+@dataclass(frozen=True)
+class EncodedPrompt:
+    """A prompt replayed from a collected record: its chat-templated token ids as served."""
+
+    id: str
+    workload: str  # traffic:<the record's workload>
+    token_ids: list[int]
+
+
+def traffic_prompts(
+    records: Sequence[dict[str, Any]], *, per_workload: int | None = None
+) -> list[EncodedPrompt]:
+    """Evaluation prompts from held-out traffic records (validated; see
+    :func:`tasks.data.dataset.holdout_by_time`): at most ``per_workload`` of each recorded
+    workload, the newest first, in a stable order (a repeated prompt is evaluated once)."""
+    if per_workload is not None and per_workload < 1:
+        raise BadInputError(f"per_workload must be >= 1, got {per_workload!r}")
+    newest = sorted(records, key=lambda r: (r["timestamp"], r["id"]), reverse=True)
+    picked: list[EncodedPrompt] = []
+    seen: set[tuple[int, ...]] = set()
+    taken: dict[str, int] = {}
+    for record in newest:
+        workload, ids = record["workload"], tuple(record["prompt_token_ids"])
+        if not ids or ids in seen or taken.get(workload, 0) == (per_workload or len(records)):
+            continue
+        seen.add(ids)
+        taken[workload] = taken.get(workload, 0) + 1
+        picked.append(EncodedPrompt(record["id"], f"{TRAFFIC_PREFIX}{workload}", list(ids)))
+    return sorted(picked, key=lambda p: (p.workload, p.id))
+
+
+def source_of(workload: str) -> str:
+    return TRAFFIC if workload.startswith(TRAFFIC_PREFIX) else BUILTIN
 
 
 @dataclass(frozen=True)
@@ -79,7 +123,7 @@ def _summary(rows: list[dict[str, Any]], reference_tps: float | None) -> dict[st
 
 def evaluate(
     contenders: Sequence[Contender],
-    prompts: Sequence[Prompt],
+    prompts: Sequence[Prompt | EncodedPrompt],
     *,
     target,
     tokenizer,
@@ -95,7 +139,13 @@ def evaluate(
     if not contenders:
         raise BadInputError("nothing to evaluate: give at least one contender")
     runs = _decoders(contenders, target, tokenizer, hardware)
-    encoded = [encode_messages(tokenizer, p.messages) for p in prompts]
+    encoded = [
+        p.token_ids if isinstance(p, EncodedPrompt) else encode_messages(tokenizer, p.messages)
+        for p in prompts
+    ]
+    if any(not ids for ids in encoded):
+        empty = [p.id for p, ids in zip(prompts, encoded, strict=True) if not ids]
+        raise BadInputError(f"evaluation prompts without tokens: {empty[:3]}")
     for run in runs:  # warm-up: first-call costs (kernels, allocations) stay out of timings
         run.decoder.generate(encoded[0], max_new_tokens=min(8, max_new_tokens))
     rows: dict[str, list[dict[str, Any]]] = {run.name: [] for run in runs}
@@ -130,6 +180,7 @@ def evaluate(
         "contenders": {c.name: str(c.package) for c in contenders},
         "results": {},
         "by_workload": {},
+        "by_source": {},
     }
     for name, name_rows in rows.items():
         report["results"][name] = _summary(name_rows, reference_tps)
@@ -137,6 +188,12 @@ def evaluate(
         subset = {n: [r for r in rs if r["workload"] == workload] for n, rs in rows.items()}
         base = _summary(subset[REFERENCE], None)["tokens_per_s"]
         report["by_workload"][workload] = {n: _summary(rs, base) for n, rs in subset.items()}
+    for source in sorted({source_of(p.workload) for p in prompts}):
+        subset = {
+            n: [r for r in rs if source_of(r["workload"]) == source] for n, rs in rows.items()
+        }
+        base = _summary(subset[REFERENCE], None)["tokens_per_s"]
+        report["by_source"][source] = {n: _summary(rs, base) for n, rs in subset.items()}
     report["per_prompt"] = {
         name: [{k: v for k, v in row.items() if k != "token_ids"} for row in name_rows]
         for name, name_rows in rows.items()

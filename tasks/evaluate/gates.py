@@ -3,6 +3,11 @@ displace the champion on a hardware target (``configs/gates.yaml``).
 
 Every check is reported with the measured values and the threshold, passed or not, so a
 refusal says exactly why. Losslessness is mandatory and not configurable.
+
+When the evaluation held out collected traffic (``by_source["traffic"]``, see
+:mod:`tasks.evaluate.evaluate`), speed and acceptance are judged on that traffic, the one
+that drifted, and a separate check guards the built-in workloads against forgetting; without
+it they are judged on every prompt pooled.
 """
 
 from __future__ import annotations
@@ -81,15 +86,20 @@ def gate(
     results = report["results"]
     if challenger not in results:
         raise BadInputError(f"the report has no contender {challenger!r}: {sorted(results)}")
-    new = results[challenger]
+    overall = new = results[challenger]
     old = results.get(champion)
+    by_source = report.get("by_source") or {}
+    traffic, builtin = by_source.get("traffic"), by_source.get("builtin")
+    on = " on held-out traffic" if traffic else ""
+    if traffic:  # judge speed and acceptance where the traffic drifted
+        new, old = traffic[challenger], traffic.get(champion)
     checks = [
         Check(
             "lossless",
-            bool(new["lossless"]),
+            bool(overall["lossless"]),
             "greedy output equals plain decoding on every prompt"
-            if new["lossless"]
-            else f"output differs from plain decoding on {new['mismatched_prompts']}",
+            if overall["lossless"]
+            else f"output differs from plain decoding on {overall['mismatched_prompts']}",
         ),
         Check(
             "enough prompts",
@@ -102,7 +112,7 @@ def gate(
         # No champion yet: the challenger must at least beat plain decoding.
         checks.append(
             Check(
-                "faster than plain decoding",
+                f"faster than plain decoding{on}",
                 new_speed is not None and new_speed >= 1.0 + config.min_speedup_gain,
                 f"speedup {new_speed} (need >= {1.0 + config.min_speedup_gain:.2f})",
             )
@@ -112,7 +122,7 @@ def gate(
     wanted = None if old_speed is None else old_speed * (1.0 + config.min_speedup_gain)
     checks.append(
         Check(
-            "faster than the champion",
+            f"faster than the champion{on}",
             new_speed is not None and wanted is not None and new_speed >= wanted,
             f"speedup {new_speed:.3f} vs champion {old_speed:.3f} (need >= {wanted:.3f})"
             if new_speed is not None and wanted is not None and old_speed is not None
@@ -123,12 +133,26 @@ def gate(
     old_len = _value(old, "mean_accepted_length") or 1.0
     checks.append(
         Check(
-            "no acceptance regression",
+            f"no acceptance regression{on}",
             new_len >= old_len - config.max_mean_accepted_length_drop,
             f"mean accepted length {new_len:.3f} vs champion {old_len:.3f} "
             f"(may drop at most {config.max_mean_accepted_length_drop})",
         )
     )
+    if traffic and builtin and champion in builtin:
+        a, b = _value(builtin[challenger], "speedup"), _value(builtin[champion], "speedup")
+        kept = a is not None and b is not None and a >= b * (1.0 - config.max_workload_slowdown)
+        checks.append(
+            Check(
+                "no forgetting on built-in workloads",
+                kept,
+                f"built-in speedup {a} vs champion {b} (may be at most "
+                f"{config.max_workload_slowdown:.0%} lower)"
+                if a is None or b is None
+                else f"built-in speedup {a:.3f} vs champion {b:.3f} (may be at most "
+                f"{config.max_workload_slowdown:.0%} lower)",
+            )
+        )
     slow = []
     for workload, by_name in report.get("by_workload", {}).items():
         a, b = by_name.get(challenger, {}).get("speedup"), by_name.get(champion, {}).get("speedup")

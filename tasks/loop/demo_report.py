@@ -31,31 +31,82 @@ def acceptance_over_time(store: Path, *, window: int = 8) -> list[dict[str, Any]
     return out
 
 
+KEYS = ("mean_accepted_length", "acceptance_rate", "speedup", "tokens_per_s", "lossless")
+
+
 def before_after(decision: dict[str, Any]) -> dict[str, Any]:
+    """The champion before, every challenger, and the one that counts (the promoted one,
+    else the fastest): overall and on the held-out traffic."""
     results = decision["results"]
-    challengers = [name for name in results if name.startswith("challenger")]
-    keys = ("mean_accepted_length", "acceptance_rate", "speedup", "tokens_per_s", "lossless")
+    traffic = (decision.get("by_source") or {}).get("traffic", {})
+    labels = decision.get("labels", {})
 
     def pick(name: str) -> dict[str, Any]:
-        return {k: results[name].get(k) for k in keys}
+        row = {k: results[name].get(k) for k in KEYS}
+        if name in traffic:
+            row["traffic"] = {k: traffic[name].get(k) for k in KEYS}
+        return {"label": labels.get(name, name), **row}
 
+    names = [n for n in results if n.startswith("challenger")]
+    challengers = [pick(n) for n in names]
+    best = None
+    if challengers:
+        promoted = [c for c in challengers if c["label"] == decision["promoted"]]
+        best = promoted[0] if promoted else max(challengers, key=lambda c: c["speedup"] or 0)
     before = pick("champion") if "champion" in results else None
-    after = pick(challengers[0]) if challengers else None
     gain = None
-    if before and after and before["mean_accepted_length"] and after["mean_accepted_length"]:
-        gain = after["mean_accepted_length"] - before["mean_accepted_length"]
+    if before and best and before["mean_accepted_length"] and best["mean_accepted_length"]:
+        gain = best["mean_accepted_length"] - before["mean_accepted_length"]
     return {
         "champion_before": decision["champion"],
         "promoted": decision["promoted"],
         "before": before,
-        "challenger": after,
+        "challenger": best,
+        "challengers": challengers,
         "plain": pick("plain"),
         "mean_accepted_length_gain": gain,
         "gates": decision["gates"],
     }
 
 
-def write_report(result: dict[str, Any], store: Path, out_dir: Path) -> dict[str, Any]:
+def regained(
+    before_drift: dict[str, Any] | None, after_drift: dict[str, Any], drifted: str
+) -> dict[str, Any] | None:
+    """The issue's figure: the share of the mean accepted length that the pre-drift champion
+    lost to the drift which the loop's promoted (else best) draft regains, on held-out
+    drifted traffic. ``before_drift``: the evaluation before the drift (the champion on the
+    pre-drift traffic); ``after_drift``: the retrain's after it."""
+    if before_drift is None:
+        return None
+    old = before_drift["results"].get("champion") or {}
+    by_workload = after_drift.get("by_workload", {}).get(f"traffic:{drifted}", {})
+    ba = before_after(after_drift)
+    best = ba["challenger"]
+    names = {v: k for k, v in after_drift.get("labels", {}).items()}
+    if best is None or "champion" not in by_workload or names.get(best["label"]) is None:
+        return None
+    pre = old.get("mean_accepted_length")
+    hit = by_workload["champion"].get("mean_accepted_length")
+    new = by_workload[names[best["label"]]].get("mean_accepted_length")
+    if pre is None or hit is None or new is None:
+        return None
+    lost = pre - hit
+    return {
+        "workload": drifted,
+        "champion_before_drift": pre,
+        "champion_after_drift": hit,
+        "loop_draft": best["label"],
+        "loop_draft_after_drift": new,
+        "lost": lost,
+        "regained_share": (new - hit) / lost if lost > 0 else None,
+        "speedup": by_workload[names[best["label"]]].get("speedup"),
+        "champion_speedup": by_workload["champion"].get("speedup"),
+    }
+
+
+def write_report(
+    result: dict[str, Any], store: Path, out_dir: Path, *, drifted: str = "humaneval"
+) -> dict[str, Any]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -65,9 +116,12 @@ def write_report(result: dict[str, Any], store: Path, out_dir: Path) -> dict[str
     series = acceptance_over_time(store)
     decision = (result.get("retrained") or {}).get("decision")
     ba = before_after(decision) if decision else None
+    daily = (result.get("daily_retrain") or {}).get("decision")
     summary = {
         "acceptance_over_time": series,
         "before_after": ba,
+        "daily_retrain": before_after(daily) if daily else None,
+        "regained": regained(daily, decision, drifted) if decision else None,
         "bootstrap": (result.get("bootstrap") or {}).get("promoted"),
     }
     write_json_atomic(out_dir / "loop.json", {**summary, "flow_result": result})
@@ -82,16 +136,20 @@ def write_report(result: dict[str, Any], store: Path, out_dir: Path) -> dict[str
              title="drift: acceptance of the champion draft", ylim=(0, 1))  # fmt: skip
     left.legend()
     if ba is not None:
-        names = ["plain", "champion (before)", "challenger"]
-        rows = [ba["plain"], ba["before"], ba["challenger"]]
-        lengths = [r["mean_accepted_length"] if r else 0 for r in rows]
-        speedups = [r["speedup"] if r else 0 for r in rows]
+        rows = [ba["plain"], ba["before"], *ba["challengers"]]
+        names = ["plain", "champion"] + [
+            c["label"].removeprefix("specops-draft-") for c in ba["challengers"]
+        ]
+        # On the held-out drifted traffic where the evaluation had some, else overall.
+        shown = [(r or {}).get("traffic") or r or {} for r in rows]
+        lengths = [r.get("mean_accepted_length") or 0 for r in shown]
+        speedups = [r.get("speedup") or 0 for r in shown]
         xs = range(len(names))
         right.bar([x - 0.2 for x in xs], lengths, 0.4, label="mean accepted length")
         right.bar([x + 0.2 for x in xs], speedups, 0.4, label="speedup vs plain")
-        right.set_xticks(list(xs), names)
+        right.set_xticks(list(xs), names, rotation=20)
         verdict = f"promoted {ba['promoted']}" if ba["promoted"] else "champion kept"
-        right.set(title=f"held-out evaluation after drift: {verdict}")
+        right.set(title=f"held-out traffic after drift: {verdict}")
         right.legend()
     figure.tight_layout()
     figure.savefig(out_dir / "loop.png", dpi=110)

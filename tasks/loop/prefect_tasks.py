@@ -63,9 +63,80 @@ def version(store: str) -> str:
     return version_store(Path(store))
 
 
+@task(name="retrain-trigger", cache_policy=NO_CACHE, retries=1)
+def retrain_trigger(
+    summary: dict[str, Any],
+    *,
+    hardware: str,
+    absolute: float,
+    now: float,
+    cooldown_minutes: float | None = None,
+) -> dict[str, Any]:
+    """Whether the validated store's rolling acceptance wants a retrain on ``hardware``,
+    relative to the champion's evaluated acceptance, outside the cool-down."""
+    from registry.history import last_retrain
+    from tasks.loop.retrain_config import load_retrain_config
+    from tasks.loop.triggers import decide_retrain
+
+    config = load_retrain_config()
+    registry = open_registry()
+    champion = registry.champion(hardware)
+    trigger = decide_retrain(
+        summary["rolling_acceptance"],
+        hardware=hardware,
+        champion_tags=None if champion is None else champion.tags,
+        relative=config.relative_threshold,
+        absolute=absolute,
+        last_retrain_at=last_retrain(registry, hardware),
+        cooldown_s=60.0
+        * (config.cooldown_minutes if cooldown_minutes is None else cooldown_minutes),
+        now=now,
+    )
+    return trigger.to_dict()
+
+
 @task(name="train-suffix", cache_policy=NO_CACHE)
-def train_suffix(store: str, out: str, *, hardware: str) -> str:
-    return str(loop.train_suffix_challenger(Path(store), Path(out), hardware=hardware))
+def train_suffix(store: str, dataset: str, out: str, *, hardware: str) -> str:
+    records = loop.trainable_records(Path(store), Path(dataset), hardware=hardware)
+    return str(loop.train_suffix_challenger(records, Path(out), source=store))
+
+
+@task(name="train-learned", cache_policy=NO_CACHE, retries=1)
+def train_learned(
+    dataset: str, out: str, *, hardware: str, budgets: dict[str, float] | None = None
+) -> list[dict[str, Any]]:
+    """The learned challengers of ``configs/retrain.yaml`` for ``hardware``, trained on the
+    dataset's training mix in ``out`` (a retry resumes each from its checkpoint)."""
+    from tasks.loop.learned import train_learned_challengers
+    from tasks.loop.retrain_config import load_retrain_config
+
+    config = load_retrain_config().target(hardware)
+    if budgets:
+        config = config.with_budgets(budgets)
+    if not config.families:
+        return []
+    from serving.models.real import cache_root
+
+    init_head = loop.head_to_continue(open_registry(), hardware, cache_root() / "registry")
+    mix = loop.read_jsonl(Path(dataset) / "train_mix.jsonl")
+    trained = train_learned_challengers(mix, Path(out), config, init_head=init_head)
+    return [t.to_dict() for t in trained]
+
+
+@task(name="retrain-record", cache_policy=NO_CACHE, retries=1)
+def record_retrain(hardware: str, slot: str, summary: dict[str, Any]) -> str:
+    """Mark a retrain on ``hardware`` (the cool-down counts from it)."""
+    from registry.history import log_retrain
+
+    return log_retrain(open_registry(), hardware, slot, summary)
+
+
+@task(name="lineage", cache_policy=NO_CACHE)
+def lineage(store: str) -> dict[str, str]:
+    """The data version and the git commit a retrain's challengers come from."""
+    from tasks.loop.lineage import lineage_tags
+
+    return lineage_tags(Path(store))
 
 
 @task(name="builtin-package", cache_policy=NO_CACHE)
@@ -81,8 +152,20 @@ def champion(hardware: str) -> str | None:
 
 
 @task(name="register", cache_policy=NO_CACHE, retries=1)
-def register(package: str, family: str, params: dict[str, Any] | None = None) -> dict[str, str]:
-    draft = open_registry().log_draft(package, family=family, params=params)
+def register(
+    package: str,
+    family: str,
+    params: dict[str, Any] | None = None,
+    tags: dict[str, str] | None = None,
+    curves: dict[str, list[list[float]]] | None = None,
+) -> dict[str, str]:
+    draft = open_registry().log_draft(
+        package,
+        family=family,
+        params=params,
+        tags=tags,
+        curves={k: [(int(s), float(v)) for s, v in points] for k, points in (curves or {}).items()},
+    )
     return {"family": draft.family, "version": draft.version, "label": draft.label}
 
 
@@ -97,14 +180,24 @@ def evaluate_gate_promote(
     cache: str,
     promote: bool = True,
     seed: int = 0,
+    traffic: str | None = None,
+    traffic_per_workload: int = 8,
 ) -> dict[str, Any]:
+    """Evaluate on ``workloads``' held-out prompts and, with ``traffic`` (a dataset folder),
+    on its held-out traffic (``heldout_traffic.jsonl``): the newest collected requests,
+    never trained on."""
+    from tasks.evaluate.evaluate import EncodedPrompt, traffic_prompts
+
     registry = open_registry()
     drafts = [registry.get(c["family"], c["version"]) for c in challengers]
-    prompts: list[Prompt] = [
+    prompts: list[Prompt | EncodedPrompt] = [
         p
         for workload in workloads
-        for p in build_workload(workload, prompts_per_workload, seed=seed, split="heldout")  # type: ignore[arg-type]
+        for p in build_workload(workload, prompts_per_workload, seed=seed, split="heldout")
     ]
+    if traffic is not None:
+        held = loop.read_jsonl(Path(traffic) / "heldout_traffic.jsonl")
+        prompts += traffic_prompts(held, per_workload=traffic_per_workload)
     decision = loop.evaluate_and_decide(
         registry,
         drafts,

@@ -27,7 +27,7 @@ from serving.policy import make_policy
 from tasks.data.collect import CollectSummary, collect
 from tasks.data.curate import curate
 from tasks.data.prompts import Prompt
-from tasks.evaluate.evaluate import Contender, evaluate
+from tasks.evaluate.evaluate import Contender, EncodedPrompt, evaluate
 from tasks.evaluate.gates import GateResult, gate
 
 log = logging.getLogger(__name__)
@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 @lru_cache(maxsize=4)
 def target_for(hardware: str, target: str = "smollm2"):
     """The target model on ``hardware``'s kernels, loaded once per process."""
-    return load_target(target, kernels=engine_target(hardware).kernels)
+    return load_target(target, **engine_target(hardware).load_options())
 
 
 def champion_package(registry: Registry, hardware: str, cache: Path) -> tuple[DraftVersion, Path]:
@@ -47,6 +47,21 @@ def champion_package(registry: Registry, hardware: str, cache: Path) -> tuple[Dr
             f"`specops loop bootstrap --hardware {hardware}` (the main job does it too)"
         )
     return draft, registry.download(draft, cache)
+
+
+def head_to_continue(registry: Registry, hardware: str, cache: Path) -> Path | None:
+    """The head a retrain continues from: the head family's champion on ``hardware``, else
+    its newest version evaluated there (a head trained before the drift, say, that lost to
+    another family), else None (a fresh head)."""
+    from registry.client import CHAMPION, alias
+    from registry.history import newest_evaluated
+
+    draft = registry.by_alias("head", alias(CHAMPION, hardware)) or newest_evaluated(
+        registry, "head", hardware
+    )
+    if draft is None:
+        return None
+    return registry.download(draft, cache) / "head"
 
 
 def replay_traffic(
@@ -116,17 +131,43 @@ def builtin_package(
     return write_package(Path(folder) / drafter.replace(":", "-"), manifest)
 
 
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """A dataset part (:mod:`tasks.data.dataset`, written whole and atomically)."""
+    import json
+
+    path = Path(path)
+    if not path.is_file():
+        raise BadInputError(f"no dataset part at {path}: run the validate step first")
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def trainable_records(
+    store_root: Path, dataset_dir: Path, *, hardware: str | None = None
+) -> list[dict[str, Any]]:
+    """The store's train-split records less the held-out traffic (the newest share per
+    workload, ``heldout_traffic.jsonl`` of the dataset): what a challenger may learn from."""
+    from tasks.train.suffix_index import read_valid_records
+
+    held = {r["id"] for r in read_jsonl(Path(dataset_dir) / "heldout_traffic.jsonl")}
+    return [
+        r
+        for r in read_valid_records(store_root, hardware=hardware)
+        if r["split"] == "train" and r["id"] not in held
+    ]
+
+
 def train_suffix_challenger(
-    store_root: Path, out_dir: Path, *, hardware: str | None = None, k: int = 10
+    records: Sequence[dict[str, Any]], out_dir: Path, *, k: int = 10, source: str = "the store"
 ) -> Path:
-    """A suffix-decoding draft whose corpus is the target's outputs in the collected
-    (valid, train-split) traffic: rebuilt from scratch each time, so it follows drift."""
-    from tasks.train.suffix_index import build_suffix_index_from_store
+    """A suffix-decoding draft whose corpus is the target's outputs in the trainable
+    collected traffic (:func:`trainable_records`): rebuilt from scratch each time, so it
+    follows drift."""
+    from tasks.train.suffix_index import build_suffix_index
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     corpus = out_dir / "suffix-corpus.json"
-    build_suffix_index_from_store(store_root, corpus, hardware=hardware)
+    build_suffix_index(records, corpus)
     return write_package(
         out_dir / "suffix",
         DraftManifest(
@@ -134,7 +175,7 @@ def train_suffix_challenger(
             k=k,
             policy="cost",
             family="suffix",
-            description=f"suffix corpus of the target's outputs collected in {store_root}",
+            description=f"suffix corpus of the target's outputs collected in {source}",
         ),
         files={"corpus.json": corpus},
     )
@@ -150,23 +191,44 @@ class Decision:
     # Export on promotion: backend -> what happened (exported, or why the backend can't
     # load this draft). Each other target then evaluates it (`specops targets evaluate`).
     exports: dict[str, str] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)  # contender name -> registry label
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "hardware": self.hardware,
+            "labels": self.labels,
             "champion": self.champion,
             "promoted": self.promoted,
             "exports": self.exports,
             "gates": self.gates,
             "results": self.report["results"],
             "by_workload": self.report["by_workload"],
+            "by_source": self.report.get("by_source", {}),
         }
+
+
+# What an evaluation records per contender (overall, and per workload with a prefix).
+METRIC_KEYS = ("acceptance_rate", "mean_accepted_length", "tokens_per_s", "speedup")
+
+
+def evaluation_metrics(report: dict[str, Any], name: str) -> dict[str, float]:
+    """``name``'s metrics in ``report`` as the registry keeps them: overall, and per
+    workload as ``<workload>/<metric>`` (the relative retrain trigger reads those)."""
+    result = report["results"][name]
+    metrics = {k: float(result[k]) for k in METRIC_KEYS if result.get(k) is not None}
+    metrics["lossless"] = float(bool(result["lossless"]))
+    for workload, by_name in (report.get("by_workload") or {}).items():
+        row = by_name.get(name) or {}
+        for key in ("acceptance_rate", "mean_accepted_length", "speedup"):
+            if row.get(key) is not None:
+                metrics[f"{workload}/{key}"] = float(row[key])
+    return metrics
 
 
 def evaluate_and_decide(
     registry: Registry,
     challengers: Sequence[DraftVersion],
-    prompts: Sequence[Prompt],
+    prompts: Sequence[Prompt | EncodedPrompt],
     *,
     hardware: str,
     cache: Path,
@@ -175,7 +237,7 @@ def evaluate_and_decide(
     progress: bool = True,
 ) -> Decision:
     """Evaluate the champion and every challenger in one interleaved run on ``hardware``,
-    log each evaluation to MLflow, gate, and promote the fastest challenger that passes."""
+    then :func:`decide`."""
     model, tokenizer = target_for(hardware)
     current = registry.champion(hardware)
     contenders: list[Contender] = []
@@ -197,20 +259,37 @@ def evaluate_and_decide(
         max_new_tokens=max_new_tokens,
         progress=progress,
     )
+    return decide(registry, report, by_name, hardware=hardware, cache=cache, promote=promote)
+
+
+def decide(
+    registry: Registry,
+    report: dict[str, Any],
+    by_name: dict[str, DraftVersion],
+    *,
+    hardware: str,
+    cache: Path,
+    promote: bool = True,
+    params: dict[str, Any] | None = None,
+    artifacts: Sequence[Path] = (),
+) -> Decision:
+    """Log each contender's evaluation to MLflow (with ``params`` and ``artifacts``, e.g.
+    where it ran and the evaluation file), gate every challenger against the
+    contender named ``champion`` (the champion when the evaluation ran), and promote the
+    fastest that passes, unless the champion moved since (then nothing is promoted: the
+    registry refuses, and the challengers need a new evaluation against the new champion).
+    The evaluation may have run here or on another machine (``specops registry
+    log-evaluation``)."""
+    current = by_name.get("champion")
     gates: dict[str, GateResult] = {}
     for name, draft in by_name.items():
-        result = report["results"][name]
-        metrics = {
-            k: float(v)
-            for k, v in result.items()
-            if k in ("acceptance_rate", "mean_accepted_length", "tokens_per_s", "speedup")
-            and v is not None
-        }
         registry.log_evaluation(
             draft,
             hardware,
-            {**metrics, "lossless": float(result["lossless"])},
+            evaluation_metrics(report, name),
             report={"contender": name, **{k: v for k, v in report.items() if k != "per_prompt"}},
+            params=params,
+            artifacts=list(artifacts),
         )
         if name != "champion":
             gates[name] = gate(report, challenger=name, champion="champion")
@@ -230,6 +309,7 @@ def evaluate_and_decide(
                 if k in ("mean_accepted_length", "speedup", "acceptance_rate") and v is not None
             },
             gates=gates[best].to_dict(),
+            expected_champion=current.label if current else None,
         )
         promoted = winner.label
         from tasks.loop.target_promotion import export_for_targets
@@ -242,4 +322,5 @@ def evaluate_and_decide(
         gates={by_name[n].label: g.to_dict() for n, g in gates.items()},
         report=report,
         exports=exports,
+        labels={name: draft.label for name, draft in by_name.items()},
     )

@@ -10,8 +10,18 @@ the trainable weights every ``checkpoint_every`` steps). Run again with the same
 larger ``max_steps`` is fine) and it resumes from the checkpoint; the same seed gives the
 same weights.
 
+After training, a LoRA adapter is merged into a fresh fp32 base and the merge is checked
+against the unmerged adapter on up to ``CHECK_WINDOWS`` held-out windows (train windows
+when nothing is held out): :func:`tasks.train.distill_model.check_merge` raises
+:class:`~tasks.train.distill_model.MergeMismatchError` beyond fp32 rounding, and the
+measured difference is ``merge_max_abs_diff`` in the result. With ``quantize`` set, the
+merged model is also written re-quantised in that mode and kept only if it loads back
+quantised and agrees with the fp32 one (``requantized_agreement``;
+:func:`~tasks.train.distill_model.requantize_checked`).
+
 Layout of ``output_dir``: ``checkpoint/``, ``adapter/`` (LoRA only: the peft adapter),
-``model/`` (a standalone causal LM, the adapter merged in) and ``train_metrics.json``.
+``model/`` (a standalone fp32 causal LM, the adapter merged in), ``model-8bit/`` or
+``model-4bit/`` (with ``quantize``: the same, re-quantised) and ``train_metrics.json``.
 :func:`write_draft_package` turns the result into a draft package (``model:weights``).
 """
 
@@ -19,6 +29,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -33,11 +44,16 @@ from serving.drafters.package import DraftManifest, write_package
 from serving.errors import BadInputError, IncompatibleDraftError
 from tasks.train.distill_data import DistillBatch, LossKind, distill_loss, make_batch
 from tasks.train.distill_model import (
+    MergeCheck,
+    MergeMismatchError,
     Quantize,
     base_draft,
+    check_merge,
     check_quantize_available,
+    load_lora,
     merge_lora,
     quantized,
+    requantize_checked,
     save_causal_lm,
     with_lora,
 )
@@ -60,7 +76,9 @@ from tasks.train.teacher import (
 CHECKPOINT_FILE = CHECKPOINT_DIR  # the loop's checkpoint folder under output_dir
 ADAPTER_DIR = "adapter"
 MODEL_DIR = "model"
+REQUANTIZED_DIRS: dict[str, str] = {"8bit": "model-8bit", "4bit": "model-4bit"}
 METRICS_FILE = "train_metrics.json"
+CHECK_WINDOWS = 8  # windows the merge and the re-quantised model are checked on
 
 
 class DistillConfig(LoopConfig):
@@ -128,6 +146,14 @@ class DistillResult:
     train_tokens: int  # likewise
     train_sequences: int
     heldout_sequences: int
+    # LoRA: the largest |merged - unmerged adapter| logit on the check windows, and the
+    # most rounding allows there (distill_model.MERGE_RTOL x the logit scale).
+    merge_max_abs_diff: float | None = None
+    merge_tolerance: float | None = None
+    # quantize != "none": the merged model re-quantised, and its top-1 agreement with the
+    # fp32 merged model on the check windows.
+    requantized_dir: Path | None = None
+    requantized_agreement: float | None = None
 
 
 # --------------------------------------------------------------------------- checks
@@ -283,10 +309,10 @@ def distill(
         on_step=on_step,
         max_train_seconds=max_train_seconds,
     )
-    model_dir, adapter_dir = _save_models(run.model, config, target, tokenizer)
+    saved = _save_models(run.model, config, target, tokenizer, heldout or train)
     result = DistillResult(
-        model_dir=model_dir,
-        adapter_dir=adapter_dir,
+        model_dir=saved.model_dir,
+        adapter_dir=saved.adapter_dir,
         config=config,
         steps=run.steps,
         resumed_from=run.resumed_from,
@@ -298,24 +324,78 @@ def distill(
         train_tokens=run.train_tokens,
         train_sequences=len(train),
         heldout_sequences=len(heldout),
+        merge_max_abs_diff=None if saved.merge is None else saved.merge.max_abs_diff,
+        merge_tolerance=None if saved.merge is None else saved.merge.tolerance,
+        requantized_dir=saved.requantized_dir,
+        requantized_agreement=saved.requantized_agreement,
     )
     write_json_atomic(output_dir / METRICS_FILE, result_payload(result))
     return result
 
 
-def _save_models(model, config: DistillConfig, target, tokenizer) -> tuple[Path, Path | None]:
+@dataclass(frozen=True)
+class SavedModels:
+    model_dir: Path
+    adapter_dir: Path | None
+    merge: MergeCheck | None
+    requantized_dir: Path | None
+    requantized_agreement: float | None
+
+
+def check_batches(sequences: list[TeacherSequence], config: DistillConfig) -> list[DistillBatch]:
+    """The first :data:`CHECK_WINDOWS` consecutive windows of ``sequences``, batched: what
+    the merge and a re-quantised model are checked on (the same every time)."""
+    windows = [
+        window
+        for batch in eval_windows(sequences, config.batch_size, config.max_seq_len)
+        for window in batch
+    ][:CHECK_WINDOWS]
+    return [
+        make_batch(windows[i : i + config.batch_size], config.max_seq_len)
+        for i in range(0, len(windows), config.batch_size)
+    ]
+
+
+def _save_models(
+    model, config: DistillConfig, target, tokenizer, check_sequences: list[TeacherSequence]
+) -> SavedModels:
+    """Write the trained ``model`` (see the module docstring): the full model, or the
+    adapter, its checked merge and, with ``quantize``, the checked re-quantised merge."""
     output_dir = Path(config.output_dir)
+    model_dir = output_dir / MODEL_DIR
     if config.kind == "full":
-        return save_causal_lm(model, output_dir / MODEL_DIR, tokenizer), None
+        return SavedModels(save_causal_lm(model, model_dir, tokenizer), None, None, None, None)
     adapter_dir = output_dir / ADAPTER_DIR
     with atomic_dir(adapter_dir) as scratch:
         model.save_pretrained(scratch)
-    # Merged into a fresh fp32 base (not the possibly quantized one trained against).
-    base = base_draft(
-        target, layers=config.layers, draft_model=config.draft_model, tokenizer=tokenizer
+
+    def fresh_base():
+        return base_draft(
+            target, layers=config.layers, draft_model=config.draft_model, tokenizer=tokenizer
+        )
+
+    # Merged into a fresh fp32 base (not the possibly quantized one trained against), and
+    # checked against the adapter on another fresh fp32 base.
+    batches = check_batches(check_sequences, config)
+    merged = merge_lora(adapter_dir, fresh_base()).eval()
+    try:
+        merge = check_merge(load_lora(adapter_dir, fresh_base()), merged, batches)
+    except MergeMismatchError:
+        shutil.rmtree(model_dir, ignore_errors=True)  # an earlier merge: not this adapter's
+        raise
+    save_causal_lm(merged, model_dir, tokenizer)
+    if config.quantize == "none":
+        return SavedModels(model_dir, adapter_dir, merge, None, None)
+    requantized_dir = output_dir / REQUANTIZED_DIRS[config.quantize]
+    agreement = requantize_checked(
+        model_dir,
+        config.quantize,
+        requantized_dir,
+        reference=merged,
+        batches=batches,
+        tokenizer=tokenizer,
     )
-    merged = merge_lora(adapter_dir, base).eval()
-    return save_causal_lm(merged, output_dir / MODEL_DIR, tokenizer), adapter_dir
+    return SavedModels(model_dir, adapter_dir, merge, requantized_dir, agreement)
 
 
 def result_payload(result: DistillResult) -> dict[str, Any]:
@@ -323,7 +403,8 @@ def result_payload(result: DistillResult) -> dict[str, Any]:
     payload = asdict(result)
     payload["config"] = json.loads(result.config.model_dump_json())
     payload["model_dir"] = str(result.model_dir)
-    payload["adapter_dir"] = None if result.adapter_dir is None else str(result.adapter_dir)
+    for key in ("adapter_dir", "requantized_dir"):
+        payload[key] = None if payload[key] is None else str(payload[key])
     return payload
 
 
@@ -337,13 +418,22 @@ def write_draft_package(
     k: int = 5,
     policy: str = "cost",
     description: str = "",
+    requantized: bool = True,
 ) -> Path:
-    """Write the trained draft as a draft package: ``weights/`` (the merged causal LM,
-    drafter ``model:weights``), ``adapter/`` (LoRA) and ``train_metrics.json``; family
-    ``"lora"`` or ``"full"``."""
+    """Write the trained draft as a draft package: ``weights/`` (drafter ``model:weights``),
+    ``adapter/`` (LoRA) and ``train_metrics.json``; family ``"lora"`` or ``"full"``.
+
+    The weights are the re-quantised merged model when the run wrote one (``quantize``;
+    it loads quantised through the same ``model:PATH`` loader), else the fp32 merged model;
+    ``requantized=False`` ships the fp32 one regardless (on a CPU the bitsandbytes kernels
+    save memory, not time: see docs/training.md)."""
     config = result.config
     base = f"layers:{config.layers}" if config.layers is not None else str(config.draft_model)
     agreement = result.final.agreement
+    weights = result.model_dir
+    precision = "fp32"
+    if requantized and result.requantized_dir is not None:
+        weights, precision = result.requantized_dir, config.quantize
     manifest = DraftManifest(
         drafter="model:weights",
         policy=policy,
@@ -352,14 +442,14 @@ def write_draft_package(
         description=description
         or (
             f"{config.kind} draft of {base}, loss {config.loss}, quantize {config.quantize}, "
-            f"{result.steps} steps, held-out agreement "
+            f"weights {precision}, {result.steps} steps, held-out agreement "
             f"{'n/a' if agreement is None else f'{agreement:.3f}'}"
         ),
     )
     with tempfile.TemporaryDirectory() as scratch:
         metrics = Path(scratch) / METRICS_FILE
         write_json_atomic(metrics, result_payload(result))
-        files = {"weights": result.model_dir, METRICS_FILE: metrics}
+        files = {"weights": weights, METRICS_FILE: metrics}
         if result.adapter_dir is not None:
             files[ADAPTER_DIR] = result.adapter_dir
         return write_package(folder, manifest, files)

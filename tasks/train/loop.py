@@ -50,8 +50,9 @@ LOOP_STATE_FILE = "loop_state.json"  # in the checkpoint folder
 LEGACY_CHECKPOINT = "checkpoint.pt"  # format 1: one torch.save file, no longer read
 CHECKPOINT_FORMAT = 2
 
-# Settings a resumed run may change; any other difference refuses to resume.
-RESUMABLE = frozenset({"max_steps", "eval_every", "checkpoint_every", "output_dir"})
+# Settings a resumed run may change; any other difference refuses to resume. A resumed
+# head run ignores init_head (its start is in the checkpoint; see tasks.train.train_head).
+RESUMABLE = frozenset({"max_steps", "eval_every", "checkpoint_every", "output_dir", "init_head"})
 
 PositiveInt = Annotated[int, Field(ge=1)]
 NonNegativeInt = Annotated[int, Field(ge=0)]
@@ -318,6 +319,28 @@ def _save_checkpoint(
         (scratch / LOOP_STATE_FILE).write_text(json.dumps(state, indent=2))
 
 
+def checkpoint_config(output_dir: str | Path) -> dict[str, Any] | None:
+    """The config the checkpoint in ``output_dir`` was written with (as JSON), or None if
+    there is none or it cannot be read (:func:`run_training` then says why)."""
+    try:
+        state = json.loads((Path(output_dir) / CHECKPOINT_DIR / LOOP_STATE_FILE).read_text())
+        config = state["config"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return config if isinstance(config, dict) else None
+
+
+def has_checkpoint(output_dir: str | Path) -> bool:
+    """Whether :func:`run_training` will resume from a checkpoint in ``output_dir`` (or try
+    to: a damaged one is refused there). A run killed outright may have left a half-written
+    checkpoint folder beside the last whole one, or (between the two renames of a save) only
+    the last whole one, set aside: the first is removed, the second put back."""
+    checkpoint_dir = Path(output_dir) / CHECKPOINT_DIR
+    remove_scratch(checkpoint_dir)
+    recover_dir(checkpoint_dir)
+    return checkpoint_dir.exists()
+
+
 # ------------------------------------------------------------------------------ the loop
 
 
@@ -340,10 +363,7 @@ def run_training(
     clock = TrainClock(max_train_seconds)
     checkpoint_dir = Path(config.output_dir) / CHECKPOINT_DIR
     checkpoint_dir.parent.mkdir(parents=True, exist_ok=True)
-    # A run killed outright may have left a half-written checkpoint folder beside the last
-    # whole one, or (between the two renames of a save) only the last whole one, set aside.
-    remove_scratch(checkpoint_dir)
-    recover_dir(checkpoint_dir)
+    has_checkpoint(config.output_dir)  # tidies what a killed run left
     saved = read_loop_state(checkpoint_dir, config, task.metrics_type)
 
     accelerator = Accelerator(mixed_precision=config.mixed_precision)

@@ -7,15 +7,28 @@ the EAGLE-style loss of :mod:`tasks.train.head_loss` in the loop of :mod:`tasks.
 ``checkpoint_every`` steps). Run again with the same config (a larger ``max_steps`` is fine)
 and it resumes from the checkpoint; the same seed gives the same weights.
 
+With ``init_head`` (a head folder as :func:`serving.models.head.save_head` writes it, e.g.
+the ``head/`` of an earlier run, or a head draft package) a fresh run continues training
+that head: it starts from its weights, and from its reduced vocabulary if it has one (the
+output layer it learned stays the one it learned over; the vocabulary is not rebuilt from
+the new data). The head must have the shape the config asks for. A resumed run ignores
+``init_head`` (it may name another folder, or the folder may hold another head by now): the
+checkpoint has the weights, and the run continues from what its first run started from,
+with the reduced vocabulary of the copy of ``init_head`` kept in ``output_dir`` (the
+checkpoint holds trained weights only). To start over from another head, use a new
+``output_dir`` or delete the checkpoint.
+
 Layout of ``output_dir``: ``checkpoint/``, ``head/`` (the final head, loadable with
-:func:`serving.models.head.load_head` or the ``head:PATH`` drafter spec) and
-``train_metrics.json``.
+:func:`serving.models.head.load_head` or the ``head:PATH`` drafter spec),
+``train_metrics.json`` and, with ``init_head``, ``init_head/`` (the head the run started
+from).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import shutil
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -25,8 +38,11 @@ import torch
 from pydantic import Field
 
 from serving.atomic import write_json_atomic
-from serving.errors import IncompatibleDraftError
-from serving.models.head import DraftHead, head_config_for, save_head
+from serving.drafters.package import MANIFEST as PACKAGE_MANIFEST
+from serving.drafters.package import read_manifest as read_package_manifest
+from serving.errors import IncompatibleDraftError, ModelSourceError
+from serving.models.head import CONFIG_FILE as HEAD_CONFIG_FILE
+from serving.models.head import DraftHead, HeadConfig, head_config_for, load_head, save_head
 from tasks.train.draft_vocab import build_reduced_vocab
 from tasks.train.head_data import (
     HeadBatch,
@@ -42,6 +58,8 @@ from tasks.train.loop import (
     NonNegativeInt,
     PositiveFloat,
     PositiveInt,
+    checkpoint_config,
+    has_checkpoint,
     run_training,
     training_device,
 )
@@ -49,6 +67,7 @@ from tasks.train.teacher import TeacherSequence, load_teacher_data
 
 CHECKPOINT_FILE = CHECKPOINT_DIR  # the loop's checkpoint folder under output_dir
 HEAD_DIR = "head"
+INIT_HEAD_DIR = "init_head"  # under output_dir: a copy of the head a continued run began from
 METRICS_FILE = "train_metrics.json"
 
 
@@ -70,6 +89,7 @@ class TrainHeadConfig(LoopConfig):
     token_weight: float = Field(default=0.1, ge=0)
     token_loss: Literal["top1", "topk"] = "topk"
     second_step_weight: float = Field(default=0.5, ge=0)  # 0 turns the second step off
+    init_head: Path | None = None  # continue this head (a head folder or head package)
 
 
 @dataclass(frozen=True)
@@ -212,6 +232,84 @@ class HeadTask:
         return evaluate(model, sequences, self.frozen, self.config, self.frozen.embed.device, step)
 
 
+def head_folder(path: str | Path) -> Path:
+    """The head folder ``path`` names: itself, or the folder a head draft package's
+    manifest points at (``head:head`` in a package written by ``specops train-draft``)."""
+    path = Path(path)
+    if not (path / PACKAGE_MANIFEST).is_file():
+        return path
+    manifest = read_package_manifest(path)
+    spec = manifest.spec(path)
+    if spec.kind != "head" or spec.arg is None:
+        raise IncompatibleDraftError(
+            f"init_head {path} is a draft package of drafter {manifest.drafter!r}, not of a "
+            "head; give a head folder or a head package"
+        )
+    return Path(spec.arg)
+
+
+def check_init_head(found: HeadConfig, expected: HeadConfig, source: Path) -> None:
+    """Raise :class:`IncompatibleDraftError` naming every setting in which the head at
+    ``source`` differs from the head the run's config describes."""
+    ours, theirs = expected.model_dump(), found.model_dump()
+    changed = sorted(k for k in ours if ours[k] != theirs[k])
+    if not changed:
+        return
+    details = ", ".join(f"{k}: head {theirs[k]!r}, config {ours[k]!r}" for k in changed)
+    raise IncompatibleDraftError(
+        f"init_head {source} does not have the shape this run asks for ({details}); set "
+        "intermediate_size and draft_vocab_size to the head's, or drop init_head to start "
+        "from random weights"
+    )
+
+
+def initial_head(
+    config: TrainHeadConfig,
+    target,
+    train: list[TeacherSequence],
+    eos_token_ids: list[int],
+) -> DraftHead:
+    """The head a run starts from: random weights (over a reduced vocabulary built from
+    ``train`` when ``draft_vocab_size`` is set), or ``config.init_head``'s; a resumed run
+    starts as its first run did, and the checkpoint then replaces the weights (module
+    docstring)."""
+    expected = head_config_for(
+        target,
+        intermediate_size=config.intermediate_size,
+        draft_vocab_size=config.draft_vocab_size,
+    )
+    copy = Path(config.output_dir) / INIT_HEAD_DIR
+    if has_checkpoint(config.output_dir):
+        first_run = checkpoint_config(config.output_dir) or {}
+        source = copy if first_run.get("init_head") is not None else None
+        if source is not None and not (copy / HEAD_CONFIG_FILE).is_file():
+            raise ModelSourceError(
+                f"{copy} is missing: the checkpoint in {config.output_dir} continues a head "
+                "whose copy is gone; delete the checkpoint to train from init_head again"
+            )
+    else:
+        source = None if config.init_head is None else head_folder(config.init_head)
+        if source is None and copy.exists():
+            shutil.rmtree(copy)  # an earlier run's: this one starts from random weights
+    if source is None:
+        vocab_ids = None
+        if config.draft_vocab_size is not None:
+            vocab_ids = build_reduced_vocab(
+                train,
+                config.draft_vocab_size,
+                vocab_size=int(target.config.vocab_size),
+                eos_token_ids=eos_token_ids,
+            )
+        torch.manual_seed(config.seed)  # the head's initial weights
+        return DraftHead(expected, vocab_ids)
+    head = load_head(source, target)
+    check_init_head(head.head_config, expected, source)
+    if source != copy:
+        save_head(head, copy)
+    torch.manual_seed(config.seed)
+    return head
+
+
 def train_head(
     config: TrainHeadConfig,
     target,
@@ -227,23 +325,7 @@ def train_head(
     manifest, sequences = load_teacher_data(config.teacher_dir)
     check_target(manifest.target, target)
     train, heldout = split_sequences(sequences, config.eval_fraction)
-    vocab_ids = None
-    if config.draft_vocab_size is not None:
-        vocab_ids = build_reduced_vocab(
-            train,
-            config.draft_vocab_size,
-            vocab_size=int(target.config.vocab_size),
-            eos_token_ids=manifest.eos_token_ids,
-        )
-    torch.manual_seed(config.seed)  # the head's initial weights
-    head = DraftHead(
-        head_config_for(
-            target,
-            intermediate_size=config.intermediate_size,
-            draft_vocab_size=config.draft_vocab_size,
-        ),
-        vocab_ids,
-    )
+    head = initial_head(config, target, train, manifest.eos_token_ids)
     frozen = frozen_target(target, head.vocab_ids).to(training_device())
     run = run_training(
         config,

@@ -1,15 +1,22 @@
 """The loop's flows under a Prefect test harness, on the tiny target with a real MLflow
 SQLite registry in a temporary folder."""
 
+import time
+
 import pytest
 import torch
 
+import tasks.loop.learned as learned
 import tasks.loop.prefect_tasks as steps
+import tasks.loop.retrain_config as retrain_config
 import tasks.loop.steps as loop
 from registry.client import Registry
+from registry.history import last_retrain
 from serving.drafters.package import DraftManifest, write_package
 from serving.models.tiny import tiny_llama
 from serving.records import store as record_store
+
+LOAD = retrain_config.load_retrain_config  # the real loader, before any test patches it
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +42,33 @@ def world(monkeypatch, tmp_path, target, char_tokenizer, make_prompts):
         return make_prompts()[:n]  # six short texts with repeats (tests/conftest.py)
 
     monkeypatch.setattr(steps, "build_workload", workload)
+    # The learned challengers train on the tiny target too, within a few seconds each.
+    monkeypatch.setattr(
+        learned, "training_target", lambda target="smollm2": (target_model, char_tokenizer)
+    )
+    config = tmp_path / "retrain.yaml"
+    config.write_text(TINY_RETRAIN)
+    monkeypatch.setattr(retrain_config, "load_retrain_config", lambda path=config: LOAD(path))
     return tmp_path
+
+
+TINY_RETRAIN = """
+relative_threshold: 0.8
+cooldown_minutes: 0
+targets:
+  cpu:
+    families: [head, lora]
+    min_sequences: 2
+    min_answer_tokens: 8
+    head:
+      budget_seconds: 2
+      settings:
+        {batch_size: 2, max_seq_len: 64, eval_every: 5, checkpoint_every: 5, eval_fraction: 0.0}
+    lora:
+      budget_seconds: 2
+      settings: {layers: 1, loss: ce, lora_r: 2, lora_alpha: 4, batch_size: 2, max_seq_len: 64,
+                 eval_every: 5, checkpoint_every: 5, eval_fraction: 0.0}
+"""
 
 
 def register_pld(tmp_path):
@@ -73,7 +106,7 @@ def test_a_randomly_initialised_draft_is_refused(harness, world):
     assert Registry().get("lora", challenger["version"]).evaluated_on("cpu")
 
 
-def test_collect_triggers_retrain_and_a_rerun_duplicates_nothing(harness, world):
+def test_collect_triggers_retrain_and_a_rerun_duplicates_nothing(harness, world, monkeypatch):
     from flows.loop import collect
 
     # The first champion, promoted directly (whether pld beats plain decoding on the tiny
@@ -94,13 +127,35 @@ def test_collect_triggers_retrain_and_a_rerun_duplicates_nothing(harness, world)
     again = collect(**{**kwargs, "trigger_retrain": False})
     assert again["replayed"]["written"] == 0 and again["replayed"]["skipped_existing"] == 6
     assert len(list(record_store.read_raw(world / "store"))) == records
-    # Rolling acceptance below the threshold triggers the retrain flow.
+    # Rolling acceptance below the threshold (the champion has no acceptance evaluated, so
+    # the absolute one applies) triggers the retrain flow.
     result = collect(**{**kwargs, "replay_prompts": 0})
-    assert result["validation"]["retrain_wanted"]
+    assert result["trigger"]["retrain"], result["trigger"]
     retrained = result["retrained"]
-    assert retrained["challenger"]["family"] == "suffix"
-    assert set(retrained["decision"]["gates"]) == {retrained["challenger"]["label"]}
-    assert Registry().get("suffix", retrained["challenger"]["version"]).evaluated_on("cpu")
+    families = [c["family"] for c in retrained["challengers"]]
+    assert families == ["suffix", "head", "lora"], retrained["trained"]
+    labels = {c["label"] for c in retrained["challengers"]}
+    assert set(retrained["decision"]["gates"]) == labels
+    registry = Registry()
+    for challenger in retrained["challengers"]:
+        version = registry.get(challenger["family"], challenger["version"])
+        assert version.evaluated_on("cpu")
+        assert version.tags["git_commit"] and version.tags["data_version"]  # lineage
+    head = registry.get("head", retrained["challengers"][1]["version"])
+    history = registry.client.get_metric_history(head.run_id, "train/loss")
+    assert [m.step for m in history] == sorted(m.step for m in history) and history  # a curve
+    # The held-out traffic was evaluated beside the built-in prompts, never trained on.
+    assert set(retrained["decision"]["by_source"]) == {"builtin", "traffic"}
+    # The retrain is on record: a trigger right after it is held back by the cool-down.
+    assert last_retrain(registry, "cpu") is not None
+    monkeypatch.setattr(Registry, "champion", lambda self, hardware: None)  # absolute rule
+    monkeypatch.setattr(
+        retrain_config, "load_retrain_config",
+        lambda path=None: LOAD(world / "retrain.yaml").model_copy(update={"cooldown_minutes": 60}),
+    )  # fmt: skip
+    low = {"rolling_acceptance": [{"workload": "grounded", "hardware": "cpu", "acceptance": 0.1}]}
+    trigger = steps.retrain_trigger.fn(low, hardware="cpu", absolute=0.5, now=time.time())
+    assert trigger["wanted"] and not trigger["retrain"] and "cool-down" in trigger["held_back"]
 
 
 def test_a_flow_killed_midway_moves_no_alias_and_reruns(harness, world, monkeypatch):

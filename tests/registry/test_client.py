@@ -167,3 +167,43 @@ def read_manifest_folder(draft, registry, tmp_path):
     folder = registry.download(draft, tmp_path / "packages")
     read_manifest(folder)
     return folder
+
+
+def test_training_curves_keep_their_steps_and_lineage_tags_reach_the_version(registry, package):
+    curves = {"train/loss": [(0, 2.5), (10, 1.75), (20, 1.25)], "eval/acceptance": [(20, 0.5)]}
+    lineage = {"data_version": "abc123", "git_commit": "0f1e2d"}
+    draft = registry.log_draft(package("pld:3"), family="curved", curves=curves, tags=lineage)
+    for name, points in curves.items():
+        history = registry.client.get_metric_history(draft.run_id, name)
+        assert sorted((m.step, m.value) for m in history) == points
+    assert registry.get("curved", draft.version).tags == {**lineage, "family": "curved"}
+    assert registry.client.get_run(draft.run_id).data.tags["data_version"] == "abc123"
+
+
+@pytest.mark.parametrize(
+    ("points", "fragment"),
+    [
+        ([(-1, 1.0)], "step -1 is not an integer >= 0"),
+        ([(1.5, 1.0)], "step 1.5 is not an integer >= 0"),
+        ([(1, float("nan"))], "at step 1: nan is not finite"),
+        ([(1, "low")], "at step 1: 'low' is not a number"),
+        ([3.0], r"3\.0 is not a \(step, value\) pair"),
+    ],
+)
+def test_a_bad_curve_point_is_refused_before_a_version_exists(registry, package, points, fragment):
+    with pytest.raises(RegistryError, match=fragment):
+        registry.log_draft(package("pld:3"), family="badcurve", curves={"loss": points})
+    assert "badcurve" not in registry.families()
+
+
+def test_versions_resolve_from_family_or_full_label(registry, package):
+    from serving.errors import BadInputError
+
+    draft = registry.log_draft(package("pld:3"), family="named")
+    assert registry.resolve(f"named/{draft.version}").label == draft.label
+    assert registry.resolve(draft.label).label == draft.label
+    with pytest.raises(RegistryError, match="t-named has no version '99'"):
+        registry.resolve("named/99")
+    for bad in ("named", "named/0", "named/x", "a b/1", "/1"):
+        with pytest.raises(BadInputError, match="does not name a draft version"):
+            registry.resolve(bad)

@@ -3,7 +3,8 @@ from __future__ import annotations
 import pytest
 
 from serving.errors import BadInputError
-from serving.hardware import HARDWARE_CONFIG, hardware_target, load_hardware
+from serving.hardware import HARDWARE_CONFIG, engine_target, hardware_target, load_hardware
+from serving.loader import DecoderOptions
 
 
 def test_shipped_config_has_the_cpu_target():
@@ -29,3 +30,55 @@ def test_bad_config_fails_at_load_with_the_key(tmp_path):
 
 def test_config_file_is_where_the_code_looks():
     assert HARDWARE_CONFIG.name == "hardware.yaml" and HARDWARE_CONFIG.is_file()
+
+
+def test_the_cuda_target_loads_from_the_shipped_config():
+    cuda = hardware_target("cuda")
+    assert (cuda.backend, cuda.device, cuda.kernels) == ("transformers", "cuda", "stock")
+    assert cuda.dtype == "float32" and cuda.threads == 8
+    assert cuda.runs_here is False and cuda.verify_curve is None
+    assert cuda.load_options() == {"kernels": "stock", "device": "cuda", "dtype": "float32"}
+    assert engine_target("cpu").load_options()["device"] == "cpu"
+
+
+def test_the_engine_refuses_a_target_whose_curve_was_not_measured():
+    message = (
+        "the cuda target's verify curve has not been measured: run `specops profile "
+        "--hardware cuda` on that GPU and put its curve in configs/hardware.yaml"
+    )
+    with pytest.raises(BadInputError) as excinfo:
+        engine_target("cuda")
+    assert str(excinfo.value) == message
+    with pytest.raises(BadInputError, match="has not been measured"):
+        DecoderOptions(hardware="cuda").check()
+    # `specops profile` is what measures it, so it may resolve the target.
+    assert engine_target("cuda", require_curve=False).device == "cuda"
+
+
+@pytest.mark.parametrize(
+    ("target", "shown"),
+    [
+        # A transformers target that runs here still needs its curve.
+        ("device: cuda\n    kernels: stock", "needs its measured verify_curve"),
+        ("device: cpu\n    runs_here: true", "needs its measured verify_curve"),
+        # oneDNN packs float32 layers on the CPU only.
+        ("device: cuda\n    kernels: onednn\n    runs_here: false", "kernels 'onednn'"),
+        ("dtype: bfloat16\n    kernels: onednn\n    runs_here: false", "kernels 'onednn'"),
+        ("device: neuron\n    runs_here: false", "not on device 'neuron'"),
+    ],
+)
+def test_engine_targets_are_checked_at_load(tmp_path, target, shown):
+    path = tmp_path / "hardware.yaml"
+    path.write_text(f"targets:\n  gpu:\n    {target}\n")
+    with pytest.raises(BadInputError, match=shown):
+        load_hardware(path)
+
+
+def test_an_unmeasured_target_that_does_not_run_here_loads(tmp_path):
+    path = tmp_path / "hardware.yaml"
+    path.write_text(
+        "targets:\n  gpu:\n    device: cuda:1\n    verify_curve: null\n    runs_here: false\n"
+    )
+    assert hardware_target("gpu", path).device_type == "cuda"
+    with pytest.raises(BadInputError, match=f"put its curve in {path}"):
+        engine_target("gpu", path)

@@ -39,3 +39,12 @@ def test_pack_replaces_every_linear_and_keeps_greedy_output():
     prompt = list(range(3, 20))
     expected = SpeculativeDecoder(stock).generate(prompt, max_new_tokens=32).token_ids
     assert SpeculativeDecoder(packed).generate(prompt, max_new_tokens=32).token_ids == expected
+
+
+def test_a_linear_subclass_such_as_a_quantised_layer_is_not_packed():
+    class Quantised(torch.nn.Linear):  # bitsandbytes' Linear8bitLt / Linear4bit are subclasses
+        pass
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), Quantised(8, 8))
+    assert pack_linear_layers(model) == 1
+    assert isinstance(model[0], PackedLinear) and type(model[1]) is Quantised

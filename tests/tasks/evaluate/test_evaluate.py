@@ -5,7 +5,13 @@ from serving.drafters.package import DraftManifest, write_package
 from serving.engine import SpeculativeDecoder
 from serving.errors import BadInputError
 from serving.models.tiny import tiny_llama
-from tasks.evaluate.evaluate import REFERENCE, Contender, evaluate
+from tasks.evaluate.evaluate import (
+    REFERENCE,
+    Contender,
+    EncodedPrompt,
+    evaluate,
+    traffic_prompts,
+)
 
 
 @pytest.fixture
@@ -65,3 +71,53 @@ def test_bad_evaluations_fail_clearly(target, char_tokenizer, make_prompts, cont
     twice = [contenders[0], contenders[0]]
     with pytest.raises(BadInputError, match="must be unique"):
         evaluate(twice, make_prompts(), target=target, tokenizer=char_tokenizer, hardware="cpu")
+
+
+def record(rid: str, workload: str, timestamp: float, ids: list[int]) -> dict:
+    return {"id": rid, "workload": workload, "timestamp": timestamp, "prompt_token_ids": ids}
+
+
+def test_traffic_prompts_take_the_newest_per_workload_once_each():
+    records = [
+        record("a", "humaneval", 1.0, [5, 6]),
+        record("b", "humaneval", 3.0, [7, 8]),
+        record("c", "humaneval", 2.0, [7, 8]),  # the same request again: evaluated once
+        record("d", "grounded", 1.0, [9]),
+        record("e", "live", 4.0, []),  # nothing to replay
+    ]
+    prompts = traffic_prompts(records, per_workload=1)
+    assert [(p.id, p.workload) for p in prompts] == [
+        ("d", "traffic:grounded"),
+        ("b", "traffic:humaneval"),
+    ]
+    assert [p.id for p in traffic_prompts(records)] == ["d", "a", "b"]  # by workload, id
+    with pytest.raises(BadInputError, match="per_workload"):
+        traffic_prompts(records, per_workload=0)
+
+
+def test_held_out_traffic_and_built_in_prompts_are_reported_apart(
+    target, char_tokenizer, make_prompts, contenders
+):
+    builtin = make_prompts()
+    traffic = [
+        EncodedPrompt(
+            "t1", "traffic:humaneval", char_tokenizer("replayed request one")["input_ids"]
+        ),
+        EncodedPrompt(
+            "t2", "traffic:humaneval", char_tokenizer("replayed request two")["input_ids"]
+        ),
+    ]
+    report = evaluate(
+        contenders, [*builtin, *traffic], target=target, tokenizer=char_tokenizer,
+        hardware="cpu", max_new_tokens=12, progress=False,
+    )  # fmt: skip
+    assert set(report["by_source"]) == {"builtin", "traffic"}
+    assert report["by_source"]["traffic"]["champion"]["requests"] == 2
+    assert report["by_source"]["builtin"]["champion"]["requests"] == len(builtin)
+    assert "traffic:humaneval" in report["by_workload"]
+    assert all(r["lossless"] for r in report["results"].values())
+    with pytest.raises(BadInputError, match="without tokens"):
+        evaluate(
+            contenders, [EncodedPrompt("x", "traffic:live", [])], target=target,
+            tokenizer=char_tokenizer, hardware="cpu",
+        )  # fmt: skip

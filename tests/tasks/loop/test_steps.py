@@ -10,6 +10,7 @@ from registry.client import Registry
 from registry.config import RegistryConfig
 from serving.drafters.package import DraftManifest, read_manifest, write_package
 from serving.errors import BadInputError
+from tasks.data.curate import curate
 
 
 @pytest.fixture
@@ -36,7 +37,11 @@ def test_replay_then_a_suffix_challenger_from_the_collected_outputs(tmp_path, ti
         run_id="r", hardware="cpu", max_new_tokens=16, progress=False,
     )  # fmt: skip
     assert summary.written == len(make_prompts())
-    challenger = loop.train_suffix_challenger(tmp_path / "store", tmp_path / "out")
+    curate(tmp_path / "store", tmp_path / "dataset", heldout_share=0.25)
+    records = loop.trainable_records(tmp_path / "store", tmp_path / "dataset")
+    held = {r["id"] for r in loop.read_jsonl(tmp_path / "dataset" / "heldout_traffic.jsonl")}
+    assert held and records and not held & {r["id"] for r in records}  # never trained on
+    challenger = loop.train_suffix_challenger(records, tmp_path / "out")
     manifest = read_manifest(challenger)
     assert manifest.drafter == "suffix:corpus.json" and manifest.family == "suffix"
     assert (challenger / "corpus.json").is_file()

@@ -4,8 +4,10 @@ errors. Prompts are random token ids (tests only)."""
 
 from __future__ import annotations
 
+import json
 import re
 import sys
+from dataclasses import asdict
 
 import pytest
 import torch
@@ -29,7 +31,12 @@ from tasks.train.distill import (
     evaluate_draft,
     write_draft_package,
 )
-from tasks.train.distill_model import base_draft, load_lora
+from tasks.train.distill_model import (
+    MIN_REQUANTIZED_AGREEMENT,
+    RequantizationError,
+    base_draft,
+    load_lora,
+)
 from tasks.train.teacher import MANIFEST, TeacherConfig, TeacherManifest, target_fingerprint
 from tasks.train.teacher_build import TeacherPrompt, build_teacher_cache
 
@@ -223,20 +230,34 @@ def test_a_small_causal_lm_sharing_the_vocabulary_is_distilled(target, teacher_d
 
 @pytest.mark.parametrize("quantize", ["8bit", "4bit"])
 def test_qlora_trains_against_a_quantized_base_and_merges_into_fp32(
-    target, teacher_dir, tmp_path, quantize
+    target, teacher_dir, tmp_path, quantize, monkeypatch
 ):
     pytest.importorskip("bitsandbytes")
-    result = distill(
-        config(teacher_dir, tmp_path, quantize=quantize, max_steps=40, eval_every=20,
-               eval_fraction=0.0),
-        target,
-        progress=False,
-    )  # fmt: skip
-    first, last = result.history[0], result.final
-    assert last.loss < 0.7 * first.loss
-    assert last.agreement is not None and first.agreement is not None
-    assert last.agreement > first.agreement + 0.2
-    merged = AutoModelForCausalLM.from_pretrained(result.model_dir)
+    # The tiny draft's close top logits flip under int8 more often than a real model's
+    # (see test_distill_checks.py); the floor itself is tested there.
+    monkeypatch.setitem(MIN_REQUANTIZED_AGREEMENT, "8bit", 0.6)
+    settings = config(teacher_dir, tmp_path, quantize=quantize, max_steps=40, eval_every=20,
+                      eval_fraction=0.0)  # fmt: skip
+    if quantize == "4bit":
+        # nf4 quantises blocks of 64 weights; bitsandbytes' CPU inference kernel cannot run
+        # the tiny draft's 32-input layers, so its re-quantised merge is refused. Training
+        # (with that kernel off) and the fp32 merge are done by then: the checkpoint's
+        # history has the evaluations.
+        with pytest.raises(RequantizationError, match="does not load or run here"):
+            distill(settings, target, progress=False)
+        assert not (tmp_path / "model-4bit").exists()
+        state = json.loads((tmp_path / CHECKPOINT_FILE / "loop_state.json").read_text())
+        first, last = state["history"][0], state["history"][-1]
+        model_dir = tmp_path / MODEL_DIR
+    else:
+        result = distill(settings, target, progress=False)
+        assert result.requantized_dir is not None and result.requantized_agreement is not None
+        first, last = asdict(result.history[0]), asdict(result.final)
+        model_dir = result.model_dir
+    assert last["step"] == 40
+    assert last["loss"] < 0.7 * first["loss"]
+    assert last["agreement"] > first["agreement"] + 0.2
+    merged = AutoModelForCausalLM.from_pretrained(model_dir)
     assert all(p.dtype == torch.float32 for p in merged.parameters())
 
 

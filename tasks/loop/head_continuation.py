@@ -1,0 +1,154 @@
+"""Does continuing the head on collected traffic win back what drift cost it? A curve.
+
+The loop's retrain continues the head family's champion (or newest evaluated version) on
+the store's training mix. This benchmark measures what that buys on the traffic that
+drifted, as the issue asks: the pre-drift head, continued for up to ``marks_s[-1]`` seconds
+of optimiser steps (one thread by default) on the mix the loop would train on, scored at
+each mark by the replayed mean accepted length at ``k`` drafts per step on the held-out
+slice of the drifted workload's traffic (the newest share, never trained on: the same time
+split as the loop's, :mod:`tasks.data.dataset`). Replay (:mod:`tasks.evaluate.offline_acceptance`)
+walks the target's recorded greedy answers, so the figure is exact for greedy decoding and
+needs no timing; the engine's speed is what the loop's evaluation measures.
+
+Optionally the same budget on a fresh head (``fresh=True``), to show what continuation
+itself is worth. Writes ``head-continuation.json`` and ``.png`` in ``out_dir``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from serving.atomic import write_json_atomic
+from serving.errors import BadInputError
+from serving.loader import eos_ids, set_threads
+from serving.models.head import load_head
+from tasks.data.dataset import build_dataset
+from tasks.evaluate.offline_acceptance import head_hits, replay_all
+from tasks.loop.learned import training_target
+from tasks.loop.retrain_config import load_retrain_config
+from tasks.train.head_loss import frozen_target
+from tasks.train.store_teacher import build_store_teacher
+from tasks.train.suffix_index import read_valid_records
+from tasks.train.teacher import load_teacher_data
+from tasks.train.train_head import TrainHeadConfig, train_head
+
+DEFAULT_MARKS_S = (60.0, 120.0, 300.0, 600.0)
+
+
+def replayed_length(head_dir: Path, sequences: Sequence[Any], target, k: int) -> dict[str, Any]:
+    head = load_head(head_dir, target)
+    frozen = frozen_target(target, head.vocab_ids)
+    total = replay_all(lambda s: head_hits(head, s, frozen), sequences, k)
+    return {"mean_accepted_length": total.mean_accepted_length, "agreement": total.agreement}
+
+
+def head_continuation_curve(
+    store: Path,
+    pre_drift_head: Path,
+    out_dir: Path,
+    *,
+    drifted: str = "humaneval",
+    marks_s: Sequence[float] = DEFAULT_MARKS_S,
+    k: int = 2,
+    threads: int = 1,
+    heldout_share: float = 0.2,
+    fresh: bool = False,
+    progress: bool = True,
+) -> dict[str, Any]:
+    if not marks_s or any(b <= a for a, b in zip([0.0, *marks_s], marks_s, strict=False)):
+        raise BadInputError(f"marks must be positive and increasing, got {list(marks_s)}")
+    if not (Path(pre_drift_head) / "config.json").is_file():
+        raise BadInputError(f"{pre_drift_head} is not a saved head (config.json is missing)")
+    out_dir = Path(out_dir)
+    set_threads(threads)
+    model, tokenizer = training_target()
+    records = read_valid_records(store)
+    dataset = build_dataset(records, heldout_share=heldout_share)
+    held = [r for r in dataset["heldout_traffic"] if r["workload"] == drifted]
+    if not held:
+        raise BadInputError(f"no held-out {drifted} traffic in {store}: collect some first")
+    eos = eos_ids(model, tokenizer)
+    build_store_teacher(
+        dataset["train_mix"], model, out_dir / "teacher-mix", eos_token_ids=eos,
+        progress=progress,
+    )  # fmt: skip
+    build_store_teacher(
+        held, model, out_dir / "teacher-heldout", eos_token_ids=eos, min_sequences=1,
+        min_answer_tokens=1, progress=progress,
+    )  # fmt: skip
+    _, sequences = load_teacher_data(out_dir / "teacher-heldout")
+    settings = load_retrain_config().target("cpu").family("head").settings
+    before = replayed_length(Path(pre_drift_head), sequences, model, k)
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for name, init in (("continued", Path(pre_drift_head)), ("fresh", None)):
+        if name == "fresh" and not fresh:
+            continue
+        config = TrainHeadConfig(
+            teacher_dir=out_dir / "teacher-mix",
+            output_dir=out_dir / f"head-{name}",
+            max_steps=10**9,
+            init_head=init,
+            **settings,
+        )
+        points = [{"seconds": 0.0, "steps": 0, **before}] if init is not None else []
+        for mark in marks_s:
+            started = time.perf_counter()
+            result = train_head(config, model, progress=progress, max_train_seconds=mark)
+            scored = replayed_length(result.head_dir, sequences, model, k)
+            points.append(
+                {
+                    "seconds": result.train_seconds,
+                    "steps": result.steps,
+                    **scored,
+                    "wall_s": time.perf_counter() - started,
+                }
+            )
+        runs[name] = points
+    payload = {
+        "store": str(store),
+        "pre_drift_head": str(pre_drift_head),
+        "drifted_workload": drifted,
+        "heldout_sequences": len(sequences),
+        "train_mix_records": len(dataset["train_mix"]),
+        "k": k,
+        "threads": threads,
+        "torch_threads": torch.get_num_threads(),
+        "pre_drift": before,
+        "runs": runs,
+    }
+    write_json_atomic(out_dir / "head-continuation.json", payload)
+    _plot(payload, out_dir / "head-continuation.png")
+    return payload
+
+
+def _plot(payload: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(6.5, 4))
+    for name, points in payload["runs"].items():
+        axis.plot(
+            [p["seconds"] / 60 for p in points],
+            [p["mean_accepted_length"] for p in points],
+            "o-",
+            label=f"{name} head",
+        )
+    axis.axhline(
+        payload["pre_drift"]["mean_accepted_length"], color="grey", ls="--", label="pre-drift head"
+    )
+    axis.set(
+        xlabel=f"minutes of training ({payload['threads']} thread)",
+        ylabel=f"replayed mean accepted length (k = {payload['k']})",
+        title=f"held-out drifted traffic ({payload['drifted_workload']})",
+    )
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)

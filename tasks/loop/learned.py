@@ -1,0 +1,258 @@
+"""The retrain flow's learned challengers: a draft head and a LoRA draft, trained on the
+collected store's training mix within each family's time budget (``configs/retrain.yaml``).
+
+The training mix (failures 80 % / replay 20 %, :mod:`tasks.data.dataset`) already holds each
+request's prompt and the target's own output, so the teacher data is one teacher-forced
+pass over them (:func:`tasks.train.store_teacher.build_store_teacher`): nothing is generated.
+
+- **head**: the EAGLE-style head of :mod:`tasks.train.train_head`, continued from
+  ``init_head`` (the head family's current champion, or its newest version evaluated on
+  this target) when there is one, else from a fresh initialisation;
+- **lora**: a LoRA draft of :mod:`tasks.train.distill` (the target's first layers, peft),
+  merged into the weights for serving (checked against the unmerged adapter) and
+  re-quantised when it was trained against a quantised base.
+
+Every family trains in its own folder under ``work`` (keyed by the retrain's run slot), so
+a retrain killed in any family's training resumes from its checkpoint when the flow runs
+again with the same slot, and spends only what is left of the budget. A family whose data is
+below the minimums is skipped with the reason, never registered.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from serving.drafters.package import DraftManifest, write_package
+from serving.errors import IncompatibleDraftError, ModelSourceError
+from serving.loader import eos_ids, load_target, set_threads
+from tasks.loop.retrain_config import FamilySettings, LearnedFamily, TargetRetrain
+from tasks.train.store_teacher import TooLittleDataError, build_store_teacher
+
+log = logging.getLogger(__name__)
+
+TEACHER_DIR = "teacher"
+
+
+@dataclass(frozen=True)
+class Trained:
+    """One learned challenger: its package, or why it was skipped."""
+
+    family: LearnedFamily
+    package: Path | None
+    skipped: str | None = None
+    params: dict[str, Any] = field(default_factory=dict)  # logged with the version
+    # Training curves for MLflow, name -> [(optimiser step, value)].
+    curves: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    summary: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "family": self.family,
+            "package": None if self.package is None else str(self.package),
+            "skipped": self.skipped,
+            "params": self.params,
+            "curves": {k: [list(p) for p in v] for k, v in self.curves.items()},
+            "summary": self.summary,
+        }
+
+
+@lru_cache(maxsize=2)
+def training_target(target: str = "smollm2"):
+    """The target with torch's stock linear layers: trainers read its weights (oneDNN-packed
+    layers have none to read), and the LoRA draft copies its first layers."""
+    return load_target(target, kernels="stock")
+
+
+def _curves(history: Sequence[Any]) -> dict[str, list[tuple[int, float]]]:
+    curves: dict[str, list[tuple[int, float]]] = {}
+    for point in history:
+        for name in ("agreement", "loss"):
+            value = getattr(point, name, None)
+            if value is not None and value == value:  # not NaN
+                curves.setdefault(f"train/{name}", []).append((point.step, float(value)))
+        curves.setdefault("train/seconds", []).append((point.step, float(point.train_seconds)))
+    return curves
+
+
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
+def train_head_challenger(
+    teacher: Path,
+    work: Path,
+    settings: FamilySettings,
+    *,
+    init_head: Path | None,
+    target: str = "smollm2",
+    progress: bool = True,
+) -> Trained:
+    from tasks.train.train_head import METRICS_FILE, TrainHeadConfig, train_head
+
+    model, _ = training_target(target)
+    config = TrainHeadConfig(
+        teacher_dir=teacher,
+        output_dir=work / "head",
+        max_steps=10**9,  # the time budget decides
+        init_head=init_head,
+        **settings.settings,
+    )
+    result = train_head(config, model, progress=progress, max_train_seconds=settings.budget_seconds)
+    first, last = result.history[0], result.final
+    origin = f"continued from {init_head}" if init_head else "fresh"
+    summary = (
+        f"head ({origin}): {result.steps} steps in {result.train_seconds:.0f} s; held-out "
+        f"agreement {_fmt(first.agreement)} -> {_fmt(last.agreement)}"
+    )
+    package = write_package(
+        work / "head-package",
+        DraftManifest(
+            drafter="head:head",
+            k=settings.k,
+            policy=settings.policy,
+            family="head",
+            description=summary,
+        ),
+        {"head": result.head_dir, METRICS_FILE: work / "head" / METRICS_FILE},
+    )
+    return Trained(
+        "head",
+        package,
+        params={
+            "steps": result.steps,
+            "train_seconds": round(result.train_seconds, 1),
+            "train_sequences": result.train_sequences,
+            "init": str(init_head) if init_head else "fresh",
+            "budget_seconds": settings.budget_seconds,
+        },
+        curves=_curves(result.history),
+        summary=summary,
+    )
+
+
+def train_lora_challenger(
+    teacher: Path,
+    work: Path,
+    settings: FamilySettings,
+    *,
+    target: str = "smollm2",
+    progress: bool = True,
+) -> Trained:
+    from tasks.train.distill import DistillConfig, distill, write_draft_package
+
+    model, tokenizer = training_target(target)
+    config = DistillConfig(
+        teacher_dir=teacher,
+        output_dir=work / "lora",
+        kind="lora",
+        max_steps=10**9,  # the time budget decides
+        **settings.settings,
+    )
+    result = distill(
+        config,
+        model,
+        tokenizer=tokenizer,
+        progress=progress,
+        max_train_seconds=settings.budget_seconds,
+    )
+    first, last = result.history[0], result.final
+    summary = (
+        f"lora ({config.loss}, quantize {config.quantize}): {result.steps} steps in "
+        f"{result.train_seconds:.0f} s; held-out agreement {_fmt(first.agreement)} -> "
+        f"{_fmt(last.agreement)}"
+    )
+    package = write_draft_package(
+        result, work / "lora-package", k=settings.k, policy=settings.policy, description=summary
+    )
+    return Trained(
+        "lora",
+        package,
+        params={
+            "steps": result.steps,
+            "train_seconds": round(result.train_seconds, 1),
+            "train_sequences": result.train_sequences,
+            "loss": config.loss,
+            "quantize": config.quantize,
+            "budget_seconds": settings.budget_seconds,
+        },
+        curves=_curves(result.history),
+        summary=summary,
+    )
+
+
+def _head(
+    work: Path, settings: FamilySettings, init_head: Path | None, target: str, progress: bool
+) -> Trained:
+    try:
+        return train_head_challenger(
+            work / TEACHER_DIR, work, settings, init_head=init_head, target=target,
+            progress=progress,
+        )  # fmt: skip
+    except IncompatibleDraftError as error:
+        if init_head is None:
+            raise
+        # The settings changed since the champion head was trained (another width or
+        # vocabulary): its weights cannot seed this head, so it starts afresh.
+        log.warning("cannot continue the head from %s (%s): training afresh", init_head, error)
+        trained = train_head_challenger(
+            work / TEACHER_DIR, work, settings, init_head=None, target=target, progress=progress
+        )
+        return replace(trained, params={**trained.params, "init_refused": str(error)[:250]})
+
+
+def train_learned_challengers(
+    records: Sequence[dict[str, Any]],
+    work: Path,
+    config: TargetRetrain,
+    *,
+    init_head: Path | None = None,
+    target: str = "smollm2",
+    progress: bool = True,
+) -> list[Trained]:
+    """Train every family ``config`` lists on ``records`` (the training mix), under
+    ``work``; see the module docstring. Restores torch's thread count afterwards."""
+    if not config.families:
+        return []
+    work = Path(work)
+    threads = torch.get_num_threads()
+    try:
+        set_threads(config.threads)
+        model, tokenizer = training_target(target)
+        try:
+            build_store_teacher(
+                records,
+                model,
+                work / TEACHER_DIR,
+                eos_token_ids=eos_ids(model, tokenizer),
+                min_sequences=config.min_sequences,
+                min_answer_tokens=config.min_answer_tokens,
+                progress=progress,
+            )
+        except TooLittleDataError as error:
+            return [Trained(f, None, skipped=str(error)) for f in config.families]
+        out: list[Trained] = []
+        for family in config.families:
+            settings = config.family(family)
+            if family == "head":
+                trained = _head(work, settings, init_head, target, progress)
+            else:
+                try:
+                    trained = train_lora_challenger(
+                        work / TEACHER_DIR, work, settings, target=target, progress=progress
+                    )
+                except ModelSourceError as error:
+                    # The merge disagreed with the adapter, or the re-quantised merge does
+                    # not load or agree: nothing that could serve, so nothing to register.
+                    trained = Trained(family, None, skipped=str(error))
+            log.info("%s", trained.summary)
+            out.append(trained)
+        return out
+    finally:
+        torch.set_num_threads(threads)

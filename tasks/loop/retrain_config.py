@@ -1,0 +1,87 @@
+"""The retrain flow's settings (``configs/retrain.yaml``): which learned challengers each
+hardware target trains, their time budgets and settings, the data minimums, the relative
+retrain trigger and the cool-down. Loaded and validated at the edge."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from serving.errors import BadInputError
+from serving.paths import CONFIG_DIR
+
+RETRAIN_CONFIG = CONFIG_DIR / "retrain.yaml"
+
+LearnedFamily = Literal["head", "lora"]
+LEARNED_FAMILIES: tuple[LearnedFamily, ...] = ("head", "lora")
+
+
+class FamilySettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    budget_seconds: float = Field(gt=0)  # in optimiser steps, over every run of one retrain
+    k: int = Field(default=5, ge=1, le=16)  # the package's largest draft block
+    policy: Literal["cost", "fixed", "adaptive"] = "cost"
+    settings: dict[str, Any] = Field(default_factory=dict)  # the trainer's config fields
+
+
+class TargetRetrain(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    families: list[LearnedFamily] = Field(default_factory=list)
+    threads: int = Field(default=1, ge=1)
+    min_sequences: int = Field(default=8, ge=1)
+    min_answer_tokens: int = Field(default=256, ge=1)
+    head: FamilySettings | None = None
+    lora: FamilySettings | None = None
+
+    @model_validator(mode="after")
+    def _settings_for_each_family(self) -> TargetRetrain:
+        missing = [f for f in self.families if getattr(self, f) is None]
+        if missing:
+            raise ValueError(f"families {missing} are listed but have no settings")
+        return self
+
+    def family(self, name: LearnedFamily) -> FamilySettings:
+        settings = getattr(self, name)
+        assert settings is not None  # checked by the validator for listed families
+        return settings
+
+    def with_budgets(self, budgets: dict[str, float]) -> TargetRetrain:
+        """The same settings with other time budgets (the main job keeps them small)."""
+        unknown = sorted(set(budgets) - set(LEARNED_FAMILIES))
+        if unknown:
+            raise BadInputError(f"budgets for unknown families {unknown}; use {LEARNED_FAMILIES}")
+        bad = {k: v for k, v in budgets.items() if not v > 0}
+        if bad:
+            raise BadInputError(f"budgets must be > 0 seconds, got {bad}")
+        update: dict[str, Any] = {}
+        for name, seconds in budgets.items():
+            current = getattr(self, name)
+            if current is not None:
+                update[name] = current.model_copy(update={"budget_seconds": float(seconds)})
+        return self.model_copy(update=update)
+
+
+class RetrainConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    relative_threshold: float = Field(default=0.8, gt=0, le=1)
+    cooldown_minutes: float = Field(default=360, ge=0)
+    traffic_prompts_per_workload: int = Field(default=8, ge=1)
+    targets: dict[str, TargetRetrain] = Field(default_factory=dict)
+
+    def target(self, hardware: str) -> TargetRetrain:
+        """``hardware``'s settings; a target not listed trains no learned challenger."""
+        return self.targets.get(hardware, TargetRetrain())
+
+
+def load_retrain_config(path: str | Path = RETRAIN_CONFIG) -> RetrainConfig:
+    try:
+        raw = yaml.safe_load(Path(path).read_text()) or {}
+        return RetrainConfig.model_validate(raw)
+    except (OSError, yaml.YAMLError, ValidationError) as error:
+        raise BadInputError(f"invalid retrain config {str(path)!r}: {error}") from None

@@ -1,0 +1,95 @@
+"""When ``collect`` starts a retrain: acceptance relative to the champion, and a cool-down.
+
+An absolute threshold misfires both ways: a champion that never accepted more than 40 % on
+code would retrain on every collection, and one that accepted 90 % on grounded edits could
+fall to 55 % unnoticed. So a (workload, hardware) group wants a retrain when its rolling
+acceptance falls below ``relative`` x what the champion accepted when it was evaluated on
+that workload (its held-out traffic slice first, then the built-in workload, then its
+evaluation overall); the absolute threshold applies only to a champion never evaluated.
+A retrain within ``cooldown_s`` of the last one on that hardware target is held back: a
+retrain takes minutes to hours and a drifted workload keeps failing while it runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from tasks.evaluate.evaluate import TRAFFIC_PREFIX
+
+
+@dataclass(frozen=True)
+class Trigger:
+    wanted: bool  # some group fell below its threshold
+    allowed: bool  # and no cool-down holds it back
+    reasons: list[str]  # one line per group: acceptance, threshold, where it came from
+    held_back: str | None = None  # why a wanted retrain does not start now
+
+    @property
+    def retrain(self) -> bool:
+        return self.wanted and self.allowed
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "retrain": self.retrain}
+
+
+def champion_acceptance(
+    tags: Mapping[str, str], hardware: str, workload: str
+) -> tuple[float, str] | None:
+    """What the champion accepted on ``workload`` when evaluated on ``hardware`` (from its
+    version's evaluation tags), and which evaluation that was; None if never evaluated."""
+    for key, source in (
+        (f"{hardware}/{TRAFFIC_PREFIX}{workload}/acceptance_rate", "its held-out traffic"),
+        (f"{hardware}/{workload}/acceptance_rate", f"built-in {workload}"),
+        (f"{hardware}/acceptance_rate", "its evaluation overall"),
+    ):
+        if key in tags:
+            try:
+                return float(tags[key]), source
+            except ValueError:
+                continue
+    return None
+
+
+def decide_retrain(
+    groups: Sequence[Mapping[str, Any]],
+    *,
+    hardware: str,
+    champion_tags: Mapping[str, str] | None,
+    relative: float,
+    absolute: float,
+    last_retrain_at: float | None,
+    cooldown_s: float,
+    now: float,
+) -> Trigger:
+    """``groups``: rolling acceptance per (workload, hardware) as
+    :func:`tasks.data.acceptance.rolling_acceptance` gives it (``to_dict`` form)."""
+    if not 0 < relative <= 1:
+        raise ValueError(f"relative must be in (0, 1], got {relative!r}")
+    reasons, wanted = [], False
+    for group in groups:
+        acceptance = group.get("acceptance")
+        if group.get("hardware") != hardware or acceptance is None:
+            continue
+        workload = str(group["workload"])
+        reference = champion_acceptance(champion_tags or {}, hardware, workload)
+        if reference is None:
+            threshold, basis = absolute, "the absolute threshold (champion never evaluated)"
+        else:
+            threshold = relative * reference[0]
+            basis = f"{relative:g} x {reference[0]:.3f} accepted on {reference[1]}"
+        low = acceptance < threshold
+        wanted |= low
+        reasons.append(
+            f"{workload}@{hardware}: rolling acceptance {acceptance:.3f} "
+            f"{'<' if low else '>='} {threshold:.3f} ({basis})"
+        )
+    held_back = None
+    if wanted and last_retrain_at is not None and now - last_retrain_at < cooldown_s:
+        left = cooldown_s - (now - last_retrain_at)
+        held_back = (
+            f"cool-down: the last retrain on {hardware} was {(now - last_retrain_at) / 60:.0f} "
+            f"min ago; the next may start in {left / 60:.0f} min"
+        )
+    return Trigger(wanted=wanted, allowed=held_back is None, reasons=reasons, held_back=held_back)

@@ -1,0 +1,44 @@
+"""Retrain records and a family's newest evaluated version, on a real MLflow SQLite store."""
+
+import time
+
+import pytest
+
+from registry.client import Registry, RegistryError
+from registry.config import RegistryConfig
+from registry.history import last_retrain, log_retrain, newest_evaluated
+from serving.drafters.package import DraftManifest, write_package
+
+
+@pytest.fixture
+def registry(tmp_path):
+    return Registry(
+        RegistryConfig(
+            tracking_uri=f"sqlite:///{tmp_path}/mlflow.db",
+            artifact_root=str(tmp_path / "artifacts"),
+            model_prefix="t",
+        )
+    )
+
+
+def test_the_last_retrain_is_remembered_per_hardware_target(registry):
+    assert last_retrain(registry, "cpu") is None
+    before = time.time()
+    log_retrain(registry, "cpu", "20261123T0330", {"challengers": ["t-head/1"]})
+    at = last_retrain(registry, "cpu")
+    assert at is not None and before - 1 <= at <= time.time() + 1
+    assert last_retrain(registry, "cpu-stock") is None
+    with pytest.raises(RegistryError, match="cannot name"):
+        log_retrain(registry, "bad target!", "slot", {})
+
+
+def test_the_newest_version_evaluated_on_a_target_is_found(registry, tmp_path):
+    assert newest_evaluated(registry, "head", "cpu") is None  # no such family yet
+    package = write_package(tmp_path / "p", DraftManifest(drafter="pld:3", k=4))
+    first = registry.log_draft(package, family="head")
+    second = registry.log_draft(package, family="head")
+    registry.log_draft(package, family="head")  # never evaluated
+    for draft in (first, second):
+        registry.log_evaluation(draft, "cpu", {"mean_accepted_length": 1.5})
+    assert newest_evaluated(registry, "head", "cpu").version == second.version
+    assert newest_evaluated(registry, "head", "cpu-stock") is None

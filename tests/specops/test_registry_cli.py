@@ -1,0 +1,213 @@
+"""``specops registry promote`` and ``log-evaluation`` through the Typer app, against a
+real MLflow SQLite store in a temporary folder (``SPECOPS_MLFLOW_URI``)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from typer.testing import CliRunner
+
+from registry.client import Registry
+from registry.config import load_registry_config
+from serving.drafters.package import DraftManifest, write_package
+from specops.cli import app
+from tasks.evaluate.evaluate import Contender, evaluate
+from tasks.evaluate.evaluation_file import evaluation_of, machine_info, write_evaluation_file
+
+runner = CliRunner()
+
+
+def _point_at(monkeypatch, folder) -> None:
+    monkeypatch.setenv("SPECOPS_MLFLOW_URI", f"sqlite:///{folder}/mlflow.db")
+    monkeypatch.setenv("SPECOPS_MLFLOW_ARTIFACTS", str(folder / "artifacts"))
+
+
+@pytest.fixture(scope="module")
+def empty_store(tmp_path_factory):
+    """A migrated, empty store made once (migrating takes seconds); each test copies it."""
+    folder = tmp_path_factory.mktemp("store")
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        _point_at(monkeypatch, folder)
+        Registry(load_registry_config())
+    return folder / "mlflow.db"
+
+
+@pytest.fixture
+def registry(tmp_path, monkeypatch, empty_store):
+    """The registry the commands open (the environment points them at it)."""
+    shutil.copy(empty_store, tmp_path / "mlflow.db")
+    _point_at(monkeypatch, tmp_path)
+    return Registry(load_registry_config())
+
+
+@pytest.fixture
+def draft(registry, tmp_path):
+    def register(drafter: str = "pld:3", family: str = "head"):
+        package = write_package(
+            tmp_path / drafter.replace(":", "-"), DraftManifest(drafter=drafter)
+        )
+        return registry.log_draft(package, family=family)
+
+    return register
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory, target, char_tokenizer, make_prompts):
+    """A real evaluation on the tiny target: a champion and one challenger."""
+    folder = tmp_path_factory.mktemp("packages")
+    contenders = [
+        Contender("champion", write_package(folder / "a", DraftManifest(drafter="pld:3", k=4))),
+        Contender(
+            "challenger-0", write_package(folder / "b", DraftManifest(drafter="ngram:3", k=4))
+        ),
+    ]
+    return evaluate(
+        contenders, make_prompts()[:3], target=target, tokenizer=char_tokenizer,
+        hardware="cpu", max_new_tokens=8, progress=False,
+    )  # fmt: skip
+
+
+def _evaluation_file(path, report, contenders):
+    produced_by = machine_info(
+        device="cuda:0", started="2025-01-01T00:00Z", finished="2025-01-01T00:01Z"
+    )
+    write_evaluation_file(
+        path, evaluation_of(report, contenders=contenders, produced_by=produced_by)
+    )
+    return path
+
+
+def _invoke(*args: object):
+    return runner.invoke(app, ["registry", *map(str, args)])
+
+
+def _evaluation_runs(registry):
+    return registry.client.search_runs(
+        [registry.experiment_id], filter_string="tags.kind = 'evaluation'"
+    )
+
+
+def _refused(result, code: int, fragment: str) -> None:
+    assert result.exit_code == code, result.output
+    assert fragment in result.output
+    assert "Traceback" not in result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
+# --- promote -------------------------------------------------------------------------------
+def test_promote_moves_the_champion(registry, draft):
+    head = draft()
+    registry.log_evaluation(head, "cpu", {"speedup": 1.4})
+    result = _invoke("promote", f"head/{head.version}", "--hardware", "cpu", "--reason", "faster")
+    assert result.exit_code == 0, result.output
+    assert f"champion-cpu -> {head.label} (was none (plain decoding)" in result.output
+    assert registry.champion("cpu").label == head.label
+
+    second = draft("ngram:3", family="ngram")
+    registry.log_evaluation(second, "cpu", {"speedup": 1.6})
+    result = _invoke("promote", second.label, "--hardware", "cpu")  # the full label works too
+    assert result.exit_code == 0, result.output
+    assert f"champion-cpu -> {second.label} (was {head.label};" in result.output
+    assert registry.champion("cpu").label == second.label
+    runs = registry.client.search_runs([registry.promotions_id])
+    assert sorted(r.data.tags["reason"] for r in runs) == ["faster", "manual promotion"]
+
+
+def test_promote_refuses_a_version_not_evaluated_on_that_target(registry, draft):
+    head = draft()
+    registry.log_evaluation(head, "cpu-stock", {"speedup": 1.4})  # another target
+    result = _invoke("promote", f"head/{head.version}", "--hardware", "cpu")
+    _refused(result, 1, f"{head.label} has not been evaluated on 'cpu'; evaluate it there")
+    assert registry.champion("cpu") is None
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "fragment"),
+    [
+        (["head/7", "--hardware", "cpu"], 1, "specops-draft-head has no version '7'"),
+        (["head", "--hardware", "cpu"], 2, "'head' does not name a draft version; write FAMILY"),
+        (["head/x", "--hardware", "cpu"], 2, "'head/x' does not name a draft version"),
+        (["head/1", "--hardware", "tpu"], 2, "unknown hardware target 'tpu'"),
+    ],
+)
+def test_promote_refuses_bad_versions_and_targets(registry, draft, args, code, fragment):
+    head = draft()
+    registry.log_evaluation(head, "cpu", {"speedup": 1.4})
+    _refused(_invoke("promote", *args), code, fragment)
+    assert registry.champion("cpu") is None
+
+
+def test_describe_shows_a_versions_lineage(registry, tmp_path):
+    package = write_package(tmp_path / "pkg", DraftManifest(drafter="pld:3"))
+    head = registry.log_draft(
+        package, family="head", tags={"data_version": "d1"}, curves={"loss": [(0, 2.0), (5, 1.0)]}
+    )
+    result = _invoke("describe", f"head/{head.version}")
+    assert result.exit_code == 0, result.output
+    shown = json.loads(result.output)
+    assert shown["label"] == head.label and shown["tags"]["data_version"] == "d1"
+    assert shown["metrics"] == {"loss": 1.0} and shown["params"]["drafter"] == "pld:3"
+
+
+# --- log-evaluation ------------------------------------------------------------------------
+def test_log_evaluation_marks_every_contender_evaluated(registry, draft, report, tmp_path):
+    champion, challenger = draft("pld:3", family="ngram"), draft("ngram:3", family="head")
+    path = _evaluation_file(
+        tmp_path / "evaluation.json",
+        report,
+        {"champion": f"ngram/{champion.version}", "challenger-0": challenger.label},
+    )
+    result = _invoke("log-evaluation", path)
+    assert result.exit_code == 0, result.output
+    assert f"challenger-0: {challenger.label} evaluated on cpu: " in result.output
+    for name, version in (("champion", champion), ("challenger-0", challenger)):
+        fresh = registry.get(version.family, version.version)
+        assert fresh.evaluated_on("cpu")
+        run = registry.client.get_run(fresh.tags["evaluated.cpu"])
+        measured = report["results"][name]
+        assert run.data.metrics["cpu/speedup"] == pytest.approx(measured["speedup"])
+        assert run.data.metrics["cpu/lossless"] == 1.0
+        assert run.data.params["produced_by.device"] == "cuda:0"
+        assert run.data.tags["draft"] == version.label
+    # Evaluated on cpu, the challenger can now be promoted there.
+    result = _invoke("promote", challenger.label, "--hardware", "cpu")
+    assert result.exit_code == 0, result.output
+
+
+def _as_is(path):
+    pass
+
+
+def _twice_as_fast(path):
+    payload = json.loads(path.read_text())
+    payload["report"]["results"]["challenger-0"]["speedup"] *= 2
+    path.write_text(json.dumps(payload))
+
+
+def _cut_short(path):
+    path.write_text(path.read_text()[:-40])
+
+
+@pytest.mark.parametrize(
+    ("challenger", "change", "code", "fragment"),
+    [
+        ("head/9", _as_is, 1, "specops-draft-head has no version '9'"),
+        ("head/1", _twice_as_fast, 2, "report.results.challenger-0.speedup: "),
+        ("head/1", _cut_short, 2, "is not JSON"),
+    ],
+    ids=["unknown-label", "inconsistent-speedup", "corrupt-json"],
+)
+def test_log_evaluation_refuses_and_logs_nothing(
+    registry, draft, report, tmp_path, challenger, change, code, fragment
+):
+    champion, head = draft("pld:3", family="ngram"), draft("ngram:3", family="head")
+    assert head.version == "1"
+    labels = {"champion": f"ngram/{champion.version}", "challenger-0": challenger}
+    path = _evaluation_file(tmp_path / "evaluation.json", report, labels)
+    change(path)
+    _refused(_invoke("log-evaluation", path), code, fragment)
+    assert _evaluation_runs(registry) == []
+    assert not registry.get("ngram", champion.version).evaluated_on("cpu")
+    assert not registry.get("head", head.version).evaluated_on("cpu")
