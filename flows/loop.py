@@ -209,10 +209,11 @@ def collect(
     summary = steps.validate(store, f"{work}/dataset", window=window, threshold=threshold)
     data_version = steps.version(store) if version else None
     trigger = steps.retrain_trigger(
-        summary,
+        store,
         hardware=hardware,
         absolute=threshold,
         now=scheduled_timestamp(),
+        window=window,
         cooldown_minutes=cooldown_minutes,
     )
     for line in trigger["reasons"]:

@@ -31,7 +31,7 @@ def demo(
         bool, typer.Option("--fresh/--resume", help="Start over, or resume a killed run.")
     ] = True,
     hardware: Annotated[str, typer.Option(help="Hardware target.")] = "cpu",
-    before_prompts: Annotated[int, typer.Option(help="Grounded requests before the drift.")] = 12,
+    before_prompts: Annotated[int, typer.Option(help="Grounded requests before the drift.")] = 24,
     after_prompts: Annotated[int, typer.Option(help="HumanEval requests after it.")] = 32,
     max_new_tokens: Annotated[int, typer.Option(help="Tokens per request.")] = 96,
     threads: Annotated[int, typer.Option(help="torch threads.")] = 2,
@@ -261,3 +261,61 @@ def serve(hardware: Annotated[str, typer.Option(help="Hardware target.")] = "cpu
     from flows.deployments import main
 
     main(hardware)
+
+
+@loop_app.command("head-curve")
+def head_curve(
+    work: Annotated[Path, typer.Option(help="The main job's workspace (store, MLflow).")] = Path(
+        ".specops/demo"
+    ),
+    pre_drift_head: Annotated[
+        Path | None,
+        typer.Option(help="A head folder; default: the workspace's first registered head."),
+    ] = None,
+    drifted: Annotated[str, typer.Option(help="The workload traffic drifted to.")] = "humaneval",
+    minutes: Annotated[float, typer.Option(help="Training budget (minutes of steps).")] = 10.0,
+    threads: Annotated[int, typer.Option(help="torch threads (the issue: one).")] = 1,
+    fresh: Annotated[bool, typer.Option(help="Also train a fresh head, same budget.")] = False,
+    out: Annotated[Path, typer.Option(help="Results folder.")] = Path("results/head-curve"),
+) -> None:
+    """The head-continuation benchmark: the pre-drift head continued on the collected mix,
+    scored at each mark by the replayed mean accepted length (k = 2) on held-out drifted
+    traffic; ``OUT/head-continuation.{json,png}``."""
+    from serving.errors import SpecOpsError
+
+    os.environ.setdefault("SPECOPS_MLFLOW_URI", f"sqlite:///{work.resolve()}/mlflow.db")
+    os.environ.setdefault("SPECOPS_MLFLOW_ARTIFACTS", str(work.resolve() / "mlartifacts"))
+    from tasks.loop.head_continuation import head_continuation_curve
+
+    if not minutes > 0:
+        fail(f"--minutes must be > 0, got {minutes}")
+    marks = [s for s in (60.0, 120.0, 300.0, 600.0, 1200.0) if s < 60 * minutes] + [60 * minutes]
+    try:
+        head = pre_drift_head or _first_head(work)
+        payload = head_continuation_curve(
+            work / "store", head, out, drifted=drifted, marks_s=marks, threads=threads,
+            fresh=fresh,
+        )  # fmt: skip
+    except SpecOpsError as error:
+        fail(str(error))
+    before = payload["pre_drift"]["mean_accepted_length"]
+    typer.echo(f"pre-drift head {head}: {before:.3f} on held-out {drifted} traffic (k = 2)")
+    for name, points in payload["runs"].items():
+        for point in points[1:] if name == "continued" else points:
+            typer.echo(
+                f"  {name:>9} after {point['seconds'] / 60:5.1f} min ({point['steps']} steps): "
+                f"{point['mean_accepted_length']:.3f}"
+            )
+    typer.echo(f"results: {out / 'head-continuation.json'}, plot {out / 'head-continuation.png'}")
+
+
+def _first_head(work: Path) -> Path:
+    """The workspace's first registered head (the main job's pre-drift one)."""
+    from serving.errors import BadInputError
+    from tasks.loop.prefect_tasks import open_registry
+
+    registry = open_registry()
+    if "head" not in registry.families():
+        raise BadInputError(f"no head is registered in {work}: run `specops loop demo` first")
+    draft = registry.get("head", 1)
+    return registry.download(draft, work / "packages") / "head"

@@ -65,34 +65,45 @@ def version(store: str) -> str:
 
 @task(name="retrain-trigger", cache_policy=NO_CACHE, retries=1)
 def retrain_trigger(
-    summary: dict[str, Any],
+    store: str,
     *,
     hardware: str,
     absolute: float,
     now: float,
+    window: int = 50,
     cooldown_minutes: float | None = None,
 ) -> dict[str, Any]:
-    """Whether the validated store's rolling acceptance wants a retrain on ``hardware``,
-    relative to the champion's evaluated acceptance, outside the cool-down."""
+    """Whether the champion's rolling acceptance on ``hardware``'s traffic wants a retrain,
+    relative to what it accepted when evaluated, outside the cool-down. Only the requests
+    the current champion served count: after a promotion, the previous champion's records
+    say nothing about the new one."""
     from registry.history import last_retrain
+    from tasks.data.acceptance import rolling_acceptance
     from tasks.loop.retrain_config import load_retrain_config
     from tasks.loop.triggers import decide_retrain
+    from tasks.train.suffix_index import read_valid_records
 
     config = load_retrain_config()
     registry = open_registry()
     champion = registry.champion(hardware)
+    served = [
+        r
+        for r in read_valid_records(Path(store), hardware=hardware)
+        if champion is None or r["drafter_version"] == champion.label
+    ]
+    groups = [g.to_dict() for g in rolling_acceptance(served, window=window)]
+    cooldown = config.cooldown_minutes if cooldown_minutes is None else cooldown_minutes
     trigger = decide_retrain(
-        summary["rolling_acceptance"],
+        groups,
         hardware=hardware,
         champion_tags=None if champion is None else champion.tags,
         relative=config.relative_threshold,
         absolute=absolute,
         last_retrain_at=last_retrain(registry, hardware),
-        cooldown_s=60.0
-        * (config.cooldown_minutes if cooldown_minutes is None else cooldown_minutes),
+        cooldown_s=60.0 * cooldown,
         now=now,
     )
-    return trigger.to_dict()
+    return {**trigger.to_dict(), "champion": None if champion is None else champion.label}
 
 
 @task(name="train-suffix", cache_policy=NO_CACHE)

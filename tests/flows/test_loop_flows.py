@@ -153,8 +153,7 @@ def test_collect_triggers_retrain_and_a_rerun_duplicates_nothing(harness, world,
         retrain_config, "load_retrain_config",
         lambda path=None: LOAD(world / "retrain.yaml").model_copy(update={"cooldown_minutes": 60}),
     )  # fmt: skip
-    low = {"rolling_acceptance": [{"workload": "grounded", "hardware": "cpu", "acceptance": 0.1}]}
-    trigger = steps.retrain_trigger.fn(low, hardware="cpu", absolute=0.5, now=time.time())
+    trigger = steps.retrain_trigger.fn(store, hardware="cpu", absolute=1.01, now=time.time())
     assert trigger["wanted"] and not trigger["retrain"] and "cool-down" in trigger["held_back"]
 
 

@@ -211,3 +211,38 @@ def test_log_evaluation_refuses_and_logs_nothing(
     assert _evaluation_runs(registry) == []
     assert not registry.get("ngram", champion.version).evaluated_on("cpu")
     assert not registry.get("head", head.version).evaluated_on("cpu")
+
+
+def test_log_evaluation_promote_gates_and_refuses_a_champion_that_moved(
+    registry, draft, report, tmp_path, monkeypatch
+):
+    import tasks.evaluate.gates as gates
+    import tasks.loop.target_promotion as target_promotion
+
+    monkeypatch.setattr(target_promotion, "export_for_targets", lambda *args: {})
+    monkeypatch.setattr(gates, "load_gates", lambda: gates.GateConfig(min_prompts=3))
+    champion, challenger = draft("pld:3", family="ngram"), draft("ngram:3", family="head")
+    registry.log_evaluation(champion, "cpu", {"speedup": 1.0})
+    registry.promote(registry.get("ngram", champion.version), "cpu", reason="setup")
+    labels = {"champion": champion.label, "challenger-0": challenger.label}
+    # Make the challenger pass: the same report, with its speed raised consistently.
+    faster = json.loads(json.dumps(report))
+    for group in [faster["results"], *faster["by_workload"].values(),
+                  *faster.get("by_source", {}).values()]:  # fmt: skip
+        plain, old = group["plain"]["tokens_per_s"], group["champion"]["tokens_per_s"]
+        group["challenger-0"].update(tokens_per_s=old * 1.5, speedup=old * 1.5 / plain)
+        group["challenger-0"]["mean_accepted_length"] = group["champion"]["mean_accepted_length"]
+    path = _evaluation_file(tmp_path / "evaluation.json", faster, labels)
+    # Another promotion lands between the evaluation and its logging: refused, not promoted.
+    other = draft("pld:5", family="suffix")
+    registry.log_evaluation(other, "cpu", {"speedup": 1.0})
+    registry.promote(registry.get("suffix", other.version), "cpu", reason="meanwhile")
+    result = _invoke("log-evaluation", path, "--promote")
+    assert result.exit_code == 1, result.output
+    assert "moved" in result.output and registry.champion("cpu").label == other.label
+    # Against the champion it was measured with, the passing challenger is promoted.
+    registry.rollback("cpu")
+    result = _invoke("log-evaluation", path, "--promote")
+    assert result.exit_code == 0, result.output
+    assert f"champion-cpu -> {challenger.label}" in result.output
+    assert registry.champion("cpu").label == challenger.label
