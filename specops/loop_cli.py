@@ -106,11 +106,15 @@ def demo(
         if back is not None:
             share = back["regained_share"]
             typer.echo(
-                f"drift cost the champion {back['lost']:.2f} of mean accepted length on "
-                f"{back['workload']} ({back['champion_before_drift']:.2f} -> "
-                f"{back['champion_after_drift']:.2f}); {back['loop_draft']} gets "
-                f"{back['loop_draft_after_drift']:.2f} on held-out drifted traffic: "
-                f"{'n/a' if share is None else f'{share:.0%}'} regained"
+                f"held-out traffic: the champion at the drift, {back['champion']}, had a mean "
+                f"accepted length of {back['champion_before_drift']:.2f} before it and "
+                f"{back['champion_after_drift']:.2f} on {back['workload']}; "
+                f"{back['loop_draft']} gets {back['loop_draft_after_drift']:.2f} there"
+                + (
+                    f": {share:.0%} of the loss regained"
+                    if share is not None
+                    else " (the drift cost it nothing to regain)"
+                )
             )
     typer.echo(
         "results: results/main/loop.json, plot results/main/loop.png\n"

@@ -70,42 +70,56 @@ def before_after(decision: dict[str, Any]) -> dict[str, Any]:
 
 
 def regained(
-    before_drift: dict[str, Any] | None, after_drift: dict[str, Any], drifted: str
+    before_drift: dict[str, Any] | None,
+    after_drift: dict[str, Any],
+    *,
+    before: str,
+    drifted: str,
 ) -> dict[str, Any] | None:
-    """The issue's figure: the share of the mean accepted length that the pre-drift champion
-    lost to the drift which the loop's promoted (else best) draft regains, on held-out
-    drifted traffic. ``before_drift``: the evaluation before the drift (the champion on the
-    pre-drift traffic); ``after_drift``: the retrain's after it."""
+    """The issue's figure: of the mean accepted length that the champion serving when the
+    traffic drifted lost to the drift, the share the loop's promoted (else best) draft
+    regains, on held-out drifted traffic. ``before_drift``: the evaluation of the retrain
+    before the drift (its winner, or the champion it kept, serves when the drift starts; its
+    held-out ``before`` traffic is the pre-drift figure); ``after_drift``: the retrain's
+    after it (the same champion, and the loop's draft, on held-out ``drifted`` traffic)."""
     if before_drift is None:
         return None
-    old = before_drift["results"].get("champion") or {}
-    by_workload = after_drift.get("by_workload", {}).get(f"traffic:{drifted}", {})
-    ba = before_after(after_drift)
-    best = ba["challenger"]
-    names = {v: k for k, v in after_drift.get("labels", {}).items()}
-    if best is None or "champion" not in by_workload or names.get(best["label"]) is None:
+    serving = before_drift["promoted"] or before_drift["champion"]
+    names = {v: k for k, v in before_drift.get("labels", {}).items()}
+    pre_row = before_drift.get("by_workload", {}).get(f"traffic:{before}", {})
+    pre = (pre_row.get(names.get(serving, "")) or {}).get("mean_accepted_length")
+    rows = after_drift.get("by_workload", {}).get(f"traffic:{drifted}", {})
+    best = before_after(after_drift)["challenger"]
+    after_names = {v: k for k, v in after_drift.get("labels", {}).items()}
+    if best is None or after_drift["champion"] != serving or "champion" not in rows:
         return None
-    pre = old.get("mean_accepted_length")
-    hit = by_workload["champion"].get("mean_accepted_length")
-    new = by_workload[names[best["label"]]].get("mean_accepted_length")
+    hit = rows["champion"].get("mean_accepted_length")
+    new = (rows.get(after_names.get(best["label"], "")) or {}).get("mean_accepted_length")
     if pre is None or hit is None or new is None:
         return None
     lost = pre - hit
     return {
         "workload": drifted,
+        "champion": serving,
         "champion_before_drift": pre,
         "champion_after_drift": hit,
         "loop_draft": best["label"],
         "loop_draft_after_drift": new,
         "lost": lost,
-        "regained_share": (new - hit) / lost if lost > 0 else None,
-        "speedup": by_workload[names[best["label"]]].get("speedup"),
-        "champion_speedup": by_workload["champion"].get("speedup"),
+        # Meaningless when the drift cost nothing (or less than measurement noise).
+        "regained_share": (new - hit) / lost if lost > 0.05 else None,
+        "speedup": rows[after_names[best["label"]]].get("speedup"),
+        "champion_speedup": rows["champion"].get("speedup"),
     }
 
 
 def write_report(
-    result: dict[str, Any], store: Path, out_dir: Path, *, drifted: str = "humaneval"
+    result: dict[str, Any],
+    store: Path,
+    out_dir: Path,
+    *,
+    before: str = "grounded",
+    drifted: str = "humaneval",
 ) -> dict[str, Any]:
     import matplotlib
 
@@ -121,7 +135,7 @@ def write_report(
         "acceptance_over_time": series,
         "before_after": ba,
         "daily_retrain": before_after(daily) if daily else None,
-        "regained": regained(daily, decision, drifted) if decision else None,
+        "regained": regained(daily, decision, before=before, drifted=drifted) if decision else None,
         "bootstrap": (result.get("bootstrap") or {}).get("promoted"),
     }
     write_json_atomic(out_dir / "loop.json", {**summary, "flow_result": result})
