@@ -145,7 +145,9 @@ def write_report(
         rows = [r for r in series if r["workload"] == workload and r["acceptance"] is not None]
         left.plot([r["request"] for r in rows], [r["acceptance"] for r in rows], "o-", ms=3,
                   label=workload)  # fmt: skip
-    left.axhline(0.5, color="grey", ls="--", lw=1, label="retrain threshold")
+    left.axhline(
+        0.5, color="grey", ls="--", lw=1, label="absolute threshold (unevaluated champion)"
+    )
     left.set(xlabel="request (serving order)", ylabel="acceptance (rolling, 8 requests)",
              title="drift: acceptance of the champion draft", ylim=(0, 1))  # fmt: skip
     left.legend()

@@ -62,8 +62,8 @@ def head_continuation_curve(
 ) -> dict[str, Any]:
     if not marks_s or any(b <= a for a, b in zip([0.0, *marks_s], marks_s, strict=False)):
         raise BadInputError(f"marks must be positive and increasing, got {list(marks_s)}")
-    if not (Path(pre_drift_head) / "config.json").is_file():
-        raise BadInputError(f"{pre_drift_head} is not a saved head (config.json is missing)")
+    if not (Path(pre_drift_head) / "head_config.json").is_file():
+        raise BadInputError(f"{pre_drift_head} is not a saved head (head_config.json is missing)")
     out_dir = Path(out_dir)
     set_threads(threads)
     model, tokenizer = training_target()
