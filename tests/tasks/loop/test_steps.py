@@ -83,3 +83,25 @@ def test_builtin_package_writes_a_registrable_manifest(tmp_path):
 def test_builtin_package_refuses_drafters_with_files_or_unknown(tmp_path, drafter):
     with pytest.raises(BadInputError, match=re.escape(drafter)):
         loop.builtin_package(drafter, tmp_path)
+
+
+def test_the_head_to_continue_is_the_head_champion_else_the_newest_evaluated(tmp_path, registry):
+    assert loop.head_to_continue(registry, "cpu", tmp_path / "cache") is None
+    weights = tmp_path / "weights"
+    weights.mkdir()
+    (weights / "head_config.json").write_text("{}")
+
+    def head_package(name: str):
+        manifest = DraftManifest(drafter="head:head", k=2, family="head")
+        package = write_package(tmp_path / name, manifest, {"head": weights})
+        return registry.log_draft(package, family="head")
+
+    older, newer = head_package("h1"), head_package("h2")
+    assert loop.head_to_continue(registry, "cpu", tmp_path / "cache") is None  # unevaluated
+    for draft in (older, newer):
+        registry.log_evaluation(draft, "cpu", {"speedup": 1.0})
+    found = loop.head_to_continue(registry, "cpu", tmp_path / "cache")
+    assert found.name == "head" and f"{newer.version}-" in found.parent.name
+    registry.promote(registry.get("head", older.version), "cpu", reason="test")
+    found = loop.head_to_continue(registry, "cpu", tmp_path / "cache")
+    assert f"{older.version}-" in found.parent.name and (found / "head_config.json").is_file()
