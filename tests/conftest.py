@@ -188,3 +188,19 @@ def model_folder(tmp_path_factory):
     tiny_llama(vocab_size=49152, hidden_size=64, num_layers=2).save_pretrained(folder)
     AutoTokenizer.from_pretrained(real_model_dir()).save_pretrained(folder)
     return folder
+
+
+@pytest.fixture
+def registry(tmp_path):
+    """A fresh MLflow registry (SQLite and artifacts in the test's temporary folder, model
+    prefix ``t``); a test module may define its own."""
+    from registry.client import Registry
+    from registry.config import RegistryConfig
+
+    return Registry(
+        RegistryConfig(
+            tracking_uri=f"sqlite:///{tmp_path}/mlflow.db",
+            artifact_root=str(tmp_path / "artifacts"),
+            model_prefix="t",
+        )
+    )

@@ -4,21 +4,9 @@ import time
 
 import pytest
 
-from registry.client import Registry, RegistryError
-from registry.config import RegistryConfig
+from registry.client import RegistryError
 from registry.history import last_retrain, log_retrain, newest_evaluated
 from serving.drafters.package import DraftManifest, write_package
-
-
-@pytest.fixture
-def registry(tmp_path):
-    return Registry(
-        RegistryConfig(
-            tracking_uri=f"sqlite:///{tmp_path}/mlflow.db",
-            artifact_root=str(tmp_path / "artifacts"),
-            model_prefix="t",
-        )
-    )
 
 
 def test_the_last_retrain_is_remembered_per_hardware_target(registry):

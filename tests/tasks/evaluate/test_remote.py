@@ -7,8 +7,6 @@ import sys
 
 import pytest
 
-from registry.client import Registry
-from registry.config import RegistryConfig
 from serving.drafters.package import DraftManifest, write_package
 from serving.errors import BadInputError
 from tasks.evaluate.evaluate import EncodedPrompt
@@ -27,17 +25,6 @@ def test_the_remote_runner_imports_no_mlops_stack():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
-
-
-@pytest.fixture
-def registry(tmp_path):
-    return Registry(
-        RegistryConfig(
-            tracking_uri=f"sqlite:///{tmp_path}/mlflow.db",
-            artifact_root=str(tmp_path / "artifacts"),
-            model_prefix="t",
-        )
-    )
 
 
 def test_a_bundle_runs_elsewhere_and_comes_back_as_an_evaluation_file(

@@ -4,22 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from registry.client import Registry
-from registry.config import RegistryConfig
 from serving.drafters.package import DraftManifest, write_package
 from tasks.loop.target_promotion import evaluate_registered, export_for_targets
 from tests.tasks.evaluate.test_targets import PROMPTS
-
-
-@pytest.fixture
-def registry(tmp_path):
-    return Registry(
-        RegistryConfig(
-            tracking_uri=f"sqlite:///{tmp_path}/mlflow.db",
-            artifact_root=str(tmp_path / "artifacts"),
-            model_prefix="t",
-        )
-    )
 
 
 def test_export_on_promotion_covers_every_backend_that_can_load_it(registry, tmp_path):
