@@ -57,7 +57,14 @@ def export_for_targets(registry: Registry, draft: DraftVersion, cache: Path) -> 
         except UnsupportedDraftError as error:
             outcomes[target.backend] = f"not exported: {error}"
             continue
-        ensure_export(registry, draft, target.backend, cache, k=target.num_speculative_tokens)
+        try:
+            ensure_export(registry, draft, target.backend, cache, k=target.num_speculative_tokens)
+        except UnsupportedDraftError as error:
+            # Found only once the draft's weights are read (a model draft of another
+            # vocabulary, say). The promotion on the engine's target has happened and
+            # stands; this backend just cannot serve the draft.
+            outcomes[target.backend] = f"not exported: {error}"
+            continue
         outcomes[target.backend] = f"exported (for {name})"
     return outcomes
 

@@ -20,6 +20,23 @@ def test_export_on_promotion_covers_every_backend_that_can_load_it(registry, tmp
 
 
 @pytest.mark.real_model
+def test_a_draft_no_backend_can_load_is_reported_not_raised(registry, tmp_path):
+    from serving.models.tiny import tiny_llama
+
+    tiny = tiny_llama()  # 96 tokens: no draft for the shipped 49152-token target
+    tiny.save_pretrained(tmp_path / "weights")
+    package = write_package(
+        tmp_path / "tiny", DraftManifest(drafter="model:weights", family="lora"),
+        {"weights": tmp_path / "weights"},
+    )  # fmt: skip
+    draft = registry.log_draft(package, family="lora")
+    outcomes = export_for_targets(registry, draft, tmp_path / "cache")
+    assert outcomes and all(o.startswith("not exported") for o in outcomes.values()), outcomes
+    assert "96 tokens" in " ".join(outcomes.values())
+    assert not any(k.startswith("export.") for k in registry.get("lora", draft.version).tags)
+
+
+@pytest.mark.real_model
 def test_evaluated_there_then_promoted_there(registry, tmp_path):
     pld = registry.log_draft(
         write_package(tmp_path / "pld", DraftManifest(drafter="pld:3")), family="ngram"
