@@ -241,22 +241,11 @@ def _train_suffix(out, store, include_prompts, hardware, k, policy) -> str:
 
 
 def _finish_head(config, model, manifest, out: Path, budget_s: float | None) -> str:
-    from serving.drafters.package import write_package
-    from tasks.train.train_head import METRICS_FILE, train_head
+    from tasks.train.train_head import train_head, write_head_package
 
     result = train_head(config, model, max_train_seconds=budget_s)
     first, last = result.history[0], result.final
-    manifest = manifest.model_copy(
-        update={
-            "description": f"draft head, {result.steps} steps, held-out agreement "
-            f"{_fmt(last.agreement)}"
-        }
-    )
-    folder = write_package(
-        out,
-        manifest,
-        {"head": result.head_dir, METRICS_FILE: Path(config.output_dir) / METRICS_FILE},
-    )
+    folder = write_head_package(result, config, out, k=manifest.k, policy=manifest.policy)
     return (
         f"head draft: {result.steps} steps ({result.train_seconds / 60:.1f} min); held-out "
         f"agreement {_fmt(first.agreement)} -> "

@@ -212,7 +212,13 @@ def run(
         fail(f"unknown flow {flow_name!r}; choose one of {', '.join(FLOWS)}")
     try:
         hardware_target(hardware)
-        versions = [_version_ref(ref) for ref in challenger or []]
+        versions = []
+        if challenger:  # checked to exist before Prefect starts
+            from tasks.loop.prefect_tasks import open_registry
+
+            registry = open_registry()
+            drafts = [registry.resolve(ref) for ref in challenger]
+            versions = [{"family": d.family, "version": d.version} for d in drafts]
     except SpecOpsError as error:
         fail(str(error))
     _prefect_env()
@@ -244,18 +250,6 @@ def run(
     except SpecOpsError as error:
         fail(str(error))
     typer.echo(json.dumps(result, indent=2, default=str)[:4000])
-
-
-def _version_ref(ref: str) -> dict[str, str]:
-    """``family/version`` or ``<prefix>-family/version`` -> the flow's challenger dict."""
-    from registry.config import load_registry_config
-    from serving.errors import BadInputError
-
-    family, _, version = ref.rpartition("/")
-    if not family or not version.isdigit():
-        raise BadInputError(f"--challenger {ref!r} is not family/version (e.g. head/3)")
-    family = family.removeprefix(f"{load_registry_config().model_prefix}-")
-    return {"family": family, "version": version}
 
 
 @loop_app.command()

@@ -146,7 +146,6 @@ def bundle(
     ``specops registry log-evaluation evaluation.json --promote``."""
     from serving.errors import SpecOpsError
     from serving.loader import load_target
-    from specops.loop_cli import _version_ref
     from tasks.data.traffic import build_workload
     from tasks.evaluate.evaluate import traffic_prompts as held_out_traffic
     from tasks.loop.prefect_tasks import open_registry
@@ -154,9 +153,8 @@ def bundle(
     from tasks.loop.steps import read_jsonl
 
     try:
-        refs = [_version_ref(ref) for ref in challenger]
         registry = open_registry()
-        drafts = [registry.get(r["family"], r["version"]) for r in refs]
+        drafts = [registry.resolve(ref) for ref in challenger]
         chosen: list = [
             p
             for name in workload or ["humaneval"]

@@ -29,7 +29,6 @@ from typing import Any
 
 import torch
 
-from serving.drafters.package import DraftManifest, write_package
 from serving.errors import IncompatibleDraftError, ModelSourceError
 from serving.loader import eos_ids, load_target, set_threads
 from tasks.loop.retrain_config import FamilySettings, LearnedFamily, TargetRetrain
@@ -81,6 +80,17 @@ def _curves(history: Sequence[Any]) -> dict[str, list[tuple[int, float]]]:
     return curves
 
 
+def _run_params(result: Any, settings: FamilySettings) -> dict[str, Any]:
+    """What every family logs of its run (a head's TrainResult or a DistillResult)."""
+    return {
+        "steps": result.steps,
+        "train_seconds": round(result.train_seconds, 1),
+        "train_sequences": result.train_sequences,
+        "resumed_from": "" if result.resumed_from is None else result.resumed_from,
+        "budget_seconds": settings.budget_seconds,
+    }
+
+
 def _fmt(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3f}"
 
@@ -94,7 +104,7 @@ def train_head_challenger(
     target: str = "smollm2",
     progress: bool = True,
 ) -> Trained:
-    from tasks.train.train_head import METRICS_FILE, TrainHeadConfig, train_head
+    from tasks.train.train_head import TrainHeadConfig, train_head, write_head_package
 
     model, _ = training_target(target)
     config = TrainHeadConfig(
@@ -111,27 +121,16 @@ def train_head_challenger(
         f"head ({origin}): {result.steps} steps in {result.train_seconds:.0f} s; held-out "
         f"agreement {_fmt(first.agreement)} -> {_fmt(last.agreement)}"
     )
-    package = write_package(
-        work / "head-package",
-        DraftManifest(
-            drafter="head:head",
-            k=settings.k,
-            policy=settings.policy,
-            family="head",
-            description=summary,
-        ),
-        {"head": result.head_dir, METRICS_FILE: work / "head" / METRICS_FILE},
-    )
+    package = write_head_package(
+        result, config, work / "head-package", k=settings.k, policy=settings.policy,
+        description=summary,
+    )  # fmt: skip
     return Trained(
         "head",
         package,
         params={
-            "steps": result.steps,
-            "train_seconds": round(result.train_seconds, 1),
-            "train_sequences": result.train_sequences,
+            **_run_params(result, settings),
             "init": str(init_head) if init_head else "fresh",
-            "resumed_from": result.resumed_from if result.resumed_from is not None else "",
-            "budget_seconds": settings.budget_seconds,
         },
         curves=_curves(result.history),
         summary=summary,
@@ -176,14 +175,10 @@ def train_lora_challenger(
         "lora",
         package,
         params={
-            "steps": result.steps,
-            "train_seconds": round(result.train_seconds, 1),
-            "train_sequences": result.train_sequences,
+            **_run_params(result, settings),
             "loss": config.loss,
             "quantize": config.quantize,
-            "resumed_from": result.resumed_from if result.resumed_from is not None else "",
             "merge_max_abs_diff": result.merge_max_abs_diff,
-            "budget_seconds": settings.budget_seconds,
         },
         curves=_curves(result.history),
         summary=summary,

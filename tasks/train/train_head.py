@@ -39,6 +39,7 @@ from pydantic import Field
 
 from serving.atomic import write_json_atomic
 from serving.drafters.package import MANIFEST as PACKAGE_MANIFEST
+from serving.drafters.package import DraftManifest, write_package
 from serving.drafters.package import read_manifest as read_package_manifest
 from serving.errors import IncompatibleDraftError, ModelSourceError
 from serving.models.head import CONFIG_FILE as HEAD_CONFIG_FILE
@@ -359,3 +360,30 @@ def _write_metrics(path: Path, config: TrainHeadConfig, result: TrainResult) -> 
         "result": {**asdict(result), "head_dir": str(result.head_dir)},
     }
     write_json_atomic(path, payload)
+
+
+def write_head_package(
+    result: TrainResult,
+    config: TrainHeadConfig,
+    folder: str | Path,
+    *,
+    k: int = 5,
+    policy: str = "cost",
+    description: str = "",
+) -> Path:
+    """Write a trained head as a draft package (family ``head``): ``head/`` (drafter
+    ``head:head``) and ``train_metrics.json``."""
+    agreement = result.final.agreement
+    manifest = DraftManifest(
+        drafter="head:head",
+        k=k,
+        policy=policy,
+        family="head",
+        description=description
+        or (
+            f"draft head, {result.steps} steps, held-out agreement "
+            f"{'n/a' if agreement is None else f'{agreement:.3f}'}"
+        ),
+    )
+    files = {HEAD_DIR: result.head_dir, METRICS_FILE: Path(config.output_dir) / METRICS_FILE}
+    return write_package(folder, manifest, files)
