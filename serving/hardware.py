@@ -21,7 +21,7 @@ class HardwareTarget(BaseModel):
 
     backend: Literal["transformers", "vllm", "mlx", "neuron"] = "transformers"
     device: str = "cpu"
-    kernels: Literal["onednn", "stock"] = "stock"
+    kernels: Literal["onednn", "stock", "int8", "int4"] = "stock"
     threads: int = Field(2, ge=1)
     # The specops engine's measured pass-cost curve (its cost-aware policy needs it); the
     # other backends draft a fixed number of tokens per step instead.
@@ -48,10 +48,10 @@ class HardwareTarget(BaseModel):
                 f"the specops engine (backend transformers) runs on {ENGINE_DEVICES}, "
                 f"not on device {self.device!r}"
             )
-        if self.kernels == "onednn" and (self.device_type != "cpu" or self.dtype != "float32"):
+        if self.kernels != "stock" and (self.device_type != "cpu" or self.dtype != "float32"):
             raise ValueError(
-                f"kernels 'onednn' pack float32 layers on the CPU; device {self.device!r} with "
-                f"dtype {self.dtype!r} needs kernels 'stock'"
+                f"kernels {self.kernels!r} are for float32 layers on the CPU; device "
+                f"{self.device!r} with dtype {self.dtype!r} needs kernels 'stock'"
             )
         # A target this machine cannot run may wait for its curve: `specops profile
         # --hardware NAME` on that hardware measures it, and engine_target() refuses to

@@ -11,6 +11,7 @@ from serving.drafters.factory import DrafterSpec, build_drafter, parse_drafter_s
 from serving.engine import SpeculativeDecoder
 from serving.errors import BadInputError, ModelSourceError
 from serving.hardware import engine_target
+from serving.models.kernels import CPU_ONLY, KERNELS, apply_kernels, check_kernels
 from serving.policy import POLICIES, make_policy
 
 DEFAULT_TARGET = "smollm2"
@@ -24,7 +25,6 @@ def set_threads(threads: int) -> int:
     return threads
 
 
-KERNELS = ("onednn", "stock")
 DEVICES = ("cpu", "cuda")
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -69,9 +69,10 @@ def load_target(
     """``smollm2`` (the shipped SmolLM2-135M-Instruct) or a local HF model folder, loaded
     in ``dtype`` on ``device`` (a hardware target's ``load_options()`` gives all three).
 
-    ``kernels="onednn"`` packs the linear layers for oneDNN (see
-    :mod:`serving.models.onednn`; float32 on the CPU only); ``"stock"`` keeps torch's
-    default layers. Every option is checked before any weights are read.
+    ``kernels`` (:mod:`serving.models.kernels`, one of ``KERNELS``): ``"onednn"`` packs the
+    linear layers for oneDNN, ``"int8"``/``"int4"`` quantise their weights (all three float32
+    on the CPU only); ``"stock"`` keeps torch's default layers. Every option is checked, and
+    the quantised kernels probed, before any weights are read.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -79,11 +80,12 @@ def load_target(
         raise BadInputError(f"unknown kernels {kernels!r}; choose one of {KERNELS}")
     if dtype not in DTYPES:
         raise BadInputError(f"unknown dtype {dtype!r}; choose one of {DTYPES}")
-    if kernels == "onednn" and (parse_device(device).type != "cpu" or dtype != "float32"):
+    if kernels in CPU_ONLY and (parse_device(device).type != "cpu" or dtype != "float32"):
         raise BadInputError(
-            f"kernels 'onednn' pack float32 layers for the CPU; on device {str(device)!r} in "
-            f"{dtype} load with kernels='stock'"
+            f"kernels {kernels!r} are for float32 layers on the CPU; on device "
+            f"{str(device)!r} in {dtype} load with kernels='stock'"
         )
+    check_kernels(kernels)
     target_device = check_device(device)
     if source == DEFAULT_TARGET:
         from serving.models.real import load_real_model
@@ -99,10 +101,7 @@ def load_target(
         tokenizer = AutoTokenizer.from_pretrained(path)
     if target_device.type != "cpu":
         model = model.to(target_device)
-    if kernels == "onednn":
-        from serving.models.onednn import pack_linear_layers
-
-        pack_linear_layers(model)
+    apply_kernels(model, kernels)
     return model, tokenizer
 
 

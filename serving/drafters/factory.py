@@ -9,6 +9,7 @@ from pathlib import Path
 
 from serving.drafters.base import Drafter
 from serving.errors import BadInputError, IncompatibleDraftError
+from serving.models.kernels import apply_kernels, kernels_of
 
 KINDS = ("none", "pld", "ngram", "suffix", "layers", "model", "head")
 SPEC_HELP = (
@@ -127,10 +128,7 @@ def build_drafter(spec: str | DrafterSpec, target, target_tokenizer=None) -> Dra
     model = AutoModelForCausalLM.from_pretrained(parsed.arg, dtype=weight.dtype).eval()
     if weight.device.type != "cpu":
         model = model.to(weight.device)
-    if getattr(target, "specops_kernels", "stock") == "onednn":
-        from serving.models.onednn import pack_linear_layers
-
-        pack_linear_layers(model)  # the draft runs on the same kernels as its target
+    apply_kernels(model, kernels_of(target))  # the draft runs on its target's kernels
     drafter = ModelDrafter(model, name=text)
     drafter.check_compatible(int(target.config.vocab_size))
     return drafter

@@ -36,6 +36,7 @@ from serving.drafters.base import (
 from serving.errors import IncompatibleDraftError, SpecOpsError
 from serving.kv import cache_length, new_cache, rewind
 from serving.models.head import DraftHead, causal_mask, check_head_fits, output_weight
+from serving.models.kernels import apply_kernels, kernels_of
 
 
 class HeadDrafter(Drafter):
@@ -54,35 +55,31 @@ class HeadDrafter(Drafter):
         target_weight = next(target.parameters())
         self.device: torch.device = target_weight.device
         self._target_dtype = target_weight.dtype
-        packed = getattr(target, "specops_kernels", "stock") == "onednn"
+        kernels = kernels_of(target)
         head = head.eval().to(self.device)
-        if packed:
-            from serving.models.onednn import pack_linear_layers
-
+        if kernels != "stock":
             head = copy.deepcopy(head)  # packing replaces layers in place; keep the caller's
-            pack_linear_layers(head)  # the head runs on the same kernels as its target
+            apply_kernels(head, kernels)  # the head runs on the same kernels as its target
         self.head = head
         self._head_dtype = next(head.parameters(), target_weight).dtype
         # [draft_vocab] full-vocabulary ids of the head's logits, or None for all of them.
         self.vocab_ids: torch.Tensor | None = head.vocab_ids
-        self._logits_layer = self._output_layer(target, packed)
+        self._logits_layer = self._output_layer(target, kernels)
         self._cache: DynamicCache | None = None
         self._fed = 0  # true pairs in the cache (positions 0.._fed-1)
         self._pending: list[torch.Tensor] = []  # [rows, hidden] true features not yet fed
         self._tail: torch.Tensor | None = None  # [hidden] head output at pair _fed - 1
         self._prompt: list[int] = []
 
-    def _output_layer(self, target, packed: bool) -> nn.Module:
+    def _output_layer(self, target, kernels: str) -> nn.Module:
         if self.vocab_ids is None:
             return target.get_output_embeddings()  # [hidden] -> [vocab]
         rows = output_weight(target).detach()[self.vocab_ids].clone()  # [draft_vocab, hidden]
         layer = nn.Linear(rows.shape[1], rows.shape[0], bias=False)
         layer.weight = nn.Parameter(rows, requires_grad=False)
-        if packed:
-            from serving.models.onednn import PackedLinear
-
-            return PackedLinear(layer)
-        return layer
+        holder = nn.ModuleList([layer])
+        apply_kernels(holder, kernels)  # the target's own kernels (its rows, same codes)
+        return holder[0]
 
     def check_compatible(self, target_vocab_size: int) -> None:
         if self.head_config.target_vocab_size != target_vocab_size:

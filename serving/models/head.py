@@ -184,7 +184,7 @@ def _checked_vocab_ids(vocab_ids: torch.Tensor, config: HeadConfig) -> torch.Ten
 
 def output_weight(target) -> torch.Tensor:
     """The target's output-layer matrix ``[vocab, hidden]`` (shared with the embedding when
-    tied). oneDNN-packed layers keep no plain weight: a tied target still works through its
+    tied). Packed and quantised layers keep no plain weight: a tied target still works through its
     embedding; an untied packed target must be loaded with ``kernels="stock"``."""
     weight = getattr(target.get_output_embeddings(), "weight", None)
     if isinstance(weight, torch.Tensor):
@@ -192,7 +192,7 @@ def output_weight(target) -> torch.Tensor:
     if getattr(target.config, "tie_word_embeddings", False):
         return target.get_input_embeddings().weight
     raise IncompatibleDraftError(
-        "the target's output layer is packed for oneDNN and not tied to its embedding, so "
+        "the target's output layer is packed or quantised and not tied to its embedding, so "
         "the head cannot read its weights; load the target with kernels='stock'"
     )
 

@@ -7,7 +7,10 @@ once into its blocked layout (the same kernels torch.compile's CPU backend uses)
 pass over 1-8 tokens near the cost of one and roughly halves a one-token pass - it makes
 verification almost free, which is what speculative decoding needs. It is also
 batch-invariant: each row's result does not depend on how many rows share the call, so a
-verification pass computes exactly what a one-token pass would.
+verification pass computes exactly what a one-token pass would — for inputs of up to 1024
+features. Over that (SmolLM2's 1536-wide down projection) oneDNN reduces a one-row call
+differently from a several-row one (measured: every row count from 2 to 16 differed), so
+wider layers are packed as equal slices of at most 1024 inputs whose row results are summed.
 
 Inference only: packed layers hold no ``nn.Parameter`` (nothing to train or save). Where
 the ops are missing (a torch build without oneDNN), ``pack_linear_layers`` raises a clear
@@ -15,6 +18,8 @@ error and callers fall back to the stock layers.
 """
 
 from __future__ import annotations
+
+import itertools
 
 import torch
 
@@ -32,6 +37,14 @@ def onednn_available() -> bool:
     return True
 
 
+MAX_INVARIANT_INPUTS = 1024  # measured: 576, 768 and 1024 inputs are batch-invariant, 1536 not
+
+
+def _even_bounds(size: int, parts: int) -> list[tuple[int, int]]:
+    edges = [size * i // parts for i in range(parts + 1)]
+    return list(itertools.pairwise(edges))
+
+
 class PackedLinear(torch.nn.Module):
     """``y = x @ W.T + b`` through oneDNN with ``W`` reordered once into its blocked layout."""
 
@@ -40,17 +53,29 @@ class PackedLinear(torch.nn.Module):
         self.in_features = linear.in_features
         self.out_features = linear.out_features
         weight = linear.weight.detach().float().contiguous()
+        slices = -(-self.in_features // MAX_INVARIANT_INPUTS)
+        self.bounds = _even_bounds(self.in_features, slices)
         # The second argument is oneDNN's row-count hint for choosing the blocked layout;
-        # 4 measured best for 1-12-row passes here (1 was ~10 % slower, 16 no better).
-        self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(weight, 4)
+        # 4 measured best for 1-12-row passes here (1 was ~10 % slower and, like 1, not
+        # batch-invariant at 768-1024 inputs; 16 no better).
+        self.packed_weights = [
+            torch.ops.mkldnn._reorder_linear_weight(weight[:, a:b].contiguous(), 4)
+            for a, b in self.bounds
+        ]
         self.bias = None if linear.bias is None else linear.bias.detach().float()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape  # [..., in_features]
         flat = x.reshape(-1, self.in_features).float()  # [rows, in_features]
-        out = torch.ops.mkldnn._linear_pointwise(
-            flat, self.packed_weight, self.bias, "none", [], ""
-        )  # [rows, out_features]
+        out = None
+        for (a, b), packed in zip(self.bounds, self.packed_weights, strict=True):
+            part = torch.ops.mkldnn._linear_pointwise(
+                flat[:, a:b].contiguous(), packed, None, "none", [], ""
+            )  # [rows, out_features]
+            out = part if out is None else out + part
+        assert out is not None
+        if self.bias is not None:
+            out = out + self.bias
         return out.reshape(*shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:

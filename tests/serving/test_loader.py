@@ -49,7 +49,7 @@ def test_encode_prompt_applies_the_chat_template(real_stock):
 
 def test_load_target_refuses_onednn_off_the_cpu_before_loading(tmp_path):
     missing = str(tmp_path / "missing")  # checked before the source: no model is read
-    with pytest.raises(BadInputError, match="kernels 'onednn' pack float32 layers for the CPU"):
+    with pytest.raises(BadInputError, match="kernels 'onednn' are for float32 layers on the CPU"):
         load_target(missing, kernels="onednn", device="cuda")
     with pytest.raises(BadInputError, match="load with kernels='stock'"):
         load_target(missing, kernels="onednn", dtype="bfloat16")

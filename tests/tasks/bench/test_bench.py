@@ -66,3 +66,161 @@ def test_bench_runs_end_to_end_on_the_real_model(tmp_path, real_stock):
     assert written["environment"]["threads"] == config.threads
     assert {r["method"] for r in results["runs"]} == {"hf-greedy", "specops-pld"}
     assert all(r["identical"] for r in results["runs"])
+
+
+# --- Methods per hardware target, references, llama.cpp rows --------------------------------
+def _config(methods: list[dict], **settings):
+    from tasks.bench.bench import BenchConfig
+
+    return BenchConfig.model_validate({"methods": methods, **settings})
+
+
+HF = {"name": "hf-greedy", "engine": "hf", "mode": "greedy"}
+LLAMA = [
+    {"name": "llama-plain", "engine": "llamacpp", "mode": "plain"},
+    {"name": "llama-pld", "engine": "llamacpp", "mode": "prompt_lookup", "num_pred_tokens": 5},
+]
+
+
+def test_each_row_is_compared_with_the_plain_row_of_its_own_target():
+    from tasks.bench.bench import llamacpp_reference, method_hardware, pick_references
+
+    config = _config(
+        [
+            HF,
+            {"name": "hf-pld", "engine": "hf", "mode": "prompt_lookup"},
+            {"name": "fp32", "engine": "specops", "drafter": "none"},
+            {"name": "fp32-pld", "engine": "specops", "drafter": "pld"},
+            {"name": "stock-pld", "engine": "specops", "drafter": "pld", "hardware": "cpu-stock"},
+            *LLAMA,
+        ]
+    )
+    assert pick_references(config) == {
+        "hf-greedy": None,
+        "hf-pld": "hf-greedy",
+        "fp32": "hf-greedy",  # a plain row is checked against HF greedy
+        "fp32-pld": "fp32",  # same target (the bench's default, cpu)
+        "stock-pld": "hf-greedy",  # cpu-stock has no plain row in this config
+        "llama-plain": "hf-greedy",
+        "llama-pld": "llama-plain",
+    }
+    assert llamacpp_reference(config) == "llama-plain"
+    assert [method_hardware(m, config) for m in config.methods] == [
+        None,
+        None,
+        "cpu",
+        "cpu",
+        "cpu-stock",
+        None,
+        None,
+    ]
+
+
+def test_a_method_must_fit_its_engine():
+    with pytest.raises(ValueError, match="'llamacpp' takes mode one of"):
+        _config([HF, {"name": "x", "engine": "llamacpp", "mode": "greedy"}])
+    with pytest.raises(ValueError, match="hardware and drafter are specops settings"):
+        _config([HF, {"name": "x", "engine": "llamacpp", "mode": "plain", "hardware": "cpu"}])
+    with pytest.raises(ValueError, match="'specops' takes no mode"):
+        _config([HF, {"name": "x", "engine": "specops", "mode": "greedy"}])
+
+
+def test_an_unknown_hardware_target_names_its_method():
+    from tasks.bench.bench import resolve_hardware
+
+    config = _config([HF, {"name": "fast", "engine": "specops", "hardware": "cpu-int9"}])
+    with pytest.raises(BadInputError, match=r"method 'fast'.*cpu-int9"):
+        resolve_hardware(config)
+
+
+def test_the_engines_config_loads():
+    from serving.paths import CONFIG_DIR
+
+    config = load_bench_config(CONFIG_DIR / "bench-engines.yaml")
+    engines = {m.engine for m in config.methods}
+    assert engines == {"hf", "specops", "llamacpp"}
+
+
+def test_summary_divides_by_llama_plain_and_the_physical_limit():
+    runs = [
+        _run("hf-greedy", "a", 10, 2.0),
+        _run("llama", "a", 10, 0.5),
+        _run("fast", "a", 10, 1.0),
+    ]
+    rows = summarize(
+        runs,
+        ["hf-greedy", "llama", "fast"],
+        references={"hf-greedy": None, "llama": "hf-greedy", "fast": "hf-greedy"},
+        llamacpp_plain="llama",
+        weights={"fast": {"format": "cpu", "bytes_per_token": 10**6}},
+        bandwidth_bytes_per_s=1e8,  # limit: 100 tok/s
+    )
+    fast = next(r for r in rows if r["workload"] == "a" and r["method"] == "fast")
+    assert fast["x_llama"] == pytest.approx(0.5)
+    assert fast["limit_tokens_per_s"] == pytest.approx(100.0)
+    assert fast["of_limit"] == pytest.approx(0.1)
+    table = format_table(rows, [{"method": "gone", "reason": "because"}])
+    assert "x llama" in table and "% limit" in table and "skipped gone: because" in table
+
+
+def test_without_the_llamacpp_environment_its_rows_are_skipped_and_the_bench_runs(
+    tmp_path, model_folder, monkeypatch
+):
+    import tasks.data.traffic as traffic
+    from tasks.bench.llamacpp import INSTALL, PYTHON_VARIABLE
+    from tasks.data.prompts import Prompt
+
+    monkeypatch.setenv(PYTHON_VARIABLE, str(tmp_path / "no-such-env" / "bin" / "python"))
+    prompt = Prompt(
+        id="p0",
+        workload="grounded",
+        messages=[{"role": "user", "content": "Repeat: one two three, one two three."}],
+        reference=None,
+        split="heldout",
+    )
+    monkeypatch.setattr(traffic, "build_workload", lambda *args, **kwargs: [prompt])
+    config = _config(
+        [
+            HF,
+            {"name": "stock", "engine": "specops", "drafter": "none", "hardware": "cpu-stock"},
+            {"name": "stock-pld", "engine": "specops", "drafter": "pld", "hardware": "cpu-stock"},
+            {"name": "packed-pld", "engine": "specops", "drafter": "pld", "k": 3},
+            *LLAMA,
+        ],
+        workloads=["grounded"],
+        prompts_per_workload=1,
+        max_new_tokens=6,
+        threads=1,
+        bandwidth_mb=8,
+    )
+    results = run_bench(config, out_dir=tmp_path, target=str(model_folder), progress=False)
+
+    assert [s["method"] for s in results["skipped"]] == ["llama-plain", "llama-pld"]
+    assert all(INSTALL in s["reason"] for s in results["skipped"])
+    assert {r["method"] for r in results["runs"]} == {
+        "hf-greedy",
+        "stock",
+        "stock-pld",
+        "packed-pld",
+    }
+    assert results["references"] == {
+        "hf-greedy": None,
+        "stock": "hf-greedy",
+        "stock-pld": "stock",
+        "packed-pld": "hf-greedy",
+    }
+    assert all(r["identical"] for r in results["runs"])
+    environment = results["environment"]
+    assert environment["memory_bandwidth"]["bytes_per_s"] > 0
+    assert environment["llamacpp"] is None
+    assert environment["specops_targets"]["cpu-stock"]["kernels"] == "stock"
+    weights = environment["weights"]
+    # The stock target shares the HF model; the packed one adds one row of the token table.
+    assert weights["stock"]["bytes_per_token"] == weights["hf-greedy"]["bytes_per_token"]
+    assert weights["packed-pld"]["bytes_per_token"] > weights["stock"]["bytes_per_token"]
+    row = next(r for r in results["summary"] if r["workload"] == "all" and r["method"] == "stock")
+    assert row["limit_tokens_per_s"] > 0 and row["of_limit"] > 0 and row["x_llama"] is None
+    table = format_table(results["summary"], results["skipped"])
+    assert "skipped llama-plain" in table and INSTALL in table
+    written = json.loads((tmp_path / "bench.json").read_text())
+    assert written["skipped"] == results["skipped"]
