@@ -17,6 +17,8 @@ and speculative decoding alike — and batches of several sequences keep transfo
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 IMPLEMENTATION = "specops_exact"
@@ -60,6 +62,6 @@ def register() -> None:
 def use_exact_attention(model: torch.nn.Module) -> None:
     """Switch ``model`` (a transformers model using SDPA) to :func:`exact_sdpa` in place."""
     register()
-    config = model.config
+    config: Any = model.config
     if config._attn_implementation in ("sdpa", IMPLEMENTATION):
         config._attn_implementation = IMPLEMENTATION

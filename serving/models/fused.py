@@ -100,7 +100,7 @@ def fuse_norms(model: nn.Module) -> int:
     fused = 0
     for module in model.modules():
         if type(module) is LlamaRMSNorm and module.weight.dtype == torch.float32:
-            module.forward = MethodType(_rms_norm_forward, module)
+            module.forward = MethodType(_rms_norm_forward, module)  # type: ignore[method-assign]
             fused += 1
     return fused
 
@@ -116,18 +116,18 @@ def fuse_projections(model: nn.Module) -> int:
         if type(module) is LlamaAttention and _fusable(module, _ATTENTION):
             layers = [getattr(module, name) for name in _ATTENTION]
             module.qkv_proj = _stack(layers)
-            module.specops_split = [x.out_features for x in layers]
+            module.specops_split = [x.out_features for x in layers]  # type: ignore[assignment]
             for name in _ATTENTION:
                 delattr(module, name)
-            module.forward = MethodType(_attention_forward, module)
+            module.forward = MethodType(_attention_forward, module)  # type: ignore[method-assign]
             fused += 1
         elif type(module) is LlamaMLP and _fusable(module, _MLP):
             layers = [getattr(module, name) for name in _MLP]
             module.gate_up_proj = _stack(layers)
-            module.specops_split = [x.out_features for x in layers]
+            module.specops_split = [x.out_features for x in layers]  # type: ignore[assignment]
             for name in _MLP:
                 delattr(module, name)
-            module.forward = MethodType(_mlp_forward, module)
+            module.forward = MethodType(_mlp_forward, module)  # type: ignore[method-assign]
             fused += 1
     return fused
 
@@ -142,7 +142,7 @@ def unfuse_projections(model: nn.Module) -> int:
             if not isinstance(fused, nn.Linear):
                 continue
             start = 0
-            for name, size in zip(names, module.specops_split, strict=True):
+            for name, size in zip(names, module.specops_split, strict=True):  # type: ignore[arg-type]
                 part = nn.Linear(fused.in_features, size, bias=fused.bias is not None)
                 with torch.no_grad():
                     part.weight.copy_(fused.weight[start : start + size])

@@ -85,6 +85,7 @@ def quantisable(linear: torch.nn.Linear, scheme: Scheme) -> bool:
 
 class _QuantisedLinear(torch.nn.Module):
     scheme: Scheme
+    bias: torch.Tensor | None
 
     def __init__(self, linear: torch.nn.Linear) -> None:
         super().__init__()
@@ -116,6 +117,8 @@ class Int8Linear(_QuantisedLinear):
     """Symmetric int8 codes per output channel, bfloat16 scales."""
 
     scheme: Scheme = "int8"
+    codes: torch.Tensor
+    scale: torch.Tensor
 
     def __init__(self, linear: torch.nn.Linear) -> None:
         super().__init__(linear)
@@ -149,6 +152,9 @@ class Int4Linear(_QuantisedLinear):
     """Asymmetric int4 codes in groups of 32 inputs, packed for the CPU kernel."""
 
     scheme: Scheme = "int4"
+    codes: torch.Tensor
+    packed: torch.Tensor
+    scales_and_zeros: torch.Tensor
 
     def __init__(self, linear: torch.nn.Linear) -> None:
         super().__init__(linear)
@@ -234,8 +240,13 @@ def dequantize_linear_layers(model: torch.nn.Module) -> int:
                 with torch.no_grad():
                     linear.weight.copy_(child.dequantized_weight())
                     if child.bias is not None:
-                        linear.bias.copy_(child.bias)
+                        linear.bias.copy_(child.bias)  # type: ignore[arg-type]
                 setattr(module, name, linear)
                 restored += 1
     unfuse_projections(model)
+    config = getattr(model, "config", None)
+    if restored and getattr(config, "tie_word_embeddings", False):
+        # The output layer now holds its own (quantised) values, no longer the embedding's:
+        # a saved copy must say so, or loading it would tie them back.
+        config.tie_word_embeddings = False  # type: ignore[union-attr]
     return restored
