@@ -91,3 +91,45 @@ def test_grounded_prompt_lookup_accepts_drafts(real_packed, real_prompts):
     result = decoder.generate(real_prompts[0], max_new_tokens=NEW_TOKENS)
     # The answer copies the sentence: prompt lookup must gain more than a token per pass.
     assert result.stats.mean_accepted_length > 1.5
+
+
+@pytest.fixture(scope="module", params=["int8", "int4"])
+def real_quantised(request):
+    from serving.loader import load_target
+
+    return load_target(kernels=request.param)
+
+
+def test_a_quantised_target_verifies_exactly(real_quantised, real_prompts):
+    # Every hidden state of a block pass equals the one-token passes' bit for bit.
+    from transformers import DynamicCache
+
+    model, _ = real_quantised
+    ids = torch.tensor([real_prompts[1]])
+    with torch.inference_mode():
+        for rows in (2, 5):
+            cache = DynamicCache(config=model.config)
+            model(ids[:, :-rows], past_key_values=cache, use_cache=True)
+            block = model(ids[:, -rows:], past_key_values=cache, use_cache=True).logits[0]
+            cache.crop(-rows)
+            singles = [
+                model(ids[:, p : p + 1], past_key_values=cache, use_cache=True).logits[0, 0]
+                for p in range(ids.shape[1] - rows, ids.shape[1])
+            ]
+            assert torch.equal(block, torch.stack(singles)), f"{rows} rows"
+
+
+@pytest.mark.parametrize(("spec", "k"), [("pld", 2), ("pld", 8), ("layers:2", 4)])
+def test_a_quantised_target_is_lossless(spec, k, real_quantised, real_prompts):
+    model, tokenizer = real_quantised
+    eos = eos_ids(model, tokenizer)
+    plain = SpeculativeDecoder(model, eos_token_ids=eos)
+    decoder = SpeculativeDecoder(
+        model,
+        drafter=build_drafter(spec, model, tokenizer),
+        policy=FixedK(k),
+        eos_token_ids=eos,
+    )
+    for prompt in real_prompts:
+        reference = plain.generate(prompt, max_new_tokens=NEW_TOKENS).token_ids
+        assert decoder.generate(prompt, max_new_tokens=NEW_TOKENS).token_ids == reference
