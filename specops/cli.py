@@ -15,6 +15,7 @@ from specops.data_cli import data_app
 from specops.draft_cli import register_draft_commands
 from specops.exit import fail
 from specops.loop_cli import loop_app
+from specops.quality_cli import quality
 from specops.registry_cli import registry_app
 from specops.targets_cli import targets_app
 
@@ -34,6 +35,7 @@ app.add_typer(loop_app, name="loop")
 app.add_typer(targets_app, name="targets")
 app.add_typer(teacher_app, name="teacher")
 app.command("draft-curves")(draft_curves)
+app.command("quality")(quality)
 
 
 def _format_stats(stats: dict) -> str:
@@ -159,7 +161,8 @@ def bench(
         "results"
     ),
 ) -> None:
-    """Benchmark specops against HF greedy, HF assisted generation and HF prompt lookup."""
+    """Benchmark specops against HF greedy, HF assisted generation, HF prompt lookup and
+    llama.cpp (plain and prompt lookup, when .venv-llamacpp exists)."""
     from serving.errors import SpecOpsError
     from tasks.bench.bench import format_table, load_bench_config, run_bench
 
@@ -186,10 +189,11 @@ def bench(
         results = run_bench(settings, out_dir=out)
     except SpecOpsError as error:
         fail(str(error))
-    typer.echo(format_table(results["summary"]))
+    typer.echo(format_table(results["summary"], results["skipped"]))
+    bandwidth = results["environment"]["memory_bandwidth"]["gb_per_s"]
     typer.echo(
-        f"threads={results['environment']['threads']}  results: {out / 'bench.json'}  "
-        f"plot: {out / 'bench.png'}"
+        f"threads={results['environment']['threads']}  memory bandwidth={bandwidth:.1f} GB/s  "
+        f"results: {out / 'bench.json'}  plot: {out / 'bench.png'}"
     )
 
 

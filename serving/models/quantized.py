@@ -13,7 +13,8 @@ and the output returned in float32, so everything around the linear layers stays
   wants). The shipped GGUF is Q4_1 — the same scheme, groups of 32 — so on the shipped
   model this recovers the GGUF's own integer codes; only its fp16 scales are rounded to
   bfloat16.
-- ``int8``: symmetric codes per output channel with a bfloat16 scale.
+- ``int8``: symmetric codes per output channel with a bfloat16 scale. The int4 scheme
+  keeps the output head in int8, as the GGUF keeps its output matrix in Q8_0.
 
 Verification stays exact with respect to the quantised model being served: each output row
 of these kernels does not depend on how many rows share the call (tested), so a pass over
@@ -215,11 +216,17 @@ def quantize_linear_layers(model: torch.nn.Module, scheme: str, *, fuse: bool = 
     if fuse:
         fuse_projections(model)
         fuse_norms(model)
-    layer = QUANTISED_LAYERS[scheme]
+    # The output head keeps 8-bit codes under int4, as the GGUF keeps its output matrix in
+    # Q8_0: measured, a 4-bit head cost ~3 points of top-1 agreement with fp32 for ~0.3 ms.
+    get_head = getattr(model, "get_output_embeddings", None)
+    head = get_head() if callable(get_head) else None
     replaced = 0
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
-            if type(child) is torch.nn.Linear and quantisable(child, scheme):  # type: ignore[arg-type]
+            if type(child) is not torch.nn.Linear:
+                continue
+            layer = QUANTISED_LAYERS["int8" if child is head else scheme]
+            if quantisable(child, layer.scheme):  # type: ignore[arg-type]
                 setattr(module, name, layer(child))
                 replaced += 1
     model.specops_kernels = scheme  # type: ignore[assignment]

@@ -1,11 +1,23 @@
 """``specops bench``: specops against the baselines a user would otherwise pick.
 
 In one run, on real workloads, interleaved: Hugging Face ``generate`` greedy, HF assisted
-generation with the same model draft, HF prompt lookup, and every specops drafter. Each
-method gets one warm-up generation; then, prompt by prompt, every method runs once in an
-order that rotates per prompt, so machine noise lands on all methods alike. The result is
-a JSON file, a table (tokens/s, speedup over HF greedy, acceptance, mean accepted length,
-token-for-token equality with HF greedy) and a plot.
+generation with the same model draft, HF prompt lookup, every specops drafter on one or
+more hardware targets (each its own weight format: ``hardware`` per method), and llama.cpp
+plain and prompt-lookup decoding of the shipped GGUF in its own environment
+(:mod:`tasks.bench.llamacpp`; skipped, with the install command, where that environment
+does not exist). Every method decodes the same token ids (the bench's tokenizer and chat
+template) with the same budget. Each method gets one warm-up generation; then, prompt by
+prompt, every method runs once in an order that rotates per prompt, so machine noise lands
+on all methods alike.
+
+Each row is checked token for token against its *reference* (:func:`pick_references`): a
+specops row against the plain specops row (no drafter) on the same hardware target, a
+llama.cpp row against llama.cpp plain, everything else (and those plain rows themselves)
+against HF greedy. Beside tokens/s, the speedup over HF greedy, the ratio to llama.cpp
+plain (``x llama``), acceptance and mean accepted length, each row shows the physical
+limit of plain decoding for its weight format, ``limit tok/s`` = measured memory bandwidth
+÷ weight bytes read per generated token, and its tokens/s as a share of it
+(:mod:`tasks.bench.limits` defines both). The result is a JSON file, a table and a plot.
 """
 
 from __future__ import annotations
@@ -17,20 +29,28 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from serving.atomic import write_json_atomic
-from serving.errors import BadInputError
-from serving.hardware import engine_target
+from serving.errors import BadInputError, SpecOpsError
+from serving.hardware import HardwareTarget, engine_target
 from serving.loader import DecoderOptions, build_decoder, eos_ids, set_threads
 from serving.metrics import pool
 from serving.models.truncated import first_layers
 from serving.paths import CONFIG_DIR
 from serving.records.schema import WORKLOADS, Split, Workload
+from tasks.bench.limits import (
+    BANDWIDTH_MB,
+    gguf_weights,
+    limit_tokens_per_s,
+    memory_bandwidth,
+    weight_bytes_per_token,
+)
+from tasks.bench.llamacpp import LlamaCppProcess, LlamaCppUnavailable, llamacpp_python
 
 log = logging.getLogger(__name__)
 
@@ -38,16 +58,47 @@ DEFAULT_CONFIG = CONFIG_DIR / "bench.yaml"
 BASELINE = "hf-greedy"
 
 
+Engine = Literal["hf", "specops", "llamacpp"]
+# The modes each engine takes (specops has none: its drafter decides).
+ENGINE_MODES: dict[str, tuple[str | None, ...]] = {
+    "hf": ("greedy", "assisted", "prompt_lookup"),
+    "specops": (None,),
+    "llamacpp": ("plain", "prompt_lookup"),
+}
+
+
 class MethodConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str
-    engine: Literal["hf", "specops"]
-    mode: Literal["greedy", "assisted", "prompt_lookup"] | None = None
+    engine: Engine
+    mode: Literal["greedy", "assisted", "prompt_lookup", "plain"] | None = None
+    # specops: the drafter spec, its largest block, the draft-length policy, and the hardware
+    # target (configs/hardware.yaml) whose weight format and pass costs it runs with; the
+    # bench's ``hardware`` when not given.
     drafter: str | None = None
     k: int = 4
     policy: str = "fixed"
-    prompt_lookup_num_tokens: int = 10
+    hardware: str | None = None
+    # hf prompt lookup: HF's prompt_lookup_num_tokens.
+    prompt_lookup_num_tokens: int = Field(10, ge=1)
+    # llamacpp prompt lookup: LlamaPromptLookupDecoding(num_pred_tokens=...).
+    num_pred_tokens: int = Field(10, ge=1)
+
+    @model_validator(mode="after")
+    def _fits_its_engine(self) -> MethodConfig:
+        modes = ENGINE_MODES[self.engine]
+        if self.mode not in modes:
+            shown = "no mode" if modes == (None,) else f"mode one of {list(modes)}"
+            raise ValueError(
+                f"method {self.name!r}: engine {self.engine!r} takes {shown}, got {self.mode!r}"
+            )
+        if self.engine != "specops" and (self.hardware is not None or self.drafter is not None):
+            raise ValueError(
+                f"method {self.name!r}: hardware and drafter are specops settings; engine "
+                f"{self.engine!r} runs its own weights"
+            )
+        return self
 
 
 class BenchConfig(BaseModel):
@@ -60,9 +111,13 @@ class BenchConfig(BaseModel):
     max_new_tokens: int = Field(128, ge=1)
     threads: int = Field(2, ge=1)
     draft_layers: int = Field(4, ge=1)
-    # specops's hardware target (configs/hardware.yaml): its kernels and measured pass costs.
-    # HF baselines always run the stock model, as a user would.
+    # specops's hardware target (configs/hardware.yaml): its kernels and measured pass costs,
+    # for methods that name none. HF baselines always run the stock model, as a user would.
     hardware: str = "cpu"
+    # The buffer streamed once per run to measure memory bandwidth (the limit column).
+    bandwidth_mb: int = Field(BANDWIDTH_MB, ge=1)
+    # The GGUF llama.cpp decodes: the shipped model's own file when the target is smollm2.
+    llamacpp_model: str | None = None
     methods: list[MethodConfig]
 
     @field_validator("methods")
@@ -127,11 +182,101 @@ def _specops_runner(decoder, *, max_new_tokens: int) -> Runner:
     return run
 
 
-def make_runners(model, engine_model, tokenizer, config: BenchConfig) -> dict[str, Runner]:
-    """HF methods run ``model`` (stock); specops methods run ``engine_model``."""
+def _llamacpp_runner(
+    process: LlamaCppProcess, method: MethodConfig, *, max_new_tokens: int, eos: list[int]
+) -> Runner:
+    lookup = method.mode == "prompt_lookup"
+
+    def run(prompt_ids: list[int]) -> Outcome:
+        out = process.generate(
+            prompt_ids,
+            max_new_tokens=max_new_tokens,
+            mode=str(method.mode),
+            num_pred_tokens=method.num_pred_tokens if lookup else None,
+            eos=eos,
+        )
+        return Outcome(out.token_ids, out.seconds)
+
+    return run
+
+
+def method_hardware(method: MethodConfig, config: BenchConfig) -> str | None:
+    """The hardware target a specops method runs on; ``None`` for the other engines."""
+    if method.engine != "specops":
+        return None
+    return method.hardware or config.hardware
+
+
+def resolve_hardware(config: BenchConfig) -> dict[str, HardwareTarget]:
+    """Every specops method's hardware target, checked before any model work."""
+    targets: dict[str, HardwareTarget] = {}
+    for method in config.methods:
+        name = method_hardware(method, config)
+        if name is None or name in targets:
+            continue
+        try:
+            targets[name] = engine_target(name)
+        except BadInputError as error:
+            raise BadInputError(f"bench method {method.name!r}: {error}") from None
+    return targets
+
+
+def _is_plain(method: MethodConfig) -> bool:
+    if method.engine == "specops":
+        return (method.drafter or "none") == "none"
+    return method.mode == ("plain" if method.engine == "llamacpp" else "greedy")
+
+
+def pick_references(config: BenchConfig) -> dict[str, str | None]:
+    """The row each method's outputs must equal, token for token.
+
+    A specops method: the plain specops method (no drafter) on the same hardware target,
+    when the config has one; a llama.cpp method: llama.cpp plain. Everything else, and those
+    plain methods themselves (whose weights may differ from the stock model's: a quantised
+    target's plain output is its own reference, not HF's), against HF greedy, which has
+    none."""
+    references: dict[str, str | None] = {}
+    for method in config.methods:
+        plain = next(
+            (
+                other.name
+                for other in config.methods
+                if other.engine == method.engine
+                and method.engine != "hf"
+                and _is_plain(other)
+                and method_hardware(other, config) == method_hardware(method, config)
+            ),
+            None,
+        )
+        if method.name == BASELINE:
+            references[method.name] = None
+        elif plain is not None and plain != method.name:
+            references[method.name] = plain
+        else:
+            references[method.name] = BASELINE
+    return references
+
+
+def llamacpp_reference(config: BenchConfig) -> str | None:
+    """The llama.cpp plain method, which the ``x llama`` column divides by."""
+    return next((m.name for m in config.methods if m.engine == "llamacpp" and _is_plain(m)), None)
+
+
+def make_runners(
+    model,
+    engine_models: dict[str, Any],
+    tokenizer,
+    config: BenchConfig,
+    *,
+    llamacpp: LlamaCppProcess | None = None,
+) -> dict[str, Runner]:
+    """HF methods run ``model`` (stock); a specops method runs the model of its hardware
+    target (``engine_models[target]``); llama.cpp methods run in ``llamacpp``, and are left
+    out when it is ``None`` (skipped)."""
     draft_model = None
     runners: dict[str, Runner] = {}
-    pad_id = eos_ids(model, tokenizer)[0]
+    eos = eos_ids(model, tokenizer)
+    pad_id = eos[0]
     for method in config.methods:
         if method.engine == "hf":
             kwargs: dict[str, object] = {}
@@ -141,32 +286,56 @@ def make_runners(model, engine_model, tokenizer, config: BenchConfig) -> dict[st
                 kwargs["assistant_model"] = draft_model
             elif method.mode == "prompt_lookup":
                 kwargs["prompt_lookup_num_tokens"] = method.prompt_lookup_num_tokens
-            elif method.mode != "greedy":
-                raise BadInputError(f"hf method {method.name!r} needs a mode, got {method.mode!r}")
             runners[method.name] = _hf_runner(
                 model, max_new_tokens=config.max_new_tokens, pad_id=pad_id, **kwargs
             )
-        else:
+        elif method.engine == "specops":
+            hardware = str(method_hardware(method, config))
             drafter = (method.drafter or "none").format(draft_layers=config.draft_layers)
             options = DecoderOptions(
-                drafter=drafter, k=method.k, policy=method.policy, hardware=config.hardware
+                drafter=drafter, k=method.k, policy=method.policy, hardware=hardware
             )
             runners[method.name] = _specops_runner(
-                build_decoder(engine_model, tokenizer, options),
+                build_decoder(engine_models[hardware], tokenizer, options),
                 max_new_tokens=config.max_new_tokens,
+            )
+        elif llamacpp is not None:
+            runners[method.name] = _llamacpp_runner(
+                llamacpp, method, max_new_tokens=config.max_new_tokens, eos=eos
             )
     return runners
 
 
-def summarize(runs: list[dict], methods: list[str]) -> list[dict]:
-    """Rows per (workload, method) plus an ``all`` workload; sums, not mean of ratios."""
+def summarize(
+    runs: list[dict],
+    methods: list[str],
+    *,
+    references: dict[str, str | None] | None = None,
+    llamacpp_plain: str | None = None,
+    weights: dict[str, dict] | None = None,
+    bandwidth_bytes_per_s: float | None = None,
+) -> list[dict]:
+    """Rows per (workload, method) plus an ``all`` workload; sums, not mean of ratios.
+
+    ``speedup`` divides a row's pooled tokens/s by HF greedy's, ``x_llama`` by llama.cpp
+    plain's (``llamacpp_plain``) on the same prompts; ``identical`` says whether every
+    output equals its reference row's (``references``); ``limit_tokens_per_s`` is
+    bandwidth ÷ the weight bytes per token of the row's format (``weights[method]``), and
+    ``of_limit`` the row's tokens/s as a share of it."""
+    references = references or {}
+    weights = weights or {}
     rows = []
     workloads = sorted({r["workload"] for r in runs})
+
+    def rate_of(subset: list[dict], method: str | None) -> float | None:
+        mine = [r for r in subset if r["method"] == method]
+        seconds = sum(r["seconds"] for r in mine)
+        return sum(len(r["token_ids"]) for r in mine) / seconds if seconds else None
+
     for workload in [*workloads, "all"]:
         subset = [r for r in runs if workload in ("all", r["workload"])]
-        base_seconds = sum(r["seconds"] for r in subset if r["method"] == BASELINE)
-        base_tokens = sum(len(r["token_ids"]) for r in subset if r["method"] == BASELINE)
-        base_rate = base_tokens / base_seconds if base_seconds else None
+        base_rate = rate_of(subset, BASELINE)
+        llama_rate = rate_of(subset, llamacpp_plain) if llamacpp_plain else None
         for method in methods:
             mine = [r for r in subset if r["method"] == method]
             seconds = sum(r["seconds"] for r in mine)
@@ -174,18 +343,31 @@ def summarize(runs: list[dict], methods: list[str]) -> list[dict]:
             rate = tokens / seconds if seconds else None
             stats = [r["stats"] for r in mine if r["stats"] is not None]
             pooled = pool(_as_stats(s) for s in stats) if stats else {}
+            weight = weights.get(method, {})
+            per_token = weight.get("bytes_per_token")
+            limit = (
+                limit_tokens_per_s(bandwidth_bytes_per_s, per_token)
+                if bandwidth_bytes_per_s and per_token
+                else None
+            )
             rows.append(
                 {
                     "workload": workload,
                     "method": method,
+                    "weights": weight.get("format"),
                     "prompts": len(mine),
                     "tokens": tokens,
                     "seconds": seconds,
                     "tokens_per_s": rate,
                     "speedup": rate / base_rate if rate and base_rate else None,
+                    "x_llama": rate / llama_rate if rate and llama_rate else None,
                     "acceptance_rate": pooled.get("acceptance_rate"),
                     "mean_accepted_length": pooled.get("mean_accepted_length"),
+                    "reference": references.get(method, BASELINE if method != BASELINE else None),
                     "identical": all(r["identical"] for r in mine),
+                    "bytes_per_token": per_token,
+                    "limit_tokens_per_s": limit,
+                    "of_limit": rate / limit if rate and limit else None,
                 }
             )
     return rows
@@ -197,22 +379,38 @@ def _as_stats(stats: dict):
     return RequestStats(**stats)
 
 
-def format_table(rows: list[dict]) -> str:
+def format_table(rows: list[dict], skipped: list[dict] | None = None) -> str:
+    """The summary as a text table; skipped methods and why follow it."""
+
     def fmt(value, spec):
         return "-" if value is None else format(value, spec)
 
+    def same(row: dict) -> str:
+        if row.get("reference") is None and row["method"] == BASELINE:
+            return "(reference)"
+        return f"{'yes' if row['identical'] else 'NO'} {row.get('reference') or BASELINE}"
+
+    name_w = max([18, *(len(row["method"]) for row in rows)])
+    weights_w = max([16, *(len(row.get("weights") or "") for row in rows)])
     header = (
-        f"{'workload':<10} {'method':<18} {'tok/s':>7} {'speedup':>8} {'accept':>7} "
-        f"{'mean len':>8} {'= HF greedy':>11}"
+        f"{'workload':<10} {'method':<{name_w}} {'weights':<{weights_w}} {'tok/s':>7} "
+        f"{'speedup':>8} {'x llama':>7} {'accept':>7} {'mean len':>8} {'limit tok/s':>11} "
+        f"{'% limit':>7}  identical to"
     )
-    lines = [header, "-" * len(header)]
+    lines = [header, "-" * (len(header) + 12)]
     for row in rows:
+        of_limit = row.get("of_limit")
         lines.append(
-            f"{row['workload']:<10} {row['method']:<18} {fmt(row['tokens_per_s'], '.2f'):>7} "
-            f"{fmt(row['speedup'], '.2f'):>7}x {fmt(row['acceptance_rate'], '.3f'):>7} "
+            f"{row['workload']:<10} {row['method']:<{name_w}} "
+            f"{row.get('weights') or '-':<{weights_w}} "
+            f"{fmt(row['tokens_per_s'], '.2f'):>7} {fmt(row['speedup'], '.2f'):>7}x "
+            f"{fmt(row.get('x_llama'), '.2f'):>6}x {fmt(row['acceptance_rate'], '.3f'):>7} "
             f"{fmt(row['mean_accepted_length'], '.2f'):>8} "
-            f"{'yes' if row['identical'] else 'NO':>11}"
+            f"{fmt(row.get('limit_tokens_per_s'), '.1f'):>11} "
+            f"{fmt(None if of_limit is None else 100 * of_limit, '.0f'):>6}%  {same(row)}"
         )
+    for item in skipped or []:
+        lines.append(f"skipped {item['method']}: {item['reason']}")
     return "\n".join(lines)
 
 
@@ -247,6 +445,34 @@ def plot(rows: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+def _llamacpp_model(config: BenchConfig, target: str) -> Path:
+    if config.llamacpp_model:
+        path = Path(config.llamacpp_model)
+        if not path.is_file():
+            raise LlamaCppUnavailable(f"llamacpp_model {str(path)!r} is not a file")
+        return path
+    if target != "smollm2":
+        raise LlamaCppUnavailable(
+            f"llama.cpp decodes a GGUF file, and target {target!r} is a model folder; set "
+            "llamacpp_model in the bench config to its GGUF"
+        )
+    from serving.models.real import gguf_path
+
+    try:
+        return gguf_path()
+    except SpecOpsError as error:
+        raise LlamaCppUnavailable(str(error)) from None
+
+
+def _n_ctx(prompt_lengths: list[int], config: BenchConfig) -> int:
+    """llama.cpp's context: the longest prompt, the budget and one draft block, in 256s."""
+    lookahead = max(
+        (m.num_pred_tokens for m in config.methods if m.engine == "llamacpp"), default=0
+    )
+    needed = max(prompt_lengths) + config.max_new_tokens + lookahead + 1
+    return -(-needed // 256) * 256
+
+
 def run_bench(
     config: BenchConfig,
     *,
@@ -254,13 +480,27 @@ def run_bench(
     target: str = "smollm2",
     progress: bool = True,
 ) -> dict:
-    """Run the benchmark; write ``bench.json`` and ``bench.png`` into ``out_dir``."""
-    from tqdm.auto import tqdm
+    """Run the benchmark; write ``bench.json`` and ``bench.png`` into ``out_dir``.
 
+    llama.cpp methods whose environment or model is missing are left out and listed under
+    ``skipped`` with the reason (and logged); the rest of the bench runs."""
     from serving.loader import encode_messages, load_target
     from tasks.data.traffic import build_workload
 
     set_threads(config.threads)
+    load_before = os.getloadavg()  # other work on the machine shows in every timing
+    hardware = resolve_hardware(config)  # every target checked before any weights are read
+    references = pick_references(config)
+    skipped: list[dict] = []
+    llama_methods = [m.name for m in config.methods if m.engine == "llamacpp"]
+    llama_python = gguf = None
+    if llama_methods:
+        try:
+            llama_python = llamacpp_python()
+            gguf = _llamacpp_model(config, target)
+        except LlamaCppUnavailable as error:
+            skipped = [{"method": name, "reason": str(error)} for name in llama_methods]
+            log.warning("skipping %s: %s", ", ".join(llama_methods), error)
     prompts = [
         prompt
         for workload in config.workloads
@@ -268,14 +508,125 @@ def run_bench(
             workload, config.prompts_per_workload, seed=config.seed, split=config.split
         )
     ]
-    kernels = engine_target(config.hardware).kernels
     model, tokenizer = load_target(target, kernels="stock")
-    engine_model = model
-    if kernels != "stock":
-        engine_model, _ = load_target(target, kernels=kernels)
-    runners = make_runners(model, engine_model, tokenizer, config)
-    names = list(runners)
+    # One model per distinct way of loading (kernels, device, dtype), shared by the targets
+    # that load alike; the stock CPU float32 one is the HF baselines' own.
+    loaded: dict[tuple, Any] = {
+        tuple(sorted({"kernels": "stock", "device": "cpu", "dtype": "float32"}.items())): model
+    }
+    engine_models: dict[str, Any] = {}
+    for name, spec in hardware.items():
+        key = tuple(sorted(spec.load_options().items()))
+        if key not in loaded:
+            loaded[key], _ = load_target(target, **spec.load_options())
+        engine_models[name] = loaded[key]
     encoded = [encode_messages(tokenizer, p.messages) for p in prompts]
+
+    bandwidth = memory_bandwidth(config.bandwidth_mb)
+    footprints = {id(m): weight_bytes_per_token(m) for m in loaded.values()}
+    stock_dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    weights: dict[str, dict] = {}
+    gguf_read = gguf_weights(gguf) if gguf is not None else None
+    llama_weights = (
+        {"format": f"gguf {gguf_read.format}", "bytes_per_token": gguf_read.bytes_per_token}
+        if gguf_read is not None
+        else None
+    )
+    for method in config.methods:
+        hw_name = method_hardware(method, config)
+        if method.engine == "llamacpp":
+            if llama_weights is not None:
+                weights[method.name] = dict(llama_weights)
+        elif hw_name is None:  # HF: the stock model
+            weights[method.name] = {
+                "format": f"{stock_dtype} stock",
+                "bytes_per_token": footprints[id(model)],
+            }
+        else:
+            weights[method.name] = {
+                "format": hw_name,
+                "kernels": hardware[hw_name].kernels,
+                "bytes_per_token": footprints[id(engine_models[hw_name])],
+            }
+
+    llama: LlamaCppProcess | None = None
+    try:
+        if llama_python is not None and gguf is not None:
+            try:
+                llama = LlamaCppProcess(
+                    gguf,
+                    threads=config.threads,
+                    n_ctx=_n_ctx([len(ids) for ids in encoded], config),
+                    prompt_lookup_tokens=tuple(
+                        m.num_pred_tokens
+                        for m in config.methods
+                        if m.engine == "llamacpp" and m.mode == "prompt_lookup"
+                    ),
+                    python=llama_python,
+                )
+            except LlamaCppUnavailable as error:
+                skipped = [{"method": name, "reason": str(error)} for name in llama_methods]
+                log.warning("skipping %s: %s", ", ".join(llama_methods), error)
+        runners = make_runners(model, engine_models, tokenizer, config, llamacpp=llama)
+        names = list(runners)
+        runs = _interleave(runners, prompts, encoded, references, progress=progress)
+    finally:
+        if llama is not None:
+            llama.close()
+    llama_plain = llamacpp_reference(config) if llama is not None else None
+    rows = summarize(
+        runs,
+        names,
+        references=references,
+        llamacpp_plain=llama_plain,
+        weights=weights,
+        bandwidth_bytes_per_s=bandwidth.bytes_per_s,
+    )
+    for weight in weights.values():
+        weight["limit_tokens_per_s"] = limit_tokens_per_s(
+            bandwidth.bytes_per_s, weight["bytes_per_token"]
+        )
+    results = {
+        "config": config.model_dump(),
+        "environment": {
+            "threads": torch.get_num_threads(),
+            "specops_hardware": config.hardware,
+            "specops_kernels": engine_target(config.hardware).kernels,
+            "specops_targets": {name: spec.load_options() for name, spec in hardware.items()},
+            "memory_bandwidth": bandwidth.to_dict(),
+            "weights": weights,
+            "llamacpp": llama.info if llama is not None else None,
+            "torch": torch.__version__,
+            "machine": platform.machine(),
+            "processor": platform.processor(),
+            "cpu_count": os.cpu_count(),
+            "load_average_before": load_before,
+            "load_average_after": os.getloadavg(),
+            "python": platform.python_version(),
+        },
+        "references": {name: references[name] for name in names},
+        "skipped": skipped,
+        "summary": rows,
+        "runs": runs,
+    }
+    out_dir = Path(out_dir)
+    write_json_atomic(out_dir / "bench.json", results)
+    plot(rows, out_dir / "bench.png")
+    return results
+
+
+def _interleave(
+    runners: dict[str, Runner],
+    prompts: list,
+    encoded: list[list[int]],
+    references: dict[str, str | None],
+    *,
+    progress: bool,
+) -> list[dict]:
+    """One warm-up each, then every method once per prompt in a rotating order."""
+    from tqdm.auto import tqdm
+
+    names = list(runners)
     for name in tqdm(names, desc="warm-up", disable=not progress):
         runners[name](encoded[0][:64])
     runs: list[dict] = []
@@ -287,9 +638,9 @@ def run_bench(
             bar.set_postfix_str(f"{prompt.workload}:{name}")
             outcomes[name] = runners[name](prompt_ids)
             bar.update()
-        reference = outcomes[BASELINE].token_ids
         for name in names:
             outcome = outcomes[name]
+            reference = references.get(name)
             runs.append(
                 {
                     "prompt_id": prompt.id,
@@ -298,28 +649,11 @@ def run_bench(
                     "prompt_tokens": len(prompt_ids),
                     "token_ids": outcome.token_ids,
                     "seconds": outcome.seconds,
-                    "identical": outcome.token_ids == reference,
+                    "reference": reference,
+                    "identical": reference is None
+                    or outcome.token_ids == outcomes[reference].token_ids,
                     "stats": outcome.stats,
                 }
             )
     bar.close()
-    rows = summarize(runs, names)
-    results = {
-        "config": config.model_dump(),
-        "environment": {
-            "threads": torch.get_num_threads(),
-            "specops_hardware": config.hardware,
-            "specops_kernels": kernels,
-            "torch": torch.__version__,
-            "machine": platform.machine(),
-            "processor": platform.processor(),
-            "cpu_count": os.cpu_count(),
-            "python": platform.python_version(),
-        },
-        "summary": rows,
-        "runs": runs,
-    }
-    out_dir = Path(out_dir)
-    write_json_atomic(out_dir / "bench.json", results)
-    plot(rows, out_dir / "bench.png")
-    return results
+    return runs

@@ -7,8 +7,7 @@ import torch
 from serving.models.onednn import onednn_available, pack_linear_layers
 from serving.models.tiny import tiny_llama
 from tasks.bench.limits import (
-    gguf_bytes_per_token,
-    gguf_weight_format,
+    gguf_weights,
     limit_tokens_per_s,
     memory_bandwidth,
     weight_bytes_per_token,
@@ -97,14 +96,40 @@ def _gguf(path, *, with_output: bool):
 def test_gguf_token_table_is_one_row_unless_it_is_the_output_head(tmp_path):
     tied = _gguf(tmp_path / "tied.gguf", with_output=False)
     untied = _gguf(tmp_path / "untied.gguf", with_output=True)
-    assert gguf_bytes_per_token(tied) == (10 * 4 + 8 * 4) * 4
-    assert gguf_bytes_per_token(untied) == (1 * 4 + 8 * 4 + 10 * 4) * 4
-    assert gguf_weight_format(untied) == "F32"
+    assert gguf_weights(tied).bytes_per_token == (10 * 4 + 8 * 4) * 4
+    assert gguf_weights(untied).bytes_per_token == (1 * 4 + 8 * 4 + 10 * 4) * 4
+    assert gguf_weights(untied).format == "F32"
 
 
 def test_the_shipped_gguf_reads_about_a_tenth_of_a_gigabyte_per_token():
     from serving.models.real import gguf_path
 
     # Tied embeddings: the Q8_0 token table is the output head too, read in full.
-    assert 90e6 < gguf_bytes_per_token(gguf_path()) < 110e6
-    assert gguf_weight_format(gguf_path()) == "Q4_1"
+    weights = gguf_weights(gguf_path())
+    assert 90e6 < weights.bytes_per_token < 110e6
+    assert weights.format == "Q4_1"
+
+
+@pytest.mark.parametrize("scheme", ["int8", "int4"])
+def test_quantised_layers_count_their_codes_and_scales_once(scheme):
+    from serving.models.quantized import (
+        QuantisedKernelsUnavailable,
+        check_kernels,
+        quantize_linear_layers,
+    )
+
+    try:
+        check_kernels(scheme)
+    except QuantisedKernelsUnavailable as error:
+        pytest.skip(str(error))
+    model = tiny_llama()
+    model.lm_head = torch.nn.Linear(HIDDEN, VOCAB, bias=False)
+    linears = [m for m in model.modules() if type(m) is torch.nn.Linear]
+    stock = weight_bytes_per_token(model)
+    quantize_linear_layers(model, scheme, fuse=False)  # unfused: the same layers, requantised
+    read = {"int8": ("codes", "scale"), "int4": ("packed", "scales_and_zeros")}
+    quantised = [m for m in model.modules() if getattr(m, "scheme", None) in read]
+    expected = stock - sum(m.weight.numel() * 4 for m in linears)
+    expected += sum(getattr(m, name).nbytes for m in quantised for name in read[m.scheme])
+    # int4 layers also keep nibble codes for export; the forward never reads them.
+    assert weight_bytes_per_token(model) == expected

@@ -4,7 +4,6 @@ run when ``.venv-llamacpp`` exists."""
 
 from __future__ import annotations
 
-import os
 import stat
 import sys
 from pathlib import Path
@@ -93,10 +92,9 @@ PROMPT = [*HEADER, *PHRASE, *PHRASE, *PHRASE]
 def llama():
     from serving.models.real import gguf_path
 
-    threads = min(2, os.cpu_count() or 1)
-    with LlamaCppProcess(
-        gguf_path(), threads=threads, n_ctx=256, prompt_lookup_tokens=(10,)
-    ) as process:
+    # One thread: llama.cpp's threads spin at every barrier, and on a busy 2-core machine a
+    # second thread waiting for a descheduled one made 12 tokens take 45 s instead of 0.2 s.
+    with LlamaCppProcess(gguf_path(), threads=1, n_ctx=256, prompt_lookup_tokens=(10,)) as process:
         yield process
 
 

