@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from types import MethodType
+from typing import Any
 
 import torch
 from torch import nn
@@ -111,24 +112,23 @@ def fuse_projections(model: nn.Module) -> int:
     architectures are left as they are."""
     from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP
 
+    plans: dict[type, tuple[str, tuple[str, ...], Callable[..., Any]]] = {
+        LlamaAttention: ("qkv_proj", _ATTENTION, _attention_forward),
+        LlamaMLP: ("gate_up_proj", _MLP, _mlp_forward),
+    }
     fused = 0
     for module in model.modules():
-        if type(module) is LlamaAttention and _fusable(module, _ATTENTION):
-            layers = [getattr(module, name) for name in _ATTENTION]
-            module.qkv_proj = _stack(layers)
-            module.specops_split = [x.out_features for x in layers]  # type: ignore[assignment]
-            for name in _ATTENTION:
-                delattr(module, name)
-            module.forward = MethodType(_attention_forward, module)  # type: ignore[method-assign]
-            fused += 1
-        elif type(module) is LlamaMLP and _fusable(module, _MLP):
-            layers = [getattr(module, name) for name in _MLP]
-            module.gate_up_proj = _stack(layers)
-            module.specops_split = [x.out_features for x in layers]  # type: ignore[assignment]
-            for name in _MLP:
-                delattr(module, name)
-            module.forward = MethodType(_mlp_forward, module)  # type: ignore[method-assign]
-            fused += 1
+        plan = plans.get(type(module))
+        if plan is None or not _fusable(module, plan[1]):
+            continue
+        fused_name, names, forward = plan
+        layers = [getattr(module, name) for name in names]
+        setattr(module, fused_name, _stack(layers))
+        module.specops_split = [x.out_features for x in layers]  # type: ignore[assignment]
+        for name in names:
+            delattr(module, name)
+        module.forward = MethodType(forward, module)  # type: ignore[method-assign]
+        fused += 1
     return fused
 
 

@@ -10,6 +10,7 @@ from serving.drafters.model import ModelDrafter
 from serving.engine import SpeculativeDecoder
 from serving.loader import eos_ids
 from serving.policy import CostAwareK, FixedK
+from tests.serving.models.passes import block_and_singles
 
 pytestmark = pytest.mark.real_model
 NEW_TOKENS = 40
@@ -101,22 +102,12 @@ def real_quantised(request):
 
 
 def test_a_quantised_target_verifies_exactly(real_quantised, real_prompts):
-    # Every hidden state of a block pass equals the one-token passes' bit for bit.
-    from transformers import DynamicCache
-
+    # Every position of a block pass equals the one-token passes' bit for bit.
     model, _ = real_quantised
     ids = torch.tensor([real_prompts[1]])
-    with torch.inference_mode():
-        for rows in (2, 5):
-            cache = DynamicCache(config=model.config)
-            model(ids[:, :-rows], past_key_values=cache, use_cache=True)
-            block = model(ids[:, -rows:], past_key_values=cache, use_cache=True).logits[0]
-            cache.crop(-rows)
-            singles = [
-                model(ids[:, p : p + 1], past_key_values=cache, use_cache=True).logits[0, 0]
-                for p in range(ids.shape[1] - rows, ids.shape[1])
-            ]
-            assert torch.equal(block, torch.stack(singles)), f"{rows} rows"
+    for rows in (2, 5):
+        block, singles = block_and_singles(model, ids, rows)
+        assert torch.equal(block, singles), f"{rows} rows"
 
 
 @pytest.mark.parametrize(("spec", "k"), [("pld", 2), ("pld", 8), ("layers:2", 4)])

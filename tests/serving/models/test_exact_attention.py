@@ -2,25 +2,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import DynamicCache
 
 from serving.models.exact_attention import IMPLEMENTATION, use_exact_attention
 from serving.models.kernels import apply_kernels
 from serving.models.onednn import PackedLinear, onednn_available
 from serving.models.tiny import tiny_llama
-
-
-def _block_and_singles(model, ids: torch.Tensor, rows: int):
-    cache = DynamicCache(config=model.config)
-    with torch.inference_mode():
-        model(ids[:, :-rows], past_key_values=cache, use_cache=True)
-        block = model(ids[:, -rows:], past_key_values=cache, use_cache=True).logits[0]
-        cache.crop(-rows)
-        singles = [
-            model(ids[:, p : p + 1], past_key_values=cache, use_cache=True).logits[0, 0]
-            for p in range(ids.shape[1] - rows, ids.shape[1])
-        ]
-    return block, torch.stack(singles)
+from tests.serving.models.passes import block_and_singles
 
 
 @pytest.mark.skipif(not onednn_available(), reason="torch built without oneDNN")
@@ -32,7 +19,7 @@ def test_every_row_of_a_block_is_what_a_one_token_pass_computes():
     assert model.config._attn_implementation == IMPLEMENTATION
     ids = torch.randint(3, 96, (1, 120))
     for rows in (2, 4, 7, 16):
-        block, singles = _block_and_singles(model, ids, rows)
+        block, singles = block_and_singles(model, ids, rows)
         assert torch.equal(block, singles), f"{rows} rows"
 
 

@@ -21,6 +21,7 @@ from serving.models.quantized import (
 )
 from serving.models.tiny import tiny_llama
 from serving.policy import FixedK
+from tests.serving.models.passes import block_and_singles
 
 LAYERS = {"int8": Int8Linear, "int4": Int4Linear}
 
@@ -88,21 +89,9 @@ def test_a_verification_pass_computes_what_one_token_passes_compute(scheme, prom
     model = tiny_llama()
     apply_kernels(model, scheme)
     ids = torch.tensor([prompt])
-    with torch.inference_mode():
-        whole = model(ids).logits[0]
-        from transformers import DynamicCache
-
-        for rows in (2, 3, 5, 9):
-            cache = DynamicCache(config=model.config)
-            model(ids[:, :-rows], past_key_values=cache, use_cache=True)
-            block = model(ids[:, -rows:], past_key_values=cache, use_cache=True).logits[0]
-            cache.crop(-rows)
-            singles = []
-            for position in range(len(prompt) - rows, len(prompt)):
-                out = model(ids[:, position : position + 1], past_key_values=cache, use_cache=True)
-                singles.append(out.logits[0, 0])
-            assert torch.equal(block, torch.stack(singles)), f"{rows} rows"
-    assert whole.shape[0] == len(prompt)
+    for rows in (2, 3, 5, 9):
+        block, singles = block_and_singles(model, ids, rows)
+        assert torch.equal(block, singles), f"{rows} rows"
 
 
 @pytest.mark.parametrize("scheme", ["int8", "int4"])
