@@ -128,7 +128,7 @@ def build_drafter(spec: str | DrafterSpec, target, target_tokenizer=None) -> Dra
     model = AutoModelForCausalLM.from_pretrained(parsed.arg, dtype=weight.dtype).eval()
     if weight.device.type != "cpu":
         model = model.to(weight.device)
-    apply_kernels(model, kernels_of(target))  # the draft runs on its target's kernels
+    apply_kernels(model, kernels_of(target), exact=False)  # its target's kernels
     drafter = ModelDrafter(model, name=text)
     drafter.check_compatible(int(target.config.vocab_size))
     return drafter

@@ -59,7 +59,7 @@ class HeadDrafter(Drafter):
         head = head.eval().to(self.device)
         if kernels != "stock":
             head = copy.deepcopy(head)  # packing replaces layers in place; keep the caller's
-            apply_kernels(head, kernels)  # the head runs on the same kernels as its target
+            apply_kernels(head, kernels, exact=False)  # its target's kernels
         self.head = head
         self._head_dtype = next(head.parameters(), target_weight).dtype
         # [draft_vocab] full-vocabulary ids of the head's logits, or None for all of them.

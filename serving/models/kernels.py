@@ -33,13 +33,14 @@ def kernels_of(model: torch.nn.Module) -> str:
     return str(getattr(model, "specops_kernels", "stock"))
 
 
-def apply_kernels(model: torch.nn.Module, kernels: str) -> int:
+def apply_kernels(model: torch.nn.Module, kernels: str, *, exact: bool = True) -> int:
     """Put ``model``'s plain linear layers on ``kernels`` in place; return how many were
-    replaced."""
+    replaced. ``exact`` (for targets) also makes its attention batch-invariant; drafts
+    need no exactness and keep transformers' faster attention."""
     check_kernels(kernels)
     if kernels == "stock":
         return 0
-    if hasattr(model, "config"):
+    if exact and hasattr(model, "config"):
         # Batch-invariant layers need batch-invariant attention to make verification exact.
         from serving.models.exact_attention import use_exact_attention
 
