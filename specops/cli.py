@@ -215,7 +215,7 @@ def profile(
     out: Annotated[Path, typer.Option(help="Results file.")] = Path("results/profile.json"),
     kernels: Annotated[
         str | None,
-        typer.Option(help="onednn (packed, CPU) | stock; default: the target's."),
+        typer.Option(help="onednn | int8 | int4 (CPU) | stock; default: the target's."),
     ] = None,
 ) -> None:
     """Measure target-pass cost by block size, and first-N-layer draft costs, on a hardware
