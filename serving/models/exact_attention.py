@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 IMPLEMENTATION = "specops_exact"
 MAX_ROWS = 64  # verification blocks are at most 16 tokens; larger passes are prefills
@@ -29,8 +30,6 @@ def exact_sdpa(module, query, key, value, attention_mask, **kwargs):
     """transformers' attention-function signature: ``query`` [b, heads, M, d], ``key`` and
     ``value`` [b, kv_heads, L, d] (the cache plus this pass); returns ([b, M, heads, d],
     None)."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
     rows, length = query.shape[2], key.shape[2]
     if query.shape[0] != 1 or rows == length or rows > MAX_ROWS:
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)

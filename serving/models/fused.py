@@ -21,6 +21,14 @@ from typing import Any
 
 import torch
 from torch import nn
+from transformers.models.llama.modeling_llama import (
+    ALL_ATTENTION_FUNCTIONS,
+    LlamaAttention,
+    LlamaMLP,
+    LlamaRMSNorm,
+    apply_rotary_pos_emb,
+    eager_attention_forward,
+)
 
 _ATTENTION = ("q_proj", "k_proj", "v_proj")
 _MLP = ("gate_proj", "up_proj")
@@ -48,12 +56,6 @@ def _fusable(module: nn.Module, names: tuple[str, ...]) -> bool:
 def _attention_forward(self, hidden_states, position_embeddings=None, attention_mask=None,
                        past_key_values=None, **kwargs):  # fmt: skip
     # transformers' LlamaAttention.forward (5.x) with the three projections as one.
-    from transformers.models.llama.modeling_llama import (
-        ALL_ATTENTION_FUNCTIONS,
-        apply_rotary_pos_emb,
-        eager_attention_forward,
-    )
-
     input_shape = hidden_states.shape[:-1]
     hidden_shape = (*input_shape, -1, self.head_dim)
     query, key, value = self.qkv_proj(hidden_states).split(self.specops_split, dim=-1)
@@ -96,8 +98,6 @@ def _rms_norm_forward(self, hidden_states):
 
 def fuse_norms(model: nn.Module) -> int:
     """Run every float32 Llama RMSNorm of ``model`` as one fused op; return how many."""
-    from transformers.models.llama.modeling_llama import LlamaRMSNorm
-
     fused = 0
     for module in model.modules():
         if type(module) is LlamaRMSNorm and module.weight.dtype == torch.float32:
@@ -110,8 +110,6 @@ def fuse_projections(model: nn.Module) -> int:
     """Fuse the projections of every Llama attention and MLP of ``model`` in place (float
     layers, before any packing or quantisation); return how many modules were fused. Other
     architectures are left as they are."""
-    from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP
-
     plans: dict[type, tuple[str, tuple[str, ...], Callable[..., Any]]] = {
         LlamaAttention: ("qkv_proj", _ATTENTION, _attention_forward),
         LlamaMLP: ("gate_up_proj", _MLP, _mlp_forward),
