@@ -9,7 +9,9 @@ import time
 import uuid
 from dataclasses import asdict, dataclass, field
 
-SCHEMA_VERSION = 1
+from serving.features import DraftedToken
+
+SCHEMA_VERSION = 2  # 2: per-drafted-token features (`drafted`) and `unverified`
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,11 @@ class DetailedRecord:
     # [proposed, accepted] per target pass, in order: per-position acceptance pools from these.
     steps: list[list[int]] = field(default_factory=list)
     disagreements: list[Disagreement] = field(default_factory=list)
+    # Every drafted token the target ruled on (up to and including a block's first
+    # rejection; later drafts were conditioned on it), with its features and verdict.
+    drafted: list[DraftedToken] = field(default_factory=list)
+    # Output positions kept although the target disagreed (relaxed cascade mode only).
+    unverified: list[int] = field(default_factory=list)
     created_at: float = field(default_factory=time.time)
     schema_version: int = SCHEMA_VERSION
 

@@ -16,9 +16,11 @@ import torch
 from serving.detailed import DetailedRecord, Disagreement, new_request_id
 from serving.drafters.base import Drafter
 from serving.errors import BadInputError
+from serving.features import ContextStats, DraftedToken, stage_kind
 from serving.kv import new_cache
 from serving.metrics import RequestStats, StepRecord, summarize
 from serving.policy import DraftLengthPolicy, NoDraft
+from serving.relaxed import check_lambda
 from serving.sampling import SamplingParams, make_sampler
 from serving.step import speculative_step
 
@@ -31,6 +33,7 @@ class TokenEvent:
     token_id: int
     from_draft: bool  # True: a draft token the target accepted; False: the target's own
     step: int  # index of the verification step that produced it
+    verified: bool = True  # False: a draft kept although the target disagreed (relaxed)
 
 
 @dataclass
@@ -54,6 +57,8 @@ class _Request:
     output: list[int] = field(default_factory=list)
     from_draft: list[bool] = field(default_factory=list)
     disagreements: list[Disagreement] = field(default_factory=list)
+    drafted: list[DraftedToken] = field(default_factory=list)
+    unverified: list[int] = field(default_factory=list)  # output positions
 
 
 class Generation:
@@ -94,7 +99,11 @@ class SpeculativeDecoder:
         policy: DraftLengthPolicy | None = None,
         eos_token_ids: Sequence[int] = (),
         max_context: int | None = None,
+        relax_lambda: float | None = None,
     ) -> None:
+        """``relax_lambda``: opt-in relaxed verification (:mod:`serving.relaxed`), λ in
+        (0, ∞]; ``None`` or ∞ verify exactly (the default, and the only lossless mode)."""
+        self.relax_lambda = check_lambda(relax_lambda)
         self.target = target
         # Every tensor the engine makes for the target goes here (computed once).
         self.device: torch.device = next(target.parameters()).device
@@ -109,12 +118,20 @@ class SpeculativeDecoder:
         )
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
         self.max_context = int(max_context or target.config.max_position_embeddings)
+        self.stage = stage_kind(drafter.describe()) if drafter is not None else "model"
+
+    @property
+    def relaxed(self) -> bool:
+        return self.relax_lambda != float("inf")
 
     def describe(self) -> dict[str, object]:
-        return {
+        described: dict[str, object] = {
             "drafter": self.drafter.describe() if self.drafter else {"name": "none"},
             "policy": self.policy.describe(),
         }
+        if self.relaxed:
+            described["relax_lambda"] = self.relax_lambda
+        return described
 
     def validate(self, prompt: Sequence[int], max_new_tokens: int, mode: str) -> list[int]:
         if mode not in MODES:
@@ -149,10 +166,16 @@ class SpeculativeDecoder:
         request_id: str | None = None,
     ) -> Generation:
         """Validate now (raising :class:`BadInputError`), decode lazily while iterated."""
+        sampling = sampling or SamplingParams()
+        if self.relaxed and not sampling.greedy:
+            raise BadInputError(
+                f"relaxed verification (λ = {self.relax_lambda}) needs greedy decoding "
+                f"(temperature 0), got temperature {sampling.temperature}"
+            )
         request = _Request(
             prompt=self.validate(prompt, max_new_tokens, mode),
             max_new_tokens=max_new_tokens,
-            sampling=sampling or SamplingParams(),
+            sampling=sampling,
             detailed=mode == "detailed",
             request_id=request_id or new_request_id(),
         )
@@ -194,11 +217,19 @@ class SpeculativeDecoder:
         prefill_s = time.perf_counter() - started
         self.policy.begin()
         stop_reason = "length"
+        # The target statistics the acceptance features need: kept for detailed records and
+        # for drafters that decide with the predictor (the cascade).
+        wants_context = request.detailed or getattr(drafter, "needs_context", False)
+        context = ContextStats(len(tokens)) if wants_context else None
         try:
             while len(request.output) < request.max_new_tokens:
                 remaining = request.max_new_tokens - len(request.output)
                 # Never draft past the budget: the target's own token always comes on top.
                 k = min(self.policy.next_k(), remaining - 1)
+                relax = None
+                if self.relaxed:
+                    passes = max(len(request.steps), 1)
+                    relax = (self.relax_lambda, max(len(request.output) / passes, 1.0))
                 step = speculative_step(
                     self.target,
                     cache,
@@ -208,11 +239,22 @@ class SpeculativeDecoder:
                     sampler,
                     detailed=request.detailed,
                     device=device,
+                    context=context,
+                    stage=self.stage,
+                    relax=relax,
                 )
                 self.policy.update(
-                    step.proposed, step.accepted, draft_s=step.draft_s, verify_s=step.verify_s
+                    step.proposed, step.agreed, draft_s=step.draft_s, verify_s=step.verify_s
                 )
+                base = len(request.output)
                 emitted = self._emit(request, step.new_tokens, step.accepted)
+                if context is not None:
+                    n = len(emitted)
+                    context.observe(step.entropies[:n], step.logprobs[:n], n)
+                unverified = {base + i for i in step.unverified if i < len(emitted)}
+                request.unverified.extend(sorted(unverified))
+                if request.detailed:
+                    self._record_drafted(request, step, len(request.steps))
                 # Only a rejection inside the emitted tokens is a disagreement of this output:
                 # past an EOS among the accepted drafts, position and context would be wrong.
                 if step.rejection is not None and step.rejection.draft_index < len(emitted):
@@ -224,8 +266,9 @@ class SpeculativeDecoder:
                     )
                 )
                 index = len(request.steps) - 1
-                for token, from_draft in emitted:
-                    yield TokenEvent(token, from_draft, index)
+                for offset, (token, from_draft) in enumerate(emitted):
+                    verified = base + offset not in unverified
+                    yield TokenEvent(token, from_draft, index, verified)
                 if emitted and emitted[-1][0] in self.eos_token_ids:
                     stop_reason = "eos"
                     break
@@ -270,6 +313,22 @@ class SpeculativeDecoder:
                 break
         return emitted
 
+    @staticmethod
+    def _record_drafted(request: _Request, step, index: int) -> None:
+        """The step's drafted tokens the target ruled on: up to the first one not kept."""
+        unverified = set(step.unverified)
+        ruled = min(step.proposed, step.accepted + 1)
+        for i, features in enumerate(step.features[:ruled]):
+            request.drafted.append(
+                DraftedToken(
+                    **vars(features),
+                    step=index,
+                    token=int(step.drafts[i]),
+                    accepted=i < step.accepted and i not in unverified,
+                    kept=i < step.accepted,
+                )
+            )
+
     def _record_rejection(self, request: _Request, tokens: list[int], rejection) -> None:
         generated_before = len(tokens) - len(request.prompt)
         prefix = (
@@ -311,4 +370,6 @@ class SpeculativeDecoder:
             checks=stats.checks,
             steps=[[step.proposed, step.accepted] for step in request.steps],
             disagreements=list(request.disagreements),
+            drafted=list(request.drafted),
+            unverified=list(request.unverified),
         )

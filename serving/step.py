@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from serving.drafters.base import Drafter, DraftProposal, DraftRequest, StepFeedback
 from serving.errors import BadInputError
+from serving.features import ContextStats, TokenFeatures, target_statistics, token_features
 from serving.kv import cache_length, rewind
+from serving.relaxed import verify_relaxed
 from serving.sampling import Sampler
 from serving.verify import verify
 
@@ -40,6 +42,14 @@ class StepResult:
     draft_s: float
     verify_s: float
     rejection: Rejection | None = None  # detailed mode only
+    # With a context (detailed mode, or a drafter that reads it): the drafted tokens'
+    # features, and the target's entropy and log-probability at each new token.
+    features: tuple[TokenFeatures, ...] = ()
+    entropies: list[float] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    drafts: list[int] = field(default_factory=list)  # the drafted tokens (with a context)
+    agreed: int = 0  # drafts the target itself agreed with (== accepted unless relaxed)
+    unverified: tuple[int, ...] = ()  # block indexes kept although the target disagreed
 
 
 def _draft_probs_of(proposal: DraftProposal, index: int, draft_token: int, target_token: int):
@@ -109,12 +119,19 @@ def speculative_step(
     *,
     detailed: bool = False,
     device: torch.device | None = None,
+    context: ContextStats | None = None,
+    stage: str = "model",
+    relax: tuple[float, float] | None = None,
 ) -> StepResult:
     """Advance one step. ``cache`` holds ``tokens[:-1]``; on return it holds the new
     ``tokens[:-1]`` (every kept token but the target's own, which is fed next step).
 
     ``device``: the target's (the engine computes it once); every tensor the step hands the
-    target or the verifier is on it, and a sampling ``sampler`` must draw there too."""
+    target or the verifier is on it, and a sampling ``sampler`` must draw there too.
+    ``context``: the request's target statistics; when given, the drafter sees them, the
+    drafted tokens' features (as ``stage``) and the new tokens' statistics come back.
+    ``relax``: ``(λ, tokens per pass)`` for relaxed verification (greedy only; see
+    :mod:`serving.relaxed`); ``None`` verifies exactly."""
     device = next(target.parameters()).device if device is None else device
     if sampler.device is not None and sampler.device.type != device.type:
         raise BadInputError(
@@ -127,14 +144,20 @@ def speculative_step(
     clock.mark()
     proposal = DraftProposal.empty()
     if drafter is not None and k > 0:
-        proposal = drafter.propose(DraftRequest(tokens, k, sampler)).truncate(k)
+        proposal = drafter.propose(DraftRequest(tokens, k, sampler, context)).truncate(k)
     clock.mark()
     proposed = len(proposal)
+    features: tuple[TokenFeatures, ...] = ()
+    if context is not None and proposed:
+        features = proposal.features or tuple(token_features(proposal, context, stage=stage))
     keep = base  # on failure, rewind to where we started
     accepted = 0
     new_tokens: list[int] = []
     hidden = None
     rejection = None
+    unverified: tuple[int, ...] = ()
+    entropies: list[float] = []
+    logprobs: list[float] = []
     want_hidden = drafter is not None and drafter.needs_target_hidden
     try:
         # n-gram drafters propose on the CPU: their drafts meet the target's logits here.
@@ -148,13 +171,25 @@ def speculative_step(
             output_hidden_states=want_hidden,
         )
         target_logits = out.logits[0]  # [1 + proposed, vocab]
-        verdict, target_probs = verify(drafts.tokens, drafts.draft_probs, target_logits, sampler)
+        if relax is not None and proposed:
+            if not sampler.greedy:
+                raise BadInputError("relaxed verification (a finite λ) needs greedy decoding")
+            relaxed = verify_relaxed(
+                drafts.tokens, target_logits, lam=relax[0], tokens_per_pass=relax[1]
+            )
+            verdict, target_probs, unverified = relaxed.verdict, None, relaxed.unverified
+        else:
+            verdict, target_probs = verify(
+                drafts.tokens, drafts.draft_probs, target_logits, sampler
+            )
         accepted = verdict.accepted_len
         # The drafter's own tensor: free for CPU drafts, a copy from the idle GPU otherwise.
         new_tokens = [*proposal.tokens[:accepted].tolist(), verdict.next_token]
         keep = base + 1 + accepted  # the pending token and the accepted drafts
         if want_hidden:
             hidden = out.hidden_states[-1][0, : accepted + 1]  # [accepted + 1, hidden]
+        if context is not None:
+            entropies, logprobs = target_statistics(target_logits, new_tokens)
         if detailed and accepted < proposed:
             rejection = _rejection(
                 drafts, accepted, verdict.next_token, target_logits, target_probs
@@ -182,4 +217,10 @@ def speculative_step(
         draft_s=draft_s,
         verify_s=verify_s,
         rejection=rejection,
+        features=features,
+        drafts=proposal.tokens.tolist() if features else [],
+        entropies=entropies,
+        logprobs=logprobs,
+        agreed=min((accepted, *unverified)),
+        unverified=unverified,
     )

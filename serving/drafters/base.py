@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from serving.features import ContextStats, TokenFeatures
 from serving.sampling import Sampler
 
 
@@ -24,6 +25,9 @@ class DraftRequest:
     # yet in the target's KV cache
     k: int  # propose at most this many tokens
     sampler: Sampler  # the request's sampler: a sampling drafter draws from sampler.probs
+    # The target's recent statistics (entropy, log-probabilities, lengths), for drafters that
+    # decide with the acceptance predictor (the cascade); None when nobody asked for them.
+    context: ContextStats | None = None
 
 
 @dataclass(frozen=True)
@@ -35,6 +39,12 @@ class DraftProposal:
     # [k'] the drafter's own confidence in each token (e.g. an n-gram's relative frequency),
     # recorded in detailed mode when draft_probs is None.
     confidence: torch.Tensor | None = None
+    # [k'] how many context tokens an n-gram drafter matched to propose each token (a
+    # feature of the acceptance predictor); None for model drafters.
+    match_len: torch.Tensor | None = None
+    # One TokenFeatures per token, when the drafter computed them (the cascade does, to
+    # choose); otherwise the step computes them from the fields above when asked.
+    features: tuple[TokenFeatures, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.tokens.dim() != 1:
@@ -50,6 +60,8 @@ class DraftProposal:
             self.tokens[:k],
             None if self.draft_probs is None else self.draft_probs[:k],
             None if self.confidence is None else self.confidence[:k],
+            None if self.match_len is None else self.match_len[:k],
+            None if self.features is None else self.features[:k],
         )
 
     def to(self, device: torch.device) -> DraftProposal:
@@ -60,6 +72,8 @@ class DraftProposal:
             self.tokens.to(device),
             None if self.draft_probs is None else self.draft_probs.to(device),
             None if self.confidence is None else self.confidence.to(device),
+            self.match_len,  # read on the host only
+            self.features,
         )
 
     @staticmethod

@@ -113,16 +113,19 @@ class NGramDrafter(Drafter):
         context = self._tokens[-(self.n - 1) :]
         draft: list[int] = []
         confidence: list[float] = []
+        matched: list[int] = []
         while len(draft) < request.k:
             prediction = self._predict(context)
             if prediction is None or prediction.confidence < self.min_confidence:
                 break
             draft.append(prediction.token)
             confidence.append(prediction.confidence)
+            matched.append(prediction.order - 1)
             context = [*context, prediction.token][-(self.n - 1) :]
         return DraftProposal(  # on the CPU; the step moves it to the target's device
             torch.tensor(draft, dtype=torch.int64, device="cpu"),
             confidence=torch.tensor(confidence, dtype=torch.float32, device="cpu"),
+            match_len=torch.tensor(matched, dtype=torch.int64, device="cpu"),
         )
 
     def commit(self, feedback: StepFeedback) -> None:

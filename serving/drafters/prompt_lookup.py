@@ -42,25 +42,32 @@ class PromptLookupDrafter(Drafter):
                 self._next_pos[tuple(tokens[end - n : end])] = end
             tokens.append(token)
 
-    def _lookup(self, suffix: list[int]) -> int | None:
+    def _lookup(self, suffix: list[int]) -> tuple[int, int] | None:
+        """``(index of the token after the match, matched n-gram length)``."""
         for n in range(min(self.max_ngram, len(suffix)), self.min_ngram - 1, -1):
             pos = self._next_pos.get(tuple(suffix[-n:]))
             if pos is not None:
-                return pos
+                return pos, n
         return None
 
     def propose(self, request: DraftRequest) -> DraftProposal:
         draft: list[int] = []
+        matched: list[int] = []
         while len(draft) < request.k:
             suffix = (self._tokens[-self.max_ngram :] + draft)[-self.max_ngram :]
-            pos = self._lookup(suffix)
-            if pos is None:
+            found = self._lookup(suffix)
+            if found is None:
                 break
+            pos, n = found
             span = self._tokens[pos : pos + request.k - len(draft)]
             if not span:
                 break
             draft.extend(span)
-        return DraftProposal(torch.tensor(draft, dtype=torch.int64, device="cpu"))
+            matched.extend([n] * len(span))
+        return DraftProposal(
+            torch.tensor(draft, dtype=torch.int64, device="cpu"),
+            match_len=torch.tensor(matched, dtype=torch.int64, device="cpu"),
+        )
 
     def commit(self, feedback: StepFeedback) -> None:
         self._extend(feedback.new_tokens)

@@ -377,6 +377,7 @@ class SuffixDrafter(Drafter):
             cursors.append(self._global_cursor)
         draft: list[int] = []
         confidence: list[float] = []
+        matched_lengths: list[int] = []
         budget = request.k
         path_confidence = 1.0
         while len(draft) < budget:
@@ -396,10 +397,12 @@ class SuffixDrafter(Drafter):
                 break
             draft.append(token)
             confidence.append(count / total)
+            matched_lengths.append(matched)
             cursors = [index.advance(c, token) for index, c in zip(indexes, cursors, strict=True)]
         return DraftProposal(  # on the CPU; the step moves it to the target's device
             torch.tensor(draft, dtype=torch.int64, device="cpu"),
             confidence=torch.tensor(confidence, dtype=torch.float32, device="cpu"),
+            match_len=torch.tensor(matched_lengths, dtype=torch.int64, device="cpu"),
         )
 
     def describe(self) -> dict[str, object]:
