@@ -124,6 +124,25 @@ DEFAULT_VERIFY_CURVE = (
 )
 
 
+def normalise_curve(verify_curve: tuple[float, ...]) -> tuple[float, ...]:
+    """The curve relative to a one-token pass, made non-decreasing (a bigger block never
+    costs less)."""
+    if not verify_curve or verify_curve[0] <= 0:
+        raise BadInputError(f"verify_curve must start with a positive cost, got {verify_curve}")
+    normalised = [float(c) / verify_curve[0] for c in verify_curve]
+    return tuple(max(normalised[: i + 1]) for i in range(len(normalised)))
+
+
+def curve_cost(curve: tuple[float, ...], n: int) -> float:
+    """Cost of a pass over ``n`` tokens on a normalised ``curve``; past the measured sizes
+    it grows at the curve's average slope (never flat: a longer block always costs)."""
+    if n <= len(curve):
+        return curve[n - 1]
+    last, size = curve[-1], len(curve)
+    slope = (last - 1.0) / (size - 1) if size > 1 else 0.1
+    return last + max(slope, 0.01) * (n - size)
+
+
 class CostAwareK(DraftLengthPolicy):
     """Pick k to maximise expected tokens per second; draft nothing when nothing pays.
 
@@ -154,15 +173,11 @@ class CostAwareK(DraftLengthPolicy):
         smoothing: float = 0.2,
     ) -> None:
         self.k_max = check_k(k_max, name="k_max")
-        if not verify_curve or verify_curve[0] <= 0:
-            raise BadInputError(f"verify_curve must start with a positive cost, got {verify_curve}")
         if not 0.0 < prior_accept < 1.0:
             raise BadInputError(f"prior_accept must be in (0, 1), got {prior_accept!r}")
         if not 0.0 < decay <= 1.0:
             raise BadInputError(f"decay must be in (0, 1], got {decay!r}")
-        # Normalised to n = 1 and made non-decreasing (a bigger block never costs less).
-        normalised = [float(c) / verify_curve[0] for c in verify_curve]
-        self.verify_curve = tuple(max(normalised[: i + 1]) for i in range(len(normalised)))
+        self.verify_curve = normalise_curve(verify_curve)
         self.prior_accept = prior_accept
         self.prior_strength = prior_strength
         self.decay = decay
@@ -183,13 +198,7 @@ class CostAwareK(DraftLengthPolicy):
         self._idle = 0
 
     def curve(self, n: int) -> float:
-        if n <= len(self.verify_curve):
-            return self.verify_curve[n - 1]
-        # Past the measured sizes, grow at the curve's average slope (never flat: a longer
-        # block always costs something).
-        last, size = self.verify_curve[-1], len(self.verify_curve)
-        slope = (last - 1.0) / (size - 1) if size > 1 else 0.1
-        return last + max(slope, 0.01) * (n - size)
+        return curve_cost(self.verify_curve, n)
 
     def alpha(self, position: int) -> float:
         prior = self._prior[position] * self.prior_strength

@@ -11,7 +11,7 @@ and ``m`` the prior strength: a well-observed region keeps the MLP's score, a th
 leans on the stage's measured base rate (a Beta posterior mean). Training and evaluation
 live in ``tasks/train/predictor.py``; this module only scores, saves and loads.
 
-A saved predictor is a folder: ``predictor.pt`` (weights) and ``predictor.json`` (feature
+A saved predictor is a folder: ``predictor.safetensors`` (weights) and ``predictor.json`` (feature
 set, hardware target, normalisation, shrinkage table, metrics). Loading refuses a folder
 made for another feature set or another hardware target, naming both, before any weights
 are read.
@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
 from torch import nn
 
 from serving.atomic import write_text_atomic
@@ -33,7 +35,7 @@ from serving.errors import BadInputError
 from serving.features import FEATURE_SET, STAGE_KINDS, TokenFeatures
 
 PREDICTOR_FILE = "predictor.json"
-WEIGHTS_FILE = "predictor.pt"
+WEIGHTS_FILE = "predictor.safetensors"
 N_POSITION_BUCKETS = 8
 N_SCORE_BUCKETS = 10
 FEATURE_NAMES = (
@@ -201,7 +203,7 @@ class AcceptancePredictor:
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         tmp = folder / (WEIGHTS_FILE + ".tmp")
-        torch.save(self.mlp.state_dict(), tmp)
+        save_file({k: v.contiguous() for k, v in self.mlp.state_dict().items()}, str(tmp))
         tmp.replace(folder / WEIGHTS_FILE)
         meta = {
             "feature_set": FEATURE_SET,
@@ -262,7 +264,7 @@ def load_predictor(folder: str | Path, *, hardware: str | None = None) -> Accept
     try:
         hidden = int(meta["hidden"])
         mlp = make_mlp(len(FEATURE_NAMES), hidden)
-        mlp.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))
+        mlp.load_state_dict(load_file(str(weights), device="cpu"))
         shrink = meta["shrinkage"]
         shrinkage = Shrinkage(
             float(shrink["strength"]),
@@ -280,5 +282,5 @@ def load_predictor(folder: str | Path, *, hardware: str | None = None) -> Accept
             metrics=meta.get("metrics", {}),
             hidden=hidden,
         )
-    except (KeyError, TypeError, ValueError, RuntimeError) as error:
+    except (KeyError, TypeError, ValueError, RuntimeError, SafetensorError) as error:
         raise PredictorError(f"the predictor at {str(folder)!r} is damaged: {error}") from None

@@ -5,9 +5,11 @@ At a disagreement at block index ``j`` (draft ``d_j``, target's choice ``a_j``),
 emits ``j + 1`` tokens; keeping ``d_j`` lets the same pass go on to the next disagreement
 ``m`` (or the block's end, where the bonus row answers), emitting ``m + 1``: a gain of
 ``m - j`` tokens, worth ``(m - j) / r`` target passes at ``r`` tokens per pass. The quality
-it costs is the target's own judgement of the swap, ``q_j = 1 - p(d_j) / p(a_j)`` in
-``(0, 1]`` (0 would be a tie). The token is kept when ``λ · q_j < (m - j) / r``: a small λ
-favours speed, a large one quality, and ``λ = ∞`` never keeps one - exactly lossless.
+it costs is the target's own judgement of the swap, the log-probability it gives up,
+``q_j = log p(a_j) - log p(d_j)`` nats (the logit gap; 0 would be a tie). The token is kept
+when ``λ · q_j < (m - j) / r``: a small λ favours speed (λ = 0.1 keeps all but drafts the
+target finds e^10 times less likely), a large one quality (λ = 10 keeps near-ties only),
+and ``λ = ∞`` never keeps one - exactly lossless.
 
 The rows after a kept token were computed by the target *conditioned on it* (it is in the
 block), so everything after it is verified exactly as usual.
@@ -70,9 +72,8 @@ def verify_relaxed(
         if math.isinf(lam):
             break
         m = next((i for i in range(j + 1, k) if not agree[i]), k)
-        row = target_logits[j].float().softmax(dim=-1)
-        ratio = float(row[drafts[j]]) / max(float(row[chosen[j]]), 1e-30)
-        quality_loss = max(0.0, 1.0 - ratio)
+        row = target_logits[j].float()
+        quality_loss = max(0.0, float(row[chosen[j]] - row[drafts[j]]))  # nats
         if lam * quality_loss < (m - j) / rate:
             unverified.append(j)
             j += 1

@@ -1,0 +1,99 @@
+"""The cascade on tiny models: lossless for every stage order, with and without the
+predictor; stopping stages counted; bad stage lists and predictors refused up front."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from serving.cascade.build import build_cascade, parse_stages
+from serving.cascade.drafter import TARGET_STAGE
+from serving.engine import SpeculativeDecoder
+from serving.errors import BadInputError
+from serving.policy import DEFAULT_VERIFY_CURVE
+from serving.predictor import PredictorError
+from tests.serving.cascade.conftest import tiny_predictor
+
+NEW_TOKENS = 48
+STAGES = ("suffix", "pld:2", "ngram:3", "layers:1")
+
+
+def _decoder(target, stages, predictor=None, **kwargs):
+    cascade, policy = build_cascade(
+        list(stages), target, verify_curve=DEFAULT_VERIFY_CURVE, predictor=predictor
+    )
+    return SpeculativeDecoder(target, drafter=cascade, policy=policy, **kwargs), cascade
+
+
+@pytest.mark.parametrize("order", list(itertools.permutations(STAGES, 3))[::3])
+@pytest.mark.parametrize("with_predictor", [False, True])
+def test_cascade_is_lossless_for_every_stage_order(
+    target, prompt, greedy_reference, order, with_predictor
+):
+    predictor = tiny_predictor() if with_predictor else None
+    decoder, cascade = _decoder(target, order, predictor)
+    result = decoder.generate(prompt, max_new_tokens=NEW_TOKENS)
+    assert result.token_ids == greedy_reference
+    # every step stopped somewhere: at a stage's block, or at the target alone
+    assert sum(cascade.stops.values()) == result.stats.checks
+    assert set(cascade.stops) <= {*order, TARGET_STAGE}
+
+
+def test_every_single_stage_is_lossless(target, prompt, greedy_reference, predictor):
+    for stage in STAGES:
+        decoder, _ = _decoder(target, [stage], predictor)
+        assert decoder.generate(prompt, max_new_tokens=NEW_TOKENS).token_ids == greedy_reference
+
+
+def test_a_model_stage_drafts_and_is_verified(target, prompt, greedy_reference):
+    # The target's own first layers as the only stage: its drafts get accepted.
+    decoder, cascade = _decoder(target, ["layers:2"], None)
+    result = decoder.generate(prompt, max_new_tokens=NEW_TOKENS, mode="detailed")
+    assert result.token_ids == greedy_reference
+    assert result.stats.draft_tokens > 0
+    assert result.record is not None
+    stages = {row.stage for row in result.record.drafted}
+    assert stages == {"model"}
+    assert all(row.stage_index == 0 for row in result.record.drafted)
+
+
+def test_detailed_records_carry_the_chosen_stage(target, prompt):
+    decoder, cascade = _decoder(target, ["pld:2", "layers:2"], None)
+    result = decoder.generate(prompt, max_new_tokens=NEW_TOKENS, mode="detailed")
+    drafted = result.record.drafted
+    assert drafted, "the cascade drafted nothing"
+    assert {(row.stage, row.stage_index) for row in drafted} <= {("pld", 0), ("model", 1)}
+    for row in drafted:
+        assert row.kept == row.accepted  # lossless: nothing kept unverified
+
+
+@pytest.mark.parametrize(
+    "stages, message",
+    [
+        ("", "empty"),
+        ([], "empty"),
+        (" , ", "empty"),
+        ("suffix,warp:3", "unknown drafter"),
+        ("pld,none", "'none' is not a cascade stage"),
+        ("pld:3,pld:3", "appears twice"),
+    ],
+)
+def test_bad_stage_lists_are_refused(stages, message):
+    with pytest.raises(BadInputError, match=message):
+        parse_stages(stages)
+
+
+def test_a_predictor_for_another_target_or_feature_set_is_refused(target, tmp_path):
+    folder = tiny_predictor(hardware="cuda").save(tmp_path / "p")
+    with pytest.raises(PredictorError, match="hardware target 'cuda', not 'cpu'"):
+        build_cascade(
+            "pld", target, verify_curve=DEFAULT_VERIFY_CURVE, predictor=folder, hardware="cpu"
+        )
+    narrow = tiny_predictor(stages=("pld",)).save(tmp_path / "narrow")
+    with pytest.raises(PredictorError, match="never seen"):
+        build_cascade("pld,suffix", target, verify_curve=DEFAULT_VERIFY_CURVE, predictor=narrow)
+    meta = (folder / "predictor.json").read_text().replace("specops-features/1", "old/0")
+    (folder / "predictor.json").write_text(meta)
+    with pytest.raises(PredictorError, match="feature set 'old/0'"):
+        build_cascade("pld", target, verify_curve=DEFAULT_VERIFY_CURVE, predictor=folder)
