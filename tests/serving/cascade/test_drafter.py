@@ -48,7 +48,7 @@ def test_every_single_stage_is_lossless(target, prompt, greedy_reference, predic
 
 def test_a_model_stage_drafts_and_is_verified(target, prompt, greedy_reference):
     # The target's own first layers as the only stage: its drafts get accepted.
-    decoder, cascade = _decoder(target, ["layers:2"], None)
+    decoder, _ = _decoder(target, ["layers:2"], None)
     result = decoder.generate(prompt, max_new_tokens=NEW_TOKENS, mode="detailed")
     assert result.token_ids == greedy_reference
     assert result.stats.draft_tokens > 0
@@ -59,7 +59,7 @@ def test_a_model_stage_drafts_and_is_verified(target, prompt, greedy_reference):
 
 
 def test_detailed_records_carry_the_chosen_stage(target, prompt):
-    decoder, cascade = _decoder(target, ["pld:2", "layers:2"], None)
+    decoder, _ = _decoder(target, ["pld:2", "layers:2"], None)
     result = decoder.generate(prompt, max_new_tokens=NEW_TOKENS, mode="detailed")
     drafted = result.record.drafted
     assert drafted, "the cascade drafted nothing"
