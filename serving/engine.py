@@ -44,6 +44,8 @@ class GenerationResult:
     stop_reason: str  # "eos", "length", or "cancelled" (closed early)
     record: DetailedRecord | None = None
     steps: list[StepRecord] = field(default_factory=list)  # one per target pass, in order
+    # Output positions kept although the target disagreed (relaxed mode only).
+    unverified: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -297,6 +299,7 @@ class SpeculativeDecoder:
             stop_reason=stop_reason,
             record=self._record(request, stats) if request.detailed else None,
             steps=list(request.steps),
+            unverified=list(request.unverified),
         )
 
     def _emit(self, request: _Request, new_tokens: list[int], accepted: int):

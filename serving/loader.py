@@ -7,12 +7,14 @@ from pathlib import Path
 
 import torch
 
+from serving.drafters.base import Drafter
 from serving.drafters.factory import DrafterSpec, build_drafter, parse_drafter_spec
 from serving.engine import SpeculativeDecoder
 from serving.errors import BadInputError, ModelSourceError
 from serving.hardware import engine_target
 from serving.models.kernels import CPU_ONLY, KERNELS, apply_kernels, check_kernels
-from serving.policy import POLICIES, make_policy
+from serving.policy import POLICIES, DraftLengthPolicy, check_k, make_policy
+from serving.relaxed import check_lambda
 
 DEFAULT_TARGET = "smollm2"
 
@@ -140,8 +142,25 @@ class DecoderOptions:
     k: int = 4
     policy: str = "fixed"
     hardware: str = "cpu"  # a target of configs/hardware.yaml (its measured verify curve)
+    # A draft cascade (serving/cascade): its stages in order, e.g. "suffix,pld:3,head:PATH";
+    # when given it replaces ``drafter`` and ``policy``, and ``k`` is its largest block.
+    cascade: str | None = None
+    predictor: str | None = None  # the cascade's acceptance predictor folder (None: running)
+    relax_lambda: float | None = None  # opt-in relaxed verification; None/inf: lossless
 
     def check(self) -> DrafterSpec:
+        check_lambda(self.relax_lambda)
+        if self.cascade is not None:
+            from serving.cascade.build import check_predictor_for, parse_stages
+
+            check_k(self.k, name="the cascade's k")
+            specs = parse_stages(self.cascade)
+            engine_target(self.hardware)
+            if self.predictor is not None:
+                check_predictor_for(self.predictor, specs, self.hardware)
+            return DrafterSpec("none")
+        if self.predictor is not None:
+            raise BadInputError("an acceptance predictor needs a cascade (--cascade STAGES)")
         if self.policy not in POLICIES:
             raise BadInputError(f"unknown policy {self.policy!r}; choose one of {POLICIES}")
         engine_target(self.hardware)
@@ -162,10 +181,28 @@ def build_decoder(model, tokenizer, options: DecoderOptions) -> SpeculativeDecod
             f"{hardware.device!r}; load it with load_target(source, "
             f"**engine_target({options.hardware!r}).load_options())"
         )
-    drafter = build_drafter(spec, model, tokenizer)
-    policy = None
-    if drafter is not None:
-        policy = make_policy(options.policy, options.k, verify_curve=hardware.curve)
+    drafter: Drafter | None
+    policy: DraftLengthPolicy | None = None
+    if options.cascade is not None:
+        from serving.cascade.build import build_cascade
+
+        drafter, policy = build_cascade(
+            options.cascade,
+            model,
+            verify_curve=hardware.curve,
+            tokenizer=tokenizer,
+            k_max=options.k,
+            predictor=options.predictor,
+            hardware=options.hardware,
+        )
+    else:
+        drafter = build_drafter(spec, model, tokenizer)
+        if drafter is not None:
+            policy = make_policy(options.policy, options.k, verify_curve=hardware.curve)
     return SpeculativeDecoder(
-        model, drafter=drafter, policy=policy, eos_token_ids=eos_ids(model, tokenizer)
+        model,
+        drafter=drafter,
+        policy=policy,
+        eos_token_ids=eos_ids(model, tokenizer),
+        relax_lambda=options.relax_lambda,
     )

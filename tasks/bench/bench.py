@@ -80,6 +80,11 @@ class MethodConfig(BaseModel):
     k: int = 4
     policy: str = "fixed"
     hardware: str | None = None
+    # specops: a draft cascade instead of ``drafter`` (its stages in order, ``k`` its
+    # largest block), its acceptance predictor folder, and opt-in relaxed verification.
+    cascade: str | None = None
+    predictor: str | None = None
+    relax_lambda: float | None = None
     # hf prompt lookup: HF's prompt_lookup_num_tokens.
     prompt_lookup_num_tokens: int = Field(10, ge=1)
     # llamacpp prompt lookup: LlamaPromptLookupDecoding(num_pred_tokens=...).
@@ -93,9 +98,10 @@ class MethodConfig(BaseModel):
             raise ValueError(
                 f"method {self.name!r}: engine {self.engine!r} takes {shown}, got {self.mode!r}"
             )
-        if self.engine != "specops" and (self.hardware is not None or self.drafter is not None):
+        specops_only = (self.hardware, self.drafter, self.cascade, self.predictor)
+        if self.engine != "specops" and any(v is not None for v in specops_only):
             raise ValueError(
-                f"method {self.name!r}: hardware and drafter are specops settings; engine "
+                f"method {self.name!r}: hardware, drafter and cascade are specops settings; engine "
                 f"{self.engine!r} runs its own weights"
             )
         return self
@@ -223,7 +229,7 @@ def resolve_hardware(config: BenchConfig) -> dict[str, HardwareTarget]:
 
 def _is_plain(method: MethodConfig) -> bool:
     if method.engine == "specops":
-        return (method.drafter or "none") == "none"
+        return (method.drafter or "none") == "none" and method.cascade is None
     return method.mode == ("plain" if method.engine == "llamacpp" else "greedy")
 
 
@@ -293,7 +299,13 @@ def make_runners(
             hardware = str(method_hardware(method, config))
             drafter = (method.drafter or "none").format(draft_layers=config.draft_layers)
             options = DecoderOptions(
-                drafter=drafter, k=method.k, policy=method.policy, hardware=hardware
+                drafter=drafter,
+                k=method.k,
+                policy=method.policy,
+                hardware=hardware,
+                cascade=method.cascade,
+                predictor=method.predictor,
+                relax_lambda=method.relax_lambda,
             )
             runners[method.name] = _specops_runner(
                 build_decoder(engine_models[hardware], tokenizer, options),

