@@ -239,10 +239,10 @@ def run_sweep(
     rotation = 0
     for seed, chunk in items.items():
         for prompt, problem in chunk:
-            order = methods[rotation % len(methods) :] + methods[: rotation % len(methods)]
+            rotated = methods[rotation % len(methods) :] + methods[: rotation % len(methods)]
             rotation += 1
             outputs: dict[str, dict[str, Any]] = {}
-            for method in order:
+            for method in rotated:
                 decoder = decoders[method.name]
                 started = time.perf_counter()
                 result = decoder.generate(
