@@ -54,6 +54,7 @@ class _Outcome:
     token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     stats: RequestStats | None = None
+    unverified: list[int] = field(default_factory=list)  # relaxed mode's kept disagreements
     steps: list = field(default_factory=list)
     first_token_s: float | None = None
 
@@ -70,6 +71,8 @@ def usage(prompt_tokens: int, outcome: _Outcome, draft_version: str) -> dict[str
         "acceptance_rate": stats.acceptance_rate if stats else None,
         "mean_accepted_length": stats.mean_accepted_length if stats else None,
         "acceptance_by_position": stats.acceptance_by_position if stats else [],
+        # Output token positions kept although the target disagreed (relax_lambda only).
+        "unverified_positions": list(outcome.unverified),
     }
     return {
         "prompt_tokens": prompt_tokens,
@@ -98,6 +101,7 @@ def create_app(state: ServerState) -> FastAPI:
     async def _housekeeping() -> None:
         """Poll the champion source, flush old captures, refresh the queue gauges."""
         next_poll = time.monotonic() + config.champion.poll_s
+        next_predictor_poll = time.monotonic() + config.cascade.poll_s
         while True:
             await asyncio.sleep(0.5)
             try:
@@ -110,6 +114,9 @@ def create_app(state: ServerState) -> FastAPI:
                         current = state.watcher.current
                         metrics.labels(metrics.swaps).inc()
                         metrics.set_draft(current.ref.version, str(current.spec))
+                if state.predictors is not None and time.monotonic() >= next_predictor_poll:
+                    await asyncio.to_thread(state.predictors.poll)
+                    next_predictor_poll = time.monotonic() + config.cascade.poll_s
             except Exception:  # housekeeping must outlive any one failure
                 log.exception("server housekeeping failed; retrying")
 
@@ -228,6 +235,7 @@ def create_app(state: ServerState) -> FastAPI:
                 drafter=body.drafter,
                 policy=body.draft_policy,
                 k=body.num_speculative_tokens,
+                relax_lambda=body.relax_lambda,
             )
         except SpecOpsError as error:
             raise _bad_request(str(error)) from None
@@ -304,6 +312,7 @@ def create_app(state: ServerState) -> FastAPI:
         outcome.text = assembler.text
         outcome.stats = result.stats
         outcome.steps = result.steps
+        outcome.unverified = list(result.unverified)
         outcome.finish_reason = (
             "length" if result.stop_reason == "length" and not assembler.stopped else "stop"
         )

@@ -49,6 +49,24 @@ class CaptureConfig(_Section):
     seed: int = 0
 
 
+class CascadeConfig(_Section):
+    """The draft cascade requests get with ``drafter: "cascade"`` (off when no stages)."""
+
+    stages: str | None = None  # e.g. "suffix,pld:3,ngram:4"
+    k_max: int = Field(8, ge=1, le=MAX_DRAFT_TOKENS)
+    predictor: Literal["none", "local", "registry"] = "none"
+    predictor_path: Path | None = None  # local: the predictor folder
+    poll_s: float = Field(30.0, gt=0)
+
+    @model_validator(mode="after")
+    def _path_for_local(self) -> CascadeConfig:
+        if self.predictor == "local" and self.predictor_path is None:
+            raise ValueError("cascade.predictor 'local' needs cascade.predictor_path")
+        if self.predictor != "none" and self.stages is None:
+            raise ValueError("cascade.predictor needs cascade.stages")
+        return self
+
+
 class ServerConfig(_Section):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
@@ -59,6 +77,7 @@ class ServerConfig(_Section):
     champion: ChampionConfig = Field(default_factory=lambda: ChampionConfig())
     limits: Limits = Field(default_factory=lambda: Limits())
     capture: CaptureConfig = Field(default_factory=lambda: CaptureConfig())
+    cascade: CascadeConfig = Field(default_factory=lambda: CascadeConfig())
 
 
 def load_server_config(path: str | Path = SERVING_CONFIG, **overrides: object) -> ServerConfig:

@@ -21,9 +21,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from serving.errors import BadInputError
 from serving.policy import MAX_DRAFT_TOKENS
+from serving.relaxed import check_lambda
 
-HTTP_DRAFTERS = ("champion", "none", "pld", "ngram", "layers")
+HTTP_DRAFTERS = ("champion", "none", "pld", "ngram", "layers", "cascade")
 
 
 class StreamOptions(BaseModel):
@@ -52,6 +54,19 @@ class SpecOpsFields(BaseModel):
     drafter: str = "champion"
     num_speculative_tokens: int | None = Field(None, ge=1, le=MAX_DRAFT_TOKENS)
     draft_policy: Literal["cost", "fixed", "adaptive"] | None = None
+    # Opt-in relaxed verification (greedy only): keep a disagreeing draft when λ times its
+    # log-probability gap is below the passes it saves; None (default) is lossless.
+    relax_lambda: float | None = None
+
+    @field_validator("relax_lambda")
+    @classmethod
+    def _relax(cls, value: float | None) -> float | None:
+        if value is None:
+            return None
+        try:
+            return check_lambda(value)
+        except BadInputError as error:
+            raise ValueError(str(error)) from None
 
     @field_validator("stop")
     @classmethod

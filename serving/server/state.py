@@ -7,12 +7,15 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from serving.cascade.build import build_cascade
+from serving.cascade.drafter import CascadeDrafter, CascadePolicy
+from serving.drafters.base import Drafter
 from serving.drafters.factory import build_drafter, parse_drafter_spec
 from serving.engine import Generation, SpeculativeDecoder
 from serving.errors import BadInputError, ModelSourceError
 from serving.hardware import engine_target
 from serving.loader import eos_ids, load_target, set_threads
-from serving.policy import make_policy
+from serving.policy import DraftLengthPolicy, make_policy
 from serving.sampling import SamplingParams
 from serving.server.capture import Capture
 from serving.server.champion import (
@@ -26,6 +29,12 @@ from serving.server.champion import (
 )
 from serving.server.config import ServerConfig
 from serving.server.metrics import ServerMetrics
+from serving.server.predictor_watch import (
+    LocalPredictor,
+    PredictorSource,
+    PredictorWatcher,
+    RegistryPredictor,
+)
 from serving.server.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
@@ -53,6 +62,23 @@ class ServerState:
     metrics: ServerMetrics
     capture: Capture
     verify_curve: tuple[float, ...] = field(default_factory=tuple)
+    # The cascade requests get with drafter "cascade" (None: not configured), and its
+    # predictor, swapped by the watcher.
+    cascade: CascadeDrafter | None = None
+    predictors: PredictorWatcher | None = None
+
+    def _cascade(self) -> tuple[CascadeDrafter, CascadePolicy, str]:
+        if self.cascade is None:
+            raise BadInputError(
+                "drafter 'cascade' is not configured on this server (serving.yaml: cascade.stages)"
+            )
+        forked = self.cascade.fork()
+        predictor, version = None, None
+        if self.predictors is not None:
+            predictor, version = self.predictors.current, self.predictors.version
+        forked.predictor = predictor
+        label = f"cascade:{self.cascade.name}" + (f"+predictor:{version}" if version else "")
+        return forked, CascadePolicy(forked), label
 
     def new_decode(
         self,
@@ -63,11 +89,16 @@ class ServerState:
         drafter: str = "champion",
         policy: str | None = None,
         k: int | None = None,
+        relax_lambda: float | None = None,
     ) -> Decode:
         """Build the request's own decoder (own drafter, policy and caches) and validate it;
         raises :class:`BadInputError` before any model work."""
         version = drafter
-        if drafter == "champion":
+        request_drafter: Drafter | None
+        request_policy: DraftLengthPolicy | None
+        if drafter == "cascade":
+            request_drafter, request_policy, version = self._cascade()
+        elif drafter == "champion":
             draft: LoadedDraft = self.watcher.current
             request_drafter = draft.new_drafter()
             request_policy = draft.new_policy(policy=policy, k=k) if request_drafter else None
@@ -85,6 +116,7 @@ class ServerState:
             policy=request_policy,
             eos_token_ids=self.eos_token_ids,
             max_context=self.max_context,
+            relax_lambda=relax_lambda,
         )
         detailed = self.capture.wants()
         generation = decoder.stream(
@@ -135,6 +167,7 @@ def build_state(config: ServerConfig, *, target=None, tokenizer=None) -> ServerS
         failure_threshold=config.capture.failure_threshold,
         seed=config.capture.seed,
     )
+    cascade, predictors = _serving_cascade(config, target, tokenizer, curve)
     max_context = int(target.config.max_position_embeddings)
     if config.limits.max_tokens >= max_context:
         raise BadInputError(
@@ -157,4 +190,34 @@ def build_state(config: ServerConfig, *, target=None, tokenizer=None) -> ServerS
         metrics=metrics,
         capture=capture,
         verify_curve=curve,
+        cascade=cascade,
+        predictors=predictors,
     )
+
+
+def _serving_cascade(
+    config: ServerConfig, target, tokenizer, curve: tuple[float, ...]
+) -> tuple[CascadeDrafter | None, PredictorWatcher | None]:
+    """The configured cascade (its stages built once; requests fork it) and its
+    predictor watcher. A predictor that does not load at start-up is reported and the
+    cascade serves on its running per-stage acceptance until one does."""
+    settings = config.cascade
+    if settings.stages is None:
+        return None, None
+    cascade, _ = build_cascade(
+        settings.stages, target, verify_curve=curve, tokenizer=tokenizer, k_max=settings.k_max
+    )
+    if settings.predictor == "none":
+        return cascade, None
+    source: PredictorSource
+    if settings.predictor == "local":
+        assert settings.predictor_path is not None
+        source = LocalPredictor(settings.predictor_path)
+    else:
+        from serving.models.real import cache_root
+
+        source = RegistryPredictor(config.hardware, cache_root() / "registry")
+    watcher = PredictorWatcher(source, hardware=config.hardware)
+    if watcher.last_error:
+        log.error("the cascade serves without a predictor for now: %s", watcher.last_error)
+    return cascade, watcher
