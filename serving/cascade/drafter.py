@@ -17,6 +17,7 @@ stage's propose time, and the target's one-token pass time from the policy
 
 from __future__ import annotations
 
+import copy
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -138,6 +139,9 @@ class CascadeDrafter(Drafter):
         twin = super().fork()
         assert isinstance(twin, CascadeDrafter)
         twin.stages = [Stage(s.name, s.kind, s.drafter.fork()) for s in self.stages]
+        # Its own running acceptance (a request's evidence is its own); the measured costs
+        # stay shared (one target, one machine).
+        twin.running = [copy.deepcopy(r) for r in self.running]
         twin.stops = Counter()
         twin._proposals = [None] * len(self.stages)
         return twin
