@@ -60,23 +60,30 @@ class PredictorError(BadInputError):
 
 def vectorize(rows: Sequence[TokenFeatures]) -> torch.Tensor:
     """``[len(rows), len(FEATURE_NAMES)]`` float32, missing values as 0 plus an indicator."""
-    out = torch.zeros(len(rows), len(FEATURE_NAMES), dtype=torch.float32)
-    for i, row in enumerate(rows):
+    table = []
+    for row in rows:
         if row.stage not in STAGE_KINDS:
             raise BadInputError(f"unknown stage {row.stage!r}; stages are {STAGE_KINDS}")
-        out[i, 0] = min(row.position, 31)
-        out[i, 1] = row.stage_index
-        out[i, 2] = 0.0 if row.draft_confidence is None else row.draft_confidence
-        out[i, 3] = row.draft_confidence is None
-        out[i, 4] = 0.0 if row.draft_entropy is None else row.draft_entropy
-        out[i, 5] = row.draft_entropy is None
-        out[i, 6] = 0.0 if row.match_len is None else min(row.match_len, 64)
-        out[i, 7] = row.match_len is None
-        out[i, 8] = row.target_entropy
-        out[i, 9] = max(row.recent_logprob, -20.0)
-        out[i, 10] = math.log1p(max(row.length_ratio, 0.0))
-        out[i, 11 + STAGE_KINDS.index(row.stage)] = 1.0
-    return out
+        confidence, entropy, matched = row.draft_confidence, row.draft_entropy, row.match_len
+        table.append(
+            [
+                min(row.position, 31),
+                row.stage_index,
+                0.0 if confidence is None else confidence,
+                confidence is None,
+                0.0 if entropy is None else entropy,
+                entropy is None,
+                0.0 if matched is None else min(matched, 64),
+                matched is None,
+                row.target_entropy,
+                max(row.recent_logprob, -20.0),
+                math.log1p(max(row.length_ratio, 0.0)),
+                *(row.stage == kind for kind in STAGE_KINDS),
+            ]
+        )
+    if not table:
+        return torch.zeros(0, len(FEATURE_NAMES), dtype=torch.float32)
+    return torch.tensor(table, dtype=torch.float32)
 
 
 def make_mlp(n_features: int = len(FEATURE_NAMES), hidden: int = 32) -> nn.Module:
