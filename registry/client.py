@@ -25,6 +25,9 @@ A draft version carries its lineage: the tags given to :meth:`Registry.log_draft
 version, git commit, ...) go on both the run and the model version, and its training
 curves are the run's metrics, one point per step.
 
+The acceptance predictor is registered beside the drafts, as one model outside the draft
+prefix with the same per-target aliases (:mod:`registry.predictor`, through this client).
+
 Per-target artifacts: a version's draft exported to another backend's format
 (:mod:`tasks.evaluate.export`) is logged beside its package, under ``exports/<backend>`` of the
 same run, and the version is tagged ``export.<backend>``. Promotion on a target served by
@@ -229,34 +232,62 @@ class Registry:
         ``tags`` (lineage: data version, git commit, ...) go on the run and on the model
         version. ``curves`` are training curves, ``name -> [(step, value), ...]``, logged
         as the run's metric histories (plotted by step in the MLflow UI)."""
-        from mlflow.exceptions import MlflowException
-
         package = Path(package)
         manifest = read_manifest(package)
-        name = self.model_name(family)
+        return self._log_version(
+            self.model_name(family),
+            package,
+            family=family,
+            kind="draft",
+            params={"family": family, "drafter": manifest.drafter, **(params or {})},
+            metrics=metrics,
+            tags=tags,
+            run_name=run_name or f"draft-{family}",
+            artifacts=artifacts,
+            curves=curves,
+            description=f"specops {family} drafts",
+        )
+
+    def _log_version(
+        self,
+        name: str,
+        folder: Path,
+        *,
+        family: str,
+        kind: str,
+        params: dict[str, Any],
+        metrics: dict[str, float] | None,
+        tags: dict[str, str] | None,
+        run_name: str,
+        artifacts: dict[str, Path] | None,
+        curves: dict[str, Sequence[tuple[int, float]]] | None,
+        description: str,
+    ) -> DraftVersion:
+        """A run (experiment ``<experiment>``) holding ``folder`` under ``<kind>/`` with its
+        params, metrics, curves and tags, registered as a new version of ``name`` (created
+        if need be); ``tags`` go on the version too. The checked ``folder`` of a draft
+        package (:meth:`log_draft`) or of an acceptance predictor (:mod:`registry.predictor`)."""
+        from mlflow.exceptions import MlflowException
+
         points = _curve_metrics(curves or {})
-        with self._run(
-            experiment_id=self.experiment_id, run_name=run_name or f"draft-{family}"
-        ) as run:
-            self._mlflow.log_params(
-                {"family": family, "drafter": manifest.drafter, **(params or {})}
-            )
+        with self._run(experiment_id=self.experiment_id, run_name=run_name) as run:
+            self._mlflow.log_params(params)
             if metrics:
                 self._mlflow.log_metrics(metrics)
-            self._mlflow.set_tags({"kind": "draft", "family": family, **(tags or {})})
+            self._mlflow.set_tags({"kind": kind, "family": family, **(tags or {})})
             for start in range(0, len(points), _METRICS_PER_BATCH):
                 self.client.log_batch(
                     run.info.run_id, metrics=points[start : start + _METRICS_PER_BATCH]
                 )
-            self._mlflow.log_artifacts(str(package), artifact_path="draft")
+            self._mlflow.log_artifacts(str(folder), artifact_path=kind)
             for artifact_name, path in (artifacts or {}).items():
                 self._mlflow.log_artifact(str(path), artifact_path=artifact_name)
-            source = f"{run.info.artifact_uri.rstrip('/')}/draft"
+            source = f"{run.info.artifact_uri.rstrip('/')}/{kind}"
         try:
             self.client.get_registered_model(name)
         except MlflowException:
             self.client.create_registered_model(
-                name, tags={"family": family}, description=f"specops {family} drafts"
+                name, tags={"family": family}, description=description
             )
         mv = self.client.create_model_version(
             name, source=source, run_id=run.info.run_id, tags={**(tags or {}), "family": family}
@@ -265,9 +296,11 @@ class Registry:
         return self._version(family, mv)
 
     def get(self, family: str, version: str | int) -> DraftVersion:
+        return self._get(self.model_name(family), family, version)
+
+    def _get(self, name: str, family: str, version: str | int) -> DraftVersion:
         from mlflow.exceptions import MlflowException
 
-        name = self.model_name(family)
         try:
             return self._version(family, self.client.get_model_version(name, str(version)))
         except MlflowException:
@@ -285,9 +318,11 @@ class Registry:
         return self.get(name.removeprefix(f"{self.config.model_prefix}-"), version)
 
     def by_alias(self, family: str, alias_name: str) -> DraftVersion | None:
+        return self._by_alias(self.model_name(family), family, alias_name)
+
+    def _by_alias(self, name: str, family: str, alias_name: str) -> DraftVersion | None:
         from mlflow.exceptions import MlflowException
 
-        name = self.model_name(family)
         try:
             mv = self.client.get_model_version_by_alias(name, alias_name)
         except MlflowException:

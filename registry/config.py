@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from serving.errors import BadInputError
 from serving.paths import CONFIG_DIR, PROJECT_ROOT
@@ -21,6 +21,19 @@ class RegistryConfig(BaseModel):
     artifact_root: str = ".specops/mlflow/artifacts"
     model_prefix: str = Field("specops-draft", pattern=r"^[A-Za-z0-9_.-]+$")
     experiment: str = Field("specops", min_length=1)
+    # The acceptance predictor's registered model (registry/predictor.py): one model, its
+    # versions aliased per hardware target like the drafts.
+    predictor_model: str = Field("specops-predictor", pattern=r"^[A-Za-z0-9_.-]+$")
+
+    @model_validator(mode="after")
+    def _predictor_is_no_draft_family(self) -> RegistryConfig:
+        if self.predictor_model.startswith(f"{self.model_prefix}-"):
+            raise ValueError(
+                f"predictor_model {self.predictor_model!r} starts with the draft prefix "
+                f"{self.model_prefix!r}-, so it would be listed as a draft family; name it "
+                "outside that prefix (e.g. specops-predictor)"
+            )
+        return self
 
     def resolved_tracking_uri(self) -> str:
         """A relative SQLite path is taken from the project root, not the working directory

@@ -10,11 +10,13 @@ from typing import Annotated
 
 import typer
 
+from specops.cascade_cli import cascade_app
 from specops.curves_cli import draft_curves, teacher_app
 from specops.data_cli import data_app
 from specops.draft_cli import register_draft_commands
 from specops.exit import fail
 from specops.loop_cli import loop_app
+from specops.predictor_cli import predictor_app
 from specops.quality_cli import quality
 from specops.registry_cli import registry_app
 from specops.targets_cli import targets_app
@@ -29,9 +31,11 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(data_app, name="data")
+app.add_typer(cascade_app, name="cascade")
 app.add_typer(registry_app, name="registry")
 register_draft_commands(app)
 app.add_typer(loop_app, name="loop")
+app.add_typer(predictor_app, name="predictor")
 app.add_typer(targets_app, name="targets")
 app.add_typer(teacher_app, name="teacher")
 app.command("draft-curves")(draft_curves)
@@ -80,6 +84,23 @@ def generate(
     threads: Annotated[int, typer.Option(help="torch threads.")] = 2,
     target: Annotated[str, typer.Option(help="smollm2 or a local model folder.")] = "smollm2",
     hardware: Annotated[str, typer.Option(help="Hardware target (configs/hardware.yaml).")] = "cpu",
+    cascade: Annotated[
+        str | None,
+        typer.Option(
+            help="A draft cascade instead of --drafter: stages in order, e.g. suffix,pld:3."
+        ),
+    ] = None,
+    predictor: Annotated[
+        str | None, typer.Option(help="The cascade's acceptance predictor folder.")
+    ] = None,
+    relax_lambda: Annotated[
+        float | None,
+        typer.Option(
+            "--lambda",
+            help="Relaxed verification (opt-in, greedy): keep a disagreeing draft when λ x its "
+            "log-probability gap < the passes it saves. Default: lossless.",
+        ),
+    ] = None,
 ) -> None:
     """Generate text for PROMPT with speculative decoding; print the text and the stats."""
     from serving.engine import MODES
@@ -103,7 +124,15 @@ def generate(
         if max_new_tokens < 1:
             fail(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
-        options = DecoderOptions(drafter=drafter, k=k, policy=policy, hardware=hardware)
+        options = DecoderOptions(
+            drafter=drafter,
+            k=k,
+            policy=policy,
+            hardware=hardware,
+            cascade=cascade,
+            predictor=predictor,
+            relax_lambda=relax_lambda,
+        )
         options.check()
         set_threads(threads)
         model, tokenizer = load_target(target, kernels=engine_target(hardware).kernels)
@@ -132,6 +161,7 @@ def generate(
             "text": text,
             "token_ids": result.token_ids,
             "from_draft": result.from_draft,
+            "unverified": result.unverified,
             "stop_reason": result.stop_reason,
             "stats": stats,
             "drafter": decoder.describe(),
@@ -144,6 +174,12 @@ def generate(
     typer.echo("")
     typer.echo("---", err=True)
     typer.echo(_format_stats(stats), err=True)
+    if result.unverified:
+        typer.echo(
+            f"kept unverified (relaxed, λ={relax_lambda}): {len(result.unverified)} tokens at "
+            f"positions {result.unverified[:20]}",
+            err=True,
+        )
     if result.record is not None:
         typer.echo(f"disagreements recorded: {len(result.record.disagreements)}", err=True)
 

@@ -190,7 +190,7 @@ def acceptance(
     from pydantic import ValidationError
 
     from serving.errors import SpecOpsError
-    from serving.records.schema import RequestRecord
+    from serving.records.schema import UnknownSchemaVersionError, parse_record
     from serving.records.store import read_raw
     from tasks.data.acceptance import rolling_acceptance
     from tasks.data.params import load_params
@@ -200,8 +200,8 @@ def acceptance(
         rows, malformed = [], 0
         for _, row in read_raw(store_root):
             try:
-                rows.append(RequestRecord.model_validate(row).model_dump(mode="json"))
-            except ValidationError:
+                rows.append(parse_record(row).model_dump(mode="json"))
+            except (ValidationError, UnknownSchemaVersionError):
                 malformed += 1
         groups = rolling_acceptance(rows, window=settings.window, threshold=settings.threshold)
     except SpecOpsError as error:

@@ -1,8 +1,9 @@
 """The DVC pipeline reproduces from a clean copy of this checkout, and runs an experiment.
 
 The copy holds the files git tracks plus the untracked ones it does not ignore (so work not
-yet committed is tested too), with a tiny params.yaml: one grounded prompt per split, eight
-new tokens. About a minute on two cores (each stage starts Python; the model is cached).
+yet committed is tested too), with a tiny params.yaml: two grounded prompts to train on
+and one held out, 16 new tokens. About a minute on two cores (each stage starts Python;
+the model is cached).
 """
 
 from __future__ import annotations
@@ -69,9 +70,10 @@ def clean_copy(tmp_path) -> tuple[Path, dict[str, str]]:
             shutil.copy2(source, copy / name)
     params = yaml.safe_load((copy / "params.yaml").read_text())
     params["traffic"].update(
-        workloads=["grounded"], train_prompts_per_workload=1, heldout_prompts_per_workload=1
+        workloads=["grounded"], train_prompts_per_workload=2, heldout_prompts_per_workload=1
     )
-    params["collect"]["max_new_tokens"] = 8
+    params["collect"]["max_new_tokens"] = 16  # enough drafts kept and rejected for a predictor
+    params["predictor"].update(epochs=5, minutes=0.2)
     params["evaluate"].update(prompts=1, max_new_tokens=8)
     (copy / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     env = {
@@ -113,26 +115,28 @@ def test_dvc_repro_from_a_clean_copy_then_an_experiment(clean_copy):
         "pipeline/dataset/quarantine.jsonl",
         "pipeline/drafts/suffix/draft.json",
         "metrics/evaluate.json",
+        "metrics/predictor.json",
+        "pipeline/predictor/predictor.json",
     ):
         assert (repo / name).is_file(), name
     evaluated = json.loads((repo / "metrics/evaluate.json").read_text())
     assert evaluated["results"]["draft"]["lossless"], evaluated["results"]
     collected = json.loads((repo / "metrics/collect.json").read_text())
-    assert (collected["run_id"], collected["written"]) == ("pipeline", 2)
+    assert (collected["run_id"], collected["written"]) == ("pipeline", 3)
     validation = json.loads((repo / "metrics/validation.json").read_text())["validation"]
-    assert (validation["total"], validation["valid"]) == (2, 2)
-    assert _lock_params(repo, "collect")["collect"]["max_new_tokens"] == 8
-    assert all(len(r["output_token_ids"]) <= 8 for r in _records(repo))
+    assert (validation["total"], validation["valid"]) == (3, 3)
+    assert _lock_params(repo, "collect")["collect"]["max_new_tokens"] == 16
+    assert all(len(r["output_token_ids"]) <= 16 for r in _records(repo))
 
     status = _run([dvc, "status", "--json", "dvc.yaml"], repo, env)
     assert json.loads(status) == {}, status
 
     _run(["git", "add", "-A"], repo, env)
     _run(["git", "commit", "-q", "-m", "repro"], repo, env)
-    output = _run([dvc, "exp", "run", "-S", "collect.max_new_tokens=6"], repo, env)
+    output = _run([dvc, "exp", "run", "-S", "collect.max_new_tokens=12"], repo, env)
     assert "Stage 'build_traffic' didn't change, skipping" in output
-    assert yaml.safe_load((repo / "params.yaml").read_text())["collect"]["max_new_tokens"] == 6
-    assert _lock_params(repo, "collect")["collect"]["max_new_tokens"] == 6
+    assert yaml.safe_load((repo / "params.yaml").read_text())["collect"]["max_new_tokens"] == 12
+    assert _lock_params(repo, "collect")["collect"]["max_new_tokens"] == 12
     records = _records(repo)
-    assert len(records) == 2 and all(len(r["output_token_ids"]) <= 6 for r in records)
+    assert len(records) == 3 and all(len(r["output_token_ids"]) <= 12 for r in records)
     assert json.loads(_run([dvc, "status", "--json", "dvc.yaml"], repo, env)) == {}

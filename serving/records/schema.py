@@ -1,15 +1,23 @@
-"""The collected-record schema (version 1): one request record per line, disagreements nested.
+"""The collected-record schema (version 2): one request record per line, details nested.
 
 A request record is what one request through the engine in detailed mode leaves behind: the
 prompt and the target's output, per-request acceptance, every draft/target disagreement,
-and who produced it (drafter and its version, policy, hardware target, sampling). Records
-whose acceptance falls below the collection's threshold are *failure cases*; the rest feed
-the replay buffer. Validation (``tasks/data/expectations.py``) also views the disagreements
-as their own flat record type. The workload and split names live here too, the lowest layer
-that needs them.
+every drafted token the target ruled on with its acceptance-predictor features and verdict
+(``drafted``, :class:`serving.features.DraftedToken`), the output positions kept although
+the target disagreed (``unverified``, relaxed verification only), and who produced it
+(drafter and its version, policy, hardware target, sampling). Records whose acceptance
+falls below the collection's threshold are *failure cases*; the rest feed the replay
+buffer. Validation (``tasks/data/expectations.py``) also views the disagreements and the
+drafted tokens as their own flat record types. The workload and split names live here too,
+the lowest layer that needs them.
 
 ``RequestRecord`` is the structural contract: pydantic rejects missing fields, wrong types
-and NaN/inf at parse time, with the field named in the reason.
+and NaN/inf at parse time, with the field named in the reason. Every reader goes through
+:func:`parse_record`, which also reads the older versions still in users' stores and DVC
+remotes (:func:`migrate_record`: version 1 had no ``drafted``/``unverified``); writers
+always write the current version.
+
+Versions: 1, the first; 2 added ``drafted`` and ``unverified``.
 """
 
 from __future__ import annotations
@@ -22,8 +30,10 @@ from typing import Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field
 
 from serving.detailed import DetailedRecord
+from serving.errors import BadInputError
 
-SCHEMA_VERSION: Literal[1] = 1
+SCHEMA_VERSION: Literal[2] = 2
+READABLE_VERSIONS = (1, SCHEMA_VERSION)  # what parse_record reads; it returns SCHEMA_VERSION
 DEFAULT_FAILURE_THRESHOLD = 0.5
 
 # Workload and split names, declared once here for every layer above (traffic, params,
@@ -62,8 +72,27 @@ class DisagreementRow(_Strict):
     context: list[int]  # tokens right before `position`
 
 
+class DraftedTokenRow(_Strict):
+    """A drafted token the target ruled on: :class:`serving.features.DraftedToken`'s fields,
+    in its order (a test keeps the two equal). The ranges are checked by validation."""
+
+    stage: str  # one of serving.features.STAGE_KINDS
+    stage_index: int  # the stage's place in the cascade (0 for a single drafter)
+    position: int  # 0-based place in the draft block
+    draft_confidence: float | None  # in [0, 1]; None when the drafter gives none
+    draft_entropy: float | None  # nats; model drafters only
+    match_len: int | None  # n-gram drafters only
+    target_entropy: float  # nats, mean over the recent output tokens
+    recent_logprob: float  # <= 0, mean target log-probability of those tokens
+    length_ratio: float  # output tokens so far / prompt tokens
+    step: int  # index of the verification step (< the record's checks)
+    token: int  # the drafted token id
+    accepted: bool  # the target agreed
+    kept: bool  # in the output (accepted, or kept unverified in relaxed mode)
+
+
 class RequestRecord(_Strict):
-    schema_version: Literal[1]
+    schema_version: Literal[2]
     id: str = Field(min_length=1)
     prompt_id: str
     workload: str  # one of RECORD_WORKLOADS (checked by validation, not at parse)
@@ -89,6 +118,48 @@ class RequestRecord(_Strict):
     timestamp: float  # unix seconds
     run_id: str
     disagreements: list[DisagreementRow]
+    drafted: list[DraftedTokenRow]  # per drafted token the target ruled on, in order
+    unverified: list[int]  # output positions kept although the target disagreed (relaxed)
+
+
+class UnknownSchemaVersionError(BadInputError):
+    """A record of a schema version this code cannot read (written by a newer specops)."""
+
+
+def migrate_record(row: dict) -> dict:
+    """``row`` (a raw record of any readable version) as a current-version dict.
+
+    A version-1 record gains ``drafted=[]`` and ``unverified=[]``: version 1 never recorded
+    per-token features, so an empty ``drafted`` there means *not recorded*, not *nothing
+    drafted* (``draft_tokens`` still says how many were), and the acceptance predictor has
+    nothing to learn from it. A current record is returned as it is; so is one without
+    ``schema_version``, which the schema then refuses by name. Any other version raises
+    :class:`UnknownSchemaVersionError` naming it. ``row`` itself is never modified.
+    """
+    if "schema_version" not in row:
+        return row
+    version = row["schema_version"]
+    if type(version) is not int or version not in READABLE_VERSIONS:
+        raise UnknownSchemaVersionError(
+            f"schema_version: {version!r} is not a record version this code reads "
+            f"(it reads {', '.join(map(str, READABLE_VERSIONS))}): a newer specops wrote "
+            "it, or the row is damaged; upgrade specops to read it"
+        )
+    if version == 1:
+        return {**row, "schema_version": SCHEMA_VERSION, "drafted": [], "unverified": []}
+    return row
+
+
+def parse_record(row: object) -> RequestRecord:
+    """Read one stored record, of any readable version, as the current schema.
+
+    The one reader every consumer of stored records uses. Raises pydantic's
+    ``ValidationError`` for a malformed record (a row that is not a JSON object included)
+    and :class:`UnknownSchemaVersionError` for an unreadable version.
+    """
+    if isinstance(row, dict):
+        row = migrate_record(row)
+    return RequestRecord.model_validate(row)
 
 
 def record_id(*parts: object) -> str:
@@ -118,7 +189,7 @@ def from_detailed(
     failure_threshold: float = DEFAULT_FAILURE_THRESHOLD,
     timestamp: float | None = None,
 ) -> dict:
-    """Build a schema-v1 record (as a plain dict, ready for JSON) from the engine's record."""
+    """Build a current-version record (a plain dict, ready for JSON) from the engine's."""
     sampling = detailed.sampling
     record = RequestRecord(
         schema_version=SCHEMA_VERSION,
@@ -147,5 +218,7 @@ def from_detailed(
         timestamp=time.time() if timestamp is None else timestamp,
         run_id=run_id,
         disagreements=[DisagreementRow(**vars(d)) for d in detailed.disagreements],
+        drafted=[DraftedTokenRow(**vars(d)) for d in detailed.drafted],
+        unverified=list(detailed.unverified),
     )
     return record.model_dump(mode="json")

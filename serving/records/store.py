@@ -22,7 +22,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from serving.errors import BadInputError
-from serving.records.schema import RequestRecord
+from serving.records.schema import UnknownSchemaVersionError, parse_record
 
 RECORDS = "records"
 QUARANTINE = "quarantine"
@@ -101,14 +101,14 @@ def read_raw(root: Path, area: str = RECORDS) -> Iterator[tuple[str, object]]:
 
 
 def existing_ids(root: Path) -> set[str]:
-    """Ids of the well-formed records already stored (a malformed copy does not count, so a
-    re-run of collection replaces it with a good one)."""
+    """Ids of the well-formed records already stored, of any readable schema version (a
+    malformed copy does not count, so a re-run of collection replaces it with a good one)."""
     ids: set[str] = set()
     for _, row in read_raw(root):
         if isinstance(row, dict):
             try:
-                ids.add(RequestRecord.model_validate(row).id)
-            except ValidationError:
+                ids.add(parse_record(row).id)
+            except (ValidationError, UnknownSchemaVersionError):
                 continue
     return ids
 

@@ -5,6 +5,8 @@
   failures and the rest replay (80/20 by default) - the replay buffer guards the draft
   against forgetting what it already did well;
 - ``train_mix``: failures + replay, in a seeded order;
+- ``trainable``: every trainable request as it came (not failure-enriched): what the
+  acceptance predictor learns from, so that its probabilities match real traffic;
 - ``eval``: every held-out-split request (never trained on);
 - ``heldout_traffic``: the newest ``heldout_share`` of each workload's train-split requests
   (:func:`holdout_by_time`), never trained on either.
@@ -32,7 +34,7 @@ from serving.errors import BadInputError
 # of traffic, serving.records.schema.SPLITS: `failures`, `replay` and `train_mix` come from
 # the trainable records, `heldout_traffic` from the rest of the train split, `eval` from the
 # held-out split).
-PARTS = ("failures", "replay", "train_mix", "eval", "heldout_traffic")
+PARTS = ("failures", "replay", "train_mix", "trainable", "eval", "heldout_traffic")
 
 # The newest fifth of each workload's train-split traffic is held out by default
 # (params.yaml `dataset.heldout_share`).
@@ -120,6 +122,7 @@ def build_dataset(
         "failures": failures,
         "replay": replay,
         "train_mix": mix,
+        "trainable": list(trainable),
         "eval": [r for r in records if r["split"] == "heldout"],
         "heldout_traffic": heldout_traffic,
     }

@@ -1,9 +1,11 @@
 """Stage 3 of validation: the Great Expectations suites over parsed request records.
 
-Two suites, one per record type: the requests (one row each, with helper columns computed
-here where GE has no built-in check, e.g. list lengths) and their disagreements (flattened,
-one row each). Each failing row is mapped back to its request (by index), with the
-expectation's label as the reason; :mod:`tasks.data.validate` quarantines those requests.
+Three suites, one per record type: the requests (one row each, with helper columns computed
+here where GE has no built-in check, e.g. list lengths), their disagreements and their
+drafted tokens (both flattened, one row each, carrying what they are checked against from
+their request). Each failing row is mapped back to its request (by index), with the
+expectation's label as the reason (``disagreement 1: ...``, ``drafted 3: ...`` for the
+nested rows); :mod:`tasks.data.validate` quarantines those requests.
 
 Great Expectations is imported lazily (about 6 s), only when a suite runs.
 """
@@ -15,6 +17,7 @@ from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from serving.features import STAGE_KINDS
 from serving.records.schema import SPLITS, RequestRecord, is_failure
 
 if TYPE_CHECKING:
@@ -24,9 +27,13 @@ if TYPE_CHECKING:
 MIN_TIMESTAMP = 1.5e9
 MAX_CLOCK_SKEW_S = 86_400.0
 
-# Helper columns that carry the row back to its request (and disagreement) in GE's results.
+# Helper columns that carry the row back to its request (and disagreement, or drafted
+# token) in GE's results.
 ROW = "_row"
 DISAGREEMENT = "_disagreement"
+DRAFTED = "_drafted"
+
+SUITES = ("requests", "disagreements", "drafted")  # in the order they run and are reported
 
 
 @dataclass(frozen=True)
@@ -105,6 +112,11 @@ def request_expectations(
         _between("timestamp", MIN_TIMESTAMP, now + MAX_CLOCK_SKEW_S, strict_min=True),
         _between("failure_threshold", 0, 1),
         _equal("is_failure", "is_failure_expected"),
+        # Drafted tokens: at most one row per proposed draft (only those the target ruled on).
+        _greater("draft_tokens", "drafted_count", or_equal=True),
+        # Unverified (relaxed) positions lie inside the output, on tokens that came from drafts.
+        _greater("output_token_count", "unverified_max", or_equal=False),
+        _in_set("unverified_from_draft", [True]),
     ]
 
 
@@ -120,6 +132,25 @@ def disagreement_expectations() -> list[_Expectation]:
         _between("draft_prob_of_draft", 0, 1),
         _between("draft_prob_of_target", 0, 1),
         _between("context_length", 1),
+    ]
+
+
+def drafted_expectations() -> list[_Expectation]:
+    """The drafted suite: one row per drafted token, with its request's check count.
+    Nullable features (confidence, entropy, match length) are checked where present."""
+    return [
+        _in_set("stage", STAGE_KINDS),
+        _between("stage_index", 0),
+        _between("position", 0),
+        _between("step", 0),
+        _greater("checks", "step", or_equal=False),
+        _between("draft_confidence", 0, 1),
+        _between("draft_entropy", 0),
+        _between("match_len", 0),
+        _between("target_entropy", 0),
+        _between("recent_logprob", None, 0),
+        _between("length_ratio", 0),
+        _in_set("kept_if_accepted", [True]),  # accepted implies kept
     ]
 
 
@@ -158,6 +189,11 @@ def _request_frame(records: Sequence[RequestRecord]) -> pd.DataFrame:
                 "failure_threshold": r.failure_threshold,
                 "is_failure": r.is_failure,
                 "is_failure_expected": is_failure(r.acceptance_rate, r.failure_threshold),
+                "drafted_count": len(r.drafted),
+                "unverified_max": max(r.unverified, default=-1),
+                "unverified_from_draft": all(
+                    0 <= p < len(r.from_draft) and r.from_draft[p] for p in r.unverified
+                ),
             }
             for row, r in enumerate(records)
         ]
@@ -202,8 +238,56 @@ def _disagreement_frame(records: Sequence[RequestRecord]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=_DISAGREEMENT_COLUMNS)
 
 
+_DRAFTED_COLUMNS = [
+    ROW,
+    DRAFTED,
+    "stage",
+    "stage_index",
+    "position",
+    "step",
+    "checks",
+    "draft_confidence",
+    "draft_entropy",
+    "match_len",
+    "target_entropy",
+    "recent_logprob",
+    "length_ratio",
+    "kept_if_accepted",
+]
+# Nullable: as floats, so that a column of nulls (a drafter without them) compares as numbers.
+_NULLABLE = ["draft_confidence", "draft_entropy", "match_len"]
+
+
+def _drafted_frame(records: Sequence[RequestRecord]) -> pd.DataFrame:
+    import pandas as pd
+
+    rows = [
+        (
+            row,
+            index,
+            d.stage,
+            d.stage_index,
+            d.position,
+            d.step,
+            r.checks,
+            d.draft_confidence,
+            d.draft_entropy,
+            d.match_len,
+            d.target_entropy,
+            d.recent_logprob,
+            d.length_ratio,
+            d.kept or not d.accepted,
+        )
+        for row, r in enumerate(records)
+        for index, d in enumerate(r.drafted)
+    ]
+    frame = pd.DataFrame(rows, columns=_DRAFTED_COLUMNS)
+    return frame.astype({column: "float64" for column in _NULLABLE})
+
+
 def _suite_report(success: bool, frame: pd.DataFrame, unexpected: dict[str, list[dict]]) -> dict:
-    """``unexpected`` counts the suite's rows (requests, or disagreements) per expectation."""
+    """``unexpected`` counts the suite's rows (requests, disagreements or drafted tokens) per
+    expectation."""
     return {
         "ran": True,
         "success": success,
@@ -263,7 +347,8 @@ def expectation_reasons(
     known_workloads: Collection[str],
     now: float,
 ) -> tuple[dict[int, list[str]], dict[str, dict]]:
-    """Run both suites; return the reasons per failing request (by index) and the reports."""
+    """Run the three suites; return the reasons per failing request (by index) and the
+    reports (keyed by the names in ``SUITES``)."""
     import great_expectations as gx
     from great_expectations.data_context.types.base import (
         DataContextConfig,
@@ -295,14 +380,32 @@ def expectation_reasons(
     keys = [ROW, DISAGREEMENT]
     success, unexpected = _run_suite(context, "disagreements", disagreements, suite, keys)
     reports["disagreements"] = _suite_report(success, disagreements, unexpected)
+    _add_nested_reasons(reasons, "disagreement", DISAGREEMENT, suite, unexpected)
+
+    drafted = _drafted_frame(records)
+    suite = drafted_expectations()
+    success, unexpected = _run_suite(context, "drafted", drafted, suite, [ROW, DRAFTED])
+    reports["drafted"] = _suite_report(success, drafted, unexpected)
+    _add_nested_reasons(reasons, "drafted", DRAFTED, suite, unexpected)
+    return reasons, reports
+
+
+def _add_nested_reasons(
+    reasons: dict[int, list[str]],
+    noun: str,
+    index_key: str,
+    suite: Sequence[_Expectation],
+    unexpected: dict[str, list[dict]],
+) -> None:
+    """Add ``"<noun> <index>: <label>"`` to each failing nested row's request, ordered by
+    request, then row, then the expectation's place in the suite."""
     failures = sorted(
-        (key[ROW], key[DISAGREEMENT], position, expectation.label)
+        (key[ROW], key[index_key], position, expectation.label)
         for position, expectation in enumerate(suite)
         for key in unexpected[expectation.label]
     )
     for row, index, _, label in failures:
-        reasons.setdefault(row, []).append(f"disagreement {index}: {label}")
-    return reasons, reports
+        reasons.setdefault(row, []).append(f"{noun} {index}: {label}")
 
 
 def skipped_suite() -> dict:

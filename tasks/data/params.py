@@ -69,12 +69,27 @@ class EvaluateParams(_Section):
     max_new_tokens: int = Field(64, ge=1)
 
 
+class PredictorParams(_Section):
+    """The acceptance predictor's training (``tasks/train/predictor.py``)."""
+
+    seed: int = 0
+    epochs: int = Field(200, ge=1)  # at most; early stopping usually ends sooner
+    minutes: float | None = Field(5.0, gt=0)  # wall-clock budget of the epochs (None: none)
+    hidden: int = Field(32, ge=1)  # MLP width
+    shrinkage_strength: float = Field(10.0, ge=0)  # m: pseudo-rows of each stage's prior
+    learning_rate: float = Field(3e-3, gt=0)  # Adam
+    batch_size: int = Field(256, ge=1)
+    patience: int = Field(10, ge=1)  # epochs without a better validation loss, then stop
+    validation_fraction: float = Field(0.15, ge=0.0, lt=1.0)  # of the training requests
+
+
 class PipelineParams(_Section):
     traffic: TrafficParams = Field(default_factory=lambda: TrafficParams())
     collect: CollectParams = Field(default_factory=lambda: CollectParams())
     dataset: DatasetParams = Field(default_factory=lambda: DatasetParams())
     tracker: TrackerParams = Field(default_factory=lambda: TrackerParams())
     evaluate: EvaluateParams = Field(default_factory=lambda: EvaluateParams())
+    predictor: PredictorParams = Field(default_factory=lambda: PredictorParams())
 
 
 def load_params(path: Path = PARAMS_FILE) -> PipelineParams:

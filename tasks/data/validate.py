@@ -7,9 +7,14 @@ reasons), never dropped silently:
    accepts (structure, types, no extra fields, no NaN/inf). Reasons name the field.
 2. ``duplicate``: among parsed rows the first occurrence of an id is kept; later ones are
    quarantined, naming where the first one came from.
-3. ``expectations``: two Great Expectations suites over the parsed records
-   (:mod:`tasks.data.expectations`). A request with any failing row in either suite is
-   quarantined once, with every reason.
+3. ``expectations``: three Great Expectations suites over the parsed records
+   (:mod:`tasks.data.expectations`: requests, disagreements, drafted tokens). A request
+   with any failing row in any suite is quarantined once, with every reason.
+
+Rows of an older schema version are read as the current one
+(:func:`serving.records.schema.parse_record`; a version-1 record has no drafted tokens),
+and the valid records come out in the current version; a quarantined row keeps its raw
+form. The summary counts the stored versions of the rows that parsed (``versions_read``).
 
 Great Expectations is skipped when no row survives stages 1-2. :func:`validate_store` runs
 this over a store's records and writes the quarantine and a JSON summary atomically, so a
@@ -32,9 +37,15 @@ from pydantic_core import ErrorDetails
 
 from serving.atomic import write_json_atomic, write_jsonl_atomic
 from serving.errors import BadInputError
-from serving.records.schema import RECORD_WORKLOADS, SCHEMA_VERSION, RequestRecord
+from serving.records.schema import (
+    RECORD_WORKLOADS,
+    SCHEMA_VERSION,
+    RequestRecord,
+    UnknownSchemaVersionError,
+    parse_record,
+)
 from serving.records.store import QUARANTINE, read_raw
-from tasks.data.expectations import expectation_reasons, skipped_suite
+from tasks.data.expectations import SUITES, expectation_reasons, skipped_suite
 
 log = logging.getLogger(__name__)
 
@@ -56,15 +67,19 @@ def _format_error(error: ErrorDetails) -> str:
     return f"{loc}: {error['msg']}"
 
 
-def _parse(row: object) -> tuple[RequestRecord | None, list[str]]:
+def _parse(row: object) -> tuple[RequestRecord | None, int, list[str]]:
+    """The record (``None`` when the row does not parse), the schema version it was stored
+    in (0 when it does not parse), and the reasons it does not parse."""
     if isinstance(row, str):
-        return None, ["not JSON"]
+        return None, 0, ["not JSON"]
     if not isinstance(row, dict):
-        return None, [f"not a JSON object (got {type(row).__name__})"]
+        return None, 0, [f"not a JSON object (got {type(row).__name__})"]
     try:
-        return RequestRecord.model_validate(row), []
+        return parse_record(row), row["schema_version"], []
     except ValidationError as error:
-        return None, [_format_error(e) for e in error.errors()]
+        return None, 0, [_format_error(e) for e in error.errors()]
+    except UnknownSchemaVersionError as error:
+        return None, 0, [str(error)]
 
 
 # --- Summary and entry points ----------------------------------------------------------------
@@ -72,22 +87,31 @@ def _parse(row: object) -> tuple[RequestRecord | None, list[str]]:
 
 def _reason_key(reason: str) -> str:
     """A reason without row-specific detail, for counting: list indices become ``*``, a
-    duplicate's id and source are dropped, a disagreement's index is dropped."""
+    duplicate's id and source are dropped, a disagreement's or drafted token's index is
+    dropped."""
     if reason.startswith("duplicate id "):
         return "duplicate id"
-    if reason.startswith("disagreement "):
-        return "disagreement: " + reason.split(": ", 1)[1]
+    for noun in ("disagreement", "drafted"):
+        if reason.startswith(f"{noun} "):
+            return f"{noun}: " + reason.split(": ", 1)[1]
     field, sep, message = reason.partition(": ")
     return re.sub(r"(?<=\.)\d+(?=\.|$)", "*", field) + sep + message
 
 
-def _summarise(total: int, valid: int, quarantined: list[dict], suites: dict[str, dict]) -> dict:
+def _summarise(
+    total: int,
+    valid: int,
+    quarantined: list[dict],
+    suites: dict[str, dict],
+    versions_read: Counter[int],
+) -> dict:
     by_stage = Counter(entry["stage"] for entry in quarantined)
     by_reason = Counter(
         key for entry in quarantined for key in dict.fromkeys(map(_reason_key, entry["reasons"]))
     )
     return {
-        "schema_version": SCHEMA_VERSION,
+        "schema_version": SCHEMA_VERSION,  # of the valid records as returned
+        "versions_read": {str(v): versions_read[v] for v in sorted(versions_read)},
         "total": total,
         "valid": valid,
         "quarantined": len(quarantined),
@@ -130,12 +154,15 @@ def validate_records(
     parsed: list[tuple[int, str, object, RequestRecord]] = []
     quarantine: dict[int, dict] = {}
     first_seen: dict[str, str] = {}
+    versions_read: Counter[int] = Counter()
     for position, (source, row) in enumerate(rows):
         total += 1
-        record, reasons = _parse(row)
+        record, version, reasons = _parse(row)
         if record is None:
             quarantine[position] = _entry(source, row, "parse", reasons)
-        elif record.id in first_seen:
+            continue
+        versions_read[version] += 1
+        if record.id in first_seen:
             reason = f"duplicate id {record.id} (first at {first_seen[record.id]})"
             quarantine[position] = _entry(source, row, "duplicate", [reason])
         else:
@@ -151,7 +178,7 @@ def validate_records(
         )
     else:
         reasons_by_row = {}
-        suites = {"requests": skipped_suite(), "disagreements": skipped_suite()}
+        suites = {name: skipped_suite() for name in SUITES}
 
     valid: list[dict] = []
     for index, (position, source, row, record) in enumerate(parsed):
@@ -165,7 +192,7 @@ def validate_records(
         raise RuntimeError(
             f"validation lost rows: {total} in, {len(valid)} valid + {len(quarantined)} quarantined"
         )
-    summary = _summarise(total, len(valid), quarantined, suites)
+    summary = _summarise(total, len(valid), quarantined, suites, versions_read)
     log.info(
         "validated %d rows: %d valid, %d quarantined %s",
         total,

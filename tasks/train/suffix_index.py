@@ -22,23 +22,24 @@ from pydantic import ValidationError
 from serving.atomic import atomic_writer
 from serving.drafters.suffix import MAX_INDEX_TOKENS, SuffixCorpus, load_suffix_corpus
 from serving.errors import BadInputError
-from serving.records.schema import RequestRecord
+from serving.records.schema import UnknownSchemaVersionError, parse_record
 from serving.records.store import read_raw
 
 log = logging.getLogger(__name__)
 
 
 def read_valid_records(root: str | Path, *, hardware: str | None = None) -> list[dict]:
-    """The records under ``root`` that parse as :class:`RequestRecord` (first copy of each
-    id), optionally of one hardware target. Malformed rows are skipped here (and counted in
-    the log); :mod:`tasks.data.validate` is where they are quarantined with their reasons."""
+    """The records under ``root`` that parse (:func:`serving.records.schema.parse_record`,
+    older versions read as the current one; first copy of each id), optionally of one
+    hardware target. Malformed rows are skipped here (and counted in the log);
+    :mod:`tasks.data.validate` is where they are quarantined with their reasons."""
     records: list[dict] = []
     seen: set[str] = set()
     skipped = 0
     for _, row in read_raw(Path(root)):
         try:
-            record = RequestRecord.model_validate(row)
-        except ValidationError:
+            record = parse_record(row)
+        except (ValidationError, UnknownSchemaVersionError):
             skipped += 1
             continue
         if record.id in seen or (hardware is not None and record.hardware != hardware):

@@ -62,7 +62,8 @@ def test_generate_json_on_the_real_model(real_packed):
     assert set(payload) >= {"text", "token_ids", "from_draft", "stats", "record", "threads"}
     assert 1 <= len(payload["token_ids"]) <= 12
     assert payload["stats"]["generated_tokens"] == len(payload["token_ids"])
-    assert payload["record"]["schema_version"] == 1
+    assert payload["record"]["schema_version"] == 2
+    assert payload["unverified"] == []  # lossless by default
 
 
 @pytest.mark.real_model

@@ -47,7 +47,7 @@ def _record(index: int, accepted: int, *, workload: str = "grounded", split: str
     steps = [[2, min(accepted, 2)], [2, max(accepted - 2, 0)]]
     rate = accepted / 4
     return RequestRecord(
-        schema_version=1,
+        schema_version=2,
         id=f"req-{index}",
         prompt_id=f"p{index}",
         workload=workload,
@@ -73,6 +73,8 @@ def _record(index: int, accepted: int, *, workload: str = "grounded", split: str
         timestamp=time.time() - 3600 + index,
         run_id="r",
         disagreements=[],
+        drafted=[],
+        unverified=[],
     ).model_dump(mode="json")
 
 

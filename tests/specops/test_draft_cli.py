@@ -91,7 +91,7 @@ def test_train_draft_writes_a_package(target_dir, teacher_dir, tmp_path, kind):
 
 def _record(index: int, split: str = "train") -> dict:
     return RequestRecord(
-        schema_version=1, id=f"req-{index}", prompt_id=f"p{index}", workload="sharegpt",
+        schema_version=2, id=f"req-{index}", prompt_id=f"p{index}", workload="sharegpt",
         split=split, prompt="hi", prompt_token_ids=[1, 5, 6], output_text="...",
         output_token_ids=[10 + index, 11, 12, 13], from_draft=[False] * 4,
         acceptance_rate=None, mean_accepted_length=1.0, draft_tokens=0, accepted_tokens=0,
@@ -99,6 +99,7 @@ def _record(index: int, split: str = "train") -> dict:
         drafter="none", drafter_version="builtin", policy="fixed", hardware="cpu",
         sampling=Sampling(temperature=0.0, top_k=0, top_p=1.0, seed=None),
         timestamp=time.time() - 100 + index, run_id="r", disagreements=[],
+        drafted=[], unverified=[],
     ).model_dump(mode="json")  # fmt: skip
 
 

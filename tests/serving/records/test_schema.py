@@ -1,4 +1,5 @@
-"""The record schema: a real engine record survives JSON unchanged; ids and failure flags."""
+"""The record schema: a real engine record survives JSON unchanged, drafted tokens included;
+an old (version 1) record is read as the current version; ids and failure flags."""
 
 from __future__ import annotations
 
@@ -9,11 +10,17 @@ import math
 import pytest
 from pydantic import ValidationError
 
+from serving.errors import BadInputError
+from serving.features import DraftedToken
 from serving.records.schema import (
     SCHEMA_VERSION,
+    DraftedTokenRow,
     RequestRecord,
+    UnknownSchemaVersionError,
     from_detailed,
     is_failure,
+    migrate_record,
+    parse_record,
     record_id,
 )
 from serving.sampling import SamplingParams
@@ -34,6 +41,29 @@ def detailed(target, prompt):
     )
     assert result.record is not None
     assert result.record.disagreements, "the round trip should cover nested disagreements"
+    assert result.record.drafted, "... and drafted tokens"
+    return result.record
+
+
+@pytest.fixture(scope="module")
+def relaxed(target, prompt):
+    """A relaxed-verification record with a model draft: drafts kept unverified, and the
+    draft's confidence and entropy on every drafted token."""
+    from serving.drafters.model import ModelDrafter
+    from serving.engine import SpeculativeDecoder
+    from serving.models.truncated import first_layers
+    from serving.policy import FixedK
+
+    decoder = SpeculativeDecoder(
+        target,
+        drafter=ModelDrafter(first_layers(target, 1)),
+        policy=FixedK(4),
+        relax_lambda=0.05,
+    )
+    result = decoder.generate(
+        prompt, max_new_tokens=24, sampling=SamplingParams(seed=7), mode="detailed"
+    )
+    assert result.record is not None and result.record.unverified
     return result.record
 
 
@@ -84,6 +114,46 @@ def test_record_carries_the_engine_fields_and_the_collection_context(detailed):
     assert row["is_failure"] == is_failure(detailed.acceptance_rate, 0.5)
 
 
+def test_drafted_row_has_exactly_the_engine_fields():
+    assert list(DraftedTokenRow.model_fields) == [f.name for f in dataclasses.fields(DraftedToken)]
+
+
+def test_drafted_tokens_are_recorded_and_consistent(detailed):
+    row = _build(detailed)
+    assert SCHEMA_VERSION == 2
+    assert row["drafted"] == [d.to_dict() for d in detailed.drafted]
+    assert row["unverified"] == [] == detailed.unverified  # exact verification
+    drafted = row["drafted"]
+    assert 0 < len(drafted) <= row["draft_tokens"]
+    # One row per draft the target ruled on: up to and including a block's first rejection.
+    for step, (proposed, accepted) in enumerate(row["steps"]):
+        rows = [d for d in drafted if d["step"] == step]
+        assert len(rows) == min(proposed, accepted + 1)
+        assert [d["position"] for d in rows] == list(range(len(rows)))
+        assert [d["accepted"] for d in rows] == [i < accepted for i in range(len(rows))]
+    for d in drafted:
+        assert 0 <= d["step"] < row["checks"]
+        assert d["kept"] == d["accepted"]
+        assert (d["stage"], d["stage_index"]) == ("pld", 0)
+        assert d["match_len"] >= 1 and d["draft_entropy"] is None
+        assert d["target_entropy"] >= 0 and d["recent_logprob"] <= 0 and d["length_ratio"] >= 0
+    assert sum(d["accepted"] for d in drafted) == row["accepted_tokens"]
+
+
+def test_relaxed_record_keeps_its_unverified_positions(relaxed):
+    row = _build(relaxed)
+    assert RequestRecord.model_validate(json.loads(json.dumps(row))).model_dump() == row
+    assert row["unverified"] == relaxed.unverified
+    assert all(row["from_draft"][p] for p in row["unverified"])
+    drafted = row["drafted"]
+    assert sum(d["kept"] for d in drafted) == row["accepted_tokens"]
+    assert any(d["kept"] and not d["accepted"] for d in drafted)
+    assert not any(d["accepted"] and not d["kept"] for d in drafted)
+    for d in drafted:
+        assert d["stage"] == "model" and d["match_len"] is None
+        assert 0 <= d["draft_confidence"] <= 1 and d["draft_entropy"] >= 0
+
+
 def test_timestamp_defaults_to_now(detailed):
     import time
 
@@ -110,6 +180,62 @@ def test_extra_fields_are_refused(detailed):
     row = {**_build(detailed), "note": "hi"}
     with pytest.raises(ValidationError, match="note"):
         RequestRecord.model_validate(row)
+
+
+# ------------------------------------------------------------------------------ old versions
+
+# A version-1 record as a store written before per-token features holds it (one JSONL line).
+V1_LINE = (
+    '{"schema_version": 1, "id": "0f3c2a", "prompt_id": "grounded:p1", "workload": "grounded", '
+    '"split": "train", "prompt": "Repeat after me.", "prompt_token_ids": [1, 5, 17], '
+    '"output_text": "abcd", "output_token_ids": [5, 17, 9, 2], '
+    '"from_draft": [true, false, false, false], "acceptance_rate": 0.25, '
+    '"mean_accepted_length": 1.3333333333333333, "draft_tokens": 4, "accepted_tokens": 1, '
+    '"checks": 3, "steps": [[4, 1], [0, 0], [0, 0]], "is_failure": true, '
+    '"failure_threshold": 0.5, "drafter": "pld(n=1..3)", "drafter_version": "builtin", '
+    '"policy": "fixed", "hardware": "cpu", '
+    '"sampling": {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "seed": 7}, '
+    '"timestamp": 1749990000.0, "run_id": "run-1", "disagreements": [{"position": 1, '
+    '"draft_index": 1, "draft_token": 42, "target_token": 17, "target_prob_of_draft": 0.01, '
+    '"target_prob_of_target": 0.6, "draft_prob_of_draft": 1.0, "draft_prob_of_target": 0.0, '
+    '"context": [1, 5, 17, 5]}]}'
+)
+
+
+def test_a_version_1_record_is_read_as_the_current_version():
+    old = json.loads(V1_LINE)
+    before = json.dumps(old)
+    record = parse_record(old)
+    assert json.dumps(old) == before  # the raw row is left as it was
+    assert record.schema_version == SCHEMA_VERSION
+    assert (record.drafted, record.unverified) == ([], [])  # never recorded in version 1
+    current = record.model_dump(mode="json")
+    assert {k: v for k, v in current.items() if k not in ("drafted", "unverified")} == {
+        **old,
+        "schema_version": SCHEMA_VERSION,
+    }
+    assert migrate_record(old) == current
+    assert parse_record(current).model_dump(mode="json") == current  # current: unchanged
+    with pytest.raises(ValidationError, match="schema_version"):
+        RequestRecord.model_validate(old)  # only the reader knows old versions
+
+
+@pytest.mark.parametrize("version", [0, 3, 99, "1", 1.0, True, None])
+def test_an_unknown_version_is_refused_naming_it(version):
+    row = {**json.loads(V1_LINE), "schema_version": version}
+    with pytest.raises(UnknownSchemaVersionError, match="it reads 1, 2") as raised:
+        parse_record(row)
+    assert str(raised.value).startswith(f"schema_version: {version!r} is not a record version")
+    assert isinstance(raised.value, BadInputError)
+
+
+def test_a_record_without_a_version_is_refused_by_the_schema():
+    row = json.loads(V1_LINE)
+    del row["schema_version"]
+    with pytest.raises(ValidationError, match="schema_version"):
+        parse_record(row)
+    with pytest.raises(ValidationError):
+        parse_record([V1_LINE])  # not an object
 
 
 # ------------------------------------------------------------------------------ record_id

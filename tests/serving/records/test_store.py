@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import time
@@ -33,7 +34,7 @@ def _mode(path: Path) -> int:
 def _record(index: int) -> dict:
     """A well-formed record that drafted nothing (the store only checks the schema)."""
     return RequestRecord(
-        schema_version=1,
+        schema_version=2,
         id=f"req-{index}",
         prompt_id=f"p{index}",
         workload="grounded",
@@ -59,6 +60,8 @@ def _record(index: int) -> dict:
         timestamp=NOW,
         run_id="r",
         disagreements=[],
+        drafted=[],
+        unverified=[],
     ).model_dump(mode="json")
 
 
@@ -106,6 +109,17 @@ def test_reading_a_missing_store_yields_nothing(tmp_path):
     assert list(read_raw(tmp_path / "nope")) == []
     assert part_files(tmp_path / "nope") == []
     assert existing_ids(tmp_path / "nope") == set()
+
+
+def test_existing_ids_reads_every_readable_version(tmp_path):
+    from tests.serving.records.test_schema import V1_LINE
+
+    old = json.loads(V1_LINE)  # an old part, written before drafted tokens were recorded
+    write_jsonl_atomic(
+        _part(tmp_path),
+        [old, _record(1), {**_record(2), "schema_version": 9}, {**_record(3), "checks": "x"}],
+    )
+    assert existing_ids(tmp_path) == {old["id"], "req-1"}
 
 
 def test_read_raw_reads_other_areas(tmp_path):

@@ -10,20 +10,40 @@ import pytest
 
 from serving.atomic import write_jsonl_atomic
 from serving.errors import BadInputError
-from serving.records.schema import DisagreementRow, RequestRecord, Sampling
+from serving.records.schema import DisagreementRow, DraftedTokenRow, RequestRecord, Sampling
 from serving.records.store import partition_dir, read_raw
 from tasks.data.validate import quarantine_path, validate_records, validate_store
+from tests.serving.records.test_schema import V1_LINE
 
 NOW = 1_750_000_000.0
 HARDWARE = ("cpu", "cuda")
 
 
+def drafted_row(step: int, position: int, token: int, accepted: bool) -> DraftedTokenRow:
+    return DraftedTokenRow(
+        stage="pld",
+        stage_index=0,
+        position=position,
+        draft_confidence=0.8 if position == 0 else None,
+        draft_entropy=None,
+        match_len=2,
+        target_entropy=1.5,
+        recent_logprob=-0.7,
+        length_ratio=2 * step / 3,
+        step=step,
+        token=token,
+        accepted=accepted,
+        kept=accepted,
+    )
+
+
 def make_record(index: int, **fields) -> dict:
     """A valid record: 4 output tokens from 2 checks, each proposing 2 drafts and keeping 1;
-    the two rejections are the disagreements at output positions 1 and 3."""
+    the two rejections are the disagreements at output positions 1 and 3, and the four
+    drafted tokens (kept, rejected; kept, rejected) are all drafted rows."""
     values = dict(
         id=f"req-{index}",
-        schema_version=1,
+        schema_version=2,
         prompt_id=f"prompt-{index}",
         workload="sharegpt",
         split="train",
@@ -61,6 +81,13 @@ def make_record(index: int, **fields) -> dict:
             )
             for position, target in ((1, 11), (3, 13))
         ],
+        drafted=[
+            drafted_row(0, 0, 10, True),
+            drafted_row(0, 1, 99, False),
+            drafted_row(1, 0, 12, True),
+            drafted_row(1, 1, 99, False),
+        ],
+        unverified=[],
     )
     values.update(fields)
     return RequestRecord(**values).model_dump(mode="json")
@@ -78,6 +105,7 @@ def nothing_drafted(index: int) -> dict:
         checks=4,
         steps=[[0, 0]] * 4,
         disagreements=[],
+        drafted=[],
     )
 
 
@@ -90,6 +118,17 @@ def changed_disagreement(index: int, which: int, **fields) -> dict:
     record = make_record(index)
     record["disagreements"][which].update(fields)
     return record
+
+
+def changed_drafted(index: int, which: int, **fields) -> dict:
+    record = make_record(index)
+    record["drafted"][which].update(fields)
+    return record
+
+
+def relaxed(index: int, unverified: list[int]) -> dict:
+    """``make_record`` as relaxed verification would leave it with ``unverified`` kept."""
+    return changed(index, unverified=unverified)
 
 
 def without(index: int, field: str) -> dict:
@@ -197,6 +236,94 @@ BAD = {
             "expect_column_pair_values_a_to_be_greater_than_b(output_length,position)"
         ],
     ),
+    "nested inf in drafted": (
+        changed_drafted(121, 2, target_entropy=math.inf),
+        "parse",
+        ["drafted.2.target_entropy: Input should be a finite number"],
+    ),
+    "unknown schema version": (
+        changed(122, schema_version=3),
+        "parse",
+        [
+            "schema_version: 3 is not a record version this code reads (it reads 1, 2): a "
+            "newer specops wrote it, or the row is damaged; upgrade specops to read it"
+        ],
+    ),
+    "more drafted rows than drafts": (
+        changed(123, drafted=[*make_record(0)["drafted"], make_record(0)["drafted"][3]]),
+        "expectations",
+        ["expect_column_pair_values_a_to_be_greater_than_b(draft_tokens,drafted_count)"],
+    ),
+    "unverified past the output": (
+        relaxed(124, [4]),
+        "expectations",
+        ["expect_column_pair_values_a_to_be_greater_than_b(output_token_count,unverified_max)"],
+    ),
+    "unverified not from a draft": (
+        relaxed(125, [1]),
+        "expectations",
+        ["expect_column_values_to_be_in_set(unverified_from_draft)"],
+    ),
+    "unknown stage": (
+        changed_drafted(126, 0, stage="oracle"),
+        "expectations",
+        ["drafted 0: expect_column_values_to_be_in_set(stage)"],
+    ),
+    "negative stage index": (
+        changed_drafted(127, 1, stage_index=-1),
+        "expectations",
+        ["drafted 1: expect_column_values_to_be_between(stage_index)"],
+    ),
+    "negative drafted position": (
+        changed_drafted(128, 2, position=-1),
+        "expectations",
+        ["drafted 2: expect_column_values_to_be_between(position)"],
+    ),
+    "negative step": (
+        changed_drafted(129, 0, step=-1),
+        "expectations",
+        ["drafted 0: expect_column_values_to_be_between(step)"],
+    ),
+    "step past the checks": (
+        changed_drafted(130, 3, step=2),
+        "expectations",
+        ["drafted 3: expect_column_pair_values_a_to_be_greater_than_b(checks,step)"],
+    ),
+    "draft confidence 1.5": (
+        changed_drafted(131, 0, draft_confidence=1.5),
+        "expectations",
+        ["drafted 0: expect_column_values_to_be_between(draft_confidence)"],
+    ),
+    "negative draft entropy": (
+        changed_drafted(132, 1, draft_entropy=-0.1),
+        "expectations",
+        ["drafted 1: expect_column_values_to_be_between(draft_entropy)"],
+    ),
+    "negative match length": (
+        changed_drafted(133, 2, match_len=-1),
+        "expectations",
+        ["drafted 2: expect_column_values_to_be_between(match_len)"],
+    ),
+    "negative target entropy": (
+        changed_drafted(134, 3, target_entropy=-0.5),
+        "expectations",
+        ["drafted 3: expect_column_values_to_be_between(target_entropy)"],
+    ),
+    "positive recent log-probability": (
+        changed_drafted(135, 0, recent_logprob=0.3),
+        "expectations",
+        ["drafted 0: expect_column_values_to_be_between(recent_logprob)"],
+    ),
+    "negative length ratio": (
+        changed_drafted(136, 1, length_ratio=-1.0),
+        "expectations",
+        ["drafted 1: expect_column_values_to_be_between(length_ratio)"],
+    ),
+    "accepted but not kept": (
+        changed_drafted(137, 2, kept=False),
+        "expectations",
+        ["drafted 2: expect_column_values_to_be_in_set(kept_if_accepted)"],
+    ),
     "duplicate id": (
         make_record(0),
         "duplicate",
@@ -239,6 +366,12 @@ def test_single_problem_gives_only_its_reason(mixed):
     assert by_source["bad-probability 1.2"] == [
         "disagreement 0: expect_column_values_to_be_between(draft_prob_of_draft)"
     ]
+    assert by_source["bad-accepted but not kept"] == [
+        "drafted 2: expect_column_values_to_be_in_set(kept_if_accepted)"
+    ]
+    assert by_source["bad-unverified not from a draft"] == [
+        "expect_column_values_to_be_in_set(unverified_from_draft)"
+    ]
 
 
 def test_valid_rows_kept_in_order_and_every_row_accounted_for(mixed):
@@ -274,6 +407,16 @@ def test_valid_rows_kept_in_order_and_every_row_accounted_for(mixed):
     disagreements = summary["suites"]["disagreements"]
     assert disagreements["success"] is False
     assert disagreements["unexpected"]["expect_column_values_to_be_between(context_length)"] == 1
+    assert summary["by_reason"]["drafted: expect_column_values_to_be_between(position)"] == 1
+    drafted = summary["suites"]["drafted"]
+    assert drafted["ran"] and drafted["success"] is False
+    assert len(drafted["unexpected"]) == 12
+    assert drafted["unexpected"]["expect_column_values_to_be_in_set(stage)"] == 1
+    assert drafted["unexpected"]["expect_column_values_to_be_between(draft_entropy)"] == 1
+    assert len(requests["unexpected"]) == 25
+    # Every row that parsed, duplicates included, was stored in the current version.
+    parsed = len(rows) - summary["by_stage"]["parse"]
+    assert summary["versions_read"] == {"2": parsed}
     json.dumps(summary, allow_nan=False)
 
 
@@ -283,10 +426,101 @@ def test_valid_batch_passes_fully():
     assert result.quarantined == []
     assert result.valid == [row for _, row in rows]
     suites = result.summary["suites"]
-    assert suites["requests"]["success"] and suites["disagreements"]["success"]
+    assert all(suites[name]["success"] for name in ("requests", "disagreements", "drafted"))
     assert suites["requests"]["rows"] == 5
     assert suites["disagreements"]["rows"] == 8
+    assert suites["drafted"]["rows"] == 16
     assert set(suites["requests"]["unexpected"].values()) == {0}
+    assert set(suites["drafted"]["unexpected"].values()) == {0}
+
+
+def test_relaxed_records_with_unverified_drafts_pass():
+    kept = make_record(0)
+    kept["drafted"][1].update(kept=True)  # kept although the target disagreed
+    rows = [("relaxed", relaxed(0, [0, 2])), ("kept", {**kept, "id": "req-kept"})]
+    result = validate_records(rows, known_hardware=HARDWARE, now=NOW)
+    assert result.quarantined == []
+
+
+def test_records_from_the_engine_pass(target, prompt):
+    """Real detailed records (prompt lookup, exact; a model draft, relaxed) pass all suites."""
+    from serving.drafters.model import ModelDrafter
+    from serving.drafters.prompt_lookup import PromptLookupDrafter
+    from serving.engine import SpeculativeDecoder
+    from serving.models.truncated import first_layers
+    from serving.policy import FixedK
+    from serving.records.schema import from_detailed
+    from serving.sampling import SamplingParams
+
+    decoders = [
+        SpeculativeDecoder(target, drafter=PromptLookupDrafter(), policy=FixedK(4)),
+        SpeculativeDecoder(
+            target,
+            drafter=ModelDrafter(first_layers(target, 1)),
+            policy=FixedK(4),
+            relax_lambda=0.05,
+        ),
+    ]
+    rows = []
+    for index, decoder in enumerate(decoders):
+        result = decoder.generate(
+            prompt, max_new_tokens=24, sampling=SamplingParams(seed=7), mode="detailed"
+        )
+        assert result.record is not None
+        row = from_detailed(
+            result.record,
+            record_key=f"engine-{index}",
+            prompt_id="p",
+            workload="grounded",
+            split="train",
+            prompt="...",
+            output_text="...",
+            drafter_version="builtin",
+            hardware="cpu",
+            run_id="run-1",
+            timestamp=NOW - 60.0,
+        )
+        rows.append((f"engine-{index}", row))
+    assert rows[1][1]["unverified"], "the relaxed record should keep unverified drafts"
+    result = validate_records(rows, known_hardware=HARDWARE, now=NOW)
+    assert result.quarantined == []
+    assert result.summary["suites"]["drafted"]["rows"] == sum(
+        len(row["drafted"]) for _, row in rows
+    )
+
+
+# ---------------------------------------------------------------------------- old versions
+
+
+def test_a_version_1_record_passes_after_migration():
+    old = json.loads(V1_LINE)
+    rows = [("old", copy.deepcopy(old)), ("new", make_record(0))]
+    result = validate_records(rows, known_hardware=HARDWARE, now=NOW)
+    assert result.quarantined == []
+    migrated, current = result.valid
+    assert current == make_record(0)
+    assert migrated == {**old, "schema_version": 2, "drafted": [], "unverified": []}
+    summary = result.summary
+    assert (summary["schema_version"], summary["versions_read"]) == (2, {"1": 1, "2": 1})
+    assert summary["suites"]["drafted"]["rows"] == 4  # the old record has none
+
+
+def test_an_old_store_validates_and_only_version_1_rows_run_every_suite(tmp_path):
+    """A store of version-1 parts only (as in users' data/ and DVC remotes): the drafted
+    suite runs on no rows and passes; a broken old row is quarantined in its raw form."""
+    old = json.loads(V1_LINE)
+    broken = {**old, "id": "old-broken", "checks": 0}
+    root = tmp_path / "store"
+    write_jsonl_atomic(partition_dir(root, "cpu", NOW) / "part-old-00000.jsonl", [old, broken])
+    result = validate_store(root, known_hardware=HARDWARE, run_id="old", now=NOW)
+    assert [r["id"] for r in result.valid] == [old["id"]]
+    assert result.valid[0]["drafted"] == [] and result.valid[0]["schema_version"] == 2
+    [entry] = result.quarantined
+    assert entry["record"] == broken and entry["stage"] == "expectations"
+    assert "expect_column_values_to_be_between(checks)" in entry["reasons"]
+    drafted = result.summary["suites"]["drafted"]
+    assert (drafted["ran"], drafted["success"], drafted["rows"]) == (True, True, 0)
+    assert result.summary["versions_read"] == {"1": 2}
 
 
 def test_no_surviving_rows_skips_great_expectations():
@@ -294,12 +528,13 @@ def test_no_surviving_rows_skips_great_expectations():
     result = validate_records(rows, known_hardware=HARDWARE, now=NOW)
     assert result.valid == []
     assert [e["stage"] for e in result.quarantined] == ["parse", "parse"]
-    assert result.summary["suites"]["requests"] == {
-        "ran": False,
-        "success": None,
-        "rows": 0,
-        "unexpected": {},
+    skipped = {"ran": False, "success": None, "rows": 0, "unexpected": {}}
+    assert result.summary["suites"] == {
+        "requests": skipped,
+        "disagreements": skipped,
+        "drafted": skipped,
     }
+    assert result.summary["versions_read"] == {}
     assert validate_records([], known_hardware=HARDWARE).summary["total"] == 0
 
 
