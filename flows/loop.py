@@ -7,7 +7,10 @@
 - ``retrain``: rebuild the suffix draft and train the learned challengers of
   ``configs/retrain.yaml`` (head, LoRA) from the collected traffic, register them with
   their training curves and data lineage, then ``evaluate-and-promote`` on the held-out
-  traffic and the built-in workloads. Scheduled daily, and triggered by ``collect``.
+  traffic and the built-in workloads; then retrain the acceptance predictor
+  (``specops-predictor``) and promote it only if it makes the champion draft faster than
+  the current policy (:mod:`tasks.loop.predictor_step`). Scheduled daily, and triggered
+  by ``collect``.
 - ``evaluate-and-promote``: one interleaved evaluation of champion and challengers on
   held-out prompts of a hardware target (and the held-out slice of collected traffic);
   the gates decide; the fastest passing challenger becomes the champion (the registry
@@ -166,12 +169,30 @@ def retrain(
         cache=f"{work}/packages",
         traffic=dataset,
     )
+    # The acceptance predictor, judged on the champion draft this run leaves serving.
+    predictor = steps.retrain_predictor(
+        dataset,
+        out,
+        hardware=hardware,
+        workloads=eval_workloads or ["humaneval"],
+        prompts_per_workload=eval_prompts_per_workload,
+        max_new_tokens=max_new_tokens,
+        cache=f"{work}/packages",
+        tags=tags,
+    )
+    if predictor["skipped"]:
+        logger.warning("predictor: %s", predictor["skipped"])
+    else:
+        logger.info(
+            "predictor %s: %s", predictor["challenger"], (predictor["gate"] or {}).get("reason")
+        )
     return {
         "validation": summary,
         "slot": run_slot,
         "challengers": challengers,
         "trained": trained,
         "decision": decision,
+        "predictor": predictor,
     }
 
 

@@ -27,7 +27,7 @@ from serving.errors import BadInputError
 from serving.hardware import engine_target
 from serving.loader import encode_messages, eos_ids
 from serving.metrics import RequestStats, StepRecord, acceptance_by_position, pool
-from serving.policy import make_policy
+from serving.policy import DraftLengthPolicy, make_policy
 from tasks.data.prompts import Prompt
 
 REFERENCE = "plain"
@@ -77,6 +77,9 @@ def source_of(workload: str) -> str:
 class Contender:
     name: str  # "champion", "challenger", ...
     package: Path  # a draft package folder
+    # An acceptance predictor folder: the package's drafter then runs as a one-stage
+    # cascade driven by it (serving/cascade) instead of under the package's own policy.
+    predictor: Path | None = None
 
 
 @dataclass
@@ -94,7 +97,11 @@ def _decoders(contenders, target, tokenizer, hardware: str) -> list[_Run]:
     runs = [_Run(REFERENCE, SpeculativeDecoder(target, eos_token_ids=eos))]
     for contender in contenders:
         manifest, drafter = load_package(contender.package, target, tokenizer)
-        policy = make_policy(manifest.policy, manifest.k, verify_curve=curve) if drafter else None
+        policy: DraftLengthPolicy | None = None
+        if drafter is not None and contender.predictor is not None:
+            drafter, policy = _predicted(drafter, contender, manifest.k, curve, hardware)
+        elif drafter is not None:
+            policy = make_policy(manifest.policy, manifest.k, verify_curve=curve)
         runs.append(
             _Run(
                 contender.name,
@@ -102,6 +109,30 @@ def _decoders(contenders, target, tokenizer, hardware: str) -> list[_Run]:
             )
         )
     return runs
+
+
+def _predicted(drafter, contender: Contender, k: int, curve, hardware: str):
+    """The package's drafter as the single stage of a cascade driven by the contender's
+    predictor (refused, naming it, when the predictor never saw that kind of drafter)."""
+    from serving.cascade.drafter import CascadeDrafter, CascadePolicy, Stage
+    from serving.features import stage_kind
+    from serving.predictor import PredictorError, load_predictor
+
+    assert contender.predictor is not None
+    predictor = load_predictor(contender.predictor, hardware=hardware)
+    kind = stage_kind(drafter.describe())
+    if kind not in predictor.stages:
+        raise PredictorError(
+            f"contender {contender.name!r}: its predictor was trained on stages "
+            f"{list(predictor.stages)}, not on {kind!r} drafts"
+        )
+    cascade = CascadeDrafter(
+        [Stage(str(drafter.name), kind, drafter)],
+        k_max=k,
+        verify_curve=curve,
+        predictor=predictor,
+    )
+    return cascade, CascadePolicy(cascade)
 
 
 def _summary(rows: list[dict[str, Any]], reference_tps: float | None) -> dict[str, Any]:

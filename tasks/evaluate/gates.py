@@ -80,8 +80,13 @@ def gate(
     challenger: str = "challenger",
     champion: str = "champion",
     config: GateConfig | None = None,
+    check_acceptance: bool = True,
 ) -> GateResult:
-    """Apply the gates to an evaluation report (:func:`tasks.evaluate.evaluate.evaluate`)."""
+    """Apply the gates to an evaluation report (:func:`tasks.evaluate.evaluate.evaluate`).
+
+    ``check_acceptance=False`` drops the acceptance-regression check: for a challenger that
+    changes how far the same draft drafts (an acceptance predictor), fewer tokens per pass
+    can be the faster choice, and speed (with losslessness) is what decides."""
     config = config or load_gates()
     results = report["results"]
     if challenger not in results:
@@ -131,14 +136,15 @@ def gate(
     )
     new_len = _value(new, "mean_accepted_length") or 1.0
     old_len = _value(old, "mean_accepted_length") or 1.0
-    checks.append(
-        Check(
-            f"no acceptance regression{on}",
-            new_len >= old_len - config.max_mean_accepted_length_drop,
-            f"mean accepted length {new_len:.3f} vs champion {old_len:.3f} "
-            f"(may drop at most {config.max_mean_accepted_length_drop})",
+    if check_acceptance:
+        checks.append(
+            Check(
+                f"no acceptance regression{on}",
+                new_len >= old_len - config.max_mean_accepted_length_drop,
+                f"mean accepted length {new_len:.3f} vs champion {old_len:.3f} "
+                f"(may drop at most {config.max_mean_accepted_length_drop})",
+            )
         )
-    )
     if traffic and builtin and champion in builtin:
         a, b = _value(builtin[challenger], "speedup"), _value(builtin[champion], "speedup")
         kept = a is not None and b is not None and a >= b * (1.0 - config.max_workload_slowdown)

@@ -219,3 +219,45 @@ def evaluate_gate_promote(
         promote=promote,
     )
     return decision.to_dict()
+
+
+@task(name="retrain-predictor", cache_policy=NO_CACHE)
+def retrain_predictor(
+    dataset: str,
+    out: str,
+    *,
+    hardware: str,
+    workloads: list[str],
+    prompts_per_workload: int,
+    max_new_tokens: int,
+    cache: str,
+    tags: dict[str, str] | None = None,
+    promote: bool = True,
+    seed: int = 0,
+    traffic_per_workload: int = 8,
+) -> dict[str, Any]:
+    """Train the acceptance predictor on ``dataset``, register it, and promote it if it
+    makes the champion draft faster than the current policy (interleaved, same prompts as
+    the drafts' evaluation: built-in held-out and the dataset's held-out traffic)."""
+    from tasks.evaluate.evaluate import EncodedPrompt, traffic_prompts
+    from tasks.loop.predictor_step import retrain_predictor as run
+
+    prompts: list[Prompt | EncodedPrompt] = [
+        p
+        for workload in workloads
+        for p in build_workload(workload, prompts_per_workload, seed=seed, split="heldout")
+    ]
+    held = loop.read_jsonl(Path(dataset) / "heldout_traffic.jsonl")
+    prompts += traffic_prompts(held, per_workload=traffic_per_workload)
+    outcome = run(
+        open_registry(),
+        Path(dataset),
+        Path(out),
+        prompts,
+        hardware=hardware,
+        cache=Path(cache),
+        max_new_tokens=max_new_tokens,
+        tags=tags,
+        promote=promote,
+    )
+    return outcome.to_dict()

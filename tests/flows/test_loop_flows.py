@@ -146,6 +146,18 @@ def test_collect_triggers_retrain_and_a_rerun_duplicates_nothing(harness, world,
     assert [m.step for m in history] == sorted(m.step for m in history) and history  # a curve
     # The held-out traffic was evaluated beside the built-in prompts, never trained on.
     assert set(retrained["decision"]["by_source"]) == {"builtin", "traffic"}
+    # The acceptance predictor was retrained on the same data, registered as the target's
+    # challenger with its held-out metrics, and judged by the gates on the champion draft.
+    # (It learned from prompt-lookup records: when this run promoted another kind of draft,
+    # it is not judged on it, and says so; tests/tasks/loop/test_predictor_step.py has the
+    # gate itself.)
+    predictor = retrained["predictor"]
+    assert predictor["challenger"] and {"brier", "ece"} <= set(predictor["metrics"])
+    if predictor["gate"] is None:
+        assert "trained on stages ['pld']" in predictor["skipped"], predictor
+    else:
+        names = [check["name"] for check in predictor["gate"]["checks"]]
+        assert "lossless" in names and not any("acceptance" in name for name in names)
     # The retrain is on record: a trigger right after it is held back by the cool-down.
     assert last_retrain(registry, "cpu") is not None
     monkeypatch.setattr(Registry, "champion", lambda self, hardware: None)  # absolute rule

@@ -1,0 +1,122 @@
+"""The loop's predictor step: retrain the acceptance predictor on the validated traffic,
+register it as the target's challenger, and promote it only through the gates.
+
+The gate run is the drafts' own (:func:`tasks.evaluate.evaluate.evaluate`): interleaved on
+held-out prompts, greedy, every output checked against plain decoding. The champion draft
+runs twice - under the current policy (the champion predictor when the target has one,
+otherwise the package's own draft-length policy) and as a one-stage cascade driven by the
+new predictor - and the predictor is promoted when that is faster by the gates' margin,
+lossless, with no workload slowed beyond the gates' limit. Mean accepted length is not
+gated: drafting less can be the faster choice, which is what a predictor is for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from registry.client import Registry
+from registry.predictor import (
+    champion_predictor,
+    download_predictor,
+    log_predictor,
+    promote_predictor,
+    set_predictor_challenger,
+)
+from serving.errors import BadInputError
+from tasks.data.prompts import Prompt
+from tasks.evaluate.evaluate import Contender, EncodedPrompt, evaluate
+from tasks.evaluate.gates import gate
+from tasks.loop import steps as loop_steps
+from tasks.train.predictor import train_predictor
+
+
+@dataclass
+class PredictorOutcome:
+    hardware: str
+    skipped: str | None = None  # why no predictor was trained or judged
+    challenger: str | None = None  # the registered version's label
+    champion: str | None = None  # the predictor champion when judged (None: none)
+    promoted: str | None = None
+    gate: dict[str, Any] | None = None
+    metrics: dict[str, float] = field(default_factory=dict)  # held-out AUC, Brier, ECE
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def retrain_predictor(
+    registry: Registry,
+    dataset: Path,
+    out: Path,
+    prompts: Sequence[Prompt | EncodedPrompt],
+    *,
+    hardware: str,
+    cache: Path,
+    max_new_tokens: int,
+    tags: dict[str, str] | None = None,
+    promote: bool = True,
+    progress: bool = False,
+) -> PredictorOutcome:
+    outcome = PredictorOutcome(hardware)
+    try:
+        trained = train_predictor(dataset, out / "predictor", hardware=hardware, progress=progress)
+    except BadInputError as error:  # e.g. only v1 records, one label: said, not hidden
+        outcome.skipped = f"no predictor trained: {error}"
+        return outcome
+    outcome.metrics = {k: float(v) for k, v in trained.evaluation.flat().items()}
+    curves: dict[str, Sequence[tuple[int, float]]] = dict(trained.curves())
+    version = log_predictor(
+        registry,
+        trained.folder,
+        metrics=outcome.metrics,
+        params=trained.params(),
+        tags=tags,
+        curves=curves,
+    )
+    set_predictor_challenger(registry, version, hardware)
+    outcome.challenger = version.label
+    draft = registry.champion(hardware)
+    if draft is None:
+        outcome.skipped = f"{hardware} has no champion draft for the predictor to drive"
+        return outcome
+    package = registry.download(draft, cache)
+    current = champion_predictor(registry, hardware)
+    outcome.champion = current.label if current else None
+    current_folder = download_predictor(registry, current, cache) if current else None
+    try:
+        contenders = [
+            Contender("champion", package, predictor=current_folder),
+            Contender("challenger", package, predictor=trained.folder),
+        ]
+        model, tokenizer = loop_steps.target_for(hardware)
+        report = evaluate(
+            contenders,
+            prompts,
+            target=model,
+            tokenizer=tokenizer,
+            hardware=hardware,
+            max_new_tokens=max_new_tokens,
+            progress=progress,
+        )
+    except BadInputError as error:  # the predictor never saw the champion's kind of draft
+        outcome.skipped = f"not judged: {error}"
+        return outcome
+    result = gate(report, challenger="challenger", champion="champion", check_acceptance=False)
+    outcome.gate = result.to_dict()
+    if result.passed and promote:
+        promote_predictor(
+            registry,
+            version,
+            hardware,
+            reason=result.reason,
+            metrics={
+                "speedup": float(report["results"]["challenger"]["speedup"] or 0.0),
+                "champion_speedup": float(report["results"]["champion"]["speedup"] or 0.0),
+            },
+            expected_champion=outcome.champion,
+        )
+        outcome.promoted = version.label
+    return outcome
