@@ -253,11 +253,23 @@ class CascadeDrafter(Drafter):
         # Where this step stopped (a step the engine ran without asking for drafts too).
         stopped = self.stages[self._chosen].name if self._chosen >= 0 else TARGET_STAGE
         self.stops[stopped] += 1
-        if self._chosen >= 0:
-            self.running[self._chosen].update(feedback.proposed, feedback.accepted)
         for index, stage in enumerate(self.stages):
-            chosen = index == self._chosen
-            stage.drafter.commit(feedback if chosen else _unused(feedback, self._proposals[index]))
+            proposal = self._proposals[index]
+            if index == self._chosen:
+                self.running[index].update(feedback.proposed, feedback.accepted)
+                stage.drafter.commit(feedback)
+                continue
+            if proposal is not None and len(proposal):
+                # A block not verified is still judged where the committed tokens reach:
+                # its running acceptance learns from what the target chose there.
+                drafts = proposal.tokens.tolist()[: len(feedback.new_tokens)]
+                committed = feedback.new_tokens[: len(drafts)]
+                same = next(
+                    (i for i, (d, t) in enumerate(zip(drafts, committed, strict=True)) if d != t),
+                    len(drafts),
+                )
+                self.running[index].update(len(drafts), same)
+            stage.drafter.commit(_unused(feedback, proposal))
         self._proposals = [None] * len(self.stages)
         self._chosen = -1
 

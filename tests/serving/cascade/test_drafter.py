@@ -97,3 +97,11 @@ def test_a_predictor_for_another_target_or_feature_set_is_refused(target, tmp_pa
     (folder / "predictor.json").write_text(meta)
     with pytest.raises(PredictorError, match="feature set 'old/0'"):
         build_cascade("pld", target, verify_curve=DEFAULT_VERIFY_CURVE, predictor=folder)
+
+
+def test_stages_not_chosen_still_learn_where_the_target_ruled(target, prompt):
+    decoder, cascade = _decoder(target, ["pld:2", "ngram:3"], None)
+    decoder.generate(prompt * 3, max_new_tokens=NEW_TOKENS)
+    chosen = {name for name in cascade.stops if name != TARGET_STAGE}
+    for index, stage in enumerate(cascade.stages):
+        assert sum(cascade.running[index].seen) > 0, (stage.name, chosen)
