@@ -34,8 +34,13 @@ def rouge_l(candidate: Sequence[int], reference: Sequence[int]) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
-def mean_ci(values: Sequence[float], confidence: float = 0.95) -> dict[str, float | None]:
-    """Mean and a Student-t confidence interval over ``values`` (e.g. one per seed)."""
+def mean_ci(
+    values: Sequence[float],
+    confidence: float = 0.95,
+    bounds: tuple[float, float] | None = None,
+) -> dict[str, float | None]:
+    """Mean and a Student-t confidence interval over ``values`` (e.g. one per seed),
+    clipped to ``bounds`` for a bounded metric (ROUGE-L lies in [0, 1])."""
     from scipy import stats
 
     clean = [float(v) for v in values if v is not None and math.isfinite(v)]
@@ -46,7 +51,10 @@ def mean_ci(values: Sequence[float], confidence: float = 0.95) -> dict[str, floa
         return {"mean": mean, "low": None, "high": None, "n": len(clean)}
     sem = statistics.stdev(clean) / math.sqrt(len(clean))
     half = float(stats.t.ppf((1 + confidence) / 2, len(clean) - 1)) * sem
-    return {"mean": mean, "low": mean - half, "high": mean + half, "n": len(clean)}
+    low, high = mean - half, mean + half
+    if bounds is not None:
+        low, high = max(low, bounds[0]), min(high, bounds[1])
+    return {"mean": mean, "low": low, "high": high, "n": len(clean)}
 
 
 def summarize_method(
@@ -107,7 +115,7 @@ def summarize_method(
             "pass_points_vs_lossless": 100 * (gained - lost) / len(problems) if problems else None,
             "problems_gained": gained,
             "problems_lost": lost,
-            "rouge_l": mean_ci(rouges),
+            "rouge_l": mean_ci(rouges, bounds=(0.0, 1.0)),
             "identical_share": sum(r["identical"] for r in mine) / len(mine) if mine else None,
             "unverified_share": (
                 sum(r["unverified"] for r in mine) / max(sum(r["tokens"] for r in mine), 1)

@@ -76,7 +76,7 @@ class PredictorParams(_Section):
     epochs: int = Field(200, ge=1)  # at most; early stopping usually ends sooner
     minutes: float | None = Field(5.0, gt=0)  # wall-clock budget of the epochs (None: none)
     hidden: int = Field(32, ge=1)  # MLP width
-    shrinkage_strength: float = Field(10.0, ge=0)  # m: pseudo-rows of each stage's prior
+    shrinkage_strength: float = Field(2.0, ge=0)  # m: pseudo-rows of each stage's prior
     learning_rate: float = Field(3e-3, gt=0)  # Adam
     batch_size: int = Field(256, ge=1)
     patience: int = Field(10, ge=1)  # epochs without a better validation loss, then stop

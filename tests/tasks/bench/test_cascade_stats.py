@@ -21,3 +21,5 @@ def test_mean_ci_is_a_t_interval():
     assert ci["mean"] == pytest.approx(2.0)
     assert ci["high"] - ci["mean"] == pytest.approx(4.302653 / 3**0.5, rel=1e-5)
     assert mean_ci([5.0])["low"] is None and mean_ci([])["mean"] is None
+    bounded = mean_ci([0.2, 0.9, 1.0], bounds=(0.0, 1.0))
+    assert bounded["high"] == 1.0 and bounded["low"] >= 0.0
