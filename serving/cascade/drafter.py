@@ -10,9 +10,13 @@ when the plan picks it, it drafts that many tokens, its tokens are scored, and t
 made again with them in hand (it may still settle on an eager stage's block, or none).
 
 Everything it proposes is verified exactly as any draft is (lossless unless the engine runs
-relaxed): the cascade only chooses what to verify. Costs are measured as it runs: each
-stage's propose time, and the target's one-token pass time from the policy
-(:class:`CascadePolicy`), whose ``next_k`` always offers ``k_max``: the plan decides.
+relaxed): the cascade only chooses what to verify. Under sampling a model stage's block is
+verified whole once drawn (its length is chosen before drawing): a choice made from the
+values of sampled tokens would change the distribution the verifier corrects for.
+
+Costs are measured as it runs: each stage's propose time, and the target's one-token pass
+time from the policy (:class:`CascadePolicy`), whose ``next_k`` always offers ``k_max``:
+the plan decides.
 """
 
 from __future__ import annotations
@@ -227,12 +231,17 @@ class CascadeDrafter(Drafter):
             proposal, features, spent = self._draft(index, request, choice.length, context)
             drafted[index] = (proposal, features)
             sunk += spent
-            # Plan again with its tokens in hand; lazy stages not drafted drop out.
-            options = [
-                StageOption(self._probs(i, drafted[i][1])) if i in drafted else StageOption(())
-                for i in range(len(self.stages))
-            ]
-            choice = plan(options, self._cost, sunk=sunk)
+            if request.sampler.greedy:
+                # Plan again with its tokens in hand; lazy stages not drafted drop out.
+                options = [
+                    StageOption(self._probs(i, drafted[i][1])) if i in drafted else StageOption(())
+                    for i in range(len(self.stages))
+                ]
+                choice = plan(options, self._cost, sunk=sunk)
+            else:
+                # Under sampling the block is verified as drawn: choosing or cutting it by
+                # the values of its own sampled tokens would skew what the verifier keeps.
+                choice = Choice(index, len(proposal), 0.0, 1.0)
         if choice.length == 0:
             return DraftProposal.empty()
         proposal, features = drafted[choice.stage]

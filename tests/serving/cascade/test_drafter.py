@@ -105,3 +105,29 @@ def test_stages_not_chosen_still_learn_where_the_target_ruled(target, prompt):
     chosen = {name for name in cascade.stops if name != TARGET_STAGE}
     for index, stage in enumerate(cascade.stages):
         assert sum(cascade.running[index].seen) > 0, (stage.name, chosen)
+
+
+def test_sampling_through_the_cascade_keeps_the_targets_distribution(target, prompt):
+    """Two-sample chi-square: the first two sampled tokens through a cascade whose model
+    stage drafts (and whose n-gram stage may) against plain sampling, over many seeds."""
+    import numpy as np
+    from scipy.stats import chi2_contingency
+
+    from serving.sampling import SamplingParams
+
+    plain = SpeculativeDecoder(target)
+    decoder, cascade = _decoder(target, ["pld:2", "layers:2"], None)
+    trials = 800
+    counts = {name: {} for name in ("plain", "cascade")}
+    for seed in range(trials):
+        sampling = SamplingParams(temperature=1.0, seed=seed)
+        for name, engine in (("plain", plain), ("cascade", decoder)):
+            key = tuple(engine.generate(prompt, max_new_tokens=2, sampling=sampling).token_ids)
+            counts[name][key] = counts[name].get(key, 0) + 1
+    assert cascade.stops.get("layers:2", 0) or sum(cascade.running[1].seen) > 0
+    keys = sorted(set(counts["plain"]) | set(counts["cascade"]))
+    table = np.array([[counts[n].get(k, 0) for k in keys] for n in ("plain", "cascade")])
+    # Merge rare pairs so every expected count is at least 5.
+    common = table.sum(axis=0) >= 10
+    merged = np.column_stack([table[:, common], table[:, ~common].sum(axis=1)])
+    assert chi2_contingency(merged).pvalue > 1e-3
