@@ -206,13 +206,14 @@ def test_validate_prints_counts_and_writes_the_dataset(tmp_path, store):
     # The newest grounded train record is held out by time (heldout_share 0.2); of the rest,
     # failures at acceptance 0 and 0.25, and failure_share 0.5 wants two replayed successes:
     # one is left.
-    assert "dataset: failures=2, replay=1, train_mix=3, eval=1, heldout_traffic=1" in (
+    assert "dataset: failures=2, replay=1, train_mix=3, trainable=3, eval=1, heldout_traffic=1" in (
         result.output
     )
     summary = json.loads((out / "summary.json").read_text())
     assert summary["validation"]["valid"] == 5
     assert summary["dataset"] == {
-        "failures": 2, "replay": 1, "train_mix": 3, "eval": 1, "heldout_traffic": 1,
+        "failures": 2, "replay": 1, "train_mix": 3, "trainable": 3, "eval": 1,
+        "heldout_traffic": 1,
     }  # fmt: skip
     assert len((out / "quarantine.jsonl").read_text().splitlines()) == 2
 
