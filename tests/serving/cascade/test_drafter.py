@@ -26,7 +26,7 @@ def _decoder(target, stages, predictor=None, **kwargs):
     return SpeculativeDecoder(target, drafter=cascade, policy=policy, **kwargs), cascade
 
 
-@pytest.mark.parametrize("order", list(itertools.permutations(STAGES, 3))[::3])
+@pytest.mark.parametrize("order", list(itertools.permutations(STAGES)))
 @pytest.mark.parametrize("with_predictor", [False, True])
 def test_cascade_is_lossless_for_every_stage_order(
     target, prompt, greedy_reference, order, with_predictor
