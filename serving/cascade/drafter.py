@@ -135,7 +135,6 @@ class CascadeDrafter(Drafter):
         self.stops: Counter[str] = Counter()  # this request's stopping stages
         self._proposals: list[DraftProposal | None] = [None] * len(self.stages)
         self._chosen = -1
-        self._chosen_length = 0
         self._idle = 0
         self.name = "cascade(" + ">".join(s.name for s in self.stages) + ")"
 
@@ -198,7 +197,7 @@ class CascadeDrafter(Drafter):
         context = request.context or ContextStats(len(request.tokens))
         k = min(request.k, self.k_max)
         self._proposals = [None] * len(self.stages)
-        self._chosen, self._chosen_length = -1, 0
+        self._chosen = -1
         if k < 1:
             return DraftProposal.empty()
         drafted: dict[int, tuple[DraftProposal, list[TokenFeatures]]] = {}
@@ -246,7 +245,7 @@ class CascadeDrafter(Drafter):
             return DraftProposal.empty()
         proposal, features = drafted[choice.stage]
         length = min(choice.length, len(proposal))
-        self._chosen, self._chosen_length = choice.stage, length
+        self._chosen = choice.stage
         chosen = proposal.truncate(length)
         return DraftProposal(
             chosen.tokens,
@@ -272,12 +271,7 @@ class CascadeDrafter(Drafter):
                 # A block not verified is still judged where the committed tokens reach:
                 # its running acceptance learns from what the target chose there.
                 drafts = proposal.tokens.tolist()[: len(feedback.new_tokens)]
-                committed = feedback.new_tokens[: len(drafts)]
-                same = next(
-                    (i for i, (d, t) in enumerate(zip(drafts, committed, strict=True)) if d != t),
-                    len(drafts),
-                )
-                self.running[index].update(len(drafts), same)
+                self.running[index].update(len(drafts), _prefix(drafts, feedback.new_tokens))
             stage.drafter.commit(_unused(feedback, proposal))
         self._proposals = [None] * len(self.stages)
         self._chosen = -1
@@ -298,14 +292,20 @@ def _unused(feedback: StepFeedback, proposal: DraftProposal | None) -> StepFeedb
     if proposal is None or len(proposal) == 0:
         return StepFeedback(0, 0, feedback.new_tokens, feedback.tokens, feedback.target_hidden)
     drafts = proposal.tokens.tolist()
-    same = 0
-    for draft, token in zip(drafts, feedback.new_tokens[:-1], strict=False):
-        if draft != token:
-            break
-        same += 1
+    same = _prefix(drafts, feedback.new_tokens[:-1])
     return StepFeedback(
         len(drafts), same, feedback.new_tokens, feedback.tokens, feedback.target_hidden
     )
+
+
+def _prefix(drafts: list[int], tokens: list[int]) -> int:
+    """How many leading drafts equal the committed tokens."""
+    same = 0
+    for draft, token in zip(drafts, tokens, strict=False):
+        if draft != token:
+            break
+        same += 1
+    return same
 
 
 class CascadePolicy(DraftLengthPolicy):
