@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -22,7 +22,7 @@ from serving.metrics import RequestStats, StepRecord, summarize
 from serving.policy import DraftLengthPolicy, NoDraft
 from serving.relaxed import check_lambda
 from serving.sampling import SamplingParams, make_sampler
-from serving.step import speculative_step
+from serving.step import DraftedBlock, StepResult, draft_block, settle, speculative_step
 
 MODES = ("fast", "detailed")
 CONTEXT_WINDOW = 32  # tokens of context kept with each disagreement
@@ -69,6 +69,8 @@ class Generation:
     def __init__(self, events: Iterator[TokenEvent]) -> None:
         self._events = events
         self.result: GenerationResult | None = None
+        # The request's decoding state, once decoding has begun (a batch steps it itself).
+        self.decoding: Decoding | None = None
 
     def __iter__(self) -> Iterator[TokenEvent]:
         return self
@@ -158,7 +160,7 @@ class SpeculativeDecoder:
             )
         return prompt
 
-    def stream(
+    def begin(
         self,
         prompt: Sequence[int],
         *,
@@ -166,8 +168,9 @@ class SpeculativeDecoder:
         sampling: SamplingParams | None = None,
         mode: str = "fast",
         request_id: str | None = None,
-    ) -> Generation:
-        """Validate now (raising :class:`BadInputError`), decode lazily while iterated."""
+    ) -> Decoding:
+        """Validate a request (raising :class:`BadInputError`) and return its decoding
+        state, not yet prefilled: for a batch to step (:mod:`serving.batch`)."""
         sampling = sampling or SamplingParams()
         if self.relaxed and not sampling.greedy:
             raise BadInputError(
@@ -181,107 +184,36 @@ class SpeculativeDecoder:
             detailed=mode == "detailed",
             request_id=request_id or new_request_id(),
         )
+        return Decoding(self, request)
+
+    def stream(self, prompt: Sequence[int], **kwargs) -> Generation:
+        """Validate now (raising :class:`BadInputError`), decode lazily while iterated;
+        keyword arguments as :meth:`begin`. ``generation.decoding`` is the request's state
+        (a batch may step it instead of the iterator)."""
+        decoding = self.begin(prompt, **kwargs)
         generation = Generation(iter(()))
-        generation._events = self._decode(request, generation)
+        generation.decoding = decoding
+        generation._events = self._decode(decoding, generation)
         return generation
 
     def generate(self, prompt: Sequence[int], **kwargs) -> GenerationResult:
         return self.stream(prompt, **kwargs).run()
 
-    @torch.inference_mode()
-    def _decode(self, request: _Request, generation: Generation) -> Iterator[TokenEvent]:
-        started = time.perf_counter()
-        device = self.device
-        sampler = make_sampler(request.sampling, device=device)  # draws where the logits are
-        tokens = list(request.prompt)
-        cache = new_cache(self.target)
-        drafter = self.drafter
-        want_hidden = drafter is not None and drafter.needs_target_hidden
-        # [len(prompt) - 1, hidden] the target's last hidden states, for drafters that read them
-        prompt_hidden = torch.empty(0, int(self.target.config.hidden_size), device=device)
-        if len(tokens) > 1:
-            # The cache holds every token but the last, which the first step feeds.
-            out = self.target(
-                input_ids=torch.tensor(tokens[:-1], dtype=torch.int64, device=device)[None],
-                past_key_values=cache,
-                use_cache=True,
-                logits_to_keep=1,
-                output_hidden_states=want_hidden,
-            )
-            if want_hidden:
-                prompt_hidden = out.hidden_states[-1][0]
-        if drafter is not None:
-            drafter.begin(list(tokens))
-            if want_hidden:
-                drafter.prefill(prompt_hidden)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)  # the prefill was only queued: time it, not its launch
-        prefill_s = time.perf_counter() - started
-        self.policy.begin()
-        stop_reason = "length"
-        # The target statistics the acceptance features need: kept for detailed records and
-        # for drafters that decide with the predictor (the cascade).
-        wants_context = request.detailed or getattr(drafter, "needs_context", False)
-        context = ContextStats(len(tokens)) if wants_context else None
+    def _decode(self, decoding: Decoding, generation: Generation) -> Iterator[TokenEvent]:
         try:
-            while len(request.output) < request.max_new_tokens:
-                remaining = request.max_new_tokens - len(request.output)
-                # Never draft past the budget: the target's own token always comes on top.
-                k = min(self.policy.next_k(), remaining - 1)
-                relax = None
-                if self.relaxed:
-                    passes = max(len(request.steps), 1)
-                    relax = (self.relax_lambda, max(len(request.output) / passes, 1.0))
-                step = speculative_step(
-                    self.target,
-                    cache,
-                    tokens,
-                    drafter,
-                    k,
-                    sampler,
-                    detailed=request.detailed,
-                    device=device,
-                    context=context,
-                    stage=self.stage,
-                    relax=relax,
-                )
-                self.policy.update(
-                    step.proposed, step.agreed, draft_s=step.draft_s, verify_s=step.verify_s
-                )
-                base = len(request.output)
-                emitted = self._emit(request, step.new_tokens, step.accepted)
-                if context is not None:
-                    n = len(emitted)
-                    context.observe(step.entropies[:n], step.logprobs[:n], n)
-                unverified = {base + i for i in step.unverified if i < len(emitted)}
-                request.unverified.extend(sorted(unverified))
-                if request.detailed:
-                    self._record_drafted(request, step, len(request.steps))
-                # Only a rejection inside the emitted tokens is a disagreement of this output:
-                # past an EOS among the accepted drafts, position and context would be wrong.
-                if step.rejection is not None and step.rejection.draft_index < len(emitted):
-                    self._record_rejection(request, tokens, step.rejection)
-                tokens.extend(step.new_tokens)
-                request.steps.append(
-                    StepRecord(
-                        step.proposed, step.accepted, len(emitted), step.draft_s, step.verify_s
-                    )
-                )
-                index = len(request.steps) - 1
-                for offset, (token, from_draft) in enumerate(emitted):
-                    verified = base + offset not in unverified
-                    yield TokenEvent(token, from_draft, index, verified)
-                if emitted and emitted[-1][0] in self.eos_token_ids:
-                    stop_reason = "eos"
-                    break
+            with torch.inference_mode():
+                decoding.prefill()
+            while not decoding.done:
+                with torch.inference_mode():
+                    events = decoding.step_alone()
+                yield from events
         except GeneratorExit:
             # Closed early (a cancelled request): what was decoded so far is still reported.
-            generation.result = self._result(request, "cancelled", prefill_s, started)
+            generation.result = decoding.finish("cancelled")
             raise
         finally:
-            if drafter is not None:
-                drafter.end()
-        generation.result = self._result(request, stop_reason, prefill_s, started)
+            decoding.release()
+        generation.result = decoding.finish()
 
     def _result(
         self, request: _Request, stop_reason: str, prefill_s: float, started: float
@@ -376,3 +308,203 @@ class SpeculativeDecoder:
             drafted=list(request.drafted),
             unverified=list(request.unverified),
         )
+
+
+class Decoding:
+    """One request's decoding state: prefilled once, then stepped until EOS or its budget.
+
+    Stepped alone (the :class:`Generation` iterator, one target pass per step) or inside a
+    batch (:mod:`serving.batch`: one packed pass for many requests); both go through the
+    same halves, :func:`serving.step.draft_block` and :func:`serving.step.settle`, and the
+    same bookkeeping (:meth:`absorb`), so a request's output does not depend on which.
+    """
+
+    def __init__(self, decoder: SpeculativeDecoder, request: _Request) -> None:
+        self.decoder = decoder
+        self.request = request
+        self.device = decoder.device
+        self.sampler = make_sampler(request.sampling, device=decoder.device)
+        self.tokens = list(request.prompt)
+        self.cache = new_cache(decoder.target)
+        self.context: ContextStats | None = None
+        self.stop_reason: str | None = None  # set once decoding is over
+        self.prefill_s = 0.0
+        self._started = time.perf_counter()
+        self._released = False
+
+    @property
+    def done(self) -> bool:
+        return self.stop_reason is not None
+
+    @property
+    def drafter(self) -> Drafter | None:
+        return self.decoder.drafter
+
+    @property
+    def wants_hidden(self) -> bool:
+        drafter = self.decoder.drafter
+        return drafter is not None and drafter.needs_target_hidden
+
+    def prefill(self) -> None:
+        """Feed the prompt (all but its last token) to the target; start the drafter and
+        the policy. Call under ``torch.inference_mode()``."""
+        decoder, device, tokens = self.decoder, self.device, self.tokens
+        self._started = time.perf_counter()
+        drafter = decoder.drafter
+        want_hidden = self.wants_hidden
+        # [len(prompt) - 1, hidden] the target's last hidden states, for drafters that read them
+        prompt_hidden = torch.empty(0, int(decoder.target.config.hidden_size), device=device)
+        if len(tokens) > 1:
+            # The cache holds every token but the last, which the first step feeds.
+            out = decoder.target(
+                input_ids=torch.tensor(tokens[:-1], dtype=torch.int64, device=device)[None],
+                past_key_values=self.cache,
+                use_cache=True,
+                logits_to_keep=1,
+                output_hidden_states=want_hidden,
+            )
+            if want_hidden:
+                prompt_hidden = out.hidden_states[-1][0]
+        if drafter is not None:
+            drafter.begin(list(tokens))
+            if want_hidden:
+                drafter.prefill(prompt_hidden)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)  # the prefill was only queued: time it, not its launch
+        self.prefill_s = time.perf_counter() - self._started
+        decoder.policy.begin()
+        # The target statistics the acceptance features need: kept for detailed records and
+        # for drafters that decide with the predictor (the cascade).
+        if self.request.detailed or getattr(drafter, "needs_context", False):
+            self.context = ContextStats(len(tokens))
+
+    @property
+    def remaining(self) -> int:
+        return self.request.max_new_tokens - len(self.request.output)
+
+    def next_k(self) -> int:
+        """The policy's draft length, never past the budget: the target's own token always
+        comes on top."""
+        return max(0, min(self.decoder.policy.next_k(), self.remaining - 1))
+
+    def relax(self) -> tuple[float, float] | None:
+        if not self.decoder.relaxed:
+            return None
+        request = self.request
+        passes = max(len(request.steps), 1)
+        return (self.decoder.relax_lambda, max(len(request.output) / passes, 1.0))
+
+    def draft(self, k: int) -> DraftedBlock:
+        """Up to ``k`` drafts after the output so far, ready for a (packed) target pass."""
+        decoder = self.decoder
+        return draft_block(
+            self.cache,
+            self.tokens,
+            decoder.drafter,
+            k,
+            self.sampler,
+            device=self.device,
+            context=self.context,
+            stage=decoder.stage,
+        )
+
+    def settle(
+        self,
+        drafted: DraftedBlock,
+        target_logits: torch.Tensor | None,
+        *,
+        hidden: torch.Tensor | None = None,
+        draft_s: float = 0.0,
+        verify_s: float = 0.0,
+        policy_verify_s: float | None = None,
+    ) -> list[TokenEvent]:
+        """Verify ``drafted`` against this request's rows of a pass (``None``: the pass
+        failed; caches are rewound and nothing is emitted) and take the step in.
+        ``policy_verify_s``: what the policy is told the verification cost (a batch tells it
+        the pass's cost for this request's rows alone); default ``verify_s``."""
+        step = settle(
+            drafted,
+            target_logits,
+            self.cache,
+            self.tokens,
+            self.decoder.drafter,
+            self.sampler,
+            hidden=hidden,
+            detailed=self.request.detailed,
+            context=self.context,
+            relax=self.relax(),
+        )
+        if target_logits is None:
+            return []
+        return self.absorb(
+            replace(step, draft_s=draft_s, verify_s=verify_s), policy_verify_s=policy_verify_s
+        )
+
+    def step_alone(self) -> list[TokenEvent]:
+        """One step with its own target pass. Call under ``torch.inference_mode()``."""
+        decoder = self.decoder
+        step = speculative_step(
+            decoder.target,
+            self.cache,
+            self.tokens,
+            decoder.drafter,
+            self.next_k(),
+            self.sampler,
+            detailed=self.request.detailed,
+            device=self.device,
+            context=self.context,
+            stage=decoder.stage,
+            relax=self.relax(),
+        )
+        return self.absorb(step)
+
+    def absorb(self, step: StepResult, *, policy_verify_s: float | None = None) -> list[TokenEvent]:
+        """Record a verified step: the policy learns, the output grows (cut at EOS and the
+        budget), and the step's events come back; sets :attr:`stop_reason` when done."""
+        decoder, request = self.decoder, self.request
+        decoder.policy.update(
+            step.proposed,
+            step.agreed,
+            draft_s=step.draft_s,
+            verify_s=step.verify_s if policy_verify_s is None else policy_verify_s,
+        )
+        base = len(request.output)
+        emitted = decoder._emit(request, step.new_tokens, step.accepted)
+        if self.context is not None:
+            n = len(emitted)
+            self.context.observe(step.entropies[:n], step.logprobs[:n], n)
+        unverified = {base + i for i in step.unverified if i < len(emitted)}
+        request.unverified.extend(sorted(unverified))
+        if request.detailed:
+            decoder._record_drafted(request, step, len(request.steps))
+        # Only a rejection inside the emitted tokens is a disagreement of this output:
+        # past an EOS among the accepted drafts, position and context would be wrong.
+        if step.rejection is not None and step.rejection.draft_index < len(emitted):
+            decoder._record_rejection(request, self.tokens, step.rejection)
+        self.tokens.extend(step.new_tokens)
+        request.steps.append(
+            StepRecord(step.proposed, step.accepted, len(emitted), step.draft_s, step.verify_s)
+        )
+        index = len(request.steps) - 1
+        events = [
+            TokenEvent(token, from_draft, index, base + offset not in unverified)
+            for offset, (token, from_draft) in enumerate(emitted)
+        ]
+        if emitted and emitted[-1][0] in decoder.eos_token_ids:
+            self.stop_reason = "eos"
+        elif len(request.output) >= request.max_new_tokens:
+            self.stop_reason = "length"
+        return events
+
+    def release(self) -> None:
+        """Free the drafter's per-request state (once; safe to call again)."""
+        if not self._released:
+            self._released = True
+            if self.decoder.drafter is not None:
+                self.decoder.drafter.end()
+
+    def finish(self, reason: str | None = None) -> GenerationResult:
+        """The result so far; ``reason`` ("cancelled", ...) overrides the stop reason."""
+        self.release()
+        stop_reason = reason or self.stop_reason or "length"
+        return self.decoder._result(self.request, stop_reason, self.prefill_s, self._started)

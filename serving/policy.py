@@ -204,16 +204,26 @@ class CostAwareK(DraftLengthPolicy):
         prior = self._prior[position] * self.prior_strength
         return (prior + self._kept[position]) / (self.prior_strength + self._seen[position])
 
-    def rates(self) -> list[float]:
-        """``E(k) / C(k)`` for k = 0..k_max, in tokens per one-token-pass time, one pass."""
-        t_draft = (self._t_draft or 0.0) / (self._t_unit or 1.0)
-        expected, survive = 1.0, 1.0
-        rates = [expected / self.curve(1)]
+    def expected_tokens(self) -> list[float]:
+        """``E(k)`` for k = 0..k_max: tokens a step yields with k drafts (the target's own
+        included)."""
+        expected, survive = [1.0], 1.0
         for k in range(1, self.k_max + 1):
             survive *= self.alpha(k - 1)
-            expected += survive
-            rates.append(expected / (k * t_draft + self.curve(k + 1)))
-        return rates
+            expected.append(expected[-1] + survive)
+        return expected
+
+    def draft_cost(self) -> float:
+        """Seconds per drafted token, in one-token target passes."""
+        return (self._t_draft or 0.0) / (self._t_unit or 1.0)
+
+    def rates(self) -> list[float]:
+        """``E(k) / C(k)`` for k = 0..k_max, in tokens per one-token-pass time, one pass."""
+        t_draft = self.draft_cost()
+        return [
+            expected / (k * t_draft + self.curve(k + 1))
+            for k, expected in enumerate(self.expected_tokens())
+        ]
 
     def expected_rate(self, k: int) -> float:
         return self.rates()[k]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -108,6 +108,141 @@ class _Clock:
         return [a.elapsed_time(b) / 1000 for a, b in itertools.pairwise(self._events)]
 
 
+@dataclass(frozen=True)
+class DraftedBlock:
+    """A step's drafts, ready for a target pass: what :func:`settle` needs afterwards."""
+
+    proposal: DraftProposal  # on the target's device
+    block: torch.Tensor  # [1 + proposed] the pending token, then the drafts
+    base: int  # cache length before the pass (``len(tokens) - 1``)
+    features: tuple[TokenFeatures, ...] = ()
+
+    @property
+    def proposed(self) -> int:
+        return len(self.proposal)
+
+
+def draft_block(
+    cache,
+    tokens: list[int],
+    drafter: Drafter | None,
+    k: int,
+    sampler: Sampler,
+    *,
+    device: torch.device,
+    context: ContextStats | None = None,
+    stage: str = "model",
+) -> DraftedBlock:
+    """Draft up to ``k`` tokens after ``tokens``; ``cache`` holds ``tokens[:-1]``."""
+    if sampler.device is not None and sampler.device.type != device.type:
+        raise BadInputError(
+            f"the sampler draws on {sampler.device} but the target is on {device}; make it "
+            f"with make_sampler(..., device={str(device)!r})"
+        )
+    base = cache_length(cache)
+    assert base == len(tokens) - 1, f"cache holds {base} tokens, expected {len(tokens) - 1}"
+    proposal = DraftProposal.empty()
+    if drafter is not None and k > 0:
+        proposal = drafter.propose(DraftRequest(tokens, k, sampler, context)).truncate(k)
+    features: tuple[TokenFeatures, ...] = ()
+    if context is not None and len(proposal):
+        features = proposal.features or tuple(token_features(proposal, context, stage=stage))
+    # n-gram drafters propose on the CPU: their drafts meet the target's logits here.
+    drafts = proposal.to(device)
+    pending = torch.tensor(tokens[-1:], dtype=torch.int64, device=device)  # [1]
+    block = torch.cat([pending, drafts.tokens])  # [1 + proposed]
+    return DraftedBlock(drafts, block, base, features)
+
+
+def settle(
+    drafted: DraftedBlock,
+    target_logits: torch.Tensor | None,
+    cache,
+    tokens: list[int],
+    drafter: Drafter | None,
+    sampler: Sampler,
+    *,
+    hidden: torch.Tensor | None = None,
+    detailed: bool = False,
+    context: ContextStats | None = None,
+    relax: tuple[float, float] | None = None,
+) -> StepResult:
+    """Verify ``drafted`` against the target pass's ``target_logits`` ``[1 + proposed,
+    vocab]`` (``hidden`` ``[1 + proposed, hidden]`` for drafters that read it), keep the
+    accepted prefix, rewind ``cache`` and tell the drafter. ``target_logits`` ``None``: the
+    pass failed; nothing is kept, both caches are rewound, and the caller re-raises.
+    Times are the caller's (zero here)."""
+    proposal, base, proposed = drafted.proposal, drafted.base, drafted.proposed
+    keep = base  # on failure, rewind to where we started
+    accepted = 0
+    new_tokens: list[int] = []
+    kept_hidden = None
+    rejection = None
+    unverified: tuple[int, ...] = ()
+    entropies: list[float] = []
+    logprobs: list[float] = []
+    try:
+        if target_logits is None:
+            raise _PassFailed
+        if relax is not None and proposed:
+            if not sampler.greedy:
+                raise BadInputError("relaxed verification (a finite λ) needs greedy decoding")
+            relaxed = verify_relaxed(
+                proposal.tokens, target_logits, lam=relax[0], tokens_per_pass=relax[1]
+            )
+            verdict, target_probs, unverified = relaxed.verdict, None, relaxed.unverified
+        else:
+            verdict, target_probs = verify(
+                proposal.tokens, proposal.draft_probs, target_logits, sampler
+            )
+        accepted = verdict.accepted_len
+        # The drafter's own tensor: free for CPU drafts, a copy from the idle GPU otherwise.
+        new_tokens = [*proposal.tokens[:accepted].tolist(), verdict.next_token]
+        keep = base + 1 + accepted  # the pending token and the accepted drafts
+        if hidden is not None:
+            kept_hidden = hidden[: accepted + 1]  # [accepted + 1, hidden]
+        if context is not None:
+            entropies, logprobs = target_statistics(target_logits, new_tokens)
+        if detailed and accepted < proposed:
+            rejection = _rejection(
+                proposal, accepted, verdict.next_token, target_logits, target_probs
+            )
+    except _PassFailed:
+        pass
+    finally:
+        # The one place both caches are rewound: the target drops rejected drafts here,
+        # the drafter drops its own in commit().
+        rewind(cache, keep)
+        if drafter is not None:
+            drafter.commit(
+                StepFeedback(
+                    proposed=proposed,
+                    accepted=accepted,
+                    new_tokens=new_tokens,
+                    tokens=tokens + new_tokens,
+                    target_hidden=kept_hidden,
+                )
+            )
+    return StepResult(
+        new_tokens=new_tokens,
+        proposed=proposed,
+        accepted=accepted,
+        draft_s=0.0,
+        verify_s=0.0,
+        rejection=rejection,
+        features=drafted.features,
+        drafts=proposal.tokens.tolist() if drafted.features else [],
+        entropies=entropies,
+        logprobs=logprobs,
+        agreed=min((accepted, *unverified)),
+        unverified=unverified,
+    )
+
+
+class _PassFailed(Exception):
+    """The target pass raised: settle only rewinds."""
+
+
 @torch.inference_mode()
 def speculative_step(
     target,
@@ -131,96 +266,40 @@ def speculative_step(
     ``context``: the request's target statistics; when given, the drafter sees them, the
     drafted tokens' features (as ``stage``) and the new tokens' statistics come back.
     ``relax``: ``(λ, tokens per pass)`` for relaxed verification (greedy only; see
-    :mod:`serving.relaxed`); ``None`` verifies exactly."""
+    :mod:`serving.relaxed`); ``None`` verifies exactly. A batch of sequences takes the same
+    two halves, :func:`draft_block` and :func:`settle`, around one packed pass
+    (:mod:`serving.batch`)."""
     device = next(target.parameters()).device if device is None else device
-    if sampler.device is not None and sampler.device.type != device.type:
-        raise BadInputError(
-            f"the sampler draws on {sampler.device} but the target is on {device}; make it "
-            f"with make_sampler(..., device={str(device)!r})"
-        )
-    base = cache_length(cache)
-    assert base == len(tokens) - 1, f"cache holds {base} tokens, expected {len(tokens) - 1}"
     clock = _Clock(device)
     clock.mark()
-    proposal = DraftProposal.empty()
-    if drafter is not None and k > 0:
-        proposal = drafter.propose(DraftRequest(tokens, k, sampler, context)).truncate(k)
+    drafted = draft_block(
+        cache, tokens, drafter, k, sampler, device=device, context=context, stage=stage
+    )
     clock.mark()
-    proposed = len(proposal)
-    features: tuple[TokenFeatures, ...] = ()
-    if context is not None and proposed:
-        features = proposal.features or tuple(token_features(proposal, context, stage=stage))
-    keep = base  # on failure, rewind to where we started
-    accepted = 0
-    new_tokens: list[int] = []
-    hidden = None
-    rejection = None
-    unverified: tuple[int, ...] = ()
-    entropies: list[float] = []
-    logprobs: list[float] = []
     want_hidden = drafter is not None and drafter.needs_target_hidden
     try:
-        # n-gram drafters propose on the CPU: their drafts meet the target's logits here.
-        drafts = proposal.to(device)
-        pending = torch.tensor(tokens[-1:], dtype=torch.int64, device=device)  # [1]
-        block = torch.cat([pending, drafts.tokens])  # [1 + proposed]
         out = target(
-            input_ids=block[None],
+            input_ids=drafted.block[None],
             past_key_values=cache,
             use_cache=True,
             output_hidden_states=want_hidden,
         )
-        target_logits = out.logits[0]  # [1 + proposed, vocab]
-        if relax is not None and proposed:
-            if not sampler.greedy:
-                raise BadInputError("relaxed verification (a finite λ) needs greedy decoding")
-            relaxed = verify_relaxed(
-                drafts.tokens, target_logits, lam=relax[0], tokens_per_pass=relax[1]
-            )
-            verdict, target_probs, unverified = relaxed.verdict, None, relaxed.unverified
-        else:
-            verdict, target_probs = verify(
-                drafts.tokens, drafts.draft_probs, target_logits, sampler
-            )
-        accepted = verdict.accepted_len
-        # The drafter's own tensor: free for CPU drafts, a copy from the idle GPU otherwise.
-        new_tokens = [*proposal.tokens[:accepted].tolist(), verdict.next_token]
-        keep = base + 1 + accepted  # the pending token and the accepted drafts
-        if want_hidden:
-            hidden = out.hidden_states[-1][0, : accepted + 1]  # [accepted + 1, hidden]
-        if context is not None:
-            entropies, logprobs = target_statistics(target_logits, new_tokens)
-        if detailed and accepted < proposed:
-            rejection = _rejection(
-                drafts, accepted, verdict.next_token, target_logits, target_probs
-            )
-    finally:
-        # The one place both caches are rewound: the target drops rejected drafts here,
-        # the drafter drops its own in commit().
-        rewind(cache, keep)
-        if drafter is not None:
-            drafter.commit(
-                StepFeedback(
-                    proposed=proposed,
-                    accepted=accepted,
-                    new_tokens=new_tokens,
-                    tokens=tokens + new_tokens,
-                    target_hidden=hidden,
-                )
-            )
+    except BaseException:
+        settle(drafted, None, cache, tokens, drafter, sampler)
+        raise
+    hidden = out.hidden_states[-1][0] if want_hidden else None
+    result = settle(
+        drafted,
+        out.logits[0],  # [1 + proposed, vocab]
+        cache,
+        tokens,
+        drafter,
+        sampler,
+        hidden=hidden,
+        detailed=detailed,
+        context=context,
+        relax=relax,
+    )
     clock.mark()
     draft_s, verify_s = clock.intervals()
-    return StepResult(
-        new_tokens=new_tokens,
-        proposed=proposed,
-        accepted=accepted,
-        draft_s=draft_s,
-        verify_s=verify_s,
-        rejection=rejection,
-        features=features,
-        drafts=proposal.tokens.tolist() if features else [],
-        entropies=entropies,
-        logprobs=logprobs,
-        agreed=min((accepted, *unverified)),
-        unverified=unverified,
-    )
+    return replace(result, draft_s=draft_s, verify_s=verify_s)

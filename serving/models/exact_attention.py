@@ -33,8 +33,15 @@ def exact_sdpa(module, query, key, value, attention_mask, **kwargs):
     rows, length = query.shape[2], key.shape[2]
     if query.shape[0] != 1 or rows == length or rows > MAX_ROWS:
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-    # One sequence extending its cache: the last `rows` positions of `length`. A one-token
-    # pass at position p sees keys 0..p with no mask (transformers drops an all-visible one).
+    return exact_rows(module, query, key, value, **kwargs), None
+
+
+def exact_rows(module, query, key, value, **kwargs) -> torch.Tensor:
+    """``query`` ``[1, heads, M, d]``: the last ``M`` positions of the ``L`` in ``key`` and
+    ``value`` ``[1, kv_heads, L, d]``; each row attends alone, to keys ``0..its position``,
+    through the very call a one-token pass makes there (no mask: transformers drops an
+    all-visible one). Returns ``[1, M, heads, d]``."""
+    rows, length = query.shape[2], key.shape[2]
     outputs = []
     for row in range(rows):
         visible = length - rows + row + 1
@@ -47,7 +54,7 @@ def exact_sdpa(module, query, key, value, attention_mask, **kwargs):
             **kwargs,
         )
         outputs.append(out)  # [1, 1, heads, d]
-    return torch.cat(outputs, dim=1), None
+    return outputs[0] if rows == 1 else torch.cat(outputs, dim=1)
 
 
 def register() -> None:

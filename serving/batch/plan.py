@@ -1,0 +1,114 @@
+"""Draft lengths for a batch: what a draft token costs when it rides in a shared pass.
+
+Alone, the cost-aware policy (:class:`serving.policy.CostAwareK`) picks the k that
+maximises its own tokens per second, ``E(k) / (k·t_draft + C(k + 1))``. In a batch the pass
+is shared: ``B`` requests with blocks of ``1 + k_i`` rows pay one pass of
+``C(sum(1 + k_i))`` rows plus every request's drafting, and yield ``sum E_i(k_i)`` tokens.
+:func:`plan_batch` maximises that batch throughput by coordinate ascent: each cost-aware
+request in turn picks the k that maximises the batch's tokens per second given the
+others' choices, starting from their solo choices. A request that drafts next to seven
+others therefore sees a draft token cost its row's share of a larger pass, and stops
+drafting when the pass is already wide. Requests on other policies keep their own k (the
+batch still prices them in, at their running acceptance).
+
+``C(n)``, the cost of a packed pass over ``n`` rows relative to a one-token pass, comes
+from the hardware target's measured ``batch_curve`` (``specops profile --batch``), or,
+where none was measured, from its single-sequence ``verify_curve`` extended at its average
+slope. Finally the blocks are cut, longest first, to the pass's token budget.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from serving.errors import BadInputError
+from serving.policy import CostAwareK, curve_cost, normalise_curve
+
+
+@dataclass(frozen=True)
+class PassCost:
+    """``C(n)``: a pass over ``n`` packed rows, in one-token passes."""
+
+    verify_curve: tuple[float, ...] = ()  # single-sequence, n = 1, 2, ...
+    batch_curve: tuple[tuple[int, float], ...] = ()  # measured (rows, cost) points
+
+    def __post_init__(self) -> None:
+        points = self.batch_curve
+        if points:
+            rows = [r for r, _ in points]
+            if rows != sorted(set(rows)) or rows[0] != 1 or any(c <= 0 for _, c in points):
+                raise BadInputError(
+                    f"batch_curve must be (rows, cost) points with rows rising from 1 and "
+                    f"positive costs, got {list(points)}"
+                )
+
+    def __call__(self, n: int) -> float:
+        points = self.batch_curve
+        if points:
+            rows = [r for r, _ in points]
+            base = points[0][1]
+            if n >= rows[-1]:
+                (r0, c0), (r1, c1) = points[-2] if len(points) > 1 else points[-1], points[-1]
+                slope = (c1 - c0) / (r1 - r0) if r1 > r0 else 0.0
+                return (c1 + max(slope, 0.0) * (n - r1)) / base
+            i = bisect.bisect_right(rows, n) - 1
+            (r0, c0), (r1, c1) = points[i], points[i + 1]
+            return (c0 + (c1 - c0) * (n - r0) / (r1 - r0)) / base
+        if self.verify_curve:
+            return curve_cost(normalise_curve(self.verify_curve), n)
+        return float(n)  # nothing measured: every row costs as much as a pass
+
+
+def _running_expectation(accepted: int, drafted: int, k: int) -> float:
+    """``E(k)`` at a request's running acceptance rate (Laplace-smoothed)."""
+    rate = (accepted + 1) / (drafted + 2)
+    return 1.0 + sum(rate**i for i in range(1, k + 1))
+
+
+@dataclass
+class Member:
+    """What the planner needs of one request in the batch."""
+
+    k: int  # its own (solo) choice
+    cap: int  # the most it may draft (its budget, its policy's k_max)
+    policy: CostAwareK | None  # None: not cost-aware, keeps k
+    accepted: int = 0  # running counts, to price non-cost-aware members
+    drafted: int = 0
+
+    def expected(self, k: int) -> float:
+        if self.policy is not None:
+            return self.policy.expected_tokens()[min(k, self.policy.k_max)]
+        return _running_expectation(self.accepted, self.drafted, k)
+
+    def draft_cost(self) -> float:
+        return self.policy.draft_cost() if self.policy is not None else 0.0
+
+
+def plan_batch(members: Sequence[Member], cost: PassCost, *, budget: int) -> list[int]:
+    """Each member's k for one packed pass of at most ``budget`` rows (``budget >=
+    len(members)``: every request's pending token always rides)."""
+    if budget < len(members):
+        raise BadInputError(
+            f"a pass of {budget} tokens cannot carry {len(members)} requests' pending tokens"
+        )
+    ks = [max(0, min(m.k, m.cap)) for m in members]
+    if len(members) > 1:
+        for i, member in enumerate(members):
+            if member.policy is None:
+                continue
+            others_rows = sum(1 + k for j, k in enumerate(ks) if j != i)
+            others_tokens = sum(m.expected(ks[j]) for j, m in enumerate(members) if j != i)
+            others_draft = sum(m.draft_cost() * ks[j] for j, m in enumerate(members) if j != i)
+            t_draft = member.draft_cost()
+            rates = [
+                (others_tokens + member.expected(k))
+                / (others_draft + k * t_draft + cost(others_rows + 1 + k))
+                for k in range(member.cap + 1)
+            ]
+            ks[i] = max(range(len(rates)), key=lambda k: (rates[k], -k))  # ties: shorter
+    while sum(1 + k for k in ks) > budget:
+        longest = max(range(len(ks)), key=lambda i: ks[i])
+        ks[longest] -= 1
+    return ks
