@@ -330,6 +330,7 @@ class Decoding:
         self.stop_reason: str | None = None  # set once decoding is over
         self.prefill_s = 0.0
         self._started = time.perf_counter()
+        self._begun = False  # the drafter has begun this request (prefill ran)
         self._released = False
 
     @property
@@ -366,6 +367,7 @@ class Decoding:
             if want_hidden:
                 prompt_hidden = out.hidden_states[-1][0]
         if drafter is not None:
+            self._begun = True
             drafter.begin(list(tokens))
             if want_hidden:
                 drafter.prefill(prompt_hidden)
@@ -500,7 +502,7 @@ class Decoding:
         """Free the drafter's per-request state (once; safe to call again)."""
         if not self._released:
             self._released = True
-            if self.decoder.drafter is not None:
+            if self._begun and self.decoder.drafter is not None:
                 self.decoder.drafter.end()
 
     def finish(self, reason: str | None = None) -> GenerationResult:

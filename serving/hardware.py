@@ -9,6 +9,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from serving.batch.plan import BatchLimits, PassCost
 from serving.errors import BadInputError
 from serving.paths import CONFIG_DIR, PROJECT_ROOT
 
@@ -27,6 +28,14 @@ class HardwareTarget(BaseModel):
     # other backends draft a fixed number of tokens per step instead.
     verify_curve: list[float] | None = Field(None, min_length=1)
     num_speculative_tokens: int = Field(3, ge=1, le=16)
+    # Continuous batching (serving/batch): requests in one packed target pass, and tokens
+    # (pending tokens and drafts of all of them) per pass.
+    max_batch: int = Field(8, ge=1, le=256)
+    max_tokens_per_pass: int = Field(64, ge=1, le=4096)
+    # The measured cost of a packed pass over n tokens relative to a one-token pass, as
+    # [n, cost] points from n = 1 (`specops profile --batch`); None: the verify curve,
+    # extended at its average slope.
+    batch_curve: list[tuple[int, float]] | None = Field(None, min_length=2)
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     # False for targets whose hardware this project cannot reach (CUDA, Trainium): their
     # code is real but was not run here; docs/targets.md says so.
@@ -38,6 +47,20 @@ class HardwareTarget(BaseModel):
         if curve is not None and any(c <= 0 for c in curve):
             raise ValueError(f"verify_curve entries must be > 0, got {curve}")
         return curve
+
+    @model_validator(mode="after")
+    def _batch_fits(self) -> HardwareTarget:
+        if self.max_tokens_per_pass < self.max_batch:
+            raise ValueError(
+                f"max_tokens_per_pass ({self.max_tokens_per_pass}) must be at least max_batch "
+                f"({self.max_batch}): every request's pending token rides in the pass"
+            )
+        if self.batch_curve is not None:
+            try:
+                PassCost(batch_curve=tuple(self.batch_curve))
+            except BadInputError as error:
+                raise ValueError(str(error)) from None
+        return self
 
     @model_validator(mode="after")
     def _engine_target_is_consistent(self) -> HardwareTarget:
@@ -72,6 +95,14 @@ class HardwareTarget(BaseModel):
         """How :func:`serving.loader.load_target` loads a model for this target:
         ``load_target(source, **target.load_options())``."""
         return {"kernels": self.kernels, "device": self.device, "dtype": self.dtype}
+
+    def pass_cost(self) -> PassCost:
+        """What a packed pass costs on this target."""
+        return PassCost(verify_curve=self.curve, batch_curve=tuple(self.batch_curve or ()))
+
+    def batch_limits(self) -> BatchLimits:
+        """How many requests and tokens one packed pass carries on this target."""
+        return BatchLimits(self.max_batch, self.max_tokens_per_pass)
 
     @property
     def curve(self) -> tuple[float, ...]:

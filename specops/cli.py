@@ -371,9 +371,17 @@ def loadtest(
     url: Annotated[
         str | None, typer.Option(help="A running server (loopback); default: start one.")
     ] = None,
-    clients: Annotated[int, typer.Option(help="Concurrent clients.")] = 4,
-    requests: Annotated[int, typer.Option(help="Requests in all.")] = 32,
+    clients: Annotated[
+        str, typer.Option(help="Concurrency levels, a comma list; measured one after the other.")
+    ] = "1,2,4,8",
+    requests: Annotated[int, typer.Option(help="Requests per level.")] = 16,
     max_tokens: Annotated[int, typer.Option(help="max_tokens per request.")] = 64,
+    temperature: Annotated[
+        float, typer.Option(help="Sampling temperature; at 0 the levels' outputs are compared.")
+    ] = 0.0,
+    skeleton: Annotated[
+        bool, typer.Option("--skeleton", help="Ask for skeleton-of-thought decoding per request.")
+    ] = False,
     workload: Annotated[str, typer.Option(help="Prompts: a workload's held-out split.")] = (
         "sharegpt"
     ),
@@ -383,27 +391,39 @@ def loadtest(
     serve_args: Annotated[
         str, typer.Option(help="Extra `specops serve` options when starting the server.")
     ] = "",
-    out: Annotated[Path, typer.Option(help="Results file.")] = Path("results/loadtest.json"),
+    out: Annotated[
+        Path, typer.Option(help="Results file; the table (.md) and plot (.png) go beside it.")
+    ] = Path("results/loadtest.json"),
 ) -> None:
-    """Load-test a server on loopback with the official openai client; write a results file."""
+    """Load-test a server on loopback at several concurrency levels with the official openai
+    client; write a results file, a table and a plot."""
     import asyncio
     import shlex
 
-    from serving.atomic import write_json_atomic
     from serving.errors import SpecOpsError
-    from tasks.ops.loadtest import LoadTestSettings, run_load_test
+    from tasks.ops.loadtest import (
+        LoadTestSettings,
+        check_levels,
+        markdown_table,
+        parse_levels,
+        run_load_sweep,
+        write_report,
+    )
     from tasks.ops.server_process import ServerProcess
 
     settings = LoadTestSettings(
-        clients=clients,
         requests=requests,
         max_tokens=max_tokens,
+        temperature=temperature,
         workload=workload,
         drafter=drafter,
+        skeleton=skeleton,
     )
     server = None
     try:
+        levels = parse_levels(clients)
         settings.check()
+        check_levels(levels, requests)
         if url is None:
             out.parent.mkdir(parents=True, exist_ok=True)
             log_path = out.with_suffix(".server.log")
@@ -411,28 +431,20 @@ def loadtest(
             server = ServerProcess(shlex.split(serve_args), log_path=log_path).start()
             url = server.url
         settings.url = url
-        results = asyncio.run(run_load_test(settings))
+        results = asyncio.run(run_load_sweep(settings, levels))
     except SpecOpsError as error:
         fail(str(error))
     finally:
         if server is not None:
             server.stop()
     results["serve_args"] = serve_args if server is not None else None
-    write_json_atomic(out, results)
-
-    def ms(value):
-        return "n/a" if value is None else f"{value * 1000:.0f} ms"
-
+    written = write_report(results, out)
+    equal = results["outputs_equal"]
     typer.echo(
-        f"{results['succeeded']}/{results['requests']} ok, {results['errors']} errors "
-        f"{results['errors_by_kind'] or ''}\n"
-        f"throughput {results['requests_per_s']:.2f} req/s, {results['tokens_per_s']:.1f} tok/s "
-        f"({clients} clients)\n"
-        f"latency p50 {ms(results['latency_s']['p50'])}, p99 {ms(results['latency_s']['p99'])}; "
-        f"TTFT p50 {ms(results['ttft_s']['p50'])}, p99 {ms(results['ttft_s']['p99'])}\n"
-        f"acceptance {results['acceptance_rate']}, mean accepted length "
-        f"{results['mean_accepted_length']}; server peak RSS "
-        f"{results['server_rss_mb']['peak']} MB\nresults: {out}"
+        markdown_table(results)
+        + "\ngreedy outputs equal at every level: "
+        + ("n/a (temperature > 0)" if equal is None else "yes" if equal else "NO")
+        + f"\nresults: {written['json']}, {written['table']}, {written['plot']}"
     )
 
 

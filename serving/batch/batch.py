@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from serving.batch.plan import Member, PassCost, plan_batch
+from serving.batch.plan import BatchLimits, Member, PassCost, plan_batch
 from serving.batch.ragged import packed_pass, use_ragged_attention
 from serving.engine import Decoding, GenerationResult, TokenEvent
 from serving.errors import BadInputError
@@ -29,21 +29,6 @@ from serving.policy import CostAwareK
 from serving.step import DraftedBlock
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class BatchLimits:
-    max_sequences: int = 8  # requests in one pass
-    max_tokens_per_pass: int = 64  # pending tokens plus drafts, all requests together
-
-    def __post_init__(self) -> None:
-        if self.max_sequences < 1:
-            raise BadInputError(f"max_sequences must be >= 1, got {self.max_sequences}")
-        if self.max_tokens_per_pass < self.max_sequences:
-            raise BadInputError(
-                f"max_tokens_per_pass ({self.max_tokens_per_pass}) must be at least "
-                f"max_sequences ({self.max_sequences}): every request's pending token rides"
-            )
 
 
 @dataclass
@@ -101,16 +86,20 @@ class Batch:
         for decoding in members:
             policy = decoding.decoder.policy
             solo = decoding.next_k()  # the policy's own choice (and its probe schedule)
-            cost_aware = isinstance(policy, CostAwareK)
-            # A probe (k = 1 where no k pays) keeps the policy's estimates current: keep it.
-            probe = cost_aware and solo > 0 and max(policy.rates()) == policy.rates()[0]
-            cap = min(decoding.remaining - 1, policy.k_max if cost_aware else solo)
+            cost_aware: CostAwareK | None = None
+            cap = solo
+            if isinstance(policy, CostAwareK):
+                rates = policy.rates()
+                # A probe (k > 0 where no k pays) keeps the estimates current: keep it.
+                if not (solo > 0 and max(rates) == rates[0]):
+                    cost_aware = policy
+                    cap = min(decoding.remaining - 1, policy.k_max)
             steps = decoding.request.steps
             planned.append(
                 Member(
                     k=solo,
                     cap=max(cap, 0),
-                    policy=policy if cost_aware and not probe else None,
+                    policy=cost_aware,
                     accepted=sum(s.accepted for s in steps),
                     drafted=sum(s.proposed for s in steps),
                 )

@@ -4,12 +4,13 @@ Alone, the cost-aware policy (:class:`serving.policy.CostAwareK`) picks the k th
 maximises its own tokens per second, ``E(k) / (k·t_draft + C(k + 1))``. In a batch the pass
 is shared: ``B`` requests with blocks of ``1 + k_i`` rows pay one pass of
 ``C(sum(1 + k_i))`` rows plus every request's drafting, and yield ``sum E_i(k_i)`` tokens.
-:func:`plan_batch` maximises that batch throughput by coordinate ascent: each cost-aware
-request in turn picks the k that maximises the batch's tokens per second given the
-others' choices, starting from their solo choices. A request that drafts next to seven
-others therefore sees a draft token cost its row's share of a larger pass, and stops
-drafting when the pass is already wide. Requests on other policies keep their own k (the
-batch still prices them in, at their running acceptance).
+:func:`plan_batch` maximises that batch throughput greedily: from no drafts, it keeps
+lengthening the one block that raises the batch's tokens per second most, and stops when
+none does. A draft token is then worth its row of a larger pass only if it is likelier to
+be kept than the batch's tokens per row: on a flat curve requests draft long, where rows
+cost as much as passes nobody drafts. Requests on other policies keep their own k (the
+batch still prices them in, at their running acceptance), as does a cost-aware policy's
+probe.
 
 ``C(n)``, the cost of a packed pass over ``n`` rows relative to a one-token pass, comes
 from the hardware target's measured ``batch_curve`` (``specops profile --batch``), or,
@@ -25,6 +26,21 @@ from dataclasses import dataclass
 
 from serving.errors import BadInputError
 from serving.policy import CostAwareK, curve_cost, normalise_curve
+
+
+@dataclass(frozen=True)
+class BatchLimits:
+    max_sequences: int = 8  # requests in one pass
+    max_tokens_per_pass: int = 64  # pending tokens plus drafts, all requests together
+
+    def __post_init__(self) -> None:
+        if self.max_sequences < 1:
+            raise BadInputError(f"max_sequences must be >= 1, got {self.max_sequences}")
+        if self.max_tokens_per_pass < self.max_sequences:
+            raise BadInputError(
+                f"max_tokens_per_pass ({self.max_tokens_per_pass}) must be at least "
+                f"max_sequences ({self.max_sequences}): every request's pending token rides"
+            )
 
 
 @dataclass(frozen=True)
@@ -93,22 +109,49 @@ def plan_batch(members: Sequence[Member], cost: PassCost, *, budget: int) -> lis
         raise BadInputError(
             f"a pass of {budget} tokens cannot carry {len(members)} requests' pending tokens"
         )
-    ks = [max(0, min(m.k, m.cap)) for m in members]
-    if len(members) > 1:
-        for i, member in enumerate(members):
-            if member.policy is None:
-                continue
-            others_rows = sum(1 + k for j, k in enumerate(ks) if j != i)
-            others_tokens = sum(m.expected(ks[j]) for j, m in enumerate(members) if j != i)
-            others_draft = sum(m.draft_cost() * ks[j] for j, m in enumerate(members) if j != i)
-            t_draft = member.draft_cost()
-            rates = [
-                (others_tokens + member.expected(k))
-                / (others_draft + k * t_draft + cost(others_rows + 1 + k))
-                for k in range(member.cap + 1)
-            ]
-            ks[i] = max(range(len(rates)), key=lambda k: (rates[k], -k))  # ties: shorter
+    if len(members) == 1:  # alone: the policy's own choice
+        ks = [max(0, min(members[0].k, members[0].cap))]
+    else:
+        ks = _ascend(members, cost, budget)
     while sum(1 + k for k in ks) > budget:
         longest = max(range(len(ks)), key=lambda i: ks[i])
         ks[longest] -= 1
+    return ks
+
+
+def _ascend(members: Sequence[Member], cost: PassCost, budget: int) -> list[int]:
+    """Cost-aware members start at k = 0 and, while it raises the batch's tokens per second,
+    the one move that raises it most is taken: one member's k up to any longer block (a
+    jump, not a step, so a curve with a step in it does not stop the climb early)."""
+    ks = [0 if m.policy is not None else max(0, min(m.k, m.cap)) for m in members]
+    expected = [[m.expected(k) for k in range(m.cap + 1)] for m in members]
+    draft_costs = [m.draft_cost() for m in members]
+
+    def rate(tokens: float, drafting: float, rows: int) -> float:
+        return tokens / (drafting + cost(rows))
+
+    tokens = sum(expected[i][k] for i, k in enumerate(ks))
+    drafting = sum(draft_costs[i] * k for i, k in enumerate(ks))
+    rows = sum(1 + k for k in ks)
+    current = rate(tokens, drafting, rows)
+    while rows < budget:
+        best: tuple[float, int, int] | None = None
+        for i, member in enumerate(members):
+            if member.policy is None:
+                continue
+            for k in range(ks[i] + 1, min(member.cap, ks[i] + budget - rows) + 1):
+                gain = rate(
+                    tokens + expected[i][k] - expected[i][ks[i]],
+                    drafting + draft_costs[i] * (k - ks[i]),
+                    rows + k - ks[i],
+                )
+                if best is None or gain > best[0]:
+                    best = (gain, i, k)
+        if best is None or best[0] <= current:
+            break
+        current, i, k = best
+        tokens += expected[i][k] - expected[i][ks[i]]
+        drafting += draft_costs[i] * (k - ks[i])
+        rows += k - ks[i]
+        ks[i] = k
     return ks

@@ -24,6 +24,8 @@ from serving.metrics import StepRecord, position_counts
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 60, 120, 300)
 TOKEN_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
+BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 32)
+PASS_TOKEN_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256)
 
 
 class ServerMetrics:
@@ -85,6 +87,14 @@ class ServerMetrics:
             "Mean time per output token after the first.",
             TOKEN_BUCKETS,
         )
+        self.batch_size = histogram(
+            "batch_size", "Requests in one packed target pass.", BATCH_BUCKETS
+        )
+        self.tokens_per_pass = histogram(
+            "batch_tokens_per_pass",
+            "Tokens in one packed target pass (pending tokens and drafts of all requests).",
+            PASS_TOKEN_BUCKETS,
+        )
         self.running = Gauge(
             "specops:num_requests_running", "Requests being decoded.", labels, registry=r
         )
@@ -132,6 +142,11 @@ class ServerMetrics:
             self.labels(self.ttft).observe(ttft_s)
             if generated > 1:
                 self.labels(self.tpot).observe((e2e_s - ttft_s) / (generated - 1))
+
+    def observe_pass(self, *, size: int, tokens: int) -> None:
+        """One packed target pass of ``size`` requests and ``tokens`` tokens."""
+        self.labels(self.batch_size).observe(size)
+        self.labels(self.tokens_per_pass).observe(tokens)
 
     def set_queue(self, *, running: int, waiting: int) -> None:
         self.labels(self.running).set(running)

@@ -1,21 +1,19 @@
-"""The decode loop of the server: worker threads own every model call.
+"""The decode loop of the server: continuous batching on worker threads.
 
 Requests wait in a bounded queue (a full queue refuses at once, so the HTTP layer answers
-429). Each of ``workers`` threads decodes up to its share of ``max_active`` requests
-concurrently, round-robin one token at a time, so a short request is not stuck behind a
-long one. Each request has its own drafter, policy and KV caches, so interleaving never
-mixes state. A request whose client went away or whose deadline passed is closed between
-tokens (its drafter releases its state).
+429). Each of ``workers`` threads owns a :class:`serving.batch.batch.Batch` of up to its
+share of ``max_active`` requests (and of the hardware target's ``max_batch``). Between two
+steps a worker takes in waiting requests (each is prefilled alone as it joins), drops the
+ones that finished, failed, were cancelled or ran past their deadline, and then runs one
+packed target pass for all the rest: every request's pending token and drafts in one
+pass, each verified on its own rows. Each request keeps its own drafter, policy, sampler
+and KV caches, so joining a batch does not change its output (tests/serving/batch).
 
 Threads: torch releases the GIL inside its kernels, so two workers with one intra-op
-thread each decode two requests in parallel on two cores. Measured on this 2-core CPU,
-two intra-op threads in a worker thread ran ~2x slower than in the main thread (OpenMP's
+thread each keep both cores of this machine busy. Measured on this 2-core CPU, two
+intra-op threads in a worker thread ran ~2x slower than in the main thread (OpenMP's
 busy-waiting team fights the event loop's thread for the cores), while one thread per
 worker ran at full speed beside the event loop; ``threads_per_worker`` sets it.
-
-Why not batch: the engine verifies one sequence per target pass; batching sequences with
-different acceptance needs ragged KV caches (per-sequence rewind), which the transformers
-caches do not offer.
 """
 
 from __future__ import annotations
@@ -27,7 +25,9 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from serving.engine import Generation, GenerationResult, TokenEvent
+from serving.batch.batch import Batch
+from serving.batch.plan import BatchLimits, PassCost
+from serving.engine import Decoding, Generation
 from serving.errors import SpecOpsError
 
 log = logging.getLogger(__name__)
@@ -66,13 +66,30 @@ class Scheduler:
         max_active: int,
         workers: int = 1,
         threads_per_worker: int | None = None,
+        target=None,
+        batch: BatchLimits | None = None,
+        cost: PassCost | None = None,
+        on_pass: Callable[[int, int], None] | None = None,
     ) -> None:
+        """``target``: the model every request decodes on (the batches' target; ``None``:
+        taken from the first request). ``batch``: the hardware target's batch limits, cut
+        to each worker's share of ``max_active``. ``on_pass(size, tokens)`` is called
+        after every packed pass (metrics)."""
         self.queue_size = queue_size
         self.max_active = max_active
         self.workers = min(workers, max_active)  # never more requests in flight than asked
         workers = self.workers
         self.threads_per_worker = threads_per_worker
-        self._per_worker = max(1, max_active // workers)
+        per_worker = max(1, max_active // workers)
+        limits = batch or BatchLimits(max_sequences=per_worker, max_tokens_per_pass=64)
+        sequences = min(limits.max_sequences, per_worker)
+        self.limits = BatchLimits(
+            max_sequences=sequences,
+            max_tokens_per_pass=max(limits.max_tokens_per_pass, sequences),
+        )
+        self.target = target
+        self.cost = cost or PassCost()
+        self.on_pass = on_pass
         self._waiting: deque[Job] = deque()
         self._active: list[list[Job]] = [[] for _ in range(workers)]
         self._wake = threading.Condition()
@@ -103,6 +120,8 @@ class Scheduler:
                 thread.join(timeout)
 
     def submit(self, job: Job) -> None:
+        if job.generation.decoding is None:
+            raise SpecOpsError("a job needs a generation from SpeculativeDecoder.stream")
         with self._wake:
             if self._stopping:
                 raise SchedulerClosedError("the server is shutting down")
@@ -113,14 +132,18 @@ class Scheduler:
             self._waiting.append(job)
             self._wake.notify()
 
-    def _admit(self, active: list[Job]) -> None:
+    def _take(self, active: list[Job]) -> list[Job]:
+        """Wait for work; move waiting jobs into ``active`` while its batch has room."""
+        taken = []
         with self._wake:
             while not self._stopping and not active and not self._waiting:
                 self._wake.wait()
-            while self._waiting and len(active) < self._per_worker:
+            while self._waiting and len(active) < self.limits.max_sequences:
                 job = self._waiting.popleft()
                 job.started_at = time.monotonic()
                 active.append(job)
+                taken.append(job)
+        return taken
 
     def _run(self, index: int) -> None:
         if self.threads_per_worker:
@@ -128,51 +151,85 @@ class Scheduler:
 
             torch.set_num_threads(self.threads_per_worker)  # per calling thread
         active = self._active[index]
+        batch: Batch | None = None
         while True:
-            self._admit(active)
+            taken = self._take(active)
             if self._stopping:
                 with self._wake:
                     leftovers = [*active, *self._waiting]
                     self._waiting.clear()
                 for job in leftovers:
-                    self._finish(active, job, "cancelled", "the server is shutting down")
-                active.clear()
+                    self._finish(batch, active, job, "cancelled", "the server is shutting down")
                 return
+            for job in taken:
+                decoding = _decoding(job)
+                if batch is None:
+                    batch = Batch(self.target or decoding.decoder.target, self.limits, self.cost)
+                try:
+                    batch.join(decoding)
+                except Exception as error:  # a prefill that fails fails its request alone
+                    log.exception("a request failed while joining the batch")
+                    self._finish(batch, active, job, "error", error)
             for job in list(active):
                 if job.cancel_reason is None and time.monotonic() > job.deadline:
                     job.cancel("timeout")
                 if job.cancel_reason is not None:
-                    self._finish(active, job, "cancelled", job.cancel_reason)
-                    continue
-                try:
-                    event: TokenEvent = next(job.generation)
-                except StopIteration:
-                    result: GenerationResult | None = job.generation.result
-                    self._finish(active, job, "done", result)
-                    continue
-                except Exception as error:  # reported to the request, not lost
-                    log.exception("request failed while decoding")
-                    self._finish(active, job, "error", error)
-                    continue
-                job.emit("token", event)
-            # Jobs cut while still waiting (client gone, deadline passed) leave the queue too.
-            with self._wake:
-                now = time.monotonic()
-                for job in self._waiting:
-                    if job.cancel_reason is None and now > job.deadline:
-                        job.cancel("timeout")
-                cut = [j for j in self._waiting if j.cancel_reason is not None]
-                for job in cut:
-                    self._waiting.remove(job)
-            for job in cut:
-                self._finish(active, job, "cancelled", job.cancel_reason)
+                    self._finish(batch, active, job, "cancelled", job.cancel_reason)
+            if batch is not None and active:
+                self._step(batch, active)
+            self._cut_waiting(batch, active)
 
-    def _finish(self, active: list[Job], job: Job, kind: str, payload: object) -> None:
-        if kind == "cancelled":
-            job.generation.close()
+    def _step(self, batch: Batch, active: list[Job]) -> None:
+        outcome = batch.step()
+        if outcome.size and self.on_pass is not None:
+            self.on_pass(outcome.size, outcome.rows)
+        for job in list(active):
+            decoding = _decoding(job)
+            error = outcome.errors.get(decoding)
+            if error is not None:
+                self._finish(batch, active, job, "error", error)
+                continue
+            for event in outcome.events.get(decoding, ()):
+                job.emit("token", event)
+            if decoding.done:
+                self._finish(batch, active, job, "done", None)
+
+    def _cut_waiting(self, batch: Batch | None, active: list[Job]) -> None:
+        """Jobs cut while still waiting (client gone, deadline passed) leave the queue too."""
+        with self._wake:
+            now = time.monotonic()
+            for job in self._waiting:
+                if job.cancel_reason is None and now > job.deadline:
+                    job.cancel("timeout")
+            cut = [j for j in self._waiting if j.cancel_reason is not None]
+            for job in cut:
+                self._waiting.remove(job)
+        for job in cut:
+            self._finish(batch, active, job, "cancelled", job.cancel_reason)
+
+    def _finish(
+        self, batch: Batch | None, active: list[Job], job: Job, kind: str, payload: object
+    ) -> None:
+        """End ``job``: out of the batch, its drafter released, its result set, and the
+        end delivered."""
+        decoding = _decoding(job)
+        if batch is not None:
+            batch.leave(decoding)
+        decoding.release()
+        generation = job.generation
+        if kind in ("done", "cancelled"):
+            generation.result = decoding.finish("cancelled" if kind == "cancelled" else None)
+            if kind == "done":
+                payload = generation.result
         if job in active:
             active.remove(job)
         try:
             job.emit(kind, payload)
         except Exception:  # a dead client must not stop the loop
             log.exception("could not deliver the end of a request")
+
+
+def _decoding(job: Job) -> Decoding:
+    decoding = job.generation.decoding
+    assert decoding is not None  # submit() checked
+    return decoding

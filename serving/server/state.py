@@ -7,6 +7,7 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from serving.batch.ragged import use_ragged_attention
 from serving.cascade.build import build_cascade
 from serving.cascade.drafter import CascadeDrafter, CascadePolicy
 from serving.drafters.base import Drafter
@@ -152,6 +153,7 @@ def build_state(config: ServerConfig, *, target=None, tokenizer=None) -> ServerS
     source = champion_source(config)  # a bad champion config fails before the model loads
     if target is None or tokenizer is None:
         target, tokenizer = load_target(config.target, **hardware.load_options())
+    use_ragged_attention(target)  # requests decode in batches: packed passes
     curve = hardware.curve
 
     def loader(ref) -> LoadedDraft:
@@ -186,6 +188,10 @@ def build_state(config: ServerConfig, *, target=None, tokenizer=None) -> ServerS
             max_active=config.limits.max_active,
             workers=config.limits.workers,
             threads_per_worker=config.threads or hardware.threads,
+            target=target,
+            batch=hardware.batch_limits(),
+            cost=hardware.pass_cost(),
+            on_pass=lambda size, tokens: metrics.observe_pass(size=size, tokens=tokens),
         ),
         metrics=metrics,
         capture=capture,

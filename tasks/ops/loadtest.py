@@ -1,51 +1,101 @@
 """A load test of a specops server on loopback, through the official ``openai`` client.
 
-N concurrent clients send M chat requests in all (real prompts: a workload's held-out
-split), each streamed so that time to first token is measured. Reported: throughput
-(requests/s and completion tokens/s over the wall time), latency and TTFT percentiles,
-errors by kind, pooled acceptance from the responses' ``usage``, and the server's peak
-resident memory (sampled from its ``/metrics``). Bounded in count and in time: every
-request has a timeout and the run stops after ``requests``.
+One run measures several concurrency levels against the same server, one after the other
+(:func:`run_load_sweep`; :func:`run_load_test` is the one-level case). Before the first level
+one request is sent and not measured: it pays the server's lazy initialisation. At each
+level N concurrent clients send ``requests`` chat requests (the same prompts in the same
+order at every level: a workload's held-out split), each streamed so that time to first
+token is measured and the completion text is kept.
+
+Per level: throughput (completion tokens/s and successful requests/s over the level's wall
+time), latency p50/p90/p99 and mean, TTFT p50/p99, errors by kind, pooled acceptance from
+the responses' ``usage``, and the server's peak resident memory during the level (sampled
+from its ``/metrics``). Across levels: each level's tokens/s over the lowest level's
+(``speedup_vs_one_client``; the lowest level is 1 client unless told otherwise) and, at
+temperature 0, whether every prompt's completion equals the lowest level's (the server
+batches requests; greedy output must not depend on what else is in the batch). Bounded in
+count and in time: every request has a timeout and each level stops after ``requests``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import re
 import statistics
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
+from serving.atomic import atomic_path, write_json_atomic, write_text_atomic
 from serving.errors import BadInputError
 
 RSS_PATTERN = re.compile(r"^process_resident_memory_bytes\s+([0-9.e+]+)", re.MULTILINE)
+DEFAULT_LEVELS = (1, 2, 4, 8)
+_POSITIVE = re.compile(r"[0-9]+")
+
+
+def _check_positive(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise BadInputError(f"{name} must be an integer >= 1, got {value!r}")
 
 
 @dataclass
 class LoadTestSettings:
     url: str = "http://127.0.0.1:8000"
     model: str = "smollm2"
-    clients: int = 4
-    requests: int = 32
+    clients: int = 4  # the level of run_load_test; run_load_sweep takes its levels apart
+    requests: int = 16  # per level
     max_tokens: int = 64
     temperature: float = 0.0
     workload: str = "sharegpt"
     seed: int = 0
     timeout_s: float = 300.0
     drafter: str | None = None  # None: the server's champion
+    skeleton: bool = False  # send `skeleton: true` (skeleton-of-thought decoding) per request
     prompts: list[str] = field(default_factory=list)  # empty: the workload's held-out prompts
 
     def check(self) -> None:
         for name in ("clients", "requests", "max_tokens"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise BadInputError(f"{name} must be an integer >= 1, got {value!r}")
+            _check_positive(name, getattr(self, name))
+        if self.temperature < 0:
+            raise BadInputError(f"temperature must be >= 0, got {self.temperature!r}")
         if not self.url.startswith(("http://127.", "http://localhost", "http://[::1]")):
             raise BadInputError(
                 f"the load test only targets loopback addresses, got url={self.url!r}"
             )
+
+
+def parse_levels(text: str) -> list[int]:
+    """``"1,2,4,8"`` -> ``[1, 2, 4, 8]``: positive integers, sorted, each once."""
+    items = [item.strip() for item in text.split(",")]
+    for item in items:
+        if not _POSITIVE.fullmatch(item) or int(item) < 1:
+            raise BadInputError(
+                f"clients must be positive integers, got {item!r}; give a comma list "
+                f"such as {','.join(map(str, DEFAULT_LEVELS))}"
+            )
+    return sorted({int(item) for item in items})
+
+
+def check_levels(levels: Sequence[int], requests: int) -> list[int]:
+    """The levels sorted, each once; refused when one is not a positive integer or
+    exceeds ``requests`` (that level would never have that many requests in flight)."""
+    if not levels:
+        raise BadInputError("the load test needs at least one clients level, e.g. 1,2,4,8")
+    for level in levels:
+        _check_positive("clients", level)
+    ordered = sorted(set(levels))
+    if ordered[-1] > requests:
+        raise BadInputError(
+            f"requests ({requests}) is below the largest clients level ({ordered[-1]}): "
+            f"that level would never have {ordered[-1]} requests in flight; raise requests "
+            f"to at least {ordered[-1]}"
+        )
+    return ordered
 
 
 @dataclass
@@ -58,6 +108,9 @@ class _Sample:
     accepted_tokens: int = 0
     checks: int = 0
     error: str | None = None
+    index: int = 0  # the request's position in its level
+    prompt_index: int = 0  # into the prompt list; index % len(prompts)
+    text: str = ""  # the stream's content deltas, concatenated
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -87,7 +140,10 @@ async def _one(client, settings: LoadTestSettings, prompt: str) -> _Sample:
     extra: dict[str, Any] = {}
     if settings.drafter:
         extra["drafter"] = settings.drafter
+    if settings.skeleton:
+        extra["skeleton"] = True
     ttft = None
+    pieces: list[str] = []
     try:
         stream = await client.chat.completions.create(
             model=settings.model,
@@ -100,8 +156,10 @@ async def _one(client, settings: LoadTestSettings, prompt: str) -> _Sample:
         )
         usage = None
         async for chunk in stream:
-            if ttft is None and chunk.choices and chunk.choices[0].delta.content:
-                ttft = time.perf_counter() - started
+            if chunk.choices and chunk.choices[0].delta.content:
+                if ttft is None:
+                    ttft = time.perf_counter() - started
+                pieces.append(chunk.choices[0].delta.content)
             if chunk.usage is not None:
                 usage = chunk.usage
     except (APIError, OSError, TimeoutError) as error:
@@ -121,6 +179,7 @@ async def _one(client, settings: LoadTestSettings, prompt: str) -> _Sample:
         draft_tokens=int(speculative.get("draft_tokens", 0)),
         accepted_tokens=int(speculative.get("accepted_tokens", 0)),
         checks=int(speculative.get("checks", 0)),
+        text="".join(pieces),
     )
 
 
@@ -142,11 +201,51 @@ async def _sample_memory(url: str, stop: asyncio.Event, peaks: list[float]) -> N
                 continue
 
 
-async def run_load_test(settings: LoadTestSettings, *, progress: bool = True) -> dict[str, Any]:
-    from openai import AsyncOpenAI
+async def _measure_level(
+    client, settings: LoadTestSettings, prompts: list[str], clients: int, *, progress: bool
+) -> tuple[list[_Sample], float, list[float]]:
+    """``settings.requests`` requests from ``clients`` concurrent clients: the samples (in
+    completion order), the wall time and the server's RSS readings during the level."""
     from tqdm.auto import tqdm
 
+    samples: list[_Sample] = []
+    bar = tqdm(total=settings.requests, desc=f"{clients} clients", unit="req", disable=not progress)
+    next_index = 0
+
+    async def worker() -> None:
+        nonlocal next_index
+        while next_index < settings.requests:
+            index = next_index
+            next_index += 1
+            prompt_index = index % len(prompts)
+            sample = await _one(client, settings, prompts[prompt_index])
+            sample.index, sample.prompt_index = index, prompt_index
+            samples.append(sample)
+            bar.update()
+
+    stop = asyncio.Event()
+    memory: list[float] = []
+    sampler = asyncio.create_task(_sample_memory(settings.url, stop, memory))
+    started = time.perf_counter()
+    try:
+        await asyncio.gather(*(worker() for _ in range(clients)))
+    finally:
+        wall = time.perf_counter() - started
+        stop.set()
+        await sampler
+        bar.close()
+    return samples, wall, memory
+
+
+async def run_load_sweep(
+    settings: LoadTestSettings, levels: Sequence[int], *, progress: bool = True
+) -> dict[str, Any]:
+    """Measure each concurrency level in ``levels`` (ascending) against one server, after one
+    unmeasured warm-up request; the results of :func:`sweep_results`."""
+    from openai import AsyncOpenAI
+
     settings.check()
+    ordered = check_levels(levels, settings.requests)
     prompts = load_prompts(settings)
     if not prompts:
         raise BadInputError("the load test has no prompts")
@@ -156,36 +255,29 @@ async def run_load_test(settings: LoadTestSettings, *, progress: bool = True) ->
         max_retries=0,  # a 429 is a result here, not something to hide
         timeout=settings.timeout_s,
     )
-    samples: list[_Sample] = []
-    bar = tqdm(total=settings.requests, desc="load test", unit="req", disable=not progress)
-    next_index = 0
-
-    async def worker() -> None:
-        nonlocal next_index
-        while next_index < settings.requests:
-            index = next_index
-            next_index += 1
-            samples.append(await _one(client, settings, prompts[index % len(prompts)]))
-            bar.update()
-
-    stop = asyncio.Event()
-    memory: list[float] = []
-    sampler = asyncio.create_task(_sample_memory(settings.url, stop, memory))
-    started = time.perf_counter()
+    measured: dict[int, tuple[list[_Sample], float, list[float]]] = {}
     try:
-        await asyncio.gather(*(worker() for _ in range(settings.clients)))
+        warmup = await _one(client, settings, prompts[0])
+        for clients in ordered:
+            measured[clients] = await _measure_level(
+                client, settings, prompts, clients, progress=progress
+            )
     finally:
-        wall = time.perf_counter() - started
-        stop.set()
-        await sampler
-        bar.close()
         await client.close()
-    return summarize(settings, samples, wall, memory)
+    return sweep_results(settings, measured, warmup)
 
 
-def summarize(
-    settings: LoadTestSettings, samples: list[_Sample], wall_s: float, memory: list[float]
+async def run_load_test(settings: LoadTestSettings, *, progress: bool = True) -> dict[str, Any]:
+    """One level, ``settings.clients`` concurrent clients: that level's summary (see
+    :func:`summarize_level`) with ``settings`` and ``warmup`` beside it."""
+    results = await run_load_sweep(settings, [settings.clients], progress=progress)
+    return {"settings": results["settings"], "warmup": results["warmup"], **results["levels"][0]}
+
+
+def summarize_level(
+    clients: int, samples: list[_Sample], wall_s: float, memory: list[float]
 ) -> dict[str, Any]:
+    """One level's figures. Throughput counts successful requests only."""
     ok = [s for s in samples if s.ok]
     latencies = [s.latency_s for s in ok]
     ttfts = [s.ttft_s for s in ok if s.ttft_s is not None]
@@ -194,7 +286,7 @@ def summarize(
     accepted = sum(s.accepted_tokens for s in ok)
     checks = sum(s.checks for s in ok)
     return {
-        "settings": {k: v for k, v in asdict(settings).items() if k != "prompts"},
+        "clients": clients,
         "requests": len(samples),
         "succeeded": len(ok),
         "errors": len(samples) - len(ok),
@@ -217,3 +309,165 @@ def summarize(
             "samples": len(memory),
         },
     }
+
+
+def texts_by_prompt(samples: list[_Sample]) -> dict[int, list[str]]:
+    """Prompt index -> the completion texts of its successful requests, in request order."""
+    texts: dict[int, list[str]] = {}
+    for sample in sorted(samples, key=lambda s: s.index):
+        if sample.ok:
+            texts.setdefault(sample.prompt_index, []).append(sample.text)
+    return texts
+
+
+def compare_outputs(reference: list[_Sample], samples: list[_Sample]) -> tuple[int, list[int]]:
+    """How many prompts were compared, and the indexes of those where some successful
+    request's text differs from the reference level's first successful text for that
+    prompt. Failed requests, and prompts the reference never completed, are not compared."""
+    expected = {index: texts[0] for index, texts in texts_by_prompt(reference).items()}
+    compared = {i: texts for i, texts in texts_by_prompt(samples).items() if i in expected}
+    mismatched = [i for i, texts in compared.items() if any(t != expected[i] for t in texts)]
+    return len(compared), sorted(mismatched)
+
+
+def _ratio(value: float | None, base: float | None) -> float | None:
+    return value / base if value is not None and base else None
+
+
+def sweep_results(
+    settings: LoadTestSettings,
+    measured: dict[int, tuple[list[_Sample], float, list[float]]],
+    warmup: _Sample,
+) -> dict[str, Any]:
+    """The results file's content: the settings, the warm-up, one summary per level (with
+    ``speedup_vs_one_client``, ``outputs_equal`` and ``mismatched_prompts``), ``table``.
+
+    The reference is the lowest level. Outputs are compared only at temperature 0; above
+    it, or where no prompt could be compared (every request failed), ``outputs_equal`` is
+    None."""
+    base_clients = min(measured)
+    base_samples = measured[base_clients][0]
+    greedy = settings.temperature == 0
+    levels = []
+    for clients in sorted(measured):
+        samples, wall_s, memory = measured[clients]
+        level = summarize_level(clients, samples, wall_s, memory)
+        compared, mismatched = compare_outputs(base_samples, samples) if greedy else (0, [])
+        level["compared_prompts"] = compared
+        level["outputs_equal"] = not mismatched if compared else None
+        level["mismatched_prompts"] = mismatched if compared else None
+        levels.append(level)
+    base_rate = levels[0]["tokens_per_s"]
+    for level in levels:
+        level["speedup_vs_one_client"] = _ratio(level["tokens_per_s"], base_rate)
+    equal = [level["outputs_equal"] for level in levels if level["outputs_equal"] is not None]
+    return {
+        "settings": {k: v for k, v in asdict(settings).items() if k not in ("prompts", "clients")},
+        "clients_levels": sorted(measured),
+        "baseline_clients": base_clients,
+        "warmup": {"ok": warmup.ok, "latency_s": warmup.latency_s, "error": warmup.error},
+        "outputs_equal": all(equal) if equal else None,
+        "levels": levels,
+        "table": table_rows(levels),
+    }
+
+
+def table_rows(levels: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The table's figures, one row per level (the results file keeps them as data)."""
+    return [
+        {
+            "clients": level["clients"],
+            "tokens_per_s": level["tokens_per_s"],
+            "speedup_vs_one_client": level["speedup_vs_one_client"],
+            "requests_per_s": level["requests_per_s"],
+            "latency_p50_s": level["latency_s"]["p50"],
+            "latency_p90_s": level["latency_s"]["p90"],
+            "ttft_p50_s": level["ttft_s"]["p50"],
+            "peak_rss_mb": level["server_rss_mb"]["peak"],
+            "errors": level["errors"],
+            "outputs_equal": level["outputs_equal"],
+            "mismatched_prompts": level["mismatched_prompts"],
+        }
+        for level in levels
+    ]
+
+
+def _cell(value: float | None, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def _equal_cell(row: dict[str, Any]) -> str:
+    if row["outputs_equal"] is None:
+        return "n/a"
+    if row["outputs_equal"]:
+        return "yes"
+    return "NO: prompts " + ", ".join(map(str, row["mismatched_prompts"]))
+
+
+def markdown_table(results: dict[str, Any]) -> str:
+    """The sweep as a markdown table, one row per level."""
+    base = results["baseline_clients"]
+    lines = [
+        f"| clients | tokens/s | × {'one client' if base == 1 else f'{base} clients'} | "
+        "req/s | p50 latency s | p90 | TTFT p50 | peak RSS MB | errors | outputs equal |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in results["table"]:
+        lines.append(
+            f"| {row['clients']} | {_cell(row['tokens_per_s'], '.1f')} | "
+            f"{_cell(row['speedup_vs_one_client'], '.2f')} | "
+            f"{_cell(row['requests_per_s'], '.2f')} | {_cell(row['latency_p50_s'], '.2f')} | "
+            f"{_cell(row['latency_p90_s'], '.2f')} | {_cell(row['ttft_p50_s'], '.2f')} | "
+            f"{_cell(row['peak_rss_mb'], '.0f')} | {row['errors']} | {_equal_cell(row)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(results: dict[str, Any], path: Path) -> Path:
+    """Throughput over the lowest level's, and p50 latency, against clients (PNG, atomic)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    def figures(key: str) -> list[float]:  # a level without the figure: a gap in the line
+        return [math.nan if row[key] is None else row[key] for row in rows]
+
+    rows = results["table"]
+    clients = [row["clients"] for row in rows]
+    base = results["baseline_clients"]
+    figure, (left, right) = plt.subplots(1, 2, figsize=(10, 4.0))
+    left.plot(clients, [c / base for c in clients], color="grey", linestyle="--", label="linear")
+    left.plot(clients, figures("speedup_vs_one_client"), marker="o", label="measured")
+    left.set(
+        xlabel="concurrent clients",
+        ylabel=f"tokens/s over {base} client{'s' if base > 1 else ''}",
+        title="throughput",
+    )
+    left.legend()
+    right.plot(clients, figures("latency_p50_s"), marker="o")
+    right.set(xlabel="concurrent clients", ylabel="p50 latency (s)", title="latency")
+    for axes in (left, right):
+        axes.set_xscale("log", base=2)
+        axes.set_xticks(clients, [str(c) for c in clients])
+        axes.grid(alpha=0.3)
+    settings = results["settings"]
+    figure.suptitle(
+        f"specops loadtest: {settings['requests']} requests per level, "
+        f"max_tokens {settings['max_tokens']}, temperature {settings['temperature']:g}"
+    )
+    figure.tight_layout()
+    with atomic_path(path) as temporary:
+        figure.savefig(temporary, dpi=110, format="png")
+    plt.close(figure)
+    return path
+
+
+def write_report(results: dict[str, Any], out: Path) -> dict[str, Path]:
+    """Write ``out`` (JSON) and, beside it, the table (``.md``) and the plot (``.png``)."""
+    out = Path(out)
+    written = {"json": out, "table": out.with_suffix(".md"), "plot": out.with_suffix(".png")}
+    write_json_atomic(written["json"], results)
+    write_text_atomic(written["table"], markdown_table(results))
+    plot(results, written["plot"])
+    return written

@@ -4,12 +4,14 @@ joining and leaving mid-batch — and failures stay with the request that caused
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
+from scipy.stats import chisquare
 
 import serving.batch.batch as batch_module
-from serving.batch.batch import Batch, BatchLimits, decode_together
-from serving.batch.plan import PassCost
+from serving.batch.batch import Batch, decode_together
+from serving.batch.plan import BatchLimits, PassCost
 from serving.batch.ragged import packed_pass, use_ragged_attention
 from serving.drafters.base import DraftProposal
 from serving.drafters.head import HeadDrafter
@@ -24,6 +26,7 @@ from serving.models.kernels import apply_kernels
 from serving.models.tiny import tiny_llama
 from serving.models.truncated import first_layers
 from serving.policy import AdaptiveK, CostAwareK, FixedK
+from serving.sampling import SamplingParams, make_sampler
 
 # Prompts of mixed lengths; the repeated n-grams give prompt lookup something to draft.
 PROMPTS = [
@@ -36,6 +39,7 @@ PROMPTS = [
     [60, 61, 62, 63, 64, 65, 66],
 ]
 BUDGETS = [40, 12, 33, 25, 8, 30, 21]
+P_MIN = 1e-3  # a correct sampler fails one run in a thousand
 
 
 @pytest.fixture(scope="module", params=["stock", "onednn"])
@@ -245,3 +249,57 @@ def test_requests_sharing_a_decoder_are_refused(batch_target):
         batch.join(decoder.begin(PROMPTS[1], max_new_tokens=4))
     with pytest.raises(BadInputError, match="max_tokens_per_pass"):
         BatchLimits(max_sequences=8, max_tokens_per_pass=4)
+
+
+def _chisquare_pvalue(counts: np.ndarray, probs: torch.Tensor) -> float:
+    """Chi-square of ``counts`` against ``probs`` (bins expecting < 5 merged); a token of
+    zero probability must never be drawn."""
+    probs_np = probs.double().numpy()
+    support = probs_np > 0
+    assert counts[~support].sum() == 0, f"zero-probability tokens drawn: {counts[~support]}"
+    expected = probs_np[support] / probs_np[support].sum() * counts.sum()
+    observed = counts[support].astype(np.float64)
+    small = expected < 5
+    if small.any():
+        expected = np.append(expected[~small], expected[small].sum())
+        observed = np.append(observed[~small], observed[small].sum())
+    return float(chisquare(observed, expected).pvalue)
+
+
+@pytest.mark.parametrize("drafter", ["model", "prompt_lookup"])
+def test_sampling_through_a_batch_keeps_the_target_distribution(batch_target, drafter):
+    """The first two sampled tokens of many requests decoded eight at a time follow the
+    target's processed distributions: p(t1) and the marginal sum_t1 p(t1) p(t2 | t1)."""
+    params = SamplingParams(temperature=1.0, top_k=6, seed=0)
+    sampler = make_sampler(params)
+    prompt = PROMPTS[0]
+    vocab = batch_target.config.vocab_size
+    with torch.inference_mode():
+        first = sampler.probs(batch_target(torch.tensor([prompt])).logits[0, -1:])[0]  # [vocab]
+        support = first.nonzero().flatten().tolist()
+        follow = torch.stack(
+            [
+                sampler.probs(batch_target(torch.tensor([[*prompt, t]])).logits[0, -1:])[0]
+                for t in support
+            ]
+        )  # [support, vocab]
+        second = (first[support, None] * follow).sum(0)  # [vocab]
+    draft_model = tiny_llama(seed=1)
+    decodings = []
+    for seed in range(600):
+        made = (
+            (ModelDrafter(draft_model), FixedK(2))
+            if drafter == "model"
+            else (PromptLookupDrafter(), FixedK(2))
+        )
+        decoder = SpeculativeDecoder(batch_target, drafter=made[0], policy=made[1])
+        decodings.append(
+            decoder.begin(
+                prompt, max_new_tokens=2, sampling=SamplingParams(1.0, top_k=6, seed=seed)
+            )
+        )
+    results = decode_together(decodings, batch_target, limits=BatchLimits(8, 32))
+    tokens = np.array([r.token_ids for r in results])  # [requests, 2]
+    assert sum(r.stats.draft_tokens for r in results) > 0
+    assert _chisquare_pvalue(np.bincount(tokens[:, 0], minlength=vocab), first) > P_MIN
+    assert _chisquare_pvalue(np.bincount(tokens[:, 1], minlength=vocab), second) > P_MIN

@@ -107,6 +107,37 @@ def test_streaming_greedy_equals_the_engine(client, references):
     assert usage is not None and usage.completion_tokens > 0
 
 
+def test_four_concurrent_streams_are_batched_and_equal_the_engine(server, references):
+    """Four streams at once through the async openai client: they share packed passes
+    (the batch-size histogram moves past 1) and each equals its one-at-a-time output."""
+
+    async def stream(client, prompt: str) -> str:
+        chunks = await client.chat.completions.create(
+            model="smollm2",
+            messages=[{"role": "user", "content": prompt}],
+            max_tokens=24,
+            temperature=0,
+            stream=True,
+        )
+        return "".join([c.choices[0].delta.content or "" async for c in chunks if c.choices])
+
+    async def all_four() -> list[str]:
+        client = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+        try:
+            return await asyncio.gather(*(stream(client, p) for p in PROMPTS))
+        finally:
+            await client.close()
+
+    before = httpx.get(f"{server.url}/metrics").text
+    texts = asyncio.run(all_four())
+    after = httpx.get(f"{server.url}/metrics").text
+    assert texts == [references[p] for p in PROMPTS]
+    name = "specops:batch_size"
+    passes = metric(after, f"{name}_count") - metric(before, f"{name}_count")
+    requests_in_passes = metric(after, f"{name}_sum") - metric(before, f"{name}_sum")
+    assert passes > 0 and requests_in_passes / passes > 1.0  # requests shared passes
+
+
 @pytest.mark.parametrize("drafter", ["none", "pld", "ngram:3", "layers:2"])
 def test_every_per_request_drafter_is_lossless(client, references, drafter):
     response = ask(client, PROMPTS[0], extra_body={"drafter": drafter, "num_speculative_tokens": 4})

@@ -5,6 +5,7 @@ import pytest
 
 from serving.drafters.prompt_lookup import PromptLookupDrafter
 from serving.engine import SpeculativeDecoder
+from serving.errors import SpecOpsError
 from serving.policy import FixedK
 from serving.server.scheduler import Job, QueueFullError, Scheduler
 
@@ -36,7 +37,7 @@ def job(generation, collector, *, deadline_s: float = 60.0) -> Job:
 
 
 @pytest.mark.parametrize(("workers", "max_active"), [(1, 3), (2, 4)])
-def test_interleaved_requests_decode_exactly_as_one_at_a_time(target, prompt, workers, max_active):
+def test_batched_requests_decode_exactly_as_one_at_a_time(target, prompt, workers, max_active):
     prompts = [prompt, prompt[3:], [7, 7, 8, 9, 7, 7, 8], prompt[:5], prompt[1:9]]
     expected = [decoder(target).generate(p, max_new_tokens=30).token_ids for p in prompts]
     scheduler = Scheduler(queue_size=8, max_active=max_active, workers=workers)
@@ -98,18 +99,14 @@ def test_a_request_past_its_deadline_is_cut_with_timeout(target, prompt):
 
 
 def test_a_failing_request_is_reported_and_the_loop_goes_on(target, prompt):
-    class Broken:
-        result = None
-
-        def __next__(self):
+    class Broken(PromptLookupDrafter):
+        def propose(self, request):
             raise RuntimeError("boom")
-
-        def close(self):
-            pass
 
     scheduler = Scheduler(queue_size=4, max_active=2)
     broken, healthy = Collector(), Collector()
-    scheduler.submit(Job(Broken(), broken.emit, deadline=time.monotonic() + 60))  # type: ignore[arg-type]
+    failing = SpeculativeDecoder(target, drafter=Broken(), policy=FixedK(3))
+    scheduler.submit(job(failing.stream(prompt, max_new_tokens=8), broken))
     scheduler.submit(job(decoder(target).stream(prompt, max_new_tokens=8), healthy))
     scheduler.start()
     try:
@@ -118,7 +115,35 @@ def test_a_failing_request_is_reported_and_the_loop_goes_on(target, prompt):
     finally:
         scheduler.stop()
     assert kind == "error" and "boom" in str(error)
-    assert healthy_kind == "done" and len(tokens) == 8
+    assert healthy_kind == "done"
+    assert tokens == decoder(target).generate(prompt, max_new_tokens=8).token_ids
+
+
+def test_a_job_without_a_decoding_is_refused(target, prompt):
+    class NotAGeneration:
+        decoding = None
+
+    scheduler = Scheduler(queue_size=4, max_active=2)
+    with pytest.raises(SpecOpsError, match=r"SpeculativeDecoder\.stream"):
+        scheduler.submit(job(NotAGeneration(), Collector()))  # type: ignore[arg-type]
+
+
+def test_passes_are_reported_with_their_size_and_tokens(target, prompt):
+    passes: list[tuple[int, int]] = []
+    scheduler = Scheduler(
+        queue_size=8, max_active=4, on_pass=lambda size, tokens: passes.append((size, tokens))
+    )
+    collectors = [Collector() for _ in range(4)]
+    for collector in collectors:
+        scheduler.submit(job(decoder(target).stream(prompt, max_new_tokens=12), collector))
+    scheduler.start()
+    try:
+        for collector in collectors:
+            assert collector.drain()[1] == "done"
+    finally:
+        scheduler.stop()
+    assert max(size for size, _ in passes) == 4  # all four rode together
+    assert all(tokens >= size for size, tokens in passes)
 
 
 def test_stop_cancels_what_is_left(target, prompt):
