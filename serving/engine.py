@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from serving.constrained import Constraint, ConstraintState
 from serving.detailed import DetailedRecord, Disagreement, new_request_id
 from serving.drafters.base import Drafter
 from serving.errors import BadInputError
@@ -168,10 +169,20 @@ class SpeculativeDecoder:
         sampling: SamplingParams | None = None,
         mode: str = "fast",
         request_id: str | None = None,
+        constraint: Constraint | None = None,
     ) -> Decoding:
         """Validate a request (raising :class:`BadInputError`) and return its decoding
-        state, not yet prefilled: for a batch to step (:mod:`serving.batch`)."""
+        state, not yet prefilled: for a batch to step (:mod:`serving.batch`).
+        ``constraint``: a grammar the output must follow (its ``start()`` state is
+        stepped along the output; decoding stops once it is finished)."""
         sampling = sampling or SamplingParams()
+        if constraint is not None and self.relaxed:
+            raise BadInputError("a constrained request cannot use relaxed verification")
+        if constraint is not None and constraint.vocab_size != self.vocab_size:
+            raise BadInputError(
+                f"the constraint covers {constraint.vocab_size} token ids but the target's "
+                f"vocabulary has {self.vocab_size}"
+            )
         if self.relaxed and not sampling.greedy:
             raise BadInputError(
                 f"relaxed verification (λ = {self.relax_lambda}) needs greedy decoding "
@@ -184,7 +195,7 @@ class SpeculativeDecoder:
             detailed=mode == "detailed",
             request_id=request_id or new_request_id(),
         )
-        return Decoding(self, request)
+        return Decoding(self, request, constraint)
 
     def stream(self, prompt: Sequence[int], **kwargs) -> Generation:
         """Validate now (raising :class:`BadInputError`), decode lazily while iterated;
@@ -319,8 +330,14 @@ class Decoding:
     same bookkeeping (:meth:`absorb`), so a request's output does not depend on which.
     """
 
-    def __init__(self, decoder: SpeculativeDecoder, request: _Request) -> None:
+    def __init__(
+        self, decoder: SpeculativeDecoder, request: _Request, constraint: Constraint | None = None
+    ) -> None:
         self.decoder = decoder
+        # The grammar's state after the output so far (a constrained request).
+        self.constraint: ConstraintState | None = (
+            constraint.start() if constraint is not None else None
+        )
         self.request = request
         self.device = decoder.device
         self.sampler = make_sampler(request.sampling, device=decoder.device)
@@ -408,6 +425,7 @@ class Decoding:
             device=self.device,
             context=self.context,
             stage=decoder.stage,
+            constraint=self.constraint,
         )
 
     def settle(
@@ -457,6 +475,7 @@ class Decoding:
             context=self.context,
             stage=decoder.stage,
             relax=self.relax(),
+            constraint=self.constraint,
         )
         return self.absorb(step)
 
@@ -471,7 +490,15 @@ class Decoding:
             verify_s=step.verify_s if policy_verify_s is None else policy_verify_s,
         )
         base = len(request.output)
-        emitted = decoder._emit(request, step.new_tokens, step.accepted)
+        new_tokens = step.new_tokens
+        if self.constraint is not None:
+            # The output ends where the grammar completes, even inside a step's tokens.
+            for index, token in enumerate(new_tokens):
+                self.constraint = self.constraint.advance(token)
+                if self.constraint.is_finished():
+                    new_tokens = new_tokens[: index + 1]
+                    break
+        emitted = decoder._emit(request, new_tokens, step.accepted)
         if self.context is not None:
             n = len(emitted)
             self.context.observe(step.entropies[:n], step.logprobs[:n], n)
@@ -494,6 +521,8 @@ class Decoding:
         ]
         if emitted and emitted[-1][0] in decoder.eos_token_ids:
             self.stop_reason = "eos"
+        elif self.constraint is not None and self.constraint.is_finished():
+            self.stop_reason = "eos"  # the grammar is complete
         elif len(request.output) >= request.max_new_tokens:
             self.stop_reason = "length"
         return events

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from serving.constrained import ConstraintState, constrain_block
 from serving.drafters.base import Drafter, DraftProposal, DraftRequest, StepFeedback
 from serving.errors import BadInputError
 from serving.features import ContextStats, TokenFeatures, target_statistics, token_features
@@ -116,6 +117,10 @@ class DraftedBlock:
     block: torch.Tensor  # [1 + proposed] the pending token, then the drafts
     base: int  # cache length before the pass (``len(tokens) - 1``)
     features: tuple[TokenFeatures, ...] = ()
+    # Constrained requests: [1 + proposed, vocab] the grammar's mask for each row, and its
+    # states after 0, 1, ... allowed drafts (serving.constrained).
+    masks: torch.Tensor | None = None
+    states: tuple[ConstraintState, ...] = ()
 
     @property
     def proposed(self) -> int:
@@ -132,8 +137,10 @@ def draft_block(
     device: torch.device,
     context: ContextStats | None = None,
     stage: str = "model",
+    constraint: ConstraintState | None = None,
 ) -> DraftedBlock:
-    """Draft up to ``k`` tokens after ``tokens``; ``cache`` holds ``tokens[:-1]``."""
+    """Draft up to ``k`` tokens after ``tokens``; ``cache`` holds ``tokens[:-1]``.
+    ``constraint``: the grammar's state after ``tokens`` (a constrained request)."""
     if sampler.device is not None and sampler.device.type != device.type:
         raise BadInputError(
             f"the sampler draws on {sampler.device} but the target is on {device}; make it "
@@ -145,13 +152,19 @@ def draft_block(
     if drafter is not None and k > 0:
         proposal = drafter.propose(DraftRequest(tokens, k, sampler, context)).truncate(k)
     features: tuple[TokenFeatures, ...] = ()
+    masks: torch.Tensor | None = None
+    states: tuple[ConstraintState, ...] = ()
+    if constraint is not None:
+        cut = sampler.greedy or proposal.draft_probs is None
+        proposal, walked, masks = constrain_block(proposal, constraint, cut=cut)
+        masks, states = masks.to(device), tuple(walked)
     if context is not None and len(proposal):
         features = proposal.features or tuple(token_features(proposal, context, stage=stage))
     # n-gram drafters propose on the CPU: their drafts meet the target's logits here.
     drafts = proposal.to(device)
     pending = torch.tensor(tokens[-1:], dtype=torch.int64, device=device)  # [1]
     block = torch.cat([pending, drafts.tokens])  # [1 + proposed]
-    return DraftedBlock(drafts, block, base, features)
+    return DraftedBlock(drafts, block, base, features, masks, states)
 
 
 def settle(
@@ -184,6 +197,9 @@ def settle(
     try:
         if target_logits is None:
             raise _PassFailed
+        if drafted.masks is not None:
+            # The constrained target: forbidden tokens have probability 0 in every row.
+            target_logits = target_logits.masked_fill(~drafted.masks, float("-inf"))
         if relax is not None and proposed:
             if not sampler.greedy:
                 raise BadInputError("relaxed verification (a finite λ) needs greedy decoding")
@@ -257,6 +273,7 @@ def speculative_step(
     context: ContextStats | None = None,
     stage: str = "model",
     relax: tuple[float, float] | None = None,
+    constraint: ConstraintState | None = None,
 ) -> StepResult:
     """Advance one step. ``cache`` holds ``tokens[:-1]``; on return it holds the new
     ``tokens[:-1]`` (every kept token but the target's own, which is fed next step).
@@ -266,14 +283,23 @@ def speculative_step(
     ``context``: the request's target statistics; when given, the drafter sees them, the
     drafted tokens' features (as ``stage``) and the new tokens' statistics come back.
     ``relax``: ``(λ, tokens per pass)`` for relaxed verification (greedy only; see
-    :mod:`serving.relaxed`); ``None`` verifies exactly. A batch of sequences takes the same
-    two halves, :func:`draft_block` and :func:`settle`, around one packed pass
-    (:mod:`serving.batch`)."""
+    :mod:`serving.relaxed`); ``None`` verifies exactly. ``constraint``: the grammar's state
+    after ``tokens`` for a constrained request (:mod:`serving.constrained`). A batch of
+    sequences takes the same two halves, :func:`draft_block` and :func:`settle`, around one
+    packed pass (:mod:`serving.batch`)."""
     device = next(target.parameters()).device if device is None else device
     clock = _Clock(device)
     clock.mark()
     drafted = draft_block(
-        cache, tokens, drafter, k, sampler, device=device, context=context, stage=stage
+        cache,
+        tokens,
+        drafter,
+        k,
+        sampler,
+        device=device,
+        context=context,
+        stage=stage,
+        constraint=constraint,
     )
     clock.mark()
     want_hidden = drafter is not None and drafter.needs_target_hidden

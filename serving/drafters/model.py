@@ -92,7 +92,9 @@ class ModelDrafter(Drafter):
         return DraftProposal(torch.stack(tokens), draft_probs=torch.stack(probs))
 
     def commit(self, feedback: StepFeedback) -> None:
-        if self._cache is None or feedback.proposed == 0:
+        # Its own count, not the step's: a step may use fewer drafts than were drafted
+        # (cut to the budget, or at a token a constraint forbids), even none.
+        if self._cache is None or self._proposed == 0:
             return
         # The cache holds the committed prefix plus drafts 1..proposed-1; keep only the drafts
         # the target accepted (the bonus token and any unseen tokens are fed next time).
