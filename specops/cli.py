@@ -101,6 +101,14 @@ def generate(
             "log-probability gap < the passes it saves. Default: lossless.",
         ),
     ] = None,
+    skeleton: Annotated[
+        bool,
+        typer.Option(
+            "--skeleton",
+            help="Skeleton-of-thought: a constrained plan, then its points decoded as one "
+            "batch and merged (docs/skeleton.md); --max-new-tokens bounds each point.",
+        ),
+    ] = False,
 ) -> None:
     """Generate text for PROMPT with speculative decoding; print the text and the stats."""
     from serving.engine import MODES
@@ -134,8 +142,13 @@ def generate(
             relax_lambda=relax_lambda,
         )
         options.check()
+        if skeleton and not chat:
+            fail("--skeleton needs the chat template (drop --no-chat)")
         set_threads(threads)
         model, tokenizer = load_target(target, kernels=engine_target(hardware).kernels)
+        if skeleton:
+            _generate_skeleton(model, tokenizer, prompt, options, max_new_tokens, sampling, as_json)
+            return
         prompt_ids = encode_prompt(tokenizer, prompt, chat=chat)
         decoder = build_decoder(model, tokenizer, options)
         generation = decoder.stream(
@@ -182,6 +195,105 @@ def generate(
         )
     if result.record is not None:
         typer.echo(f"disagreements recorded: {len(result.record.disagreements)}", err=True)
+
+
+def _generate_skeleton(model, tokenizer, prompt, options, max_new_tokens, sampling, as_json):
+    from serving.hardware import engine_target
+    from serving.loader import build_decoder, eos_ids
+    from serving.skeleton.constraint import SkeletonConstraint
+    from serving.skeleton.decode import answer_with_skeleton
+
+    target = engine_target(options.hardware)
+    constraint = SkeletonConstraint(
+        tokenizer, vocab_size=int(model.config.vocab_size), eos_token_ids=eos_ids(model, tokenizer)
+    )
+    answer = answer_with_skeleton(
+        lambda: build_decoder(model, tokenizer, options),
+        tokenizer,
+        prompt,
+        constraint,
+        max_tokens=max_new_tokens,
+        sampling=sampling,
+        limits=target.batch_limits(),
+        cost=target.pass_cost(),
+    )
+    summary = {
+        "text": answer.text,
+        "skeleton": answer.skeleton_text,
+        "direct": answer.skeleton.direct,
+        "branches": [vars(b) for b in answer.branches],
+        "truncated": answer.truncated,
+        "completion_tokens": answer.completion_tokens,
+        "skeleton_s": round(answer.skeleton_s, 3),
+        "answer_s": round(answer.answer_s, 3),
+    }
+    if as_json:
+        typer.echo(json.dumps(summary))
+        return
+    typer.echo(answer.text)
+    typer.echo("---", err=True)
+    typer.echo(f"skeleton: {answer.skeleton_text!r}", err=True)
+    cut = [i + 1 for i, b in enumerate(answer.branches) if b.truncated]
+    typer.echo(
+        f"{answer.completion_tokens} tokens; skeleton {answer.skeleton_s:.2f} s, answer "
+        f"{answer.answer_s:.2f} s" + (f"; points {cut} hit --max-new-tokens" if cut else ""),
+        err=True,
+    )
+
+
+@app.command("bench-skeleton")
+def bench_skeleton(
+    prompts: Annotated[int, typer.Option(help="Planning prompts (held-out ShareGPT).")] = 12,
+    max_tokens: Annotated[int, typer.Option(help="Token budget per point.")] = 64,
+    plain_max_tokens: Annotated[int, typer.Option(help="Budget of the plain answer.")] = 256,
+    drafter: Annotated[str, typer.Option(help="Drafter of every request.")] = "pld",
+    policy: Annotated[str, typer.Option(help="cost | fixed | adaptive.")] = "cost",
+    k: Annotated[int, typer.Option("--k", help="The policy's k.")] = 8,
+    threads: Annotated[int, typer.Option(help="torch threads.")] = 2,
+    hardware: Annotated[str, typer.Option(help="Hardware target.")] = "cpu",
+    seed: Annotated[int, typer.Option(help="Prompt-selection seed.")] = 0,
+    out: Annotated[Path, typer.Option(help="Results file.")] = Path("results/skeleton.json"),
+) -> None:
+    """Skeleton-of-thought against the same requests one at a time and a plain answer, on
+    the planning workload; write a results file."""
+    from serving.errors import SpecOpsError
+    from serving.hardware import engine_target
+    from serving.loader import DecoderOptions, build_decoder, eos_ids, load_target, set_threads
+    from serving.skeleton.constraint import SkeletonConstraint
+    from tasks.bench.skeleton import run_skeleton_bench, write_results
+
+    try:
+        options = DecoderOptions(drafter=drafter, k=k, policy=policy, hardware=hardware)
+        options.check()
+        target = engine_target(hardware)
+        set_threads(threads)
+        model, tokenizer = load_target("smollm2", **target.load_options())
+        constraint = SkeletonConstraint(
+            tokenizer,
+            vocab_size=int(model.config.vocab_size),
+            eos_token_ids=eos_ids(model, tokenizer),
+        )
+        results = run_skeleton_bench(
+            model,
+            tokenizer,
+            lambda: build_decoder(model, tokenizer, options),
+            constraint,
+            prompts=prompts,
+            max_tokens=max_tokens,
+            plain_max_tokens=plain_max_tokens,
+            limits=target.batch_limits(),
+            cost=target.pass_cost(),
+            seed=seed,
+        )
+    except SpecOpsError as error:
+        fail(str(error))
+    results["settings"] = {
+        "prompts": prompts, "max_tokens": max_tokens, "plain_max_tokens": plain_max_tokens,
+        "drafter": drafter, "policy": policy, "k": k, "threads": threads, "hardware": hardware,
+    }  # fmt: skip
+    write_results(results, out)
+    typer.echo(json.dumps(results["summary"], indent=2))
+    typer.echo(f"wrote {out}", err=True)
 
 
 @app.command()
@@ -245,28 +357,96 @@ def profile(
     threads: Annotated[
         int | None, typer.Option(help="torch threads (recorded); default: the target's.")
     ] = None,
-    max_n: Annotated[int, typer.Option(help="Largest block to time.")] = 16,
-    context: Annotated[int, typer.Option(help="Tokens already in the KV cache.")] = 256,
+    max_n: Annotated[int, typer.Option(help="Largest block to time (not with --batch).")] = 16,
+    context: Annotated[
+        int | None,
+        typer.Option(
+            help="Tokens already in the KV cache; default 256, or 200 with --batch (each "
+            "sequence's within ±25%)."
+        ),
+    ] = None,
     repeats: Annotated[int, typer.Option(help="Timings per size (medians kept).")] = 15,
-    out: Annotated[Path, typer.Option(help="Results file.")] = Path("results/profile.json"),
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            help="Results file; default results/profile.json, or results/profile-batch.json "
+            "with --batch (its plot beside it as .png)."
+        ),
+    ] = None,
     kernels: Annotated[
         str | None,
         typer.Option(help="onednn | int8 | int4 (CPU) | stock; default: the target's."),
     ] = None,
+    batch: Annotated[
+        bool,
+        typer.Option(
+            "--batch",
+            help="Measure packed passes instead: n rows shared by B sequences, each with its "
+            "own cache, and print the batch_curve configs/hardware.yaml takes.",
+        ),
+    ] = False,
 ) -> None:
     """Measure target-pass cost by block size, and first-N-layer draft costs, on a hardware
-    target, and print its verify curve as configs/hardware.yaml takes it."""
+    target, and print its verify curve as configs/hardware.yaml takes it (with --batch: the
+    cost of packed passes over several sequences, and its batch curve)."""
     from serving.atomic import write_json_atomic
     from serving.errors import SpecOpsError
-    from tasks.bench.profile import curve_yaml, profile_hardware
+    from tasks.bench.profile import (
+        batch_yaml,
+        curve_yaml,
+        plot_batch,
+        profile_batch_hardware,
+        profile_hardware,
+    )
 
+    if batch:
+        out = out or Path("results/profile-batch.json")
+        try:
+            batched = profile_batch_hardware(
+                hardware,
+                kernels=kernels,
+                threads=threads,
+                context=context if context is not None else 200,
+                repeats=repeats,
+            )
+        except SpecOpsError as error:
+            fail(str(error))
+        write_json_atomic(out, {"hardware": hardware, **batched})
+        plot = plot_batch(
+            batched,
+            out.with_suffix(".png"),
+            title=f"packed pass cost on {hardware} ({batched['threads']} threads)",
+        )
+        typer.echo(
+            f"{hardware}: {batched['device_name']} ({batched['device']}, {batched['dtype']}, "
+            f"{batched['threads']} threads), contexts {batched['context']}"
+        )
+        one_row = next(c for c in batched["table"] if (c["rows"], c["sequences"]) == (1, 1))
+        typer.echo(f"packed pass over 1 row of 1 sequence: {one_row['pass_s'] * 1000:.1f} ms")
+        typer.echo("cost by rows n (rows), sequences B (columns), relative to that pass:")
+        counts = sorted({c["sequences"] for c in batched["table"]})
+        typer.echo("  rows " + "".join(f"{f'B={b}':>8}" for b in counts))
+        for n in sorted({c["rows"] for c in batched["table"]}):
+            costs = {c["sequences"]: c["cost"] for c in batched["table"] if c["rows"] == n}
+            typer.echo(
+                f"  {n:>4} "
+                + "".join(f"{costs[b]:>8.2f}" if b in costs else " " * 8 for b in counts)
+            )
+        typer.echo(
+            f"for configs/hardware.yaml, under targets.{hardware} (the most sequences, "
+            "made non-decreasing):"
+        )
+        typer.echo("    " + batch_yaml(batched["batch_curve"]))
+        typer.echo(f"results: {out}, plot: {plot}")
+        return
+    out = out or Path("results/profile.json")
     try:
         result = profile_hardware(
             hardware,
             kernels=kernels,
             threads=threads,
             max_n=max_n,
-            context=context,
+            context=context if context is not None else 256,
             repeats=repeats,
         )
     except SpecOpsError as error:
