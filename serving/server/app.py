@@ -32,6 +32,9 @@ from serving.server.schemas import (
 )
 from serving.server.state import Decode, ServerState
 from serving.server.text import TextAssembler
+from serving.skeleton.decode import skeleton_budget
+from serving.skeleton.parse import parse_skeleton
+from serving.skeleton.prompts import branch_messages, merge, skeleton_messages
 
 log = logging.getLogger(__name__)
 
@@ -208,9 +211,17 @@ def create_app(state: ServerState) -> FastAPI:
             )
         return parsed
 
-    def _decode(body: SpecOpsFields, prompt_ids: list[int], default_max: int) -> Decode:
+    def _decode(
+        body: SpecOpsFields,
+        prompt_ids: list[int],
+        default_max: int,
+        *,
+        max_tokens: int | None = None,
+        constraint=None,
+    ) -> Decode:
         limit = config.limits.max_tokens
-        max_tokens = body.max_tokens if body.max_tokens is not None else default_max
+        if max_tokens is None:
+            max_tokens = body.max_tokens if body.max_tokens is not None else default_max
         if max_tokens > limit:
             raise _bad_request(
                 f"max_tokens={max_tokens} is above this server's limit of {limit}", "max_tokens"
@@ -236,6 +247,7 @@ def create_app(state: ServerState) -> FastAPI:
                 policy=body.draft_policy,
                 k=body.num_speculative_tokens,
                 relax_lambda=body.relax_lambda,
+                constraint=constraint,
             )
         except SpecOpsError as error:
             raise _bad_request(str(error)) from None
@@ -449,7 +461,78 @@ def create_app(state: ServerState) -> FastAPI:
         except SpecOpsError as error:
             raise _bad_request(str(error), "messages") from None
         default_max = max(1, min(config.limits.max_tokens, state.max_context - len(prompt_ids)))
+        if body.skeleton:
+            return await _skeleton(request, body, default_max)
         decode = _decode(body, prompt_ids, default_max=default_max)
         return await _respond(request, body, decode, chat=True)
+
+    async def _skeleton(request: Request, body: ChatCompletionRequest, default_max: int):
+        """Skeleton-of-thought through the scheduler: the constrained plan is one request;
+        its points are submitted together, so they ride the same packed passes."""
+        if body.stream:
+            raise _bad_request(
+                "skeleton answers are not streamed (their points finish out of order); "
+                "set stream to false",
+                "stream",
+            )
+
+        async def ignore(delta: str) -> None:
+            return None
+
+        question = _last_user_text(body)
+        constraint = await asyncio.to_thread(state.skeleton_constraint)
+        try:
+            plan_ids = encode_messages(state.tokenizer, skeleton_messages(question, constraint.fmt))
+        except SpecOpsError as error:
+            raise _bad_request(str(error), "messages") from None
+        budget = min(skeleton_budget(constraint), config.limits.max_tokens)
+        plan_decode = _decode(body, plan_ids, budget, max_tokens=budget, constraint=constraint)
+        plan = await _run(request, body, plan_decode, ignore)
+        try:
+            skeleton = parse_skeleton(plan.text, constraint.fmt)
+        except SpecOpsError as error:  # only a plan cut by the token limit gets here
+            raise APIError(
+                500, f"the skeleton did not complete: {error}", kind="server_error"
+            ) from None
+        if skeleton.direct:
+            messages = body.as_template_messages()
+            prompts = [encode_messages(state.tokenizer, messages)]
+        else:
+            prompts = [
+                encode_messages(state.tokenizer, branch_messages(question, skeleton, i))
+                for i in range(len(skeleton.points))
+            ]
+        decodes = [_decode(body, ids, default_max) for ids in prompts]
+        outcomes = await asyncio.gather(*(_run(request, body, d, ignore) for d in decodes))
+        text = outcomes[0].text if skeleton.direct else merge(skeleton, [o.text for o in outcomes])
+        cut = [i + 1 for i, o in enumerate(outcomes) if o.finish_reason == "length"]
+        completion = len(plan.token_ids) + sum(len(o.token_ids) for o in outcomes)
+        prompt_tokens = len(plan_decode.prompt_ids) + sum(len(d.prompt_ids) for d in decodes)
+        return {
+            "id": "chatcmpl-" + uuid.uuid4().hex,
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": config.model_name,
+            "choices": [
+                {
+                    "index": 0,
+                    "finish_reason": "length" if cut else "stop",
+                    "message": {"role": "assistant", "content": text},
+                }
+            ],
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion,
+                "total_tokens": prompt_tokens + completion,
+            },
+            "skeleton": {
+                "plan": plan.text,
+                "direct": skeleton.direct,
+                "points": skeleton.points,
+                # Points (1-based; the direct answer is 1) that hit max_tokens: reported,
+                # not cut silently.
+                "truncated": cut,
+            },
+        }
 
     return app

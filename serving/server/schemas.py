@@ -57,6 +57,9 @@ class SpecOpsFields(BaseModel):
     # Opt-in relaxed verification (greedy only): keep a disagreeing draft when λ times its
     # log-probability gap is below the passes it saves; None (default) is lossless.
     relax_lambda: float | None = None
+    # Skeleton-of-thought (chat only, not streamed): a constrained plan, then its points
+    # decoded as a batch and merged (docs/skeleton.md).
+    skeleton: bool = False
 
     @field_validator("relax_lambda")
     @classmethod

@@ -4,12 +4,14 @@ and capture; and how one request becomes a decoder and a generation."""
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from serving.batch.ragged import use_ragged_attention
 from serving.cascade.build import build_cascade
 from serving.cascade.drafter import CascadeDrafter, CascadePolicy
+from serving.constrained import Constraint
 from serving.drafters.base import Drafter
 from serving.drafters.factory import build_drafter, parse_drafter_spec
 from serving.engine import Generation, SpeculativeDecoder
@@ -37,6 +39,7 @@ from serving.server.predictor_watch import (
     RegistryPredictor,
 )
 from serving.server.scheduler import Scheduler
+from serving.skeleton.constraint import SkeletonConstraint
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +70,19 @@ class ServerState:
     # predictor, swapped by the watcher.
     cascade: CascadeDrafter | None = None
     predictors: PredictorWatcher | None = None
+    _skeleton: SkeletonConstraint | None = None
+    _skeleton_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def skeleton_constraint(self) -> SkeletonConstraint:
+        """The skeleton grammar for this tokenizer, built on first use (about a second)."""
+        with self._skeleton_lock:
+            if self._skeleton is None:
+                self._skeleton = SkeletonConstraint(
+                    self.tokenizer,
+                    vocab_size=int(self.target.config.vocab_size),  # type: ignore[attr-defined]
+                    eos_token_ids=self.eos_token_ids,
+                )
+            return self._skeleton
 
     def _cascade(self) -> tuple[CascadeDrafter, CascadePolicy, str]:
         if self.cascade is None:
@@ -91,6 +107,7 @@ class ServerState:
         policy: str | None = None,
         k: int | None = None,
         relax_lambda: float | None = None,
+        constraint: Constraint | None = None,
     ) -> Decode:
         """Build the request's own decoder (own drafter, policy and caches) and validate it;
         raises :class:`BadInputError` before any model work."""
@@ -125,6 +142,7 @@ class ServerState:
             max_new_tokens=max_new_tokens,
             sampling=sampling,
             mode="detailed" if detailed else "fast",
+            constraint=constraint,
         )
         return Decode(generation, list(prompt_ids), version, detailed)
 

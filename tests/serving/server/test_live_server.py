@@ -138,6 +138,22 @@ def test_four_concurrent_streams_are_batched_and_equal_the_engine(server, refere
     assert passes > 0 and requests_in_passes / passes > 1.0  # requests shared passes
 
 
+def test_a_skeleton_request_answers_point_by_point(client):
+    response = ask(client, "How do I plan a birthday party?", extra_body={"skeleton": True})
+    skeleton = response.model_extra["skeleton"]
+    text = response.choices[0].message.content
+    if skeleton["direct"]:
+        assert skeleton["plan"] == "[DIRECT]" and text
+    else:
+        assert skeleton["plan"].startswith("[PLAN]\n1. ") and skeleton["plan"].endswith("[END]")
+        assert 2 <= len(skeleton["points"]) <= 6
+        for i, point in enumerate(skeleton["points"], start=1):
+            assert f"{i}. {point}:" in text
+    assert response.usage.completion_tokens > 0
+    with pytest.raises(openai.BadRequestError, match="not streamed"):
+        ask(client, "How do I plan a party?", stream=True, extra_body={"skeleton": True})
+
+
 @pytest.mark.parametrize("drafter", ["none", "pld", "ngram:3", "layers:2"])
 def test_every_per_request_drafter_is_lossless(client, references, drafter):
     response = ask(client, PROMPTS[0], extra_body={"drafter": drafter, "num_speculative_tokens": 4})
