@@ -5,6 +5,10 @@ simulator needs absolute per-pass times. Both come from here: a warm KV cache of
 ``context`` tokens, passes over n = 1..max_n new tokens (and over the first-N-layer
 drafts), repeated in shuffled order so that machine noise spreads evenly, medians kept.
 
+``specops profile --batch`` measures the batch planner's ``C(n)`` the same way: packed
+passes (:func:`serving.batch.ragged.packed_pass`) over n rows shared by B sequences, each
+with its own warm cache, relative to a packed pass over one row of one sequence.
+
 The model is measured where it runs: on the device, in the dtype and with the kernels of
 its hardware target (``configs/hardware.yaml``). On CUDA a forward pass only queues
 kernels, so every timed pass is fenced by ``torch.cuda.synchronize`` on both sides.
@@ -15,6 +19,8 @@ from __future__ import annotations
 import random
 import statistics
 import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import TypedDict
 
 import torch
@@ -40,9 +46,45 @@ class PassProfile(TypedDict):
     draft_cost: dict[str, float]  # "layers:N" -> one draft pass / one target pass
 
 
+class BatchCell(TypedDict):
+    rows: int  # n: rows in the packed pass, all sequences together
+    sequences: int  # B: sequences sharing them (rows split as evenly as possible)
+    pass_s: float  # median seconds of one packed pass
+    cost: float  # pass_s / the pass over one row of one sequence
+
+
+class BatchProfile(TypedDict):
+    """What :func:`profile_batch` measured (and ``specops profile --batch`` writes as JSON)."""
+
+    context: list[int]  # tokens in each sequence's warm KV cache (sequence i = index i)
+    repeats: int
+    threads: int
+    device: str
+    device_name: str
+    dtype: str
+    table: list[BatchCell]  # every (n, B) measured, B <= n
+    # (n, cost) at B = min(max sequences, n), made non-decreasing: the serving regime (many
+    # requests, few drafts each), what configs/hardware.yaml takes as batch_curve
+    batch_curve: list[tuple[int, float]]
+
+
+BATCH_ROWS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
+BATCH_SEQUENCES = (1, 2, 4, 8)
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def _clock(run: Callable[[], object], device: torch.device) -> float:
+    """Seconds ``run()`` takes on ``device``, fenced on both sides: nothing queued before the
+    clock starts, and the work has run (not only been queued) when it stops."""
+    _sync(device)
+    started = time.perf_counter()
+    run()
+    _sync(device)
+    return time.perf_counter() - started
 
 
 @torch.inference_mode()
@@ -50,13 +92,10 @@ def _time_pass(model, cache, base: int, n: int, vocab: int, generator: torch.Gen
     device = next(model.parameters()).device
     # Drawn on the CPU generator whatever the device: the same blocks for a seed everywhere.
     block = torch.randint(0, vocab, (1, n), generator=generator).to(device)
-    _sync(device)  # nothing queued before the clock starts (the block's copy included)
-    started = time.perf_counter()
-    model(input_ids=block, past_key_values=cache, use_cache=True)
-    _sync(device)  # the pass has run, not only been queued
-    elapsed = time.perf_counter() - started
-    rewind(cache, base)
-    return elapsed
+    try:
+        return _clock(lambda: model(input_ids=block, past_key_values=cache, use_cache=True), device)
+    finally:
+        rewind(cache, base)
 
 
 def config_curve(curve: list[float]) -> list[float]:
@@ -134,6 +173,158 @@ def profile_model(
     }
 
 
+def split_rows(rows: int, sequences: int) -> list[int]:
+    """``rows`` shared by ``sequences`` blocks as evenly as possible, larger blocks first."""
+    if not 1 <= sequences <= rows:
+        raise ValueError(f"{sequences} sequences cannot share {rows} rows (need 1 <= B <= n)")
+    size, extra = divmod(rows, sequences)
+    return [size + 1] * extra + [size] * (sequences - extra)
+
+
+@torch.inference_mode()
+def _time_packed(
+    model, caches, lengths: list[int], sizes: list[int], vocab: int, generator: torch.Generator
+) -> float:
+    from serving.batch.ragged import packed_pass
+
+    device = next(model.parameters()).device
+    blocks = [torch.randint(0, vocab, (size,), generator=generator).to(device) for size in sizes]
+    used = caches[: len(sizes)]
+    try:
+        return _clock(lambda: packed_pass(model, used, blocks), device)
+    finally:
+        for cache, length in zip(used, lengths[: len(sizes)], strict=True):
+            rewind(cache, length)
+
+
+def batch_yaml(curve: list[tuple[int, float]]) -> str:
+    """The ``batch_curve:`` line to paste under a target in ``configs/hardware.yaml``."""
+    return "batch_curve: [" + ", ".join(f"[{n}, {float(c)}]" for n, c in curve) + "]"
+
+
+@torch.inference_mode()
+def profile_batch(
+    model,
+    *,
+    rows: tuple[int, ...] = BATCH_ROWS,
+    sequences: tuple[int, ...] = BATCH_SEQUENCES,
+    context: int = 200,
+    repeats: int = 15,
+    seed: int = 0,
+    progress: bool = True,
+) -> BatchProfile:
+    """Time packed passes over every ``n`` in ``rows`` shared by every ``B`` in
+    ``sequences`` with ``B <= n`` (``rows`` must start at 1), on the device the weights are
+    on. Sequence i's cache holds a random context of about ``context`` tokens (spread over
+    ±25%, since each sequence attends to its own keys). Makes ``model`` take packed passes
+    (:func:`serving.batch.ragged.use_ragged_attention`, in place)."""
+    from tqdm.auto import tqdm
+
+    from serving.batch.ragged import use_ragged_attention
+
+    if not rows or rows[0] != 1 or list(rows) != sorted(set(rows)):
+        raise ValueError(f"rows must rise from 1, got {rows}")
+    if not sequences or min(sequences) < 1:
+        raise ValueError(f"sequences must be >= 1, got {sequences}")
+    use_ragged_attention(model)
+    weight = next(model.parameters())
+    device = weight.device
+    vocab = int(model.config.vocab_size)
+    generator = torch.Generator().manual_seed(seed)
+    spread = context // 4
+    width = max(sequences)
+    # evenly over context ± 25% (150..250 for 200), in shuffled order
+    lengths = [context - spread + (2 * spread * i) // max(width - 1, 1) for i in range(width)]
+    random.Random(seed).shuffle(lengths)
+    caches = []
+    for length in lengths:
+        cache = new_cache(model)
+        prompt = torch.randint(0, vocab, (1, length), generator=generator).to(device)
+        model(input_ids=prompt, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        caches.append(cache)
+    cells = [(n, b) for n in rows for b in sorted(set(sequences)) if b <= n]
+    # Warm-up: every shape once (a GPU picks and caches its kernels per shape on first use).
+    for n, b in cells:
+        _time_packed(model, caches, lengths, split_rows(n, b), vocab, generator)
+    jobs = cells * repeats
+    random.Random(seed).shuffle(jobs)
+    times: dict[tuple[int, int], list[float]] = {}
+    for n, b in tqdm(jobs, desc="profiling batches", disable=not progress):
+        times.setdefault((n, b), []).append(
+            _time_packed(model, caches, lengths, split_rows(n, b), vocab, generator)
+        )
+    median = {cell: statistics.median(values) for cell, values in times.items()}
+    unit = median[(1, 1)]
+    table: list[BatchCell] = [
+        {
+            "rows": n,
+            "sequences": b,
+            "pass_s": median[(n, b)],
+            "cost": round(median[(n, b)] / unit, 3),
+        }
+        for n, b in cells
+    ]
+    widest = [max((c for c in table if c["rows"] == n), key=lambda c: c["sequences"]) for n in rows]
+    smoothed = config_curve([cell["cost"] for cell in widest])
+    return {
+        "context": lengths,
+        "repeats": repeats,
+        "threads": torch.get_num_threads(),
+        "device": str(device),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "dtype": str(weight.dtype).removeprefix("torch."),
+        "table": table,
+        "batch_curve": [(n, cost) for n, cost in zip(rows, smoothed, strict=True)],
+    }
+
+
+def plot_batch(result: BatchProfile, path: str | Path, *, title: str = "") -> Path:
+    """Packed-pass cost against rows, one line per sequence count (PNG, atomic)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from serving.atomic import atomic_path
+
+    figure, axes = plt.subplots(figsize=(6.4, 4.2))
+    for b in sorted({cell["sequences"] for cell in result["table"]}):
+        cells = [cell for cell in result["table"] if cell["sequences"] == b]
+        axes.plot(
+            [cell["rows"] for cell in cells],
+            [cell["cost"] for cell in cells],
+            marker="o",
+            label=f"B = {b} sequence{'s' if b > 1 else ''}",
+        )
+    axes.set(
+        xlabel="rows in the packed pass (n, all sequences)",
+        ylabel="cost (one-row pass = 1)",
+        title=title or "packed target pass cost",
+    )
+    axes.grid(alpha=0.3)
+    axes.legend()
+    figure.tight_layout()
+    with atomic_path(path) as temporary:
+        figure.savefig(temporary, dpi=110, format="png")
+    plt.close(figure)
+    return Path(path)
+
+
+def _load_for(hardware: str, source: str | None, kernels: str | None, threads: int | None):
+    """``source`` (default: the shipped model) loaded as hardware target ``hardware`` loads
+    it, with its threads set (``kernels``/``threads`` override)."""
+    from serving.hardware import engine_target
+    from serving.loader import DEFAULT_TARGET, load_target, set_threads
+
+    target = engine_target(hardware, require_curve=False)
+    options = target.load_options()
+    if kernels is not None:
+        options["kernels"] = kernels
+    set_threads(threads if threads is not None else target.threads)
+    model, _ = load_target(source or DEFAULT_TARGET, **options)
+    return model
+
+
 def profile_hardware(
     hardware: str = "cpu",
     *,
@@ -151,13 +342,20 @@ def profile_hardware(
     The target's verify curve need not exist yet: this is what measures it. Raises
     :class:`BadInputError` for a target off the specops engine, or one whose device this
     machine does not have, before any model is loaded."""
-    from serving.hardware import engine_target
-    from serving.loader import DEFAULT_TARGET, load_target, set_threads
-
-    target = engine_target(hardware, require_curve=False)
-    options = target.load_options()
-    if kernels is not None:
-        options["kernels"] = kernels
-    set_threads(threads if threads is not None else target.threads)
-    model, _ = load_target(source or DEFAULT_TARGET, **options)
+    model = _load_for(hardware, source, kernels, threads)
     return profile_model(model, max_n=max_n, context=context, repeats=repeats, progress=progress)
+
+
+def profile_batch_hardware(
+    hardware: str = "cpu",
+    *,
+    source: str | None = None,
+    kernels: str | None = None,
+    threads: int | None = None,
+    context: int = 200,
+    repeats: int = 15,
+    progress: bool = True,
+) -> BatchProfile:
+    """:func:`profile_batch` on ``source`` loaded as :func:`profile_hardware` loads it."""
+    model = _load_for(hardware, source, kernels, threads)
+    return profile_batch(model, context=context, repeats=repeats, progress=progress)

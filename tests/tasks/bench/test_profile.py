@@ -9,7 +9,16 @@ import yaml
 from serving.errors import BadInputError
 from serving.hardware import HardwareTarget
 from serving.models.tiny import tiny_llama
-from tasks.bench.profile import config_curve, curve_yaml, profile_hardware, profile_model
+from tasks.bench.profile import (
+    batch_yaml,
+    config_curve,
+    curve_yaml,
+    plot_batch,
+    profile_batch,
+    profile_hardware,
+    profile_model,
+    split_rows,
+)
 
 
 def test_profile_reports_a_curve_relative_to_one_token():
@@ -62,3 +71,50 @@ def test_specops_profile_names_the_missing_gpu():
     assert result.exit_code == 2
     assert "device 'cuda' was asked for" in result.output
     assert "has not been measured" not in result.output
+
+
+def test_batch_profile_is_relative_to_one_row_of_one_sequence():
+    result = profile_batch(
+        tiny_llama(), rows=(1, 2, 4, 6), sequences=(1, 2, 4), context=12, repeats=1, progress=False
+    )
+    cells = {(cell["rows"], cell["sequences"]) for cell in result["table"]}
+    assert cells == {(1, 1), (2, 1), (2, 2), (4, 1), (4, 2), (4, 4), (6, 1), (6, 2), (6, 4)}
+    assert all(cell["sequences"] <= cell["rows"] for cell in result["table"])
+    assert all(cell["pass_s"] > 0 for cell in result["table"])
+    one_row = next(cell for cell in result["table"] if cell["rows"] == 1)
+    assert one_row["cost"] == 1.0
+    assert len(result["context"]) == 4 and all(9 <= c <= 15 for c in result["context"])
+    assert (result["device"], result["dtype"]) == ("cpu", "float32")
+
+
+def test_the_batch_curve_takes_the_most_sequences_and_pastes_into_the_config():
+    result = profile_batch(
+        tiny_llama(), rows=(1, 2, 3, 8), sequences=(1, 2, 8), context=8, repeats=1, progress=False
+    )
+    curve = result["batch_curve"]
+    assert [n for n, _ in curve] == [1, 2, 3, 8] and curve[0] == (1, 1.0)
+    assert all(b >= a for (_, a), (_, b) in itertools.pairwise(curve))
+    widest = {n: max(c["sequences"] for c in result["table"] if c["rows"] == n) for n, _ in curve}
+    assert widest == {1: 1, 2: 2, 3: 2, 8: 8}
+    loaded = yaml.safe_load(batch_yaml(curve))
+    target = HardwareTarget(verify_curve=[1.0], batch_curve=loaded["batch_curve"])
+    assert target.batch_curve == [tuple(point) for point in curve]
+
+
+def test_batch_profile_plots_and_leaves_the_model_usable(tmp_path):
+    model = tiny_llama()
+    result = profile_batch(
+        model, rows=(1, 4), sequences=(1, 4), context=8, repeats=2, progress=False
+    )
+    path = plot_batch(result, tmp_path / "profile-batch.png")
+    assert path.read_bytes().startswith(b"\x89PNG")
+    # The model now takes packed passes; a plain pass still runs.
+    assert model.config._attn_implementation == "specops_ragged"
+    model(input_ids=torch.tensor([[3, 4]]))
+
+
+def test_rows_are_split_as_evenly_as_possible():
+    assert split_rows(7, 3) == [3, 2, 2]
+    assert split_rows(8, 8) == [1] * 8
+    with pytest.raises(ValueError, match="cannot share"):
+        split_rows(2, 4)
