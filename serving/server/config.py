@@ -38,7 +38,7 @@ class Limits(_Section):
     max_tokens: int = Field(1024, ge=1)
     queue_size: int = Field(32, ge=1)
     max_active: int = Field(8, ge=1)
-    workers: int = Field(2, ge=1)  # decode threads (see serving/server/scheduler.py)
+    workers: int = Field(1, ge=1)  # decode threads (see serving/server/scheduler.py)
     request_timeout_s: float = Field(300.0, gt=0)
 
 
