@@ -218,6 +218,7 @@ def create_app(state: ServerState) -> FastAPI:
         *,
         max_tokens: int | None = None,
         constraint=None,
+        capture: bool = True,
     ) -> Decode:
         limit = config.limits.max_tokens
         if max_tokens is None:
@@ -248,6 +249,7 @@ def create_app(state: ServerState) -> FastAPI:
                 k=body.num_speculative_tokens,
                 relax_lambda=body.relax_lambda,
                 constraint=constraint,
+                capture=capture,
             )
         except SpecOpsError as error:
             raise _bad_request(str(error)) from None
@@ -486,8 +488,11 @@ def create_app(state: ServerState) -> FastAPI:
         except SpecOpsError as error:
             raise _bad_request(str(error), "messages") from None
         budget = min(skeleton_budget(constraint), config.limits.max_tokens)
-        plan_decode = _decode(body, plan_ids, budget, max_tokens=budget, constraint=constraint)
-        plan = await _run(request, body, plan_decode, ignore)
+        plan_decode = _decode(
+            body, plan_ids, budget, max_tokens=budget, constraint=constraint, capture=False
+        )
+        # The user's stop sequences end the answer, not the plan.
+        plan = await _run(request, body.model_copy(update={"stop": []}), plan_decode, ignore)
         try:
             skeleton = parse_skeleton(plan.text, constraint.fmt)
         except SpecOpsError as error:  # only a plan cut by the token limit gets here
@@ -502,7 +507,7 @@ def create_app(state: ServerState) -> FastAPI:
                 encode_messages(state.tokenizer, branch_messages(question, skeleton, i))
                 for i in range(len(skeleton.points))
             ]
-        decodes = [_decode(body, ids, default_max) for ids in prompts]
+        decodes = [_decode(body, ids, default_max, capture=False) for ids in prompts]
         outcomes = await asyncio.gather(*(_run(request, body, d, ignore) for d in decodes))
         text = outcomes[0].text if skeleton.direct else merge(skeleton, [o.text for o in outcomes])
         cut = [i + 1 for i, o in enumerate(outcomes) if o.finish_reason == "length"]

@@ -108,6 +108,7 @@ class ServerState:
         k: int | None = None,
         relax_lambda: float | None = None,
         constraint: Constraint | None = None,
+        capture: bool = True,
     ) -> Decode:
         """Build the request's own decoder (own drafter, policy and caches) and validate it;
         raises :class:`BadInputError` before any model work."""
@@ -136,7 +137,8 @@ class ServerState:
             max_context=self.max_context,
             relax_lambda=relax_lambda,
         )
-        detailed = self.capture.wants()
+        # Skeleton-of-thought's inner requests are not captured (their prompts are ours).
+        detailed = capture and self.capture.wants()
         generation = decoder.stream(
             prompt_ids,
             max_new_tokens=max_new_tokens,

@@ -7,7 +7,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from scipy.stats import chisquare
 
 import serving.batch.batch as batch_module
 from serving.batch.batch import Batch, decode_together
@@ -27,6 +26,7 @@ from serving.models.tiny import tiny_llama
 from serving.models.truncated import first_layers
 from serving.policy import AdaptiveK, CostAwareK, FixedK
 from serving.sampling import SamplingParams, make_sampler
+from tests.serving.test_verify import P_MIN, chisquare_pvalue
 
 # Prompts of mixed lengths; the repeated n-grams give prompt lookup something to draft.
 PROMPTS = [
@@ -39,7 +39,6 @@ PROMPTS = [
     [60, 61, 62, 63, 64, 65, 66],
 ]
 BUDGETS = [40, 12, 33, 25, 8, 30, 21]
-P_MIN = 1e-3  # a correct sampler fails one run in a thousand
 
 
 @pytest.fixture(scope="module", params=["stock", "onednn"])
@@ -251,21 +250,6 @@ def test_requests_sharing_a_decoder_are_refused(batch_target):
         BatchLimits(max_sequences=8, max_tokens_per_pass=4)
 
 
-def _chisquare_pvalue(counts: np.ndarray, probs: torch.Tensor) -> float:
-    """Chi-square of ``counts`` against ``probs`` (bins expecting < 5 merged); a token of
-    zero probability must never be drawn."""
-    probs_np = probs.double().numpy()
-    support = probs_np > 0
-    assert counts[~support].sum() == 0, f"zero-probability tokens drawn: {counts[~support]}"
-    expected = probs_np[support] / probs_np[support].sum() * counts.sum()
-    observed = counts[support].astype(np.float64)
-    small = expected < 5
-    if small.any():
-        expected = np.append(expected[~small], expected[small].sum())
-        observed = np.append(observed[~small], observed[small].sum())
-    return float(chisquare(observed, expected).pvalue)
-
-
 @pytest.mark.parametrize("drafter", ["model", "prompt_lookup"])
 def test_sampling_through_a_batch_keeps_the_target_distribution(batch_target, drafter):
     """The first two sampled tokens of many requests decoded eight at a time follow the
@@ -301,5 +285,5 @@ def test_sampling_through_a_batch_keeps_the_target_distribution(batch_target, dr
     results = decode_together(decodings, batch_target, limits=BatchLimits(8, 32))
     tokens = np.array([r.token_ids for r in results])  # [requests, 2]
     assert sum(r.stats.draft_tokens for r in results) > 0
-    assert _chisquare_pvalue(np.bincount(tokens[:, 0], minlength=vocab), first) > P_MIN
-    assert _chisquare_pvalue(np.bincount(tokens[:, 1], minlength=vocab), second) > P_MIN
+    assert chisquare_pvalue(np.bincount(tokens[:, 0], minlength=vocab), first) > P_MIN
+    assert chisquare_pvalue(np.bincount(tokens[:, 1], minlength=vocab), second) > P_MIN

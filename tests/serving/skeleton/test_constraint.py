@@ -19,30 +19,11 @@ from serving.errors import BadInputError
 from serving.skeleton.constraint import ConstraintState, SkeletonConstraint
 from serving.skeleton.grammar import DEFAULT_FORMAT, SkeletonFormat
 from serving.skeleton.parse import parse_skeleton
+from tasks.bench.constraint_compare import INVALID_SKELETONS, VALID_SKELETONS
 
-VALID = [
-    "[DIRECT]",
-    "[PLAN]\n1. Gather the materials\n2. Cut the wood to size\n[END]",
-    "[PLAN]\n1. Define the goal\n2. Research competitors\n3. Pick channels: email, ads\n"
-    "4. Set a budget\n5. Measure results (weekly)\n6. Adjust the plan\n[END]",
-    "[PLAN]\n1. Café hours – check them\n2. 准备材料\n[END]",
-    "[PLAN]\n1. " + "x" * 80 + "\n2. A\n[END]",
-]
-INVALID = [
-    "[PLAN]\n1. Only one point\n[END]",
-    "[PLAN]\n1. First\n3. Third\n[END]",
-    "[PLAN]\n" + "".join(f"{i}. Point\n" for i in range(1, 8)) + "[END]",
-    "[PLAN]\n1. Has [bracket]\n2. Second\n[END]",
-    "[PLAN]\n1. " + "x" * 81 + "\n2. A\n[END]",
-    "[PLAN]\n1. \n2. Empty title\n[END]",
-    "[PLAN]\n1.  Leading space\n2. Second\n[END]",
-    "[PLAN]\n1. Trailing space \n2. Second\n[END]",
-    "[PLAN]\n1. Tab\there\n2. Second\n[END]",
-    "[PLAN]\n1. First\n2. Second\n[END]\n",
-    "[direct]",
-    "[DIRECT] and more",
-    "Sure! [DIRECT]",
-]
+# The comparison benchmark checks every library against the same cases.
+VALID = VALID_SKELETONS
+INVALID = INVALID_SKELETONS
 
 # The longest skeleton in bytes (4-byte characters everywhere), so the most tokens a walk
 # can take: every token holds at least one byte.
