@@ -81,7 +81,7 @@ class Scheduler:
         workers = self.workers
         self.threads_per_worker = threads_per_worker
         per_worker = max(1, max_active // workers)
-        limits = batch or BatchLimits(max_sequences=per_worker, max_tokens_per_pass=64)
+        limits = batch or BatchLimits(per_worker, max(64, per_worker))
         sequences = min(limits.max_sequences, per_worker)
         self.limits = BatchLimits(
             max_sequences=sequences,
@@ -180,7 +180,13 @@ class Scheduler:
             self._cut_waiting(batch, active)
 
     def _step(self, batch: Batch, active: list[Job]) -> None:
-        outcome = batch.step()
+        try:
+            outcome = batch.step()
+        except Exception as error:  # not one request's: fail them all, keep the loop alive
+            log.exception("a batch step failed")
+            for job in list(active):
+                self._finish(batch, active, job, "error", error)
+            return
         if outcome.size and self.on_pass is not None:
             self.on_pass(outcome.size, outcome.rows)
         for job in list(active):

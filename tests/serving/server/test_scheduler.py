@@ -171,3 +171,32 @@ def test_workers_never_hold_more_requests_than_max_active(target, prompt):
             assert collector.drain()[1] == "done"
     finally:
         scheduler.stop()
+
+
+def test_a_failing_batch_step_fails_its_requests_and_the_loop_goes_on(target, prompt, monkeypatch):
+    from serving.batch.batch import Batch
+
+    real_step = Batch.step
+    calls = {"n": 0}
+
+    def step_once_broken(self):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("step broke")
+        return real_step(self)
+
+    monkeypatch.setattr(Batch, "step", step_once_broken)
+    scheduler = Scheduler(queue_size=4, max_active=2)
+    first = Collector()
+    scheduler.submit(job(decoder(target).stream(prompt, max_new_tokens=8), first))
+    scheduler.start()
+    try:
+        _, kind, error = first.drain()
+        assert kind == "error" and "step broke" in str(error)
+        later = Collector()
+        scheduler.submit(job(decoder(target).stream(prompt, max_new_tokens=8), later))
+        tokens, kind, _ = later.drain()
+    finally:
+        scheduler.stop()
+    assert kind == "done"
+    assert tokens == decoder(target).generate(prompt, max_new_tokens=8).token_ids
