@@ -182,10 +182,10 @@ class Scheduler:
     def _step(self, batch: Batch, active: list[Job]) -> None:
         try:
             outcome = batch.step()
-        except Exception as error:  # not one request's: fail them all, keep the loop alive
+        except Exception as step_error:  # not one request's: fail them all, go on
             log.exception("a batch step failed")
             for job in list(active):
-                self._finish(batch, active, job, "error", error)
+                self._finish(batch, active, job, "error", step_error)
             return
         if outcome.size and self.on_pass is not None:
             self.on_pass(outcome.size, outcome.rows)
