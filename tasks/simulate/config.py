@@ -1,0 +1,229 @@
+"""The simulation scenario (``configs/simulate.yaml``), typed and validated at load.
+
+A bad value fails at load time with its dotted field path (``targets.0.batch_curve``), as
+:func:`serving.server.config.load_server_config` does for the serving config.
+"""
+
+from __future__ import annotations
+
+import json
+from itertools import pairwise
+from pathlib import Path
+from typing import Annotated, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from serving.batch.plan import PassCost
+from serving.errors import BadInputError
+
+RouterName = Literal["round_robin", "jsq2", "weighted_jsq2"]
+Mode = Literal["distributed", "fused"]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TargetDevice(_Section):
+    """One kind of target server; ``count`` identical replicas of it."""
+
+    name: str = Field(min_length=1)
+    # A `specops profile --batch` results JSON (docs/profile-batch.json): batch_curve and
+    # one_token_pass_s are taken from it unless given here. Relative to the config file.
+    profile: Path | None = None
+    one_token_pass_s: float | None = Field(None, gt=0)  # seconds of a one-token target pass
+    # [rows, cost] points from rows = 1, cost relative to a one-token pass (the meaning of
+    # batch_curve in configs/hardware.yaml); evaluated by serving.batch.plan.PassCost.
+    batch_curve: list[tuple[int, float]] | None = Field(None, min_length=1)
+    prefill_s_per_token: float = Field(0.0, ge=0)
+    max_batch: int = Field(8, ge=1)  # requests in one pass
+    max_tokens_per_pass: int = Field(64, ge=1)  # pending tokens plus drafts, all requests
+    count: int = Field(1, ge=1)  # replicas
+
+    @model_validator(mode="after")
+    def _curve_and_pass_time(self, info: ValidationInfo) -> TargetDevice:
+        if self.profile is not None:
+            base = (info.context or {}).get("base_dir")
+            path = (
+                self.profile if base is None or self.profile.is_absolute() else base / self.profile
+            )
+            measured = _read_profile(path)
+            if self.batch_curve is None:
+                self.batch_curve = measured[1]
+            if self.one_token_pass_s is None:
+                self.one_token_pass_s = measured[0]
+        if self.batch_curve is None:
+            raise ValueError(
+                "batch_curve: missing; give batch_curve ([rows, cost] points from rows 1) or "
+                "profile (a `specops profile --batch` results JSON)"
+            )
+        if self.one_token_pass_s is None:
+            raise ValueError(
+                "one_token_pass_s: missing; give it or a profile (a `specops profile "
+                "--batch` results JSON) to take it from"
+            )
+        try:
+            PassCost(batch_curve=tuple(self.batch_curve))
+        except BadInputError as error:
+            raise ValueError(f"batch_curve: {error}") from None
+        if self.max_tokens_per_pass < self.max_batch:
+            raise ValueError(
+                f"max_tokens_per_pass ({self.max_tokens_per_pass}) must be at least max_batch "
+                f"({self.max_batch}): every request's pending token rides in the pass"
+            )
+        return self
+
+    def pass_cost(self) -> PassCost:
+        """``C(n)``: a pass over ``n`` rows, in one-token passes."""
+        return PassCost(batch_curve=tuple(self.batch_curve or ()))
+
+    @property
+    def pass_s(self) -> float:
+        """Seconds of a one-token pass (set once validated)."""
+        assert self.one_token_pass_s is not None
+        return self.one_token_pass_s
+
+
+def _read_profile(path: Path) -> tuple[float, list[tuple[int, float]]]:
+    """``(one_token_pass_s, batch_curve)`` from a ``specops profile --batch`` results JSON."""
+    try:
+        measured = json.loads(path.read_text())
+        curve = [(int(rows), float(cost)) for rows, cost in measured["batch_curve"]]
+        single = [
+            row["pass_s"] for row in measured["table"] if row["rows"] == 1 and row["sequences"] == 1
+        ]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise ValueError(
+            f"profile: cannot read a `specops profile --batch` result from {str(path)!r}: {error!r}"
+        ) from None
+    if not single:
+        raise ValueError(f"profile: {str(path)!r} has no one-row, one-sequence pass in its table")
+    return float(single[0]), curve
+
+
+class Drafter(_Section):
+    """A draft model as the simulator sees it: how far it drafts, how often it is right."""
+
+    name: str = Field(min_length=1)
+    # Chance draft i is kept given drafts 0..i-1 were: at least k entries.
+    acceptance_by_position: list[Annotated[float, Field(ge=0.0, le=1.0)]] = Field(
+        default_factory=list
+    )
+    k: int = Field(ge=0)  # draft length per round
+    draft_s_per_token: float = Field(0.0, ge=0)  # on the draft device
+    share: float = Field(1.0, gt=0)  # relative share of the client sessions using it
+
+    @model_validator(mode="after")
+    def _enough_positions(self) -> Drafter:
+        if len(self.acceptance_by_position) < self.k:
+            raise ValueError(
+                f"acceptance_by_position: {len(self.acceptance_by_position)} entries for k = "
+                f"{self.k}; give one probability per draft position"
+            )
+        return self
+
+
+class Link(_Section):
+    rtt_s: float = Field(0.0, ge=0)  # round trip between a draft client and a target server
+
+
+TokenCount = int | list[int]
+
+
+class _Lengths(_Section):
+    # Fixed, or a list to sample from uniformly (seeded).
+    prompt_tokens: TokenCount = 0
+    output_tokens: TokenCount = 1
+    max_requests: int | None = Field(None, ge=1)  # stop arriving after this many
+
+    @field_validator("prompt_tokens", "output_tokens")
+    @classmethod
+    def _counts(cls, value: TokenCount, info: ValidationInfo) -> TokenCount:
+        values = value if isinstance(value, list) else [value]
+        least = 1 if info.field_name == "output_tokens" else 0
+        if not values or any(v < least for v in values):
+            raise ValueError(f"must be >= {least} (or a non-empty list of such), got {value}")
+        return value
+
+
+class PoissonArrivals(_Lengths):
+    kind: Literal["poisson"] = "poisson"
+    rate_per_s: float = Field(gt=0)
+
+
+class TraceArrivals(_Lengths):
+    kind: Literal["trace"] = "trace"
+    timestamps: list[Annotated[float, Field(ge=0)]] = Field(min_length=1)
+
+    @field_validator("timestamps")
+    @classmethod
+    def _sorted(cls, timestamps: list[float]) -> list[float]:
+        if any(b < a for a, b in pairwise(timestamps)):
+            raise ValueError("must be non-decreasing")
+        return timestamps
+
+
+Arrivals = Annotated[PoissonArrivals | TraceArrivals, Field(discriminator="kind")]
+
+
+class Batching(_Section):
+    window_s: float = Field(0.0, ge=0)  # wait this long for a batch to fill, from its oldest
+    mixed_prefill: bool = False  # prefills ride in decode passes (else: a pass of their own)
+
+
+class Scenario(_Section):
+    targets: list[TargetDevice] = Field(min_length=1)
+    drafters: list[Drafter] = Field(min_length=1)
+    mode: Mode = "distributed"
+    router: RouterName = "jsq2"
+    link: Link = Field(default_factory=lambda: Link())
+    arrivals: Arrivals
+    batching: Batching = Field(default_factory=lambda: Batching())
+    duration_s: float = Field(gt=0)  # requests arrive during [0, duration_s)
+    drain_s: float = Field(60.0, ge=0)  # then the run goes on this long for them to finish
+    seed: int = 0
+    slo_s: float = Field(10.0, gt=0)  # end-to-end latency SLO, for goodput
+    queue_bin_s: float = Field(1.0, gt=0)  # queue depth over time is reported per bin
+
+    @model_validator(mode="after")
+    def _blocks_fit(self) -> Scenario:
+        smallest = min(t.max_tokens_per_pass for t in self.targets)
+        for i, drafter in enumerate(self.drafters):
+            if drafter.k + 1 > smallest:
+                raise ValueError(
+                    f"drafters.{i}.k: a block of {drafter.k + 1} rows does not fit a pass of "
+                    f"max_tokens_per_pass {smallest}"
+                )
+        return self
+
+
+def parse_scenario(
+    raw: object, *, source: str = "scenario", base_dir: Path | None = None
+) -> Scenario:
+    """Validate ``raw`` (a YAML mapping); a refusal names the dotted field path."""
+    try:
+        return Scenario.model_validate(raw, context={"base_dir": base_dir})
+    except ValidationError as error:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'config'}: {e['msg']}" for e in error.errors()
+        )
+        raise BadInputError(f"invalid simulation scenario {source}: {problems}") from None
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Load and validate a scenario YAML; profile paths are relative to its folder."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as error:
+        raise BadInputError(f"cannot read simulation scenario {str(path)!r}: {error}") from None
+    return parse_scenario(raw, source=repr(str(path)), base_dir=path.parent)
