@@ -297,6 +297,32 @@ def bench_skeleton(
 
 
 @app.command()
+def simulate(
+    config: Annotated[Path, typer.Option(help="Scenario (YAML).")] = Path("configs/simulate.yaml"),
+    out: Annotated[Path, typer.Option(help="Report file.")] = Path("results/simulate.json"),
+) -> None:
+    """Run a deployment scenario through the discrete-event simulator; write its report
+    (throughput, TTFT/TPOT, queue depth, batch utilisation, goodput)."""
+    import time
+
+    from serving.errors import SpecOpsError
+    from tasks.simulate.config import load_scenario
+    from tasks.simulate.model import simulate as run_scenario
+    from tasks.simulate.report import summarise, write_report
+
+    try:
+        scenario = load_scenario(config)
+        started = time.perf_counter()
+        report = summarise(run_scenario(scenario))
+    except SpecOpsError as error:
+        fail(str(error))
+    report["wall_s"] = time.perf_counter() - started
+    write_report(report, out)
+    typer.echo(json.dumps({k: v for k, v in report.items() if not isinstance(v, dict | list)}))
+    typer.echo(f"wrote {out}", err=True)
+
+
+@app.command()
 def bench(
     config: Annotated[Path, typer.Option(help="Bench config (YAML).")] = Path("configs/bench.yaml"),
     prompts: Annotated[int | None, typer.Option(help="Prompts per workload.")] = None,
