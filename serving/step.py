@@ -117,10 +117,9 @@ class DraftedBlock:
     block: torch.Tensor  # [1 + proposed] the pending token, then the drafts
     base: int  # cache length before the pass (``len(tokens) - 1``)
     features: tuple[TokenFeatures, ...] = ()
-    # Constrained requests: [1 + proposed, vocab] the grammar's mask for each row, and its
-    # states after 0, 1, ... allowed drafts (serving.constrained).
+    # Constrained requests: [1 + proposed, vocab] the grammar's mask for each row
+    # (serving.constrained).
     masks: torch.Tensor | None = None
-    states: tuple[ConstraintState, ...] = ()
 
     @property
     def proposed(self) -> int:
@@ -153,18 +152,17 @@ def draft_block(
         proposal = drafter.propose(DraftRequest(tokens, k, sampler, context)).truncate(k)
     features: tuple[TokenFeatures, ...] = ()
     masks: torch.Tensor | None = None
-    states: tuple[ConstraintState, ...] = ()
     if constraint is not None:
         cut = sampler.greedy or proposal.draft_probs is None
-        proposal, walked, masks = constrain_block(proposal, constraint, cut=cut)
-        masks, states = masks.to(device), tuple(walked)
+        proposal, _, masks = constrain_block(proposal, constraint, cut=cut)
+        masks = masks.to(device)
     if context is not None and len(proposal):
         features = proposal.features or tuple(token_features(proposal, context, stage=stage))
     # n-gram drafters propose on the CPU: their drafts meet the target's logits here.
     drafts = proposal.to(device)
     pending = torch.tensor(tokens[-1:], dtype=torch.int64, device=device)  # [1]
     block = torch.cat([pending, drafts.tokens])  # [1 + proposed]
-    return DraftedBlock(drafts, block, base, features, masks, states)
+    return DraftedBlock(drafts, block, base, features, masks)
 
 
 def settle(

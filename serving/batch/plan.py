@@ -93,10 +93,13 @@ class Member:
     accepted: int = 0  # running counts, to price non-cost-aware members
     drafted: int = 0
 
-    def expected(self, k: int) -> float:
+    def expected(self) -> list[float]:
+        """``E(k)`` for k = 0..cap (and the own k, for members that keep it)."""
+        top = max(self.cap, self.k)
         if self.policy is not None:
-            return self.policy.expected_tokens()[min(k, self.policy.k_max)]
-        return _running_expectation(self.accepted, self.drafted, k)
+            row = self.policy.expected_tokens()
+            return [row[min(k, self.policy.k_max)] for k in range(top + 1)]
+        return [_running_expectation(self.accepted, self.drafted, k) for k in range(top + 1)]
 
     def draft_cost(self) -> float:
         return self.policy.draft_cost() if self.policy is not None else 0.0
@@ -124,7 +127,7 @@ def _ascend(members: Sequence[Member], cost: PassCost, budget: int) -> list[int]
     the one move that raises it most is taken: one member's k up to any longer block (a
     jump, not a step, so a curve with a step in it does not stop the climb early)."""
     ks = [0 if m.policy is not None else max(0, min(m.k, m.cap)) for m in members]
-    expected = [[m.expected(k) for k in range(m.cap + 1)] for m in members]
+    expected = [m.expected() for m in members]
     draft_costs = [m.draft_cost() for m in members]
 
     def rate(tokens: float, drafting: float, rows: int) -> float:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import re
 
 from tasks.data.prompts import Prompt, check_n, split_of, take
-from tasks.data.sharegpt import SharegptPair, sharegpt_id, unique_sharegpt_pairs
+from tasks.data.sharegpt import SharegptPair, sharegpt_id, sharegpt_prompt, unique_sharegpt_pairs
 
 MAX_PLANNING_CHARS = 600
 MIN_PLANNING_WORDS = 5
@@ -63,16 +63,7 @@ def _heldout_planning_pairs() -> list[SharegptPair]:
 def planning_prompts(n: int, seed: int = 0) -> list[Prompt]:
     """``n`` held-out ShareGPT first turns that ask for a plan, in seeded order."""
     check_n(n)
-    candidates = [
-        Prompt(
-            id=sharegpt_id(pair),
-            workload="sharegpt",
-            messages=[{"role": "user", "content": pair.human}],
-            reference=pair.gpt,
-            split="heldout",
-        )
-        for pair in _heldout_planning_pairs()
-    ]
+    candidates = [sharegpt_prompt(pair) for pair in _heldout_planning_pairs()]
     return take(candidates, n, seed=seed, workload="planning", split="heldout")
 
 

@@ -265,6 +265,17 @@ def unique_sharegpt_pairs() -> list[SharegptPair]:
     return unique
 
 
+def sharegpt_prompt(pair: SharegptPair) -> Prompt:
+    """The ``sharegpt`` workload's request for one first exchange."""
+    return Prompt(
+        id=sharegpt_id(pair),
+        workload="sharegpt",
+        messages=[{"role": "user", "content": pair.human}],
+        reference=pair.gpt,
+        split=split_of(sharegpt_id(pair)),
+    )
+
+
 def sharegpt_prompts(
     n: int, *, seed: int, split: SplitSelector = "heldout", max_prompt_chars: int = 2000
 ) -> list[Prompt]:
@@ -276,13 +287,7 @@ def sharegpt_prompts(
             f"max_prompt_chars must be >= {HUMAN_MIN_CHARS}, got {max_prompt_chars!r}"
         )
     candidates = [
-        Prompt(
-            id=sharegpt_id(pair),
-            workload="sharegpt",
-            messages=[{"role": "user", "content": pair.human}],
-            reference=pair.gpt,
-            split=split_of(sharegpt_id(pair)),
-        )
+        sharegpt_prompt(pair)
         for pair in unique_sharegpt_pairs()
         if len(pair.human) <= max_prompt_chars and in_split(sharegpt_id(pair), split)
     ]
