@@ -13,6 +13,7 @@ import typer
 from specops.cascade_cli import cascade_app
 from specops.curves_cli import draft_curves, teacher_app
 from specops.data_cli import data_app
+from specops.distributed_cli import distributed_app
 from specops.draft_cli import register_draft_commands
 from specops.exit import fail
 from specops.loop_cli import loop_app
@@ -31,6 +32,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(data_app, name="data")
+app.add_typer(distributed_app, name="distributed")
 app.add_typer(cascade_app, name="cascade")
 app.add_typer(registry_app, name="registry")
 register_draft_commands(app)

@@ -124,82 +124,96 @@ class Batch:
                 log.exception("a drafter failed inside the batch")
                 outcome.errors[decoding] = error
             draft_s[decoding] = time.perf_counter() - started
-        riding = list(drafted)
-        if not riding:
-            return outcome
-        blocks = [drafted[d].block for d in riding]
-        outcome.rows = sum(int(b.shape[0]) for b in blocks)
-        outcome.size = len(riding)
-        started = time.perf_counter()
-        try:
-            packed = packed_pass(
-                self.target,
-                [d.cache for d in riding],
-                blocks,
-                want_hidden=[d.wants_hidden for d in riding],
-            )
-        except Exception:
-            log.exception("a packed pass failed; passing its %d requests alone", len(riding))
-            self._pass_alone(riding, drafted, draft_s, outcome)
-            return outcome
-        if self.target.device.type == "cuda":
-            torch.cuda.synchronize(self.target.device)
-        pass_s = outcome.pass_s = time.perf_counter() - started
-        whole = self.cost(outcome.rows)
-        for decoding, logits, hidden in zip(riding, packed.logits, packed.hidden, strict=True):
-            block = drafted[decoding]
-            # The policy reads a one-token pass's time off the batch: pass_s / C(rows).
-            own = pass_s * self.cost(1 + block.proposed) / whole
-            try:
-                outcome.events[decoding] = decoding.settle(
-                    block,
-                    logits,
-                    hidden=hidden,
-                    draft_s=draft_s[decoding],
-                    verify_s=pass_s,
-                    policy_verify_s=own,
-                )
-            except Exception as error:
-                log.exception("a request failed while settling its step")
-                outcome.errors[decoding] = error
+        verify_drafted(self.target, self.cost, drafted, draft_s, outcome)
         return outcome
 
-    def _pass_alone(
-        self,
-        members: Sequence[Decoding],
-        drafted: dict[Decoding, DraftedBlock],
-        draft_s: dict[Decoding, float],
-        outcome: StepOutcome,
-    ) -> None:
-        """Each member's drafted block through a pass of its own (after a packed pass
-        failed): only a member whose own pass fails errors."""
-        for decoding in members:
-            block = drafted[decoding]
-            rewind(decoding.cache, block.base)  # drop what the failed pass appended
-            started = time.perf_counter()
-            try:
-                out = self.target(
-                    input_ids=block.block[None],
-                    past_key_values=decoding.cache,
-                    use_cache=True,
-                    output_hidden_states=decoding.wants_hidden,
-                )
-            except Exception as error:
-                decoding.settle(block, None)  # rewinds both caches
-                outcome.errors[decoding] = error
-                continue
-            hidden = out.hidden_states[-1][0] if decoding.wants_hidden else None
-            pass_s = time.perf_counter() - started
-            try:
-                outcome.events[decoding] = decoding.settle(
-                    block,
-                    out.logits[0],
-                    hidden=hidden,
-                    draft_s=draft_s[decoding],
-                    verify_s=pass_s,
-                )
-            except Exception as error:
-                outcome.errors[decoding] = error
+
+def verify_drafted(
+    target,
+    cost: PassCost,
+    drafted: dict[Decoding, DraftedBlock],
+    draft_s: dict[Decoding, float],
+    outcome: StepOutcome,
+) -> None:
+    """One packed pass over every drafted block, then each request settled on its own
+    rows, into ``outcome``. Whoever drafted the blocks (a batch's members, or a remote
+    client's sessions, :mod:`serving.distributed`) is the caller's business."""
+    riding = list(drafted)
+    if not riding:
+        return
+    blocks = [drafted[d].block for d in riding]
+    outcome.rows = sum(int(b.shape[0]) for b in blocks)
+    outcome.size = len(riding)
+    started = time.perf_counter()
+    try:
+        packed = packed_pass(
+            target,
+            [d.cache for d in riding],
+            blocks,
+            want_hidden=[d.wants_hidden for d in riding],
+        )
+    except Exception:
+        log.exception("a packed pass failed; passing its %d requests alone", len(riding))
+        _pass_alone(target, riding, drafted, draft_s, outcome)
+        return
+    if target.device.type == "cuda":
+        torch.cuda.synchronize(target.device)
+    pass_s = outcome.pass_s = time.perf_counter() - started
+    whole = cost(outcome.rows)
+    for decoding, logits, hidden in zip(riding, packed.logits, packed.hidden, strict=True):
+        block = drafted[decoding]
+        # The policy reads a one-token pass's time off the batch: pass_s / C(rows).
+        own = pass_s * cost(1 + block.proposed) / whole
+        try:
+            outcome.events[decoding] = decoding.settle(
+                block,
+                logits,
+                hidden=hidden,
+                draft_s=draft_s[decoding],
+                verify_s=pass_s,
+                policy_verify_s=own,
+            )
+        except Exception as error:
+            log.exception("a request failed while settling its step")
+            outcome.errors[decoding] = error
+
+
+def _pass_alone(
+    target,
+    members: Sequence[Decoding],
+    drafted: dict[Decoding, DraftedBlock],
+    draft_s: dict[Decoding, float],
+    outcome: StepOutcome,
+) -> None:
+    """Each member's drafted block through a pass of its own (after a packed pass
+    failed): only a member whose own pass fails errors."""
+    for decoding in members:
+        block = drafted[decoding]
+        rewind(decoding.cache, block.base)  # drop what the failed pass appended
+        started = time.perf_counter()
+        try:
+            out = target(
+                input_ids=block.block[None],
+                past_key_values=decoding.cache,
+                use_cache=True,
+                output_hidden_states=decoding.wants_hidden,
+            )
+        except Exception as error:
+            decoding.settle(block, None)  # rewinds both caches
+            outcome.errors[decoding] = error
+            continue
+        hidden = out.hidden_states[-1][0] if decoding.wants_hidden else None
+        pass_s = time.perf_counter() - started
+        try:
+            outcome.events[decoding] = decoding.settle(
+                block,
+                out.logits[0],
+                hidden=hidden,
+                draft_s=draft_s[decoding],
+                verify_s=pass_s,
+            )
+        except Exception as error:
+            outcome.errors[decoding] = error
 
 
 def decode_together(

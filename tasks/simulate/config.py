@@ -163,6 +163,9 @@ class PoissonArrivals(_Lengths):
 class TraceArrivals(_Lengths):
     kind: Literal["trace"] = "trace"
     timestamps: list[Annotated[float, Field(ge=0)]] = Field(min_length=1)
+    # sample: a length list is sampled from, as for the other kinds. per_request: a length
+    # list gives request i's length, one entry per timestamp (replaying a measured run).
+    lengths: Literal["sample", "per_request"] = "sample"
 
     @field_validator("timestamps")
     @classmethod
@@ -171,8 +174,35 @@ class TraceArrivals(_Lengths):
             raise ValueError("must be non-decreasing")
         return timestamps
 
+    @model_validator(mode="after")
+    def _one_length_per_request(self) -> TraceArrivals:
+        if self.lengths == "per_request":
+            for name in ("prompt_tokens", "output_tokens"):
+                value = getattr(self, name)
+                if isinstance(value, list) and len(value) != len(self.timestamps):
+                    raise ValueError(
+                        f"{name}: {len(value)} entries for {len(self.timestamps)} timestamps; "
+                        "with lengths: per_request give one per timestamp (or one number "
+                        "for all)"
+                    )
+        return self
 
-Arrivals = Annotated[PoissonArrivals | TraceArrivals, Field(discriminator="kind")]
+
+class ClosedArrivals(_Lengths):
+    """``clients`` closed-loop clients: each sends a request, waits for its whole answer,
+    thinks ``think_s``, then sends the next (a load test with that many concurrent
+    clients; that many draft devices)."""
+
+    kind: Literal["closed"] = "closed"
+    clients: int = Field(ge=1)
+    think_s: float = Field(0.0, ge=0)  # from an answer's last token to the next request
+    requests_per_client: int | None = Field(None, ge=1)  # None: keep sending to duration_s
+    ramp_s: float = Field(0.0, ge=0)  # client i sends its first request at i * ramp_s / clients
+
+
+Arrivals = Annotated[
+    PoissonArrivals | TraceArrivals | ClosedArrivals, Field(discriminator="kind")
+]
 
 
 class Batching(_Section):

@@ -14,22 +14,31 @@ then runs one pass costing ``one_token_pass_s * C(rows)`` (``serving.batch.plan.
 plus ``prefill_s_per_token`` for every prompt token that rides in it. Without
 ``mixed_prefill`` a prompt is prefilled in a pass of its own, ahead of any decode batch.
 
-Events are per round and per pass, never per token: a round costs a request two SimPy
-events (the link-and-draft delay, and the verdict), a pass two. Everything random
-(arrivals, lengths, drafters, routing, acceptance) comes from one seed.
+Requests arrive from a Poisson process, a trace, or closed-loop clients (each sends its
+next request ``think_s`` after its previous answer came back).
+
+Events are per pass, never per token or per round: sessions and servers are callbacks on
+SimPy timeouts, not processes. A pass costs its server one timeout for its duration and one
+zero-delay timeout to pick the next batch (so that everything due at that instant is in
+the queue first); the sessions it served go back to the server after their link-and-draft
+gap in **one** timeout per distinct gap (every session of a drafter has the same gap but
+the last round's), not one each. Everything random (arrivals, lengths, drafters, routing,
+acceptance) comes from one seed.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import simpy
+from simpy.events import Timeout
 
 from tasks.simulate.config import (
+    ClosedArrivals,
     Drafter,
     PoissonArrivals,
     RouterName,
@@ -56,6 +65,7 @@ class Request:
     queue_wait_s: float = 0.0  # time its work waited at the server, all passes together
     rounds: int = 0
     produced: int = 0
+    client: int = -1  # the closed-loop client that sent it (-1: open arrivals)
 
 
 @dataclass
@@ -104,14 +114,20 @@ class SimLog:
     queue_bin_s: float
 
 
-@dataclass(slots=True)
-class _Work:
+@dataclass(slots=True, eq=False)
+class _Session:
+    """A request in flight, and the work it has at its server (a prefill, or a block)."""
+
     request: Request
-    rows: int  # 1 + k for a decode block; 0 for a prefill
-    prefill_tokens: int
-    draft_s: float  # fused mode: drafting done on the server, inside the pass
-    submitted_s: float
-    done: simpy.Event
+    drafter: Drafter
+    acceptance: Acceptance
+    server: TargetServer
+    remaining: int  # output tokens still to produce
+    k: int  # drafts in the current block
+    rows: int = 0  # 1 + k for a decode block; 0 for a prefill
+    prefill_tokens: int = 0  # > 0 while the work is the prompt's prefill
+    draft_s: float = 0.0  # fused mode: drafting done on the server, inside the pass
+    submitted_s: float = 0.0
 
 
 class Uniforms:
@@ -177,69 +193,108 @@ class Router:
         return first if first_load <= (active[second] + 1) * weigh[second] else second
 
 
+def _after(
+    env: simpy.Environment, delay: float, callback: Callable[[Any], None], value: Any
+) -> None:
+    """Call ``callback(value)`` ``delay`` simulated seconds from now (one SimPy event)."""
+    Timeout(env, delay, (callback, value)).callbacks.append(_fire)
+
+
+def _fire(event: simpy.Event) -> None:
+    callback, value = event._value
+    callback(value)
+
+
 class TargetServer:
-    """One target replica: a FIFO of decode blocks (and prefills), served in batched passes."""
+    """One target replica: a FIFO of decode blocks (and prefills), served in batched passes.
+
+    Idle, it picks a batch at the instant work arrives (a zero-delay event, so that all
+    work due then is in); with ``window_s`` it then waits for the oldest block's window to
+    close or the batch to fill. A finished pass hands its sessions to ``on_pass`` and picks
+    the next batch at the same instant, after everything already due then (a block sent
+    back at once, fused or with no link, rides in the very next pass, as in continuous
+    batching)."""
 
     def __init__(
         self, env: simpy.Environment, index: int, device: TargetDevice, window_s: float,
-        mixed_prefill: bool, passes: PassLog,
+        mixed_prefill: bool, passes: PassLog, on_pass: Callable[[list[_Session]], None],
     ) -> None:  # fmt: skip
         self.env, self.index, self.device = env, index, device
         self.window_s, self.mixed_prefill, self.passes = window_s, mixed_prefill, passes
         self.max_batch, self.max_rows = device.max_batch, device.max_tokens_per_pass
+        self.prefill_s_per_token = device.prefill_s_per_token
         cost = device.pass_cost()
         # seconds of a pass over n decode rows, n = 0 .. max_tokens_per_pass
         self.pass_s = [0.0] + [device.pass_s * cost(n) for n in range(1, self.max_rows + 1)]
-        self.waiting: deque[_Work] = deque()
-        self.prefills: deque[_Work] = deque()  # without mixed_prefill: passes of their own
+        self.waiting: deque[_Session] = deque()
+        self.prefills: deque[_Session] = deque()  # without mixed_prefill: passes of their own
         self.waiting_rows = 0
-        self._wake: simpy.Event | None = None
-        self._full: simpy.Event | None = None
-        env.process(self._serve())
+        self._on_pass = on_pass
+        self._batch: list[_Session] | None = None  # the pass running, if any
+        self._picking = False  # a zero-delay pick is scheduled
+        self._window = 0  # > 0: waiting for the window whose timer carries this number
+        self._windows = 0
+        self._filled = False  # a window's batch filled: take it at the scheduled pick
 
-    def submit(self, work: _Work) -> None:
+    def submit(self, work: _Session) -> None:
         if work.rows == 0 and not self.mixed_prefill:
             self.prefills.append(work)
         else:
             self.waiting.append(work)
             self.waiting_rows += work.rows
-            if self._full is not None and self._is_full():
-                self._full.succeed()
-                self._full = None
-        if self._wake is not None:
-            self._wake.succeed()
-            self._wake = None
+            if self._window and self._is_full():
+                # the batch filled before its window closed: it goes next, even if a
+                # prefill came meanwhile (as when the window closes)
+                self._window, self._filled = 0, True
+                self._schedule_pick()
+                return
+        if self._batch is None and not self._window:
+            self._schedule_pick()
 
     def _is_full(self) -> bool:
         return len(self.waiting) >= self.max_batch or self.waiting_rows >= self.max_rows
 
-    def _serve(self) -> _Process:
-        env = self.env
-        while True:
-            if not self.waiting and not self.prefills:
-                self._wake = env.event()
-                yield self._wake
-            if self.prefills:
-                work = self.prefills.popleft()
-                yield from self._run([work], rows=0, prefill=work.prefill_tokens, draft_s=0.0)
-                continue
-            wait = self.waiting[0].submitted_s + self.window_s - env.now
-            if wait > 0 and not self._is_full():
-                self._full = env.event()
-                yield self._full | env.timeout(wait)
-                self._full = None
-            batch, rows, prefill, draft_s = self._take()
-            yield from self._run(batch, rows=rows, prefill=prefill, draft_s=draft_s)
+    def _schedule_pick(self) -> None:
+        if not self._picking:
+            self._picking = True
+            Timeout(self.env, 0.0).callbacks.append(self._pick)
 
-    def _take(self) -> tuple[list[_Work], int, int, float]:
+    def _pick(self, _event: object) -> None:
+        self._picking = False
+        if self._batch is not None or self._window:
+            return
+        if self._filled:
+            self._filled = False
+            self._run(*self._take())
+            return
+        if self.prefills:
+            work = self.prefills.popleft()
+            self._run([work], rows=0, prefill=work.prefill_tokens, draft_s=0.0)
+            return
+        if not self.waiting:
+            return
+        wait = self.waiting[0].submitted_s + self.window_s - self.env.now
+        if wait > 0 and not self._is_full():
+            self._windows += 1
+            self._window = self._windows
+            _after(self.env, wait, self._window_closed, self._window)
+            return
+        self._run(*self._take())
+
+    def _window_closed(self, window: int) -> None:
+        if window == self._window:  # else the batch filled first and has gone
+            self._window = 0
+            self._run(*self._take())
+
+    def _take(self) -> tuple[list[_Session], int, int, float]:
         """The oldest blocks that fit one pass (FIFO: a block that does not fit waits)."""
-        batch: list[_Work] = []
+        batch: list[_Session] = []
         rows = prefill = 0
         draft_s = 0.0
-        waiting = self.waiting
-        while waiting and len(batch) < self.max_batch:
+        waiting, max_batch, max_rows = self.waiting, self.max_batch, self.max_rows
+        while waiting and len(batch) < max_batch:
             head = waiting[0]
-            if rows + head.rows > self.max_rows:
+            if rows + head.rows > max_rows:
                 break
             waiting.popleft()
             batch.append(head)
@@ -249,20 +304,23 @@ class TargetServer:
         self.waiting_rows -= rows
         return batch, rows, prefill, draft_s
 
-    def _run(self, batch: list[_Work], *, rows: int, prefill: int, draft_s: float) -> _Process:
-        env = self.env
-        now = env.now
-        duration = self.pass_s[rows] + prefill * self.device.prefill_s_per_token + draft_s
+    def _run(self, batch: list[_Session], rows: int, prefill: int, draft_s: float) -> None:
+        now = self.env.now
+        duration = self.pass_s[rows] + prefill * self.prefill_s_per_token + draft_s
         for work in batch:
             work.request.queue_wait_s += now - work.submitted_s
         self.passes.add(self.index, now, duration, rows, len(batch), prefill, len(self.waiting))
+        self._batch = batch
         if duration > 0:
-            yield env.timeout(duration)
-        for work in batch:
-            work.done.succeed()
-        # let the requests just served run first: a block sent back at once (fused, or no
-        # link) rides in the very next pass, as in continuous batching
-        yield env.timeout(0)
+            Timeout(self.env, duration).callbacks.append(self._finish)
+        else:
+            self._finish(None)
+
+    def _finish(self, _event: object) -> None:
+        batch, self._batch = self._batch, None
+        assert batch is not None
+        self._on_pass(batch)
+        self._schedule_pick()
 
 
 class Simulation:
@@ -288,6 +346,7 @@ class Simulation:
                         scenario.batching.window_s,
                         scenario.batching.mixed_prefill,
                         self.passes,
+                        self._pass_done,
                     )
                 )
                 self.infos.append(
@@ -302,15 +361,21 @@ class Simulation:
         ]
         self.requests: list[Request] = []
         self.tokens_in_window = 0
+        self._distributed = scenario.mode == "distributed"
+        self._half_rtt = scenario.link.rtt_s / 2 if self._distributed else 0.0
         self._active = [0] * len(self.servers)
         self._outstanding = 0  # requests arrived and not finished
-        self._arrived_all = False
+        self._sources = 0  # arrival sources (the open process, or clients) still sending
         self._all_done = self.env.event()
 
     def run(self) -> SimLog:
         scenario = self.scenario
         env = self.env
-        env.process(self._arrivals())
+        if isinstance(scenario.arrivals, ClosedArrivals):
+            self._start_clients(scenario.arrivals)
+        else:
+            self._sources = 1
+            env.process(self._arrivals())
         # stop when every request has finished, or at the end of the drain at the latest
         env.run(
             until=env.any_of([self._all_done, env.timeout(scenario.duration_s + scenario.drain_s)])
@@ -326,9 +391,13 @@ class Simulation:
             queue_bin_s=scenario.queue_bin_s,
         )
 
+    # --- arrivals ---------------------------------------------------------------------
     def arrival_times(self) -> list[float]:
-        """When requests arrive, within ``[0, duration_s)`` and up to ``max_requests``."""
+        """When open-loop requests arrive, within ``[0, duration_s)`` and up to
+        ``max_requests`` (closed-loop clients send as their answers come back)."""
         arrivals, end = self.scenario.arrivals, self.scenario.duration_s
+        if isinstance(arrivals, ClosedArrivals):
+            raise TypeError("closed-loop clients have no arrival times before the run")
         cap = arrivals.max_requests or 1 << 62
         if not isinstance(arrivals, PoissonArrivals):
             return [t for t in arrivals.timestamps if t < end][:cap]
@@ -344,76 +413,172 @@ class Simulation:
             now = times[-1]
         return times
 
-    def _lengths(self, spec: TokenCount, count: int) -> list[int]:
+    def _lengths(self, spec: TokenCount, count: int, in_order: bool = False) -> list[int]:
         if isinstance(spec, int):
             return [spec] * count
+        if in_order:  # a trace's per-request lengths (validated: one per timestamp)
+            return [int(v) for v in spec[:count]]
         return [int(v) for v in self._length_rng.choice(spec, size=count)]
 
+    def _drafter_picks(self, count: int) -> list[int]:
+        shares = np.array([d.share for d in self.scenario.drafters])
+        picks = self._length_rng.choice(len(shares), size=count, p=shares / shares.sum())
+        return [int(p) for p in picks]
+
     def _arrivals(self) -> _Process:
-        scenario, env = self.scenario, self.env
+        arrivals, env = self.scenario.arrivals, self.env
+        assert not isinstance(arrivals, ClosedArrivals)
         times = self.arrival_times()
-        prompts = self._lengths(scenario.arrivals.prompt_tokens, len(times))
-        outputs = self._lengths(scenario.arrivals.output_tokens, len(times))
-        shares = np.array([d.share for d in scenario.drafters])
-        drafters = self._length_rng.choice(len(shares), size=len(times), p=shares / shares.sum())
+        in_order = getattr(arrivals, "lengths", "sample") == "per_request"
+        prompts = self._lengths(arrivals.prompt_tokens, len(times), in_order)
+        outputs = self._lengths(arrivals.output_tokens, len(times), in_order)
+        drafters = self._drafter_picks(len(times))
         for index, at in enumerate(times):
             if at > env.now:
                 yield env.timeout(at - env.now)
-            request = Request(index, at, prompts[index], outputs[index], int(drafters[index]))
-            self.requests.append(request)
-            self._outstanding += 1
-            env.process(self._session(request))
-        self._arrived_all = True
+            self._arrive(Request(index, at, prompts[index], outputs[index], drafters[index]))
+        self._source_done()
+
+    def _start_clients(self, arrivals: ClosedArrivals) -> None:
+        """Each client draws its drafter once (a draft device has one) and sends its first
+        request at ``i * ramp_s / clients``; lengths are drawn per request."""
+        self._sources = arrivals.clients
+        self._client_drafter = self._drafter_picks(arrivals.clients)
+        self._client_sent = [0] * arrivals.clients
+        self._length_draw = Uniforms(self._length_rng, block=4096)
+        for client in range(arrivals.clients):
+            _after(self.env, client * arrivals.ramp_s / arrivals.clients, self._send, client)
+
+    def _draw(self, spec: TokenCount) -> int:
+        if isinstance(spec, int):
+            return spec
+        return int(spec[int(self._length_draw() * len(spec))])
+
+    def _send(self, client: int) -> None:
+        """Closed loop: ``client`` sends its next request, or stops for good."""
+        arrivals = self.scenario.arrivals
+        assert isinstance(arrivals, ClosedArrivals)
+        now = self.env.now
+        sent = self._client_sent[client]
+        if (
+            now >= self.scenario.duration_s
+            or (arrivals.requests_per_client is not None and sent >= arrivals.requests_per_client)
+            or (arrivals.max_requests is not None and len(self.requests) >= arrivals.max_requests)
+        ):
+            self._source_done()
+            return
+        self._client_sent[client] = sent + 1
+        request = Request(
+            len(self.requests),
+            now,
+            self._draw(arrivals.prompt_tokens),
+            self._draw(arrivals.output_tokens),
+            self._client_drafter[client],
+            client=client,
+        )
+        self._arrive(request)
+
+    def _source_done(self) -> None:
+        self._sources -= 1
         self._check_done()
 
     def _check_done(self) -> None:
-        if self._arrived_all and self._outstanding == 0 and not self._all_done.triggered:
+        if self._sources == 0 and self._outstanding == 0 and not self._all_done.triggered:
             self._all_done.succeed()
 
-    def _session(self, request: Request) -> _Process:
-        env, scenario = self.env, self.scenario
-        drafter: Drafter = scenario.drafters[request.drafter]
-        acceptance = self.acceptance[request.drafter]
+    # --- a request's rounds -----------------------------------------------------------
+    def _arrive(self, request: Request) -> None:
+        """Route ``request``; its first work goes to the server after the lead time
+        (distributed: the first block is drafted on the client and travels with the
+        prompt)."""
+        self.requests.append(request)
+        self._outstanding += 1
         chosen = self.router.pick(self._active)
         self._active[chosen] += 1
-        server = self.servers[chosen]
         request.server = chosen
-        distributed = scenario.mode == "distributed"
-        half_rtt = scenario.link.rtt_s / 2 if distributed else 0.0
-        draft_s = drafter.draft_s_per_token
-        remaining = request.output_tokens
-        k = min(drafter.k, remaining - 1)
-        # distributed: the first block is drafted on the client and travels with the prompt
-        lead = k * draft_s + half_rtt if distributed else 0.0
+        drafter = self.scenario.drafters[request.drafter]
+        k = min(drafter.k, request.output_tokens - 1)
+        session = _Session(
+            request,
+            drafter,
+            self.acceptance[request.drafter],
+            self.servers[chosen],
+            remaining=request.output_tokens,
+            k=k,
+        )
+        lead = k * drafter.draft_s_per_token + self._half_rtt if self._distributed else 0.0
         if lead > 0:
-            yield env.timeout(lead)
-        if request.prompt_tokens > 0:
-            done = env.event()
-            server.submit(_Work(request, 0, request.prompt_tokens, 0.0, env.now, done))
-            yield done
-        while True:
-            done = env.event()
-            server_draft_s = 0.0 if distributed else k * draft_s
-            server.submit(_Work(request, 1 + k, 0, server_draft_s, env.now, done))
-            yield done
-            tokens = acceptance.sample(k) + 1  # the bonus token; k <= remaining - 1
-            remaining -= tokens
+            _after(self.env, lead, self._begin, session)
+        else:
+            self._begin(session)
+
+    def _begin(self, session: _Session) -> None:
+        prompt = session.request.prompt_tokens
+        if prompt > 0:
+            session.rows, session.prefill_tokens, session.draft_s = 0, prompt, 0.0
+            session.submitted_s = self.env.now
+            session.server.submit(session)
+        else:
+            self._submit_block(session)
+
+    def _submit_block(self, session: _Session) -> None:
+        session.rows = 1 + session.k
+        session.draft_s = 0.0 if self._distributed else session.k * session.drafter.draft_s_per_token
+        session.submitted_s = self.env.now
+        session.server.submit(session)
+
+    def _resubmit(self, sessions: list[_Session]) -> None:
+        for session in sessions:
+            self._submit_block(session)
+
+    def _pass_done(self, batch: list[_Session]) -> None:
+        """A pass ended: prefilled sessions send their first block at once; decoded ones
+        keep ``accepted + 1`` tokens, then finish or send their next block after the
+        link-and-draft gap (one timeout per distinct gap)."""
+        now = self.env.now
+        half_rtt, distributed = self._half_rtt, self._distributed
+        delivered = now + half_rtt
+        in_window = delivered <= self.scenario.duration_s
+        later: dict[float, list[_Session]] = {}
+        for session in batch:
+            if session.prefill_tokens:
+                session.prefill_tokens = 0
+                self._submit_block(session)
+                continue
+            request = session.request
+            tokens = session.acceptance.sample(session.k) + 1  # the bonus token
+            session.remaining -= tokens
             request.rounds += 1
             request.produced += tokens
-            delivered = env.now + half_rtt
             if request.rounds == 1:
                 request.first_token_s = delivered
-            if delivered <= scenario.duration_s:
+            if in_window:
                 self.tokens_in_window += tokens
-            if remaining == 0:
+            if session.remaining == 0:
                 request.finish_s = delivered
-                break
-            k = min(drafter.k, remaining - 1)
-            gap = 2 * half_rtt + k * draft_s if distributed else 0.0
+                self._finished(request)
+                continue
+            drafter = session.drafter
+            session.k = k = min(drafter.k, session.remaining - 1)
+            gap = 2 * half_rtt + k * drafter.draft_s_per_token if distributed else 0.0
             if gap > 0:
-                yield env.timeout(gap)
-        self._active[chosen] -= 1
+                later.setdefault(gap, []).append(session)
+            else:
+                self._submit_block(session)
+        for gap, sessions in later.items():
+            _after(self.env, gap, self._resubmit, sessions)
+
+    def _finished(self, request: Request) -> None:
+        self._active[request.server] -= 1
         self._outstanding -= 1
+        if request.client >= 0:  # the answer reaches the client, which thinks, then sends
+            arrivals = self.scenario.arrivals
+            assert isinstance(arrivals, ClosedArrivals)
+            delay = self._half_rtt + arrivals.think_s
+            if delay > 0:
+                _after(self.env, delay, self._send, request.client)
+            else:
+                self._send(request.client)
         self._check_done()
 
 

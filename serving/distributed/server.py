@@ -1,0 +1,346 @@
+"""The gRPC target server: the TargetService of ``proto/specops_distributed.proto``.
+
+Handlers validate a request completely (session, block length, token ids, sampling) before
+any model work and answer a bad one with a gRPC status and a message naming the bad value;
+the server keeps serving. The model work itself runs on the :class:`Scheduler`'s thread.
+
+Deadlines and cancellation: a handler waits for its job only while the call is alive. A
+verify cancelled (or past its deadline) before its pass started is dropped and the session
+is as it was; one whose pass already ran has moved the session on without the client
+knowing how far, so the session is closed (a later call gets NOT_FOUND saying why).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from concurrent import futures
+from dataclasses import dataclass
+
+import grpc
+
+from serving.batch.plan import BatchLimits, PassCost
+from serving.distributed.proto import specops_distributed_pb2 as pb
+from serving.distributed.proto import specops_distributed_pb2_grpc as pb_grpc
+from serving.distributed.scheduler import Scheduler, StepDone
+from serving.distributed.sessions import ClientBlock, Session, SessionError, SessionTable
+from serving.drafters.factory import build_drafter, parse_drafter_spec
+from serving.engine import SpeculativeDecoder
+from serving.errors import BadInputError, SpecOpsError
+from serving.policy import POLICIES, FixedK, check_k, make_policy
+from serving.sampling import SamplingParams
+
+log = logging.getLogger(__name__)
+
+_POLL_S = 0.05  # how often a waiting handler checks that its call is still alive
+
+
+@dataclass(frozen=True)
+class TargetLimits:
+    max_sessions: int = 64
+    idle_timeout_s: float = 60.0
+    max_block: int = 16  # drafts per verify
+    max_new_tokens: int = 2048
+
+    def __post_init__(self) -> None:
+        for name in ("max_sessions", "max_block", "max_new_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise BadInputError(f"{name} must be an integer >= 1, got {value!r}")
+        if not self.idle_timeout_s > 0:
+            raise BadInputError(f"idle_timeout_s must be > 0, got {self.idle_timeout_s!r}")
+
+
+class _Abort(Exception):
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _status(error: Exception) -> _Abort:
+    if isinstance(error, _Abort):
+        return error
+    if isinstance(error, SessionError):
+        return _Abort(getattr(grpc.StatusCode, error.code), str(error))
+    if isinstance(error, SpecOpsError):  # BadInputError and the other checked failures
+        return _Abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+    return _Abort(grpc.StatusCode.INTERNAL, f"{type(error).__name__}: {error}")
+
+
+def _reply(done: StepDone) -> pb.StepReply:
+    return pb.StepReply(
+        session_id=done.session_id,
+        proposed=done.proposed,
+        accepted=done.accepted,
+        new_token_ids=done.new_tokens,
+        target_token_id=done.new_tokens[-1],
+        emitted_token_ids=done.emitted,
+        finished=done.stop_reason is not None,
+        stop_reason=done.stop_reason or "",
+        pass_s=done.pass_s,
+        pass_sessions=done.pass_sessions,
+        pass_rows=done.pass_rows,
+    )
+
+
+class TargetService(pb_grpc.TargetServiceServicer):
+    """Sessions over one target model; ``tokenizer`` only for fused drafters that need it."""
+
+    def __init__(
+        self,
+        target,
+        *,
+        eos_token_ids: list[int],
+        tokenizer=None,
+        model_name: str = "target",
+        limits: TargetLimits | None = None,
+        batch_limits: BatchLimits | None = None,
+        cost: PassCost | None = None,
+        verify_curve: tuple[float, ...] | None = None,
+    ) -> None:
+        self.target = target
+        self.tokenizer = tokenizer
+        self.eos_token_ids = list(eos_token_ids)
+        self.model_name = model_name
+        self.limits = limits or TargetLimits()
+        self.batch_limits = batch_limits or BatchLimits()
+        self.verify_curve = verify_curve
+        self.vocab_size = int(target.config.vocab_size)
+        self.table = SessionTable(self.limits.max_sessions, self.limits.idle_timeout_s)
+        self.scheduler = Scheduler(
+            target, self.table, limits=self.batch_limits, cost=cost or PassCost()
+        )
+        self.scheduler.start()
+
+    def close(self) -> None:
+        self.scheduler.stop()
+
+    # --- helpers ---------------------------------------------------------------------------
+    def _wait(self, future: futures.Future, context, session: Session | None = None):
+        """The job's result while the call lives; a dead call cancels or closes."""
+        while True:
+            try:
+                return future.result(timeout=_POLL_S)
+            except futures.TimeoutError:
+                if context.is_active():
+                    continue
+            except Exception as error:
+                raise _status(error) from error
+            # The client cancelled or its deadline passed.
+            if not future.cancel() and session is not None:
+                self.scheduler.close_unknown(
+                    session, "a call on it was cancelled after its step ran"
+                )
+            raise _Abort(grpc.StatusCode.CANCELLED, "the call was cancelled")
+
+    def _session(self, session_id: str) -> Session:
+        if not session_id:
+            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, "session_id is empty")
+        return self.table.get(session_id)
+
+    def _check_block(self, session: Session, drafts: list[int], where: str = "") -> list[int]:
+        if session.client_block is None and drafts:
+            raise _Abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"{where}session {session.id!r} is fused (the server drafts): send no drafts",
+            )
+        if len(drafts) > self.limits.max_block:
+            raise _Abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"{where}a block of {len(drafts)} drafts is longer than the server's limit of "
+                f"{self.limits.max_block}",
+            )
+        bad = [t for t in drafts if not 0 <= t < self.vocab_size]
+        if bad:
+            raise _Abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"{where}draft token ids {bad[:5]} are outside the vocabulary "
+                f"[0, {self.vocab_size})",
+            )
+        if session.decoding.done:
+            raise _Abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"{where}session {session.id!r} has finished "
+                f"({session.decoding.stop_reason}); call Finalize",
+            )
+        return list(drafts)
+
+    def _build(self, request: pb.StartRequest) -> Session:
+        """Check a start request and return the session it asks for (not prefilled)."""
+        sampling = request.sampling
+        params = SamplingParams(
+            temperature=sampling.temperature,
+            top_k=sampling.top_k,
+            top_p=sampling.top_p if sampling.top_p > 0 else 1.0,
+            seed=sampling.seed if sampling.HasField("seed") else None,
+        )
+        max_new = request.max_new_tokens
+        if not 1 <= max_new <= self.limits.max_new_tokens:
+            raise BadInputError(
+                f"max_new_tokens must be between 1 and {self.limits.max_new_tokens}, got {max_new}"
+            )
+        fused = bool(request.server_drafter)
+        if fused:
+            spec = parse_drafter_spec(request.server_drafter)
+            policy_name = request.policy or "fixed"
+            if policy_name not in POLICIES:
+                raise BadInputError(f"unknown policy {policy_name!r}; choose one of {POLICIES}")
+            k = check_k(request.k or 4)
+            drafter = build_drafter(spec, self.target, self.tokenizer)
+            policy = (
+                make_policy(policy_name, k, verify_curve=self.verify_curve) if drafter else None
+            )
+        else:
+            if request.policy or request.k:
+                raise BadInputError(
+                    "policy and k are for fused sessions (server_drafter); a draft client "
+                    "chooses its own block lengths"
+                )
+            drafter, policy = ClientBlock(), FixedK(self.limits.max_block)
+        decoder = SpeculativeDecoder(
+            self.target,
+            drafter=drafter,
+            policy=policy,
+            eos_token_ids=self.eos_token_ids,
+        )
+        decoding = decoder.begin(
+            list(request.prompt_token_ids), max_new_tokens=max_new, sampling=params
+        )
+        return Session(self.table.new_id(), decoding, fused=fused)
+
+    # --- the service -----------------------------------------------------------------------
+    def Info(self, request, context):
+        return pb.InfoReply(
+            model=self.model_name,
+            vocab_size=self.vocab_size,
+            max_block=self.limits.max_block,
+            max_sessions=self.limits.max_sessions,
+            idle_timeout_s=self.limits.idle_timeout_s,
+            max_batch=self.batch_limits.max_sequences,
+            active_sessions=len(self.table),
+        )
+
+    def StartSession(self, request, context):
+        try:
+            self.table.reserve()
+            session = self._build(request)  # checked here, prefilled on the scheduler
+            future = self.scheduler.start_session(lambda: session)
+            started = self._wait(future, context)
+        except Exception as error:
+            abort = _status(error)
+            context.abort(abort.code, str(abort))
+        if not context.is_active():  # the client is gone: do not keep its state
+            self.scheduler.close_unknown(started, "the client left during the prefill")
+        return pb.StartReply(session_id=started.id, fused=started.fused)
+
+    def Verify(self, request, context):
+        try:
+            session = self._session(request.session_id)
+            drafts = self._check_block(session, list(request.draft_token_ids))
+            future = self.scheduler.step(session, drafts if not session.fused else None)
+            done = self._wait(future, context, session)
+        except Exception as error:
+            abort = _status(error)
+            context.abort(abort.code, str(abort))
+        return pb.VerifyReply(step=_reply(done))
+
+    def VerifyBatch(self, request, context):
+        try:
+            jobs = []
+            seen: set[str] = set()
+            for index, block in enumerate(request.blocks):
+                where = f"block {index}: "
+                if block.session_id in seen:
+                    raise _Abort(
+                        grpc.StatusCode.INVALID_ARGUMENT,
+                        f"{where}session {block.session_id!r} appears twice; one block per "
+                        "session per call",
+                    )
+                seen.add(block.session_id)
+                try:
+                    session = self._session(block.session_id)
+                except SessionError as error:
+                    raise _Abort(grpc.StatusCode.NOT_FOUND, f"{where}{error}") from error
+                drafts = self._check_block(session, list(block.draft_token_ids), where)
+                jobs.append((session, drafts if not session.fused else None))
+            # Submitted together: the scheduler takes them into one pass (as limits allow).
+            waiting = [(s, self.scheduler.step(s, d)) for s, d in jobs]
+            steps = [_reply(self._wait(f, context, s)) for s, f in waiting]
+        except Exception as error:
+            abort = _status(error)
+            context.abort(abort.code, str(abort))
+        return pb.VerifyBatchReply(steps=steps)
+
+    def Generate(self, request, context) -> Iterator[pb.StepReply]:
+        try:
+            session = self._session(request.session_id)
+            if not session.fused:
+                raise _Abort(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"session {session.id!r} is not fused: its client drafts; use Verify",
+                )
+            self._check_block(session, [])
+        except Exception as error:
+            abort = _status(error)
+            context.abort(abort.code, str(abort))
+        ended = False
+        try:
+            while not session.decoding.done:
+                try:
+                    done = self._wait(self.scheduler.step(session, None), context, session)
+                except Exception as error:
+                    abort = _status(error)
+                    context.abort(abort.code, str(abort))
+                yield _reply(done)
+            ended = True
+        finally:
+            if not ended:  # the client went away mid-stream: nobody will finalize it
+                self.scheduler.close_unknown(session, "its Generate stream was cancelled")
+
+    def Finalize(self, request, context):
+        try:
+            session = self._session(request.session_id)
+            result = self._wait(self.scheduler.finalize(session), context)
+        except Exception as error:
+            abort = _status(error)
+            context.abort(abort.code, str(abort))
+        stats = result.stats
+        return pb.FinalizeReply(
+            output_token_ids=result.token_ids,
+            stop_reason=result.stop_reason,
+            steps=len(result.steps),
+            draft_tokens=stats.draft_tokens,
+            accepted_tokens=stats.accepted_tokens,
+            prefill_s=stats.prefill_s,
+        )
+
+
+@dataclass
+class RunningServer:
+    server: grpc.Server
+    service: TargetService
+    port: int
+
+    def stop(self, grace_s: float = 1.0) -> None:
+        self.server.stop(grace_s).wait()
+        self.service.close()
+
+
+def serve_target(
+    service: TargetService, *, host: str = "127.0.0.1", port: int = 0, handlers: int = 0
+) -> RunningServer:
+    """Start serving ``service`` on ``host:port`` (0: any free port); returns at once."""
+    workers = handlers or service.limits.max_sessions + 8
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="specops-grpc"),
+        # Bounded: past this many calls in flight a new call is refused at once.
+        maximum_concurrent_rpcs=workers,
+    )
+    pb_grpc.add_TargetServiceServicer_to_server(service, server)
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        service.close()
+        raise BadInputError(f"cannot bind the target server to {host}:{port}")
+    server.start()
+    log.info("target server listening on %s:%d", host, bound)
+    return RunningServer(server, service, bound)

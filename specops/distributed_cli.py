@@ -1,0 +1,216 @@
+"""``specops distributed ...``: a gRPC target server, a draft client, and their benchmark."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from specops.exit import fail
+
+distributed_app = typer.Typer(
+    help="Distributed speculative decoding over gRPC: the target on a server, the drafter "
+    "on a client (docs/distributed.md)."
+)
+
+
+@distributed_app.command("serve-target")
+def serve_target(
+    host: Annotated[str, typer.Option(help="Bind address.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port (0: any free port).")] = 50051,
+    target: Annotated[str, typer.Option(help="smollm2 or a local model folder.")] = "smollm2",
+    hardware: Annotated[str, typer.Option(help="Hardware target (its kernels and costs).")] = "cpu",
+    threads: Annotated[int, typer.Option(help="torch threads for the target.")] = 1,
+    max_sessions: Annotated[int, typer.Option(help="Sessions held at once.")] = 64,
+    idle_timeout: Annotated[float, typer.Option(help="Idle seconds to expiry.")] = 60.0,
+    max_block: Annotated[int, typer.Option(help="Drafts per verify, at most.")] = 16,
+    ready_file: Annotated[
+        Path | None, typer.Option(help="Write the bound port here once serving.")
+    ] = None,
+) -> None:
+    """Serve the target model's verification over gRPC until interrupted."""
+    import logging
+
+    from serving.atomic import write_text_atomic
+    from serving.distributed.server import TargetLimits, TargetService
+    from serving.distributed.server import serve_target as start
+    from serving.errors import SpecOpsError
+    from serving.hardware import engine_target
+    from serving.loader import eos_ids, load_target, set_threads
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    try:
+        limits = TargetLimits(
+            max_sessions=max_sessions, idle_timeout_s=idle_timeout, max_block=max_block
+        )
+        hw = engine_target(hardware)
+        set_threads(threads)
+        model, tokenizer = load_target(target, **hw.load_options())
+        service = TargetService(
+            model,
+            eos_token_ids=eos_ids(model, tokenizer),
+            tokenizer=tokenizer,
+            model_name=target,
+            limits=limits,
+            batch_limits=hw.batch_limits(),
+            cost=hw.pass_cost(),
+            verify_curve=hw.curve,
+        )
+        running = start(service, host=host, port=port)
+    except SpecOpsError as error:
+        fail(str(error))
+    if ready_file is not None:
+        write_text_atomic(ready_file, f"{running.port}\n")
+    typer.echo(f"target server on {host}:{running.port}", err=True)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    running.stop()
+
+
+@distributed_app.command("client")
+def client(
+    prompt: Annotated[str, typer.Argument(help="The user's message (chat template applied).")],
+    address: Annotated[str, typer.Option(help="The target server.")] = "127.0.0.1:50051",
+    drafter: Annotated[str, typer.Option(help="Drafter spec (here, or the server).")] = "pld",
+    policy: Annotated[str, typer.Option(help="Draft-length policy.")] = "fixed",
+    k: Annotated[int, typer.Option(help="Draft length (the cost policy's largest).")] = 4,
+    max_new_tokens: Annotated[int, typer.Option(help="Tokens to generate.")] = 128,
+    temperature: Annotated[float, typer.Option(help="0: greedy.")] = 0.0,
+    seed: Annotated[int | None, typer.Option(help="Sampling seed.")] = None,
+    fused: Annotated[bool, typer.Option("--fused", help="Draft on the server instead.")] = False,
+    rtt_ms: Annotated[float, typer.Option(help="Inject this round-trip time (ms).")] = 0.0,
+) -> None:
+    """Decode one prompt against a target server; print the answer and the statistics."""
+    from transformers import AutoTokenizer
+
+    from serving.distributed.client import TargetClient, run_distributed, run_fused
+    from serving.drafters.factory import build_drafter, parse_drafter_spec
+    from serving.errors import SpecOpsError
+    from serving.loader import encode_prompt, load_target
+    from serving.models.real import real_model_dir
+    from serving.policy import make_policy
+    from serving.sampling import SamplingParams
+
+    try:
+        spec = parse_drafter_spec(drafter)
+        sampling = SamplingParams(temperature=temperature, seed=seed)
+        with TargetClient(address, rtt_s=rtt_ms / 1000.0) as remote:
+            remote.wait_ready(10.0)
+            if fused:
+                tokenizer = AutoTokenizer.from_pretrained(real_model_dir(progress=False))
+                ids = encode_prompt(tokenizer, prompt)
+                result = run_fused(
+                    remote, ids, server_drafter=drafter, policy=policy, k=k,
+                    max_new_tokens=max_new_tokens, sampling=sampling,
+                )  # fmt: skip
+            else:
+                model = None
+                if spec.kind in ("layers", "model"):
+                    model, tokenizer = load_target("smollm2")
+                else:
+                    tokenizer = AutoTokenizer.from_pretrained(real_model_dir(progress=False))
+                ids = encode_prompt(tokenizer, prompt)
+                made = build_drafter(spec, model, tokenizer)
+                result = run_distributed(
+                    remote, ids, drafter=made,
+                    policy=make_policy(policy, k) if made is not None else None,
+                    max_new_tokens=max_new_tokens, sampling=sampling,
+                )  # fmt: skip
+    except SpecOpsError as error:
+        fail(str(error))
+    typer.echo(tokenizer.decode(result.token_ids, skip_special_tokens=True))
+    drafted = result.draft_tokens
+    typer.echo(
+        json.dumps(
+            {
+                "mode": "fused" if fused else "distributed",
+                "output_tokens": len(result.token_ids),
+                "steps": len(result.steps),
+                "acceptance_rate": result.accepted_tokens / drafted if drafted else None,
+                "ttft_s": round(result.ttft_s, 4),
+                "total_s": round(result.total_s, 4),
+                "tokens_per_s": round(len(result.token_ids) / result.total_s, 2),
+                "round_trips": result.round_trips,
+                "stop_reason": result.stop_reason,
+            }
+        ),
+        err=True,
+    )
+
+
+@distributed_app.command("bench")
+def bench(
+    rtt_ms: Annotated[str, typer.Option(help="Round-trip times to inject (ms).")] = "0,1,5,20",
+    sessions: Annotated[str, typer.Option(help="Concurrent sessions.")] = "1,2,4,8",
+    drafter: Annotated[str, typer.Option(help="Drafter spec (client or server).")] = "pld",
+    policy: Annotated[str, typer.Option(help="Draft-length policy.")] = "fixed",
+    k: Annotated[int, typer.Option(help="Draft length.")] = 4,
+    requests: Annotated[int, typer.Option(help="Requests per point (>= 2 per session).")] = 8,
+    max_new_tokens: Annotated[int, typer.Option(help="Tokens per request.")] = 64,
+    workload: Annotated[str, typer.Option(help="Prompts (held-out split).")] = "sharegpt",
+    threads: Annotated[int, typer.Option(help="torch threads of the target server.")] = 1,
+    hardware: Annotated[str, typer.Option(help="The server's hardware target.")] = "cpu",
+    seed: Annotated[int, typer.Option(help="Workload selection seed.")] = 0,
+    out: Annotated[Path, typer.Option(help="Results file (.md and .png beside it).")] = Path(
+        "results/distributed.json"
+    ),
+) -> None:
+    """Distributed vs fused vs plain on loopback: a target server process, clients here."""
+    import torch
+
+    from serving.errors import SpecOpsError
+    from serving.loader import encode_prompt, load_target
+    from tasks.bench.distributed import (
+        DistributedBenchSettings,
+        run_distributed_bench,
+        target_server_process,
+        write_report,
+    )
+    from tasks.data.traffic import build_workload
+
+    def numbers(text: str, kind: type) -> list:
+        try:
+            return [kind(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            fail(f"not a comma-separated list of numbers: {text!r}")
+
+    settings = DistributedBenchSettings(
+        rtt_ms=numbers(rtt_ms, float), sessions=numbers(sessions, int), drafter=drafter,
+        policy=policy, k=k, requests=requests, max_new_tokens=max_new_tokens,
+        workload=workload, seed=seed,
+    )  # fmt: skip
+    torch.set_num_threads(1)  # the client side; the server process has its own
+    try:
+        settings.check()
+        from transformers import AutoTokenizer
+
+        from serving.drafters.factory import parse_drafter_spec
+        from serving.models.real import real_model_dir
+
+        draft_target = None
+        if parse_drafter_spec(drafter).kind in ("layers", "model"):
+            draft_target, tokenizer = load_target("smollm2")
+        else:
+            tokenizer = AutoTokenizer.from_pretrained(real_model_dir(progress=False))
+        count = max(settings.requests_at(s) for s in settings.sessions)
+        prompts = [
+            encode_prompt(tokenizer, p.user_text)
+            for p in build_workload(workload, min(count, 64), seed=seed)
+        ]
+        with target_server_process(threads=threads, hardware=hardware) as remote:
+            results = run_distributed_bench(
+                remote, prompts, settings, tokenizer=tokenizer, draft_target=draft_target
+            )
+    except SpecOpsError as error:
+        fail(str(error))
+    results["settings"] |= {"server_threads": threads, "client_threads": 1, "hardware": hardware}
+    paths = write_report(results, out)
+    typer.echo((out.with_suffix(".md")).read_text())
+    typer.echo(f"all outputs equal to plain decoding: {results['all_equal_to_plain']}", err=True)
+    typer.echo("wrote " + ", ".join(str(p) for p in paths.values()), err=True)
