@@ -28,6 +28,9 @@ def serve_target(
     max_sessions: Annotated[int, typer.Option(help="Sessions held at once.")] = 64,
     idle_timeout: Annotated[float, typer.Option(help="Idle seconds to expiry.")] = 60.0,
     max_block: Annotated[int, typer.Option(help="Drafts per verify, at most.")] = 16,
+    batch_window_ms: Annotated[
+        float, typer.Option(help="Longest wait for every session's block before a pass.")
+    ] = 2.0,
     ready_file: Annotated[
         Path | None, typer.Option(help="Write the bound port here once serving.")
     ] = None,
@@ -45,7 +48,10 @@ def serve_target(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     try:
         limits = TargetLimits(
-            max_sessions=max_sessions, idle_timeout_s=idle_timeout, max_block=max_block
+            max_sessions=max_sessions,
+            idle_timeout_s=idle_timeout,
+            max_block=max_block,
+            batch_window_s=batch_window_ms / 1000.0,
         )
         hw = engine_target(hardware)
         set_threads(threads)

@@ -51,6 +51,7 @@ class SessionResult:
     total_s: float = 0.0  # from the start call to the finalize reply
     draft_s: float = 0.0  # the client's drafting time
     round_trips: int = 0  # calls made (start, verifies, finalize; a stream counts once)
+    pass_sessions: list[int] = field(default_factory=list)  # sessions in each step's pass
 
     @property
     def accepted_tokens(self) -> int:
@@ -242,6 +243,7 @@ def run_distributed(
                 result.ttft_s = time.perf_counter() - started
             result.token_ids.extend(step.emitted_token_ids)
             result.steps.append((step.proposed, step.accepted))
+            result.pass_sessions.append(step.pass_sessions)
             if step.finished:
                 result.stop_reason = step.stop_reason
                 break
@@ -285,6 +287,7 @@ def run_fused(
                 result.ttft_s = time.perf_counter() - started
             result.token_ids.extend(step.emitted_token_ids)
             result.steps.append((step.proposed, step.accepted))
+            result.pass_sessions.append(step.pass_sessions)
             if step.finished:
                 result.stop_reason = step.stop_reason
     except BaseException:

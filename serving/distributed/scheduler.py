@@ -78,6 +78,7 @@ class Scheduler:
         *,
         limits: BatchLimits,
         cost: PassCost,
+        window_s: float = 0.002,
         tick_s: float = 0.25,
     ) -> None:
         use_ragged_attention(target)
@@ -86,6 +87,7 @@ class Scheduler:
         self.limits = limits
         self.cost = cost
         self.stats = PassStats()
+        self.window_s = window_s
         self._tick_s = tick_s
         self._jobs: deque[_Job] = deque()
         self._cond = threading.Condition()
@@ -128,6 +130,7 @@ class Scheduler:
             with self._cond:
                 if not self._jobs and not self._stopping:
                     self._cond.wait(self._tick_s)
+                self._gather()
                 if self._stopping:
                     jobs = list(self._jobs)
                     self._jobs.clear()
@@ -155,6 +158,28 @@ class Scheduler:
             with self._cond:
                 self._jobs.extendleft(reversed(leftover))
             self._expire()
+
+    def _gather(self) -> None:
+        """The batching window (holding ``_cond``): while some live, unfinished session has
+        no step waiting, wait for it, at most ``window_s`` from now. Sessions answer each step's reply with their next block, so without
+        it two sessions would alternate, each alone in its pass."""
+        steps = [j for j in self._jobs if j.kind == "step"]
+        if not steps or not self.window_s:
+            return
+        # From now, when the target is free: counted from the oldest step's arrival instead,
+        # two sessions whose steps each arrive during the other's pass would never meet.
+        deadline = time.monotonic() + self.window_s
+        while not self._stopping:
+            waiting = {j.session.id for j in self._jobs if j.kind == "step" and j.session}
+            expected = self.table.unfinished()
+            if len(waiting) >= min(len(expected), self.limits.max_sequences) or (
+                expected <= waiting
+            ):
+                return
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            self._cond.wait(left)
 
     def _done(self, job: _Job) -> None:
         if job.session is not None:
@@ -186,6 +211,7 @@ class Scheduler:
         session = job.build()
         try:
             session.decoding.prefill()
+            session.touch()  # idle from now, not from when the request was checked
             self.table.add(session)
         except Exception:
             session.decoding.release()

@@ -41,12 +41,18 @@ class TargetLimits:
     idle_timeout_s: float = 60.0
     max_block: int = 16  # drafts per verify
     max_new_tokens: int = 2048
+    # The batching window: a pass waits at most this long for every live session's block.
+    batch_window_s: float = 0.002
 
     def __post_init__(self) -> None:
         for name in ("max_sessions", "max_block", "max_new_tokens"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise BadInputError(f"{name} must be an integer >= 1, got {value!r}")
+        if not 0 <= self.batch_window_s <= 1:
+            raise BadInputError(
+                f"batch_window_s must be between 0 and 1 s, got {self.batch_window_s!r}"
+            )
         if not self.idle_timeout_s > 0:
             raise BadInputError(f"idle_timeout_s must be > 0, got {self.idle_timeout_s!r}")
 
@@ -108,7 +114,11 @@ class TargetService(pb_grpc.TargetServiceServicer):
         self.vocab_size = int(target.config.vocab_size)
         self.table = SessionTable(self.limits.max_sessions, self.limits.idle_timeout_s)
         self.scheduler = Scheduler(
-            target, self.table, limits=self.batch_limits, cost=cost or PassCost()
+            target,
+            self.table,
+            limits=self.batch_limits,
+            cost=cost or PassCost(),
+            window_s=self.limits.batch_window_s,
         )
         self.scheduler.start()
 

@@ -136,6 +136,11 @@ class SessionTable:
                     self._gone.popitem(last=False)
             return session
 
+    def unfinished(self) -> set[str]:
+        """Ids of live sessions still decoding (a step from each may be on its way)."""
+        with self._lock:
+            return {i for i, s in self._live.items() if not s.decoding.done}
+
     def idle(self, now: float | None = None) -> list[Session]:
         """Sessions with nothing pending, unused for longer than the idle timeout."""
         now = time.monotonic() if now is None else now

@@ -193,6 +193,10 @@ def summarize_point(
         "tokens_per_step": tokens / len(steps) if steps else None,
         "acceptance_rate": accepted / drafted if drafted else None,
         "round_trips_per_request": statistics.fmean(r.round_trips for r in results),
+        # Sessions in the pass each step rode in, averaged over steps.
+        "mean_pass_sessions": statistics.fmean(n for r in results for n in r.pass_sessions)
+        if steps
+        else None,
         "equal_to_plain": equal,
         "per_request": [
             {

@@ -1,0 +1,137 @@
+"""Sessions end: idle expiry frees a vanished client's state; a cancelled stream and a
+verify past its deadline close the session they left in an unknown state; a step
+cancelled before its pass leaves the session as it was."""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+import pytest
+
+from serving.distributed import scheduler as scheduler_module
+from serving.distributed.client import RemoteError, TargetClient
+from serving.distributed.server import TargetLimits, TargetService, serve_target
+from serving.distributed.sessions import ClientBlock, Session, SessionTable
+from serving.drafters.base import Drafter
+from serving.engine import SpeculativeDecoder
+from serving.errors import BadInputError
+from serving.policy import FixedK
+
+
+@pytest.fixture
+def server(target):
+    service = TargetService(
+        target, eos_token_ids=[], limits=TargetLimits(idle_timeout_s=0.3, max_block=8)
+    )
+    running = serve_target(service)
+    yield running
+    running.stop()
+
+
+def _client(server, **kwargs) -> TargetClient:
+    return TargetClient(f"127.0.0.1:{server.port}", **kwargs)
+
+
+def _wait_until(condition, timeout_s=5.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_an_idle_session_expires_and_its_state_is_freed(prompt, server):
+    with _client(server) as client:
+        session = client.start(prompt, max_new_tokens=8).session_id
+        client.verify(session, [5, 17])
+        assert len(server.service.table) == 1
+        assert _wait_until(lambda: len(server.service.table) == 0)
+        with pytest.raises(RemoteError) as caught:
+            client.verify(session, [])
+        assert caught.value.code == grpc.StatusCode.NOT_FOUND
+        assert "idle for more than 0.3 s" in caught.value.details
+
+
+def test_a_cancelled_stream_closes_its_session(prompt, server):
+    with _client(server) as client:
+        session = client.start(prompt, max_new_tokens=200, server_drafter="pld").session_id
+        stream = client.generate(session)
+        next(stream)
+        stream.close()  # the client walks away mid-answer
+        assert _wait_until(lambda: len(server.service.table) == 0, 3.0)
+        with pytest.raises(RemoteError) as caught:
+            client.finalize(session)
+        assert caught.value.code == grpc.StatusCode.NOT_FOUND
+        assert "cancelled" in caught.value.details
+
+
+def test_a_verify_past_its_deadline_closes_the_session(prompt, server, monkeypatch):
+    real = scheduler_module.verify_drafted
+
+    def slow(*args, **kwargs):
+        time.sleep(0.6)
+        return real(*args, **kwargs)
+
+    with _client(server) as client:
+        session = client.start(prompt, max_new_tokens=8).session_id
+        monkeypatch.setattr(scheduler_module, "verify_drafted", slow)
+        with _client(server, timeout_s=0.2) as hasty, pytest.raises(RemoteError) as caught:
+            hasty.verify(session, [5])
+        assert caught.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+        monkeypatch.setattr(scheduler_module, "verify_drafted", real)
+        assert _wait_until(lambda: len(server.service.table) == 0, 3.0)
+        with pytest.raises(RemoteError) as gone:
+            client.verify(session, [])
+        assert gone.value.code == grpc.StatusCode.NOT_FOUND
+        assert "cancelled after its step ran" in gone.value.details
+
+
+def test_a_step_cancelled_before_its_pass_changes_nothing(target, prompt):
+    table = SessionTable(limit=2, idle_timeout_s=60)
+    sched = scheduler_module.Scheduler(
+        target,
+        table,
+        limits=scheduler_module.BatchLimits(),
+        cost=scheduler_module.PassCost(),
+    )  # not started: this test runs its rounds by hand
+    decoder = SpeculativeDecoder(target, drafter=ClientBlock(), policy=FixedK(8))
+    session = Session("s", decoder.begin(prompt, max_new_tokens=8), fused=False)
+    sched._work([scheduler_module._Job("start", build=lambda: session)])
+    before = list(session.decoding.tokens)
+    future = sched.step(session, [5, 17])
+    assert future.cancel()
+    jobs = list(sched._jobs)
+    sched._jobs.clear()
+    assert sched._work(jobs) == []
+    assert session.decoding.tokens == before and session.busy == 0
+    # The next step runs as if the cancelled one had never been sent.
+    done_future = sched.step(session, [])
+    jobs = list(sched._jobs)
+    sched._jobs.clear()
+    sched._work(jobs)
+    assert (
+        done_future.result().new_tokens
+        == SpeculativeDecoder(target).generate(prompt, max_new_tokens=1).token_ids
+    )
+
+
+class _HiddenReader(Drafter):
+    needs_target_hidden = True
+
+    def begin(self, prompt):  # pragma: no cover - never reached
+        pass
+
+    def propose(self, request):  # pragma: no cover
+        raise AssertionError
+
+    def commit(self, feedback):  # pragma: no cover
+        pass
+
+
+def test_a_client_refuses_a_drafter_that_reads_the_targets_hidden_states(prompt, server):
+    from serving.distributed.client import run_distributed
+
+    with _client(server) as client, pytest.raises(BadInputError, match="run it fused"):
+        run_distributed(client, prompt, drafter=_HiddenReader(), policy=FixedK(2), max_new_tokens=4)
