@@ -298,30 +298,128 @@ def bench_skeleton(
     typer.echo(f"wrote {out}", err=True)
 
 
-@app.command()
+simulate_app = typer.Typer(invoke_without_command=True)  # the callback's docstring is its help
+app.add_typer(simulate_app, name="simulate")
+
+
+@simulate_app.callback()
 def simulate(
+    ctx: typer.Context,
     config: Annotated[Path, typer.Option(help="Scenario (YAML).")] = Path("configs/simulate.yaml"),
-    out: Annotated[Path, typer.Option(help="Report file.")] = Path("results/simulate.json"),
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            help="Report file (results/simulate.json); with --sweep a folder (results/sim-sweep)."
+        ),
+    ] = None,
+    sweep: Annotated[
+        str | None,
+        typer.Option(
+            help="drafts=1,10,100: sweep the draft clients (closed-loop clients, or Poisson "
+            "clients at the scenario's rate each)."
+        ),
+    ] = None,
+    targets: Annotated[
+        str | None, typer.Option(help="With --sweep: targets of each kind, e.g. 1,2,4,8.")
+    ] = None,
+    mlflow: Annotated[
+        bool, typer.Option(help="Log the sweep as an MLflow run, one nested run per point.")
+    ] = False,
+    progress: Annotated[bool, typer.Option(help="Show the sweep's progress bar.")] = True,
 ) -> None:
-    """Run a deployment scenario through the discrete-event simulator; write its report
-    (throughput, TTFT/TPOT, queue depth, batch utilisation, goodput)."""
+    """Run a deployment scenario through the discrete-event simulator (docs/simulator.md);
+    write its report (throughput, TTFT/TPOT, queue depth, batch utilisation, goodput). With
+    --sweep, run it over draft clients (and --targets): sweep.json, sweep.md, sweep.png.
+    `specops simulate acceptance` estimates a drafter's acceptance from records."""
+    if ctx.invoked_subcommand is not None:
+        return
     import time
 
     from serving.errors import SpecOpsError
     from tasks.simulate.config import load_scenario
     from tasks.simulate.model import simulate as run_scenario
     from tasks.simulate.report import summarise, write_report
+    from tasks.simulate.sweep import log_sweep, parse_counts, parse_sweep, run_sweep
 
+    if sweep is None:
+        if targets is not None or mlflow:
+            fail("--targets and --mlflow go with --sweep (e.g. --sweep drafts=1,10,100)")
+        out = out or Path("results/simulate.json")
+        try:
+            scenario = load_scenario(config)
+            started = time.perf_counter()
+            report = summarise(run_scenario(scenario))
+        except SpecOpsError as error:
+            fail(str(error))
+        report["wall_s"] = time.perf_counter() - started
+        write_report(report, out)
+        typer.echo(json.dumps({k: v for k, v in report.items() if not isinstance(v, dict | list)}))
+        typer.echo(f"wrote {out}", err=True)
+        return
+    out = out or Path("results/sim-sweep")
     try:
-        scenario = load_scenario(config)
-        started = time.perf_counter()
-        report = summarise(run_scenario(scenario))
+        drafts = parse_sweep(sweep)
+        counts = parse_counts(targets, name="--targets") if targets is not None else None
+        payload = run_sweep(
+            load_scenario(config), drafts, counts, out, config=str(config), progress=progress
+        )
     except SpecOpsError as error:
         fail(str(error))
-    report["wall_s"] = time.perf_counter() - started
-    write_report(report, out)
-    typer.echo(json.dumps({k: v for k, v in report.items() if not isinstance(v, dict | list)}))
-    typer.echo(f"wrote {out}", err=True)
+    typer.echo((out / "sweep.md").read_text(), nl=False)
+    typer.echo(f"wrote {out / 'sweep.json'}, {out / 'sweep.md'} and {out / 'sweep.png'}", err=True)
+    if mlflow:
+        from registry.client import Registry
+
+        try:
+            run_id = log_sweep(Registry().log_report, payload, out)
+        except SpecOpsError as error:
+            fail(str(error))
+        typer.echo(f"logged to MLflow run {run_id}", err=True)
+
+
+@simulate_app.command("acceptance")
+def simulate_acceptance(
+    records: Annotated[
+        list[Path],
+        typer.Option(help="A capture store, a folder of JSONL parts or a file; repeatable."),
+    ],
+    out: Annotated[
+        Path | None, typer.Option(help="Write drafters and evidence here (.yaml, else JSON).")
+    ] = None,
+    k: Annotated[
+        int | None, typer.Option("--k", help="Draft length (default: the longest proposed).")
+    ] = None,
+    draft_s_per_token: Annotated[
+        float, typer.Option(help="Drafting time per token on the draft device.")
+    ] = 0.0,
+) -> None:
+    """Estimate each drafter's acceptance by position (per workload, or per path for
+    records without one) from collected records; print a scenario's drafters section."""
+    import yaml
+
+    from serving.atomic import write_text_atomic
+    from serving.errors import SpecOpsError
+    from tasks.simulate.acceptance import drafters_section, estimate_records
+
+    try:
+        section = drafters_section(
+            estimate_records(records), k=k, draft_s_per_token=draft_s_per_token
+        )
+    except SpecOpsError as error:
+        fail(str(error))
+    typer.echo(yaml.safe_dump({"drafters": section["drafters"]}, sort_keys=False), nl=False)
+    for row in section["evidence"]:
+        typer.echo(
+            f"{row['name']}: {row['requests']} requests, {row['steps']} steps, trials by "
+            f"position {row['trials']}",
+            err=True,
+        )
+    if out is not None:
+        if out.suffix in (".yaml", ".yml"):
+            write_text_atomic(out, yaml.safe_dump(section, sort_keys=False))
+        else:
+            write_text_atomic(out, json.dumps(section, indent=2) + "\n")
+        typer.echo(f"wrote {out}", err=True)
 
 
 @app.command()

@@ -200,9 +200,7 @@ class ClosedArrivals(_Lengths):
     ramp_s: float = Field(0.0, ge=0)  # client i sends its first request at i * ramp_s / clients
 
 
-Arrivals = Annotated[
-    PoissonArrivals | TraceArrivals | ClosedArrivals, Field(discriminator="kind")
-]
+Arrivals = Annotated[PoissonArrivals | TraceArrivals | ClosedArrivals, Field(discriminator="kind")]
 
 
 class Batching(_Section):

@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import simpy
@@ -45,6 +45,7 @@ from tasks.simulate.config import (
     Scenario,
     TargetDevice,
     TokenCount,
+    TraceArrivals,
 )
 
 _Process = Generator[simpy.Event, Any, None]
@@ -201,7 +202,7 @@ def _after(
 
 
 def _fire(event: simpy.Event) -> None:
-    callback, value = event._value
+    callback, value = cast(tuple[Callable[[Any], None], Any], event.value)
     callback(value)
 
 
@@ -429,7 +430,7 @@ class Simulation:
         arrivals, env = self.scenario.arrivals, self.env
         assert not isinstance(arrivals, ClosedArrivals)
         times = self.arrival_times()
-        in_order = getattr(arrivals, "lengths", "sample") == "per_request"
+        in_order = isinstance(arrivals, TraceArrivals) and arrivals.lengths == "per_request"
         prompts = self._lengths(arrivals.prompt_tokens, len(times), in_order)
         outputs = self._lengths(arrivals.output_tokens, len(times), in_order)
         drafters = self._drafter_picks(len(times))
@@ -523,7 +524,9 @@ class Simulation:
 
     def _submit_block(self, session: _Session) -> None:
         session.rows = 1 + session.k
-        session.draft_s = 0.0 if self._distributed else session.k * session.drafter.draft_s_per_token
+        session.draft_s = (
+            0.0 if self._distributed else session.k * session.drafter.draft_s_per_token
+        )
         session.submitted_s = self.env.now
         session.server.submit(session)
 

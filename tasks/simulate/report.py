@@ -12,7 +12,10 @@
   ``queue_bin_s`` bin of simulated time; ``None`` in a bin without a pass),
   ``rows_utilisation`` (mean decode rows per decode pass / ``max_tokens_per_pass``),
   ``batch_utilisation`` (mean requests per decode pass / ``max_batch``), ``busy`` (share of
-  the run spent in passes).
+  the run spent in passes);
+- pooled over the servers: ``batch_utilisation`` (requests in all decode passes over the
+  sum of those passes' ``max_batch``), ``rows_utilisation`` (likewise with rows and
+  ``max_tokens_per_pass``), ``busy`` (time in passes over ``servers * end_s``).
 """
 
 from __future__ import annotations
@@ -33,20 +36,22 @@ def _spread(values: np.ndarray) -> dict[str, float | None]:
     return {"mean": float(values.mean()), "p50": p50, "p90": p90, "p99": p99}
 
 
-def summarise(log: SimLog) -> dict[str, Any]:
-    """The run's figures (see the module docstring for each formula)."""
+def summarise(log: SimLog, *, per_server: bool = True) -> dict[str, Any]:
+    """The run's figures (see the module docstring for each formula); ``per_server=False``
+    leaves out the per-server section (queue depth over time), as a sweep does."""
     requests = log.requests
-    arrival = np.array([r.arrival_s for r in requests], dtype=float)
-    first = np.array([r.first_token_s for r in requests], dtype=float)
-    finish = np.array([r.finish_s for r in requests], dtype=float)
-    output = np.array([r.output_tokens for r in requests], dtype=int)
-    wait = np.array([r.queue_wait_s for r in requests], dtype=float)
+    arrival = np.fromiter((r.arrival_s for r in requests), float, len(requests))
+    first = np.fromiter((r.first_token_s for r in requests), float, len(requests))
+    finish = np.fromiter((r.finish_s for r in requests), float, len(requests))
+    output = np.fromiter((r.output_tokens for r in requests), int, len(requests))
+    wait = np.fromiter((r.queue_wait_s for r in requests), float, len(requests))
     finished = ~np.isnan(finish)
     started = ~np.isnan(first)
     latency = finish[finished] - arrival[finished]
     several = finished & (output > 1)
     tpot = (finish[several] - first[several]) / (output[several] - 1)
-    return {
+    passes = _Passes(log)
+    report: dict[str, Any] = {
         "duration_s": log.duration_s,
         "end_s": log.end_s,
         "requests": len(requests),
@@ -59,41 +64,81 @@ def summarise(log: SimLog) -> dict[str, Any]:
         "tpot_s": _spread(tpot),
         "latency_s": _spread(latency),
         "queue_wait_s": _spread(wait[finished]),
-        "servers": _servers(log),
+        **passes.pooled(),
     }
+    if per_server:
+        report["servers"] = passes.per_server()
+    return report
 
 
-def _servers(log: SimLog) -> dict[str, dict[str, Any]]:
-    passes = log.passes
-    server = np.array(passes.server, dtype=int)
-    start = np.array(passes.start_s, dtype=float)
-    duration = np.array(passes.duration_s, dtype=float)
-    rows = np.array(passes.rows, dtype=float)
-    members = np.array(passes.requests, dtype=float)
-    queued = np.array(passes.queued, dtype=float)
-    bins = max(1, int(np.ceil(log.end_s / log.queue_bin_s)))
-    out: dict[str, dict[str, Any]] = {}
-    for index, info in enumerate(log.servers):
-        mine = server == index
-        decode = mine & (rows > 0)
-        slot = np.minimum((start[mine] / log.queue_bin_s).astype(int), bins - 1)
-        samples = np.bincount(slot, minlength=bins)
-        depth = np.bincount(slot, weights=queued[mine], minlength=bins)
-        out[info.name] = {
-            "passes": int(mine.sum()),
-            "busy": float(duration[mine].sum() / log.end_s) if log.end_s > 0 else 0.0,
-            "rows_utilisation": (
-                float(rows[decode].mean() / info.max_tokens_per_pass) if decode.any() else 0.0
-            ),
-            "batch_utilisation": (
-                float(members[decode].mean() / info.max_batch) if decode.any() else 0.0
-            ),
-            "queue_bin_s": log.queue_bin_s,
-            "queue_depth": [
-                float(d / n) if n else None for d, n in zip(depth, samples, strict=True)
-            ],
+class _Passes:
+    """The pass log as arrays, with every per-server sum taken in one ``bincount``."""
+
+    def __init__(self, log: SimLog) -> None:
+        self.log = log
+        passes, count = log.passes, len(log.servers)
+        self.server = np.array(passes.server, dtype=int)
+        self.duration = np.array(passes.duration_s, dtype=float)
+        self.rows = np.array(passes.rows, dtype=float)
+        self.members = np.array(passes.requests, dtype=float)
+        decode = self.rows > 0
+        self.decode = decode
+        self.max_batch = np.array([s.max_batch for s in log.servers], dtype=float)
+        self.max_rows = np.array([s.max_tokens_per_pass for s in log.servers], dtype=float)
+        self.passes = np.bincount(self.server, minlength=count)
+        self.busy_s = np.bincount(self.server, weights=self.duration, minlength=count)
+        self.decodes = np.bincount(self.server[decode], minlength=count)
+        self.decode_rows = np.bincount(
+            self.server[decode], weights=self.rows[decode], minlength=count
+        )
+        self.decode_members = np.bincount(
+            self.server[decode], weights=self.members[decode], minlength=count
+        )
+
+    def pooled(self) -> dict[str, float]:
+        log, decodes = self.log, self.decodes
+        batch_slots = float((decodes * self.max_batch).sum())
+        row_slots = float((decodes * self.max_rows).sum())
+        capacity = len(log.servers) * log.end_s
+        return {
+            "batch_utilisation": float(self.decode_members.sum()) / batch_slots
+            if batch_slots
+            else 0.0,
+            "rows_utilisation": float(self.decode_rows.sum()) / row_slots if row_slots else 0.0,
+            "busy": float(self.busy_s.sum()) / capacity if capacity > 0 else 0.0,
         }
-    return out
+
+    def per_server(self) -> dict[str, dict[str, Any]]:
+        log = self.log
+        count = len(log.servers)
+        bins = max(1, int(np.ceil(log.end_s / log.queue_bin_s)))
+        start = np.array(log.passes.start_s, dtype=float)
+        queued = np.array(log.passes.queued, dtype=float)
+        slot = np.minimum((start / log.queue_bin_s).astype(int), bins - 1)
+        cell = self.server * bins + slot
+        samples = np.bincount(cell, minlength=count * bins).reshape(count, bins)
+        depth = np.bincount(cell, weights=queued, minlength=count * bins).reshape(count, bins)
+        out: dict[str, dict[str, Any]] = {}
+        for index, info in enumerate(log.servers):
+            decodes = int(self.decodes[index])
+            out[info.name] = {
+                "passes": int(self.passes[index]),
+                "busy": float(self.busy_s[index] / log.end_s) if log.end_s > 0 else 0.0,
+                "rows_utilisation": (
+                    float(self.decode_rows[index] / decodes / info.max_tokens_per_pass)
+                    if decodes
+                    else 0.0
+                ),
+                "batch_utilisation": (
+                    float(self.decode_members[index] / decodes / info.max_batch) if decodes else 0.0
+                ),
+                "queue_bin_s": log.queue_bin_s,
+                "queue_depth": [
+                    float(d / n) if n else None
+                    for d, n in zip(depth[index].tolist(), samples[index].tolist(), strict=True)
+                ],
+            }
+        return out
 
 
 def write_report(report: dict[str, Any], path: str | Path) -> None:

@@ -32,3 +32,68 @@ def test_a_bad_scenario_is_refused_naming_the_field(tmp_path):
     result = runner.invoke(app, ["simulate", "--config", str(path), "--out", str(tmp_path / "r")])
     assert result.exit_code == 2
     assert "router" in result.output
+
+
+def _tiny_scenario(tmp_path):
+    scenario = {
+        "targets": [{"name": "t", "one_token_pass_s": 0.05, "batch_curve": [[1, 1.0], [8, 2.0]]}],
+        "drafters": [{"name": "d", "k": 2, "acceptance_by_position": [0.8, 0.5]}],
+        "arrivals": {"kind": "closed", "clients": 1, "think_s": 0.5, "output_tokens": 8},
+        "duration_s": 10.0,
+    }
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(scenario))
+    return path
+
+
+def test_a_sweep_writes_its_files_and_logs_nested_mlflow_runs(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECOPS_MLFLOW_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    monkeypatch.setenv("SPECOPS_MLFLOW_ARTIFACTS", str(tmp_path / "artifacts"))
+    out = tmp_path / "sweep"
+    args = ["simulate", "--config", str(_tiny_scenario(tmp_path)), "--out", str(out)]
+    result = runner.invoke(
+        app, [*args, "--sweep", "drafts=1,3", "--targets", "1,2", "--mlflow", "--no-progress"]
+    )
+    assert result.exit_code == 0, result.output
+    assert len(json.loads((out / "sweep.json").read_text())["table"]) == 4
+    assert (out / "sweep.png").exists() and "| drafts |" in result.output
+    from registry.client import Registry
+
+    registry = Registry()
+    parent_id = result.output.split("logged to MLflow run ")[1].split()[0]
+    children = registry.client.search_runs(
+        [registry.experiment_id], filter_string=f"tags.`mlflow.parentRunId` = '{parent_id}'"
+    )
+    assert len(children) == 4
+    assert {f.path for f in registry.client.list_artifacts(parent_id)} >= {"sweep.png"}
+
+
+def test_sweep_options_without_a_sweep_are_refused(tmp_path):
+    args = ["simulate", "--config", str(_tiny_scenario(tmp_path)), "--targets", "1,2"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2 and "--sweep" in result.output
+
+
+def test_acceptance_from_records_prints_and_writes_a_drafters_section(tmp_path):
+    records = tmp_path / "records.jsonl"
+    rows = [{"drafter": {"name": "pld"}, "steps": [[2, 2], [2, 0]]}]
+    records.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    out = tmp_path / "drafters.yaml"
+    result = runner.invoke(
+        app, ["simulate", "acceptance", "--records", str(records), "--out", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    written = yaml.safe_load(out.read_text())
+    assert written["drafters"] == [
+        {
+            "name": "pld",
+            "k": 2,
+            "acceptance_by_position": [0.5, 1.0],
+            "draft_s_per_token": 0.0,
+            "share": 1.0,
+        }
+    ]
+    assert written["evidence"][0]["trials"] == [2, 1]
+    assert "acceptance_by_position" in result.output
+    missing = runner.invoke(app, ["simulate", "acceptance", "--records", str(tmp_path / "no")])
+    assert missing.exit_code == 2 and "neither a file nor a folder" in missing.output
