@@ -161,8 +161,9 @@ class Scheduler:
 
     def _gather(self) -> None:
         """The batching window (holding ``_cond``): while some live, unfinished session has
-        no step waiting, wait for it, at most ``window_s`` from now. Sessions answer each step's reply with their next block, so without
-        it two sessions would alternate, each alone in its pass."""
+        no step waiting, wait for it, at most ``window_s`` from now. Sessions answer each
+        step's reply with their next block, so without it two sessions would alternate,
+        each alone in its pass."""
         steps = [j for j in self._jobs if j.kind == "step"]
         if not steps or not self.window_s:
             return
