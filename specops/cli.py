@@ -422,6 +422,76 @@ def simulate_acceptance(
         typer.echo(f"wrote {out}", err=True)
 
 
+@simulate_app.command("calibrate")
+def simulate_calibrate(
+    bench: Annotated[Path, typer.Option(help="A `specops distributed bench` results file.")] = Path(
+        "results/distributed.json"
+    ),
+    profile: Annotated[
+        Path, typer.Option(help="A `specops profile --batch` result at the server's threads.")
+    ] = Path("docs/profile-batch-1thread.json"),
+    window_ms: Annotated[float, typer.Option(help="The server's batching window.")] = 2.0,
+    out: Annotated[Path, typer.Option(help="Results file (.md and .png beside it).")] = Path(
+        "results/calibration.json"
+    ),
+    mlflow: Annotated[bool, typer.Option(help="Log the comparison as an MLflow run.")] = False,
+) -> None:
+    """Predict every measured point of a distributed bench with the simulator, configured
+    from the profile, and report the errors (docs/simulator.md)."""
+    from serving.errors import SpecOpsError
+    from tasks.simulate.calibrate import CalibrationSettings, calibrate, write_calibration
+
+    try:
+        measured = json.loads(bench.read_text())
+    except (OSError, ValueError) as error:
+        fail(f"cannot read the bench results {str(bench)!r}: {error}")
+    try:
+        _fill_prompt_lengths(measured)
+        result = calibrate(
+            measured,
+            CalibrationSettings(profile=profile, window_s=window_ms / 1000.0),
+            progress=lambda label: typer.echo(f"simulating {label}", err=True),
+        )
+    except SpecOpsError as error:
+        fail(str(error))
+    result["bench"] = str(bench)
+    paths = write_calibration(result, out)
+    typer.echo(paths["table"].read_text())
+    if mlflow:
+        from registry.client import Registry
+
+        summary = result["summary"]
+        run_id = Registry().log_report(
+            "simulator-calibration",
+            list(paths.values()),
+            metrics={k: float(v) for k, v in summary.items()},
+            tags={"report": "simulator-calibration", "bench": str(bench)},
+        )
+        typer.echo(f"logged MLflow run {run_id}", err=True)
+    typer.echo("wrote " + ", ".join(str(p) for p in paths.values()), err=True)
+
+
+def _fill_prompt_lengths(measured: dict) -> None:
+    """Results written before the bench recorded prompt lengths: rebuild them from its
+    settings (the same seeded workload, encoded the same way)."""
+    requests = [r for p in measured.get("points", []) for r in p.get("per_request", [])]
+    if all("prompt_tokens" in r for r in requests):
+        return
+    from transformers import AutoTokenizer
+
+    from serving.loader import encode_prompt
+    from serving.models.real import real_model_dir
+    from tasks.data.traffic import build_workload
+
+    settings = measured["settings"]
+    tokenizer = AutoTokenizer.from_pretrained(real_model_dir(progress=False))
+    count = max(max(settings["requests"], 2 * s) for s in settings["sessions"])
+    prompts = build_workload(settings["workload"], min(count, 64), seed=settings["seed"])
+    lengths = [len(encode_prompt(tokenizer, p.user_text)) for p in prompts]
+    for request in requests:
+        request["prompt_tokens"] = lengths[request["prompt"] % len(lengths)]
+
+
 @app.command()
 def bench(
     config: Annotated[Path, typer.Option(help="Bench config (YAML).")] = Path("configs/bench.yaml"),

@@ -52,6 +52,7 @@ class SessionResult:
     draft_s: float = 0.0  # the client's drafting time
     round_trips: int = 0  # calls made (start, verifies, finalize; a stream counts once)
     pass_sessions: list[int] = field(default_factory=list)  # sessions in each step's pass
+    prompt_tokens: int = 0
 
     @property
     def accepted_tokens(self) -> int:
@@ -200,7 +201,7 @@ def run_distributed(
     limit = max_block or client.info().max_block
     started = time.perf_counter()
     session = client.start(prompt, max_new_tokens=max_new_tokens, sampling=sampling).session_id
-    result = SessionResult(session, [], "", round_trips=1)
+    result = SessionResult(session, [], "", round_trips=1, prompt_tokens=len(prompt))
     tokens = list(prompt)
     try:
         if drafter is not None:
@@ -280,7 +281,7 @@ def run_fused(
         policy=policy,
         k=k,
     ).session_id
-    result = SessionResult(session, [], "", round_trips=2)
+    result = SessionResult(session, [], "", round_trips=2, prompt_tokens=len(prompt))
     try:
         for step in client.generate(session):
             if step.emitted_token_ids and not result.token_ids:

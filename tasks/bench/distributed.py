@@ -201,6 +201,7 @@ def summarize_point(
         "per_request": [
             {
                 "prompt": job,
+                "prompt_tokens": r.prompt_tokens,
                 "output_tokens": len(r.token_ids),
                 "latency_s": r.total_s,
                 "ttft_s": r.ttft_s,

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeGuard
 
@@ -56,6 +56,9 @@ class AcceptanceEstimate:
     trials: list[int]  # per position, as in the module docstring
     kept: list[int]
     acceptance_by_position: list[float | None]
+    # Share of steps that proposed j = 0 .. longest drafts (an n-gram drafter often
+    # proposes fewer than k, or none).
+    block_shares: list[float] = field(default_factory=list)
 
     def drafter_section(
         self, *, k: int | None = None, draft_s_per_token: float = 0.0, share: float = 1.0
@@ -69,13 +72,18 @@ class AcceptanceEstimate:
             raise BadInputError(f"k must be >= 0, got {k}")
         curve = [0.0 if v is None else v for v in self.acceptance_by_position]
         curve += [0.0] * (k - len(curve))
-        return {
+        section: dict[str, Any] = {
             "name": self.name,
             "k": k,
             "acceptance_by_position": [round(v, 6) for v in curve],
             "draft_s_per_token": draft_s_per_token,
             "share": share,
         }
+        if self.block_shares and k > 0:
+            # Blocks longer than k are cut to k, as a draft-length cap cuts them.
+            shares = [*self.block_shares[:k], sum(self.block_shares[k:])]
+            section["block_shares"] = [round(v, 6) for v in shares]
+        return section
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -118,6 +126,11 @@ def estimate_steps(
         trials=trials,
         kept=kept,
         acceptance_by_position=[k / t if t else None for k, t in zip(kept, trials, strict=True)],
+        block_shares=[
+            float(v) for v in np.bincount(proposed, minlength=longest + 1) / max(len(pairs), 1)
+        ]
+        if len(pairs)
+        else [],
     )
 
 

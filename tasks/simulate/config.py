@@ -56,7 +56,7 @@ class TargetDevice(_Section):
             path = (
                 self.profile if base is None or self.profile.is_absolute() else base / self.profile
             )
-            measured = _read_profile(path)
+            measured = read_profile(path)
             if self.batch_curve is None:
                 self.batch_curve = measured[1]
             if self.one_token_pass_s is None:
@@ -93,7 +93,7 @@ class TargetDevice(_Section):
         return self.one_token_pass_s
 
 
-def _read_profile(path: Path) -> tuple[float, list[tuple[int, float]]]:
+def read_profile(path: Path) -> tuple[float, list[tuple[int, float]]]:
     """``(one_token_pass_s, batch_curve)`` from a ``specops profile --batch`` results JSON."""
     try:
         measured = json.loads(path.read_text())
@@ -121,6 +121,9 @@ class Drafter(_Section):
     k: int = Field(ge=0)  # draft length per round
     draft_s_per_token: float = Field(0.0, ge=0)  # on the draft device
     share: float = Field(1.0, gt=0)  # relative share of the client sessions using it
+    # How often a round proposes j = 0, 1, ... drafts (relative shares, at most k + 1 of
+    # them): an n-gram drafter often finds nothing to propose. None: every round drafts k.
+    block_shares: list[Annotated[float, Field(ge=0.0)]] | None = None
 
     @model_validator(mode="after")
     def _enough_positions(self) -> Drafter:
@@ -128,6 +131,13 @@ class Drafter(_Section):
             raise ValueError(
                 f"acceptance_by_position: {len(self.acceptance_by_position)} entries for k = "
                 f"{self.k}; give one probability per draft position"
+            )
+        if self.block_shares is not None and (
+            not 0 < len(self.block_shares) <= self.k + 1 or sum(self.block_shares) <= 0
+        ):
+            raise ValueError(
+                f"block_shares: {self.block_shares} must give 1 to k + 1 = {self.k + 1} "
+                "shares (rounds proposing 0, 1, ... drafts), not all zero"
             )
         return self
 
@@ -198,13 +208,44 @@ class ClosedArrivals(_Lengths):
     think_s: float = Field(0.0, ge=0)  # from an answer's last token to the next request
     requests_per_client: int | None = Field(None, ge=1)  # None: keep sending to duration_s
     ramp_s: float = Field(0.0, ge=0)  # client i sends its first request at i * ramp_s / clients
+    # sample: lengths drawn per request. per_request: the n-th request sent (by any client)
+    # takes entry n of each length list, and max_requests defaults to their length (a
+    # measured closed-loop run replayed: its clients shared one queue of requests).
+    lengths: Literal["sample", "per_request"] = "sample"
+
+    @model_validator(mode="after")
+    def _enough_lengths(self) -> ClosedArrivals:
+        if self.lengths != "per_request":
+            return self
+        counts = {
+            name: len(value)
+            for name in ("prompt_tokens", "output_tokens")
+            if isinstance(value := getattr(self, name), list)
+        }
+        if len(set(counts.values())) > 1:
+            raise ValueError(
+                f"with lengths: per_request the length lists must be equally long, got {counts}"
+            )
+        if counts and self.max_requests is None:
+            self.max_requests = next(iter(counts.values()))
+        if counts and self.max_requests is not None and self.max_requests > min(counts.values()):
+            raise ValueError(
+                f"max_requests ({self.max_requests}) exceeds the {min(counts.values())} "
+                "per-request lengths given"
+            )
+        return self
 
 
 Arrivals = Annotated[PoissonArrivals | TraceArrivals | ClosedArrivals, Field(discriminator="kind")]
 
 
 class Batching(_Section):
-    window_s: float = Field(0.0, ge=0)  # wait this long for a batch to fill, from its oldest
+    window_s: float = Field(0.0, ge=0)  # the longest wait before a pass (see wait_for)
+    # "fill": from the oldest waiting block, until the pass is full (max_batch or rows);
+    # "sessions": from when the server is free, until every session it is decoding has a
+    # block in, or the pass is full (the specops gRPC target server's rule,
+    # serving/distributed/scheduler.py).
+    wait_for: Literal["fill", "sessions"] = "fill"
     mixed_prefill: bool = False  # prefills ride in decode passes (else: a pass of their own)
 
 

@@ -219,9 +219,12 @@ class TargetServer:
     def __init__(
         self, env: simpy.Environment, index: int, device: TargetDevice, window_s: float,
         mixed_prefill: bool, passes: PassLog, on_pass: Callable[[list[_Session]], None],
+        wait_for: str = "fill",
     ) -> None:  # fmt: skip
         self.env, self.index, self.device = env, index, device
         self.window_s, self.mixed_prefill, self.passes = window_s, mixed_prefill, passes
+        self.wait_for_sessions = wait_for == "sessions"
+        self.decoding = 0  # sessions prefilled here and not finished (wait_for "sessions")
         self.max_batch, self.max_rows = device.max_batch, device.max_tokens_per_pass
         self.prefill_s_per_token = device.prefill_s_per_token
         cost = device.pass_cost()
@@ -253,6 +256,8 @@ class TargetServer:
             self._schedule_pick()
 
     def _is_full(self) -> bool:
+        if self.wait_for_sessions and len(self.waiting) >= min(self.decoding, self.max_batch):
+            return True  # every session decoding here has its block in
         return len(self.waiting) >= self.max_batch or self.waiting_rows >= self.max_rows
 
     def _schedule_pick(self) -> None:
@@ -274,7 +279,10 @@ class TargetServer:
             return
         if not self.waiting:
             return
-        wait = self.waiting[0].submitted_s + self.window_s - self.env.now
+        if self.wait_for_sessions:  # from now: the server has just become free
+            wait = self.window_s
+        else:
+            wait = self.waiting[0].submitted_s + self.window_s - self.env.now
         if wait > 0 and not self._is_full():
             self._windows += 1
             self._window = self._windows
@@ -348,6 +356,7 @@ class Simulation:
                         scenario.batching.mixed_prefill,
                         self.passes,
                         self._pass_done,
+                        scenario.batching.wait_for,
                     )
                 )
                 self.infos.append(
@@ -360,6 +369,14 @@ class Simulation:
         self.acceptance = [
             Acceptance(d.acceptance_by_position, uniforms) for d in scenario.drafters
         ]
+        # Per drafter: the cumulative block-length shares (None: always k drafts).
+        self._block_cdf = [
+            None
+            if d.block_shares is None
+            else [float(c) for c in np.cumsum(d.block_shares) / sum(d.block_shares)]
+            for d in scenario.drafters
+        ]
+        self._block_draw = Uniforms(np.random.default_rng(streams[0].spawn(1)[0]), block=4096)
         self.requests: list[Request] = []
         self.tokens_in_window = 0
         self._distributed = scenario.mode == "distributed"
@@ -413,6 +430,16 @@ class Simulation:
                 times.append(at)
             now = times[-1]
         return times
+
+    def _block(self, drafter: int, remaining: int) -> int:
+        """A round's draft length: ``k`` or a draw from ``block_shares``; never past the
+        budget (the target's own token always comes on top)."""
+        cdf = self._block_cdf[drafter]
+        k = self.scenario.drafters[drafter].k
+        if cdf is not None:
+            u = self._block_draw()
+            k = next((j for j, c in enumerate(cdf) if u < c), len(cdf) - 1)
+        return max(0, min(k, remaining - 1))
 
     def _lengths(self, spec: TokenCount, count: int, in_order: bool = False) -> list[int]:
         if isinstance(spec, int):
@@ -469,14 +496,15 @@ class Simulation:
             self._source_done()
             return
         self._client_sent[client] = sent + 1
-        request = Request(
-            len(self.requests),
-            now,
-            self._draw(arrivals.prompt_tokens),
-            self._draw(arrivals.output_tokens),
-            self._client_drafter[client],
-            client=client,
-        )
+        index = len(self.requests)
+        if arrivals.lengths == "per_request":
+            prompt, output = (
+                spec if isinstance(spec, int) else int(spec[index])
+                for spec in (arrivals.prompt_tokens, arrivals.output_tokens)
+            )
+        else:
+            prompt, output = self._draw(arrivals.prompt_tokens), self._draw(arrivals.output_tokens)
+        request = Request(index, now, prompt, output, self._client_drafter[client], client=client)
         self._arrive(request)
 
     def _source_done(self) -> None:
@@ -498,7 +526,7 @@ class Simulation:
         self._active[chosen] += 1
         request.server = chosen
         drafter = self.scenario.drafters[request.drafter]
-        k = min(drafter.k, request.output_tokens - 1)
+        k = self._block(request.drafter, request.output_tokens)
         session = _Session(
             request,
             drafter,
@@ -520,6 +548,7 @@ class Simulation:
             session.submitted_s = self.env.now
             session.server.submit(session)
         else:
+            session.server.decoding += 1
             self._submit_block(session)
 
     def _submit_block(self, session: _Session) -> None:
@@ -546,6 +575,7 @@ class Simulation:
         for session in batch:
             if session.prefill_tokens:
                 session.prefill_tokens = 0
+                session.server.decoding += 1
                 self._submit_block(session)
                 continue
             request = session.request
@@ -558,11 +588,12 @@ class Simulation:
             if in_window:
                 self.tokens_in_window += tokens
             if session.remaining == 0:
+                session.server.decoding -= 1
                 request.finish_s = delivered
                 self._finished(request)
                 continue
             drafter = session.drafter
-            session.k = k = min(drafter.k, session.remaining - 1)
+            session.k = k = self._block(session.request.drafter, session.remaining)
             gap = 2 * half_rtt + k * drafter.draft_s_per_token if distributed else 0.0
             if gap > 0:
                 later.setdefault(gap, []).append(session)
