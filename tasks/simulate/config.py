@@ -11,6 +11,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Annotated, Literal
 
+import numpy as np
 import yaml
 from pydantic import (
     BaseModel,
@@ -44,6 +45,11 @@ class TargetDevice(_Section):
     # [rows, cost] points from rows = 1, cost relative to a one-token pass (the meaning of
     # batch_curve in configs/hardware.yaml); evaluated by serving.batch.plan.PassCost.
     batch_curve: list[tuple[int, float]] | None = Field(None, min_length=1)
+    # [rows, sequences, cost] measured passes (the profile's table), cost relative to a
+    # one-token pass: when given, a pass's cost depends on how many sequences share its
+    # rows too (one sequence's 8 rows cost less than 8 sequences' 8 rows). Taken from
+    # `profile` when batch_curve is too.
+    pass_table: list[tuple[int, int, float]] | None = Field(None, min_length=1)
     prefill_s_per_token: float = Field(0.0, ge=0)
     max_batch: int = Field(8, ge=1)  # requests in one pass
     max_tokens_per_pass: int = Field(64, ge=1)  # pending tokens plus drafts, all requests
@@ -59,6 +65,8 @@ class TargetDevice(_Section):
             measured = read_profile(path)
             if self.batch_curve is None:
                 self.batch_curve = measured[1]
+                if self.pass_table is None:
+                    self.pass_table = measured[2]
             if self.one_token_pass_s is None:
                 self.one_token_pass_s = measured[0]
         if self.batch_curve is None:
@@ -82,6 +90,43 @@ class TargetDevice(_Section):
             )
         return self
 
+    def pass_grid(self) -> list[list[float]]:
+        """``grid[sequences][rows]``: seconds of a pass over ``rows`` decode rows shared by
+        ``sequences`` requests, for rows up to ``max_tokens_per_pass`` and sequences up to
+        ``max_batch`` (0 rows: 0 s). From ``pass_table`` when given: linear in rows within
+        each measured sequence count (extended at the last segment's slope), linear in
+        sequences between measured counts (held outside them). Otherwise ``C(rows)``."""
+        rows_range = range(self.max_tokens_per_pass + 1)
+        if not self.pass_table:
+            cost = self.pass_cost()
+            line = [0.0] + [self.pass_s * cost(n) for n in rows_range[1:]]
+            return [line] * (self.max_batch + 1)
+        by_sequences: dict[int, list[tuple[int, float]]] = {}
+        for rows, sequences, cost in sorted(self.pass_table):
+            by_sequences.setdefault(sequences, []).append((rows, cost))
+        measured = sorted(by_sequences)
+
+        def along_rows(points: list[tuple[int, float]], n: int) -> float:
+            xs = [float(r) for r, _ in points]
+            ys = [c for _, c in points]
+            if len(points) > 1 and n > xs[-1]:
+                slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+                return ys[-1] + slope * (n - xs[-1])
+            return float(np.interp(n, xs, ys))
+
+        grid = []
+        for sequences in range(self.max_batch + 1):
+            low = max([s for s in measured if s <= sequences], default=measured[0])
+            high = min([s for s in measured if s >= sequences], default=measured[-1])
+            line = [0.0]
+            for n in rows_range[1:]:
+                a = along_rows(by_sequences[low], n)
+                b = along_rows(by_sequences[high], n)
+                t = 0.0 if high == low else (sequences - low) / (high - low)
+                line.append(self.pass_s * (a + t * (b - a)))
+            grid.append(line)
+        return grid
+
     def pass_cost(self) -> PassCost:
         """``C(n)``: a pass over ``n`` rows, in one-token passes."""
         return PassCost(batch_curve=tuple(self.batch_curve or ()))
@@ -93,13 +138,20 @@ class TargetDevice(_Section):
         return self.one_token_pass_s
 
 
-def read_profile(path: Path) -> tuple[float, list[tuple[int, float]]]:
-    """``(one_token_pass_s, batch_curve)`` from a ``specops profile --batch`` results JSON."""
+def read_profile(
+    path: Path,
+) -> tuple[float, list[tuple[int, float]], list[tuple[int, int, float]]]:
+    """``(one_token_pass_s, batch_curve, pass_table)`` from a ``specops profile --batch``
+    results JSON (the table as ``[rows, sequences, cost]``)."""
     try:
         measured = json.loads(path.read_text())
         curve = [(int(rows), float(cost)) for rows, cost in measured["batch_curve"]]
         single = [
             row["pass_s"] for row in measured["table"] if row["rows"] == 1 and row["sequences"] == 1
+        ]
+        table = [
+            (int(row["rows"]), int(row["sequences"]), float(row["cost"]))
+            for row in measured["table"]
         ]
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise ValueError(
@@ -107,7 +159,7 @@ def read_profile(path: Path) -> tuple[float, list[tuple[int, float]]]:
         ) from None
     if not single:
         raise ValueError(f"profile: {str(path)!r} has no one-row, one-sequence pass in its table")
-    return float(single[0]), curve
+    return float(single[0]), curve, table
 
 
 class Drafter(_Section):

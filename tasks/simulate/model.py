@@ -219,7 +219,7 @@ class TargetServer:
     def __init__(
         self, env: simpy.Environment, index: int, device: TargetDevice, window_s: float,
         mixed_prefill: bool, passes: PassLog, on_pass: Callable[[list[_Session]], None],
-        wait_for: str = "fill",
+        wait_for: str = "fill", pass_grid: list[list[float]] | None = None,
     ) -> None:  # fmt: skip
         self.env, self.index, self.device = env, index, device
         self.window_s, self.mixed_prefill, self.passes = window_s, mixed_prefill, passes
@@ -227,9 +227,8 @@ class TargetServer:
         self.decoding = 0  # sessions prefilled here and not finished (wait_for "sessions")
         self.max_batch, self.max_rows = device.max_batch, device.max_tokens_per_pass
         self.prefill_s_per_token = device.prefill_s_per_token
-        cost = device.pass_cost()
-        # seconds of a pass over n decode rows, n = 0 .. max_tokens_per_pass
-        self.pass_s = [0.0] + [device.pass_s * cost(n) for n in range(1, self.max_rows + 1)]
+        # seconds of a pass over n decode rows of s requests: pass_grid[s][n]
+        self.pass_grid = pass_grid or device.pass_grid()
         self.waiting: deque[_Session] = deque()
         self.prefills: deque[_Session] = deque()  # without mixed_prefill: passes of their own
         self.waiting_rows = 0
@@ -315,7 +314,8 @@ class TargetServer:
 
     def _run(self, batch: list[_Session], rows: int, prefill: int, draft_s: float) -> None:
         now = self.env.now
-        duration = self.pass_s[rows] + prefill * self.prefill_s_per_token + draft_s
+        sequences = sum(1 for work in batch if work.rows)
+        duration = self.pass_grid[sequences][rows] + prefill * self.prefill_s_per_token + draft_s
         for work in batch:
             work.request.queue_wait_s += now - work.submitted_s
         self.passes.add(self.index, now, duration, rows, len(batch), prefill, len(self.waiting))
@@ -346,6 +346,7 @@ class Simulation:
         self.servers: list[TargetServer] = []
         self.infos: list[ServerInfo] = []
         for device in scenario.targets:
+            grid = device.pass_grid()  # once per kind of device, shared by its replicas
             for replica in range(device.count):
                 self.servers.append(
                     TargetServer(
@@ -357,6 +358,7 @@ class Simulation:
                         self.passes,
                         self._pass_done,
                         scenario.batching.wait_for,
+                        grid,
                     )
                 )
                 self.infos.append(

@@ -91,6 +91,7 @@ def test_acceptance_from_records_prints_and_writes_a_drafters_section(tmp_path):
             "acceptance_by_position": [0.5, 1.0],
             "draft_s_per_token": 0.0,
             "share": 1.0,
+            "block_shares": [0.0, 0.0, 1.0],  # both steps proposed 2
         }
     ]
     assert written["evidence"][0]["trials"] == [2, 1]

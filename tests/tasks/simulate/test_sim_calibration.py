@@ -130,3 +130,16 @@ def test_a_measured_point_becomes_a_scenario() -> None:
     point["per_request"][0].pop("prompt_tokens")
     with pytest.raises(BadInputError, match="prompt_tokens"):
         point_scenario(point, CalibrationSettings(profile=profile), k=4, prefill_s=prefill)
+
+
+def test_a_profile_prices_passes_by_rows_and_sequences() -> None:
+    raw = _scenario()
+    raw["targets"] = [{"name": "cpu", "profile": str(ROOT / "docs" / "profile-batch.json")}]
+    (device,) = parse_scenario(raw).targets
+    grid = device.pass_grid()
+    one = device.pass_s
+    assert grid[1][8] / one == pytest.approx(1.357)  # one sequence's 8 rows
+    assert grid[8][8] / one == pytest.approx(1.604)  # eight sequences' 8 rows
+    assert grid[6][8] / one == pytest.approx((1.43 + 1.604) / 2)  # between 4 and 8
+    assert grid[1][5] / one == pytest.approx(1.0 + 0.357 / 4)  # between 4 and 8 rows
+    assert grid[3][0] == 0.0
