@@ -29,8 +29,8 @@ def serve_target(
     idle_timeout: Annotated[float, typer.Option(help="Idle seconds to expiry.")] = 60.0,
     max_block: Annotated[int, typer.Option(help="Drafts per verify, at most.")] = 16,
     batch_window_ms: Annotated[
-        float, typer.Option(help="Longest wait for every session's block before a pass.")
-    ] = 2.0,
+        float, typer.Option(help="Longest wait for sessions' blocks (at most half a pass).")
+    ] = 25.0,
     ready_file: Annotated[
         Path | None, typer.Option(help="Write the bound port here once serving.")
     ] = None,

@@ -78,7 +78,7 @@ class Scheduler:
         *,
         limits: BatchLimits,
         cost: PassCost,
-        window_s: float = 0.002,
+        window_s: float = 0.025,
         tick_s: float = 0.25,
     ) -> None:
         use_ragged_attention(target)
@@ -88,6 +88,7 @@ class Scheduler:
         self.cost = cost
         self.stats = PassStats()
         self.window_s = window_s
+        self._pass_ewma_s: float | None = None  # verify passes' duration, a moving average
         self._tick_s = tick_s
         self._jobs: deque[_Job] = deque()
         self._cond = threading.Condition()
@@ -111,6 +112,8 @@ class Scheduler:
             if job.session is not None:
                 job.session.busy += 1
                 job.session.touch()
+                if job.kind == "step":
+                    job.session.came_back(time.monotonic())
             self._jobs.append(job)
             self._cond.notify()
         return job.future
@@ -159,34 +162,52 @@ class Scheduler:
                 self._jobs.extendleft(reversed(leftover))
             self._expire()
 
+    def window(self) -> float:
+        """This pass's batching window: ``window_s``, but never more than half a pass (a
+        longer wait would cost more than a second pass saves)."""
+        if self._pass_ewma_s is None:
+            return self.window_s
+        return min(self.window_s, self._pass_ewma_s / 2)
+
     def _gather(self) -> None:
-        """The batching window (holding ``_cond``): while some live, unfinished session has
-        no step waiting, wait for it, at most ``window_s`` from now. Sessions answer each
-        step's reply with their next block, so without it two sessions would alternate,
-        each alone in its pass."""
-        steps = [j for j in self._jobs if j.kind == "step"]
-        if not steps or not self.window_s:
+        """The batching window (holding ``_cond``). Sessions answer each reply with their
+        next block, so without waiting two sessions would alternate, each alone in its
+        pass. From now (the target is free: counted from the oldest block's arrival, that
+        alternation would never break), wait at most :meth:`window` for every unfinished
+        session expected back within it (its reply's time plus its measured turnaround);
+        a session not expected that soon, or long overdue, is not waited for."""
+        if not any(j.kind == "step" for j in self._jobs) or not self.window_s:
             return
-        # From now, when the target is free: counted from the oldest step's arrival instead,
-        # two sessions whose steps each arrive during the other's pass would never meet.
-        deadline = time.monotonic() + self.window_s
-        while not self._stopping:
-            waiting = {j.session.id for j in self._jobs if j.kind == "step" and j.session}
-            expected = self.table.unfinished()
-            if len(waiting) >= min(len(expected), self.limits.max_sequences) or (
-                expected <= waiting
-            ):
-                return
+        now = time.monotonic()
+        window = self.window()
+        deadline = now + window
+        waiting = {j.session.id for j in self._jobs if j.kind == "step" and j.session}
+        expected = set()
+        for session in self.table.unfinished():
+            if session.id in waiting or session.replied_at is None:
+                continue
+            turnaround = session.turnaround_s
+            due = session.replied_at + (turnaround or 0.0)
+            overdue = now - session.replied_at > 2 * (turnaround or window) + window
+            if due <= deadline and not overdue:
+                expected.add(session.id)
+        room = self.limits.max_sequences
+        while not self._stopping and expected and len(waiting) < room:
             left = deadline - time.monotonic()
             if left <= 0:
                 return
             self._cond.wait(left)
+            arrived = {j.session.id for j in self._jobs if j.kind == "step" and j.session}
+            expected -= arrived
+            waiting |= arrived
 
     def _done(self, job: _Job) -> None:
         if job.session is not None:
             with self._cond:
                 job.session.busy -= 1
                 job.session.touch()
+                if job.kind == "step":
+                    job.session.replied_at = time.monotonic()  # its client has the verdict
 
     def _work(self, jobs: list[_Job]) -> list[_Job]:
         steps: list[_Job] = []
@@ -213,6 +234,7 @@ class Scheduler:
         try:
             session.decoding.prefill()
             session.touch()  # idle from now, not from when the request was checked
+            session.replied_at = time.monotonic()  # its first block follows the reply
             self.table.add(session)
         except Exception:
             session.decoding.release()
@@ -297,6 +319,11 @@ class Scheduler:
             jobs[session.decoding] = job
         started = time.perf_counter()
         verify_drafted(self.target, self.cost, drafted, draft_s, outcome)
+        if outcome.pass_s:
+            previous = self._pass_ewma_s
+            self._pass_ewma_s = (
+                outcome.pass_s if previous is None else 0.7 * previous + 0.3 * outcome.pass_s
+            )
         self.stats.passes += 1 if drafted else 0
         self.stats.rows += outcome.rows
         self.stats.sessions += outcome.size

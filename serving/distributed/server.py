@@ -41,8 +41,9 @@ class TargetLimits:
     idle_timeout_s: float = 60.0
     max_block: int = 16  # drafts per verify
     max_new_tokens: int = 2048
-    # The batching window: a pass waits at most this long for every live session's block.
-    batch_window_s: float = 0.002
+    # The batching window: a pass waits at most this long (and at most half a pass) for
+    # the blocks of the sessions expected back (serving/distributed/scheduler.py).
+    batch_window_s: float = 0.025
 
     def __post_init__(self) -> None:
         for name in ("max_sessions", "max_block", "max_new_tokens"):

@@ -69,6 +69,19 @@ class Session:
     fused: bool
     last_used: float = field(default_factory=time.monotonic)
     busy: int = 0  # jobs queued or running for it: never expired while busy
+    # When its last reply left (None: its next block is in, or it has had no reply), and
+    # how long its client takes to answer a reply with the next block (a moving average):
+    # the batching window waits only for sessions expected back within it.
+    replied_at: float | None = None
+    turnaround_s: float | None = None
+
+    def came_back(self, now: float) -> None:
+        """Its next block arrived: learn the turnaround."""
+        if self.replied_at is not None:
+            sample = now - self.replied_at
+            previous = self.turnaround_s
+            self.turnaround_s = sample if previous is None else 0.7 * previous + 0.3 * sample
+            self.replied_at = None
 
     @property
     def client_block(self) -> ClientBlock | None:
@@ -136,10 +149,10 @@ class SessionTable:
                     self._gone.popitem(last=False)
             return session
 
-    def unfinished(self) -> set[str]:
-        """Ids of live sessions still decoding (a step from each may be on its way)."""
+    def unfinished(self) -> list[Session]:
+        """Live sessions still decoding (a step from each may be on its way)."""
         with self._lock:
-            return {i for i, s in self._live.items() if not s.decoding.done}
+            return [s for s in self._live.values() if not s.decoding.done]
 
     def idle(self, now: float | None = None) -> list[Session]:
         """Sessions with nothing pending, unused for longer than the idle timeout."""
