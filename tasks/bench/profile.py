@@ -66,8 +66,12 @@ class BatchProfile(TypedDict):
     # (n, cost) at B = min(max sequences, n), made non-decreasing: the serving regime (many
     # requests, few drafts each), what configs/hardware.yaml takes as batch_curve
     batch_curve: list[tuple[int, float]]
+    # (tokens, seconds): one prompt's prefill from an empty cache (what a request joining a
+    # batch costs its server; the simulator prices prefills with it)
+    prefill: list[tuple[int, float]]
 
 
+PREFILL_TOKENS = (16, 32, 64, 128, 256, 512)
 BATCH_ROWS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 BATCH_SEQUENCES = (1, 2, 4, 8)
 
@@ -254,6 +258,9 @@ def profile_batch(
             _time_packed(model, caches, lengths, split_rows(n, b), vocab, generator)
         )
     median = {cell: statistics.median(values) for cell, values in times.items()}
+    prefill = _time_prefills(
+        model, vocab, generator, repeats=max(3, repeats // 5), progress=progress
+    )
     unit = median[(1, 1)]
     table: list[BatchCell] = [
         {
@@ -275,7 +282,38 @@ def profile_batch(
         "dtype": str(weight.dtype).removeprefix("torch."),
         "table": table,
         "batch_curve": [(n, cost) for n, cost in zip(rows, smoothed, strict=True)],
+        "prefill": prefill,
     }
+
+
+@torch.inference_mode()
+def _time_prefills(
+    model, vocab: int, generator: torch.Generator, *, repeats: int, progress: bool
+) -> list[tuple[int, float]]:
+    """Median seconds of a prefill of each of :data:`PREFILL_TOKENS` tokens into an empty
+    cache, keeping one row of logits (as the engine prefills a prompt)."""
+    from tqdm.auto import tqdm
+
+    device = next(model.parameters()).device
+    limit = int(getattr(model.config, "max_position_embeddings", PREFILL_TOKENS[-1]))
+    sizes = [n for n in PREFILL_TOKENS if n <= limit]
+    jobs = [n for n in sizes for _ in range(repeats + 1)]  # the first of each: a warm-up
+    random.Random(0).shuffle(jobs)
+    times: dict[int, list[float]] = {}
+    warmed: set[int] = set()
+    for n in tqdm(jobs, desc="profiling prefills", disable=not progress):
+        prompt = torch.randint(0, vocab, (1, n), generator=generator).to(device)
+        cache = new_cache(model)
+        seconds = _clock(
+            lambda prompt=prompt, cache=cache: model(
+                input_ids=prompt, past_key_values=cache, use_cache=True, logits_to_keep=1
+            ),
+            device,
+        )
+        if n in warmed:
+            times.setdefault(n, []).append(seconds)
+        warmed.add(n)
+    return [(n, statistics.median(times[n])) for n in sizes]
 
 
 def plot_batch(result: BatchProfile, path: str | Path, *, title: str = "") -> Path:

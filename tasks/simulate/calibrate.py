@@ -5,9 +5,9 @@ Each point of a ``specops distributed bench`` result (a mode, an injected RTT, a
 concurrent sessions) becomes a scenario built only from what a planner would know:
 
 - **the target** from a ``specops profile --batch`` result taken at the server's thread
-  count: the one-token pass time and the batch curve (the pass cost by rows), and the
-  prefill cost per prompt token read off the same table (its longest one-sequence pass,
-  per row). Nothing is fitted to the run being predicted;
+  count and near the workload's context: every pass priced by its rows and requests (the
+  profile's table), prompts by its measured prefills (an older profile without them: its
+  longest one-sequence pass, per row). Nothing is fitted to the run being predicted;
 - **the drafter**: acceptance by position and how often a round proposes 0, 1, ... drafts,
   estimated from the point's own steps (the simulator predicts time, not acceptance: it is
   given the acceptance the traffic had, as it would be from collected records), ``k`` from
@@ -52,11 +52,16 @@ class CalibrationSettings:
     seed: int = 0
 
 
-def prefill_s_per_token(profile: Path) -> float:
-    """A prompt token's prefill cost: the profile's longest one-sequence pass, per row."""
+def prefill_s_per_token(profile: Path) -> float | None:
+    """None when the profile measured prefills (the simulator prices prompts along them);
+    for an older profile, a prompt token's cost as its longest one-sequence pass's per
+    row."""
     import json
 
-    table = json.loads(Path(profile).read_text())["table"]
+    measured = json.loads(Path(profile).read_text())
+    if measured.get("prefill"):
+        return None
+    table = measured["table"]
     single = [row for row in table if row["sequences"] == 1]
     if not single:
         raise BadInputError(f"profile {str(profile)!r} has no one-sequence passes")
@@ -65,7 +70,7 @@ def prefill_s_per_token(profile: Path) -> float:
 
 
 def point_scenario(
-    point: dict[str, Any], settings: CalibrationSettings, *, k: int, prefill_s: float
+    point: dict[str, Any], settings: CalibrationSettings, *, k: int, prefill_s: float | None
 ) -> dict[str, Any]:
     """The scenario (a plain mapping, validated by :class:`Scenario`) for one point."""
     requests = sorted(point["per_request"], key=lambda r: r["prompt"])  # the send order
@@ -87,18 +92,17 @@ def point_scenario(
         if plain
         else estimate.drafter_section(k=k, draft_s_per_token=draft_s / drafted if drafted else 0)
     )
-    profile = str(settings.profile)
+    target: dict[str, Any] = {
+        "name": "cpu",
+        "profile": str(settings.profile),
+        "max_batch": settings.max_batch,
+        "max_tokens_per_pass": settings.max_tokens_per_pass,
+        "count": 1,
+    }
+    if prefill_s is not None:
+        target["prefill_s_per_token"] = prefill_s
     return {
-        "targets": [
-            {
-                "name": "cpu",
-                "profile": profile,
-                "prefill_s_per_token": prefill_s,
-                "max_batch": settings.max_batch,
-                "max_tokens_per_pass": settings.max_tokens_per_pass,
-                "count": 1,
-            }
-        ],
+        "targets": [target],
         "drafters": [drafter],
         "mode": "distributed" if point["mode"] == "distributed" else "fused",
         "router": "round_robin",

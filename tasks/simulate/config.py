@@ -51,6 +51,11 @@ class TargetDevice(_Section):
     # `profile` when batch_curve is too.
     pass_table: list[tuple[int, int, float]] | None = Field(None, min_length=1)
     prefill_s_per_token: float = Field(0.0, ge=0)
+    # [tokens, seconds] measured prefills (a profile's `prefill`): when given, a pass's
+    # prefill tokens are priced along it (linear between points, extended at the last
+    # segment's slope) instead of at prefill_s_per_token. Taken from `profile` when it has
+    # one and prefill_s_per_token is not given.
+    prefill_curve: list[tuple[int, float]] | None = Field(None, min_length=1)
     max_batch: int = Field(8, ge=1)  # requests in one pass
     max_tokens_per_pass: int = Field(64, ge=1)  # pending tokens plus drafts, all requests
     count: int = Field(1, ge=1)  # replicas
@@ -63,6 +68,8 @@ class TargetDevice(_Section):
                 self.profile if base is None or self.profile.is_absolute() else base / self.profile
             )
             measured = read_profile(path)
+            if self.prefill_curve is None and "prefill_s_per_token" not in self.model_fields_set:
+                self.prefill_curve = read_prefill(path)
             if self.batch_curve is None:
                 self.batch_curve = measured[1]
                 if self.pass_table is None:
@@ -89,6 +96,21 @@ class TargetDevice(_Section):
                 f"({self.max_batch}): every request's pending token rides in the pass"
             )
         return self
+
+    def prefill_s(self, tokens: int) -> float:
+        """Seconds to prefill ``tokens`` prompt tokens (0 for none)."""
+        if tokens <= 0:
+            return 0.0
+        curve = self.prefill_curve
+        if not curve:
+            return tokens * self.prefill_s_per_token
+        xs = [float(n) for n, _ in curve]
+        ys = [s for _, s in curve]
+        if len(curve) > 1 and tokens > xs[-1]:
+            return ys[-1] + (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) * (tokens - xs[-1])
+        if tokens < xs[0]:  # below the shortest measured prompt: in proportion to it
+            return ys[0] * tokens / xs[0]
+        return float(np.interp(tokens, xs, ys))
 
     def pass_grid(self) -> list[list[float]]:
         """``grid[sequences][rows]``: seconds of a pass over ``rows`` decode rows shared by
@@ -136,6 +158,15 @@ class TargetDevice(_Section):
         """Seconds of a one-token pass (set once validated)."""
         assert self.one_token_pass_s is not None
         return self.one_token_pass_s
+
+
+def read_prefill(path: Path) -> list[tuple[int, float]] | None:
+    """A profile's measured prefills ``[tokens, seconds]``; None for an older profile."""
+    try:
+        rows = json.loads(path.read_text()).get("prefill")
+        return [(int(n), float(seconds)) for n, seconds in rows] if rows else None
+    except (OSError, ValueError, TypeError, AttributeError) as error:
+        raise ValueError(f"profile: cannot read prefills from {str(path)!r}: {error!r}") from None
 
 
 def read_profile(

@@ -9,9 +9,11 @@ the first block travels with the prompt. In ``fused`` mode the drafter runs on t
 server: no link, and the drafting time of everyone in a pass adds to that pass.
 
 A target server waits, once it has work, up to ``window_s`` (from the oldest waiting
-block) for the batch to fill to ``max_batch`` requests or ``max_tokens_per_pass`` rows,
-then runs one pass costing ``one_token_pass_s * C(rows)`` (``serving.batch.plan.PassCost``)
-plus ``prefill_s_per_token`` for every prompt token that rides in it. Without
+block; with ``wait_for: sessions`` from when it is free, and for its sessions' blocks) for
+the batch to fill to ``max_batch`` requests or ``max_tokens_per_pass`` rows, then runs one
+pass priced by its rows and requests (``TargetDevice.pass_grid``: the profile's table, or
+``one_token_pass_s * C(rows)``) plus the prefill of every prompt token that rides in it
+(``TargetDevice.prefill_s``). Without
 ``mixed_prefill`` a prompt is prefilled in a pass of its own, ahead of any decode batch.
 
 Requests arrive from a Poisson process, a trace, or closed-loop clients (each sends its
@@ -225,8 +227,8 @@ class TargetServer:
         self.window_s, self.mixed_prefill, self.passes = window_s, mixed_prefill, passes
         self.wait_for_sessions = wait_for == "sessions"
         self.decoding = 0  # sessions prefilled here and not finished (wait_for "sessions")
+        self._pass_ewma: float | None = None  # decode passes' duration, a moving average
         self.max_batch, self.max_rows = device.max_batch, device.max_tokens_per_pass
-        self.prefill_s_per_token = device.prefill_s_per_token
         # seconds of a pass over n decode rows of s requests: pass_grid[s][n]
         self.pass_grid = pass_grid or device.pass_grid()
         self.waiting: deque[_Session] = deque()
@@ -279,7 +281,9 @@ class TargetServer:
         if not self.waiting:
             return
         if self.wait_for_sessions:  # from now: the server has just become free
-            wait = self.window_s
+            # at most half a pass, as the target server (serving/distributed/scheduler.py)
+            ewma = self._pass_ewma
+            wait = self.window_s if ewma is None else min(self.window_s, ewma / 2)
         else:
             wait = self.waiting[0].submitted_s + self.window_s - self.env.now
         if wait > 0 and not self._is_full():
@@ -315,10 +319,13 @@ class TargetServer:
     def _run(self, batch: list[_Session], rows: int, prefill: int, draft_s: float) -> None:
         now = self.env.now
         sequences = sum(1 for work in batch if work.rows)
-        duration = self.pass_grid[sequences][rows] + prefill * self.prefill_s_per_token + draft_s
+        duration = self.pass_grid[sequences][rows] + self.device.prefill_s(prefill) + draft_s
         for work in batch:
             work.request.queue_wait_s += now - work.submitted_s
         self.passes.add(self.index, now, duration, rows, len(batch), prefill, len(self.waiting))
+        if rows:
+            ewma = self._pass_ewma
+            self._pass_ewma = duration if ewma is None else 0.7 * ewma + 0.3 * duration
         self._batch = batch
         if duration > 0:
             Timeout(self.env, duration).callbacks.append(self._finish)

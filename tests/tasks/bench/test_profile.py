@@ -85,6 +85,10 @@ def test_batch_profile_is_relative_to_one_row_of_one_sequence():
     assert one_row["cost"] == 1.0
     assert len(result["context"]) == 4 and all(9 <= c <= 15 for c in result["context"])
     assert (result["device"], result["dtype"]) == ("cpu", "float32")
+    # Prefills of growing prompts from an empty cache, within the model's context.
+    sizes = [n for n, _ in result["prefill"]]
+    assert sizes and sizes == sorted(sizes) and sizes[0] == 16
+    assert all(seconds > 0 for _, seconds in result["prefill"])
 
 
 def test_the_batch_curve_takes_the_most_sequences_and_pastes_into_the_config():

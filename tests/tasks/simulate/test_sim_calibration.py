@@ -38,7 +38,10 @@ def _scenario(**changes: Any) -> dict[str, Any]:
         "drafters": [{"name": "none", "k": 0}],
         # the second client starts half a pass after the first
         "arrivals": {
-            "kind": "closed", "clients": 2, "output_tokens": 20, "max_requests": 2,
+            "kind": "closed",
+            "clients": 2,
+            "output_tokens": 20,
+            "max_requests": 2,
             "ramp_s": PASS_S,
         },  # fmt: skip
         "link": {"rtt_s": 0.004},
