@@ -43,7 +43,7 @@ def _scenario(**changes: Any) -> dict[str, Any]:
             "output_tokens": 20,
             "max_requests": 2,
             "ramp_s": PASS_S,
-        },  # fmt: skip
+        },
         "link": {"rtt_s": 0.004},
         "duration_s": 100.0,
         "seed": 1,
