@@ -70,7 +70,12 @@ def prefill_s_per_token(profile: Path) -> float | None:
 
 
 def point_scenario(
-    point: dict[str, Any], settings: CalibrationSettings, *, k: int, prefill_s: float | None
+    point: dict[str, Any],
+    settings: CalibrationSettings,
+    *,
+    k: int,
+    prefill_s: float | None,
+    draft_s_per_token: float | None = None,
 ) -> dict[str, Any]:
     """The scenario (a plain mapping, validated by :class:`Scenario`) for one point."""
     requests = sorted(point["per_request"], key=lambda r: r["prompt"])  # the send order
@@ -86,11 +91,12 @@ def point_scenario(
     drafted = sum(p for p, _ in steps)
     plain = point["mode"] == "plain" or drafted == 0
     estimate = estimate_steps(steps, name=point["mode"])
-    draft_s = sum(r.get("draft_s", 0.0) for r in requests)
+    if draft_s_per_token is None:  # this point's own clients' drafting time
+        draft_s_per_token = sum(r.get("draft_s", 0.0) for r in requests) / max(drafted, 1)
     drafter = (
         {"name": "none", "k": 0, "acceptance_by_position": []}
         if plain
-        else estimate.drafter_section(k=k, draft_s_per_token=draft_s / drafted if drafted else 0)
+        else estimate.drafter_section(k=k, draft_s_per_token=draft_s_per_token)
     )
     target: dict[str, Any] = {
         "name": "cpu",
@@ -121,6 +127,23 @@ def point_scenario(
     }
 
 
+def drafting_s_per_token(bench: dict[str, Any]) -> float:
+    """The drafter's time per drafted token, as the bench's lone distributed clients (its
+    fewest-session points) measured it: a fused point's drafting runs on the server, where
+    the bench cannot time it apart from the pass, and concurrent clients of one bench share
+    its machine's cores, which a draft device does not. Every point gets this figure."""
+    distributed = [p for p in bench["points"] if p["mode"] == "distributed"]
+    fewest = min((p["sessions"] for p in distributed), default=0)
+    seconds = drafted = 0
+    for point in distributed:
+        if point["sessions"] != fewest:
+            continue
+        for request in point["per_request"]:
+            seconds += request.get("draft_s", 0.0)
+            drafted += sum(p for p, _ in request["steps"])
+    return seconds / drafted if drafted else 0.0
+
+
 def predict(scenario: dict[str, Any], label: str = "point") -> dict[str, float]:
     """``tokens_per_s`` (output tokens over the makespan) and ``latency_p50_s``."""
     log = simulate(parse_scenario(scenario, source=label))
@@ -149,12 +172,16 @@ def calibrate(
         raise BadInputError(str(error)) from None
     prefill_s = prefill_s_per_token(settings.profile)
     k = int(bench["settings"]["k"])
+    draft_s = drafting_s_per_token(bench)
     rows = []
     for point in bench["points"]:
         label = f"{point['mode']} {point['rtt_ms']:g} ms x{point['sessions']}"
         if progress is not None:
             progress(label)
-        predicted = predict(point_scenario(point, settings, k=k, prefill_s=prefill_s), label)
+        scenario = point_scenario(
+            point, settings, k=k, prefill_s=prefill_s, draft_s_per_token=draft_s
+        )
+        predicted = predict(scenario, label)
         measured_tps, measured_p50 = point["tokens_per_s"], point["latency_p50_s"]
         rows.append(
             {
@@ -172,6 +199,7 @@ def calibrate(
     return {
         "profile": str(settings.profile),
         "prefill_s_per_token": prefill_s,
+        "draft_s_per_token": draft_s,
         "settings": {
             "window_s": settings.window_s,
             "max_batch": settings.max_batch,
