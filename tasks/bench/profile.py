@@ -20,6 +20,7 @@ import random
 import statistics
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import TypedDict
 
@@ -286,6 +287,10 @@ def profile_batch(
     }
 
 
+def _prefill(model, prompt: torch.Tensor, cache) -> object:
+    return model(input_ids=prompt, past_key_values=cache, use_cache=True, logits_to_keep=1)
+
+
 @torch.inference_mode()
 def _time_prefills(
     model, vocab: int, generator: torch.Generator, *, repeats: int, progress: bool
@@ -304,12 +309,7 @@ def _time_prefills(
     for n in tqdm(jobs, desc="profiling prefills", disable=not progress):
         prompt = torch.randint(0, vocab, (1, n), generator=generator).to(device)
         cache = new_cache(model)
-        seconds = _clock(
-            lambda prompt=prompt, cache=cache: model(
-                input_ids=prompt, past_key_values=cache, use_cache=True, logits_to_keep=1
-            ),
-            device,
-        )
+        seconds = _clock(partial(_prefill, model, prompt, cache), device)
         if n in warmed:
             times.setdefault(n, []).append(seconds)
         warmed.add(n)

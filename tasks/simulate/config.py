@@ -120,12 +120,12 @@ class TargetDevice(_Section):
         sequences between measured counts (held outside them). Otherwise ``C(rows)``."""
         rows_range = range(self.max_tokens_per_pass + 1)
         if not self.pass_table:
-            cost = self.pass_cost()
-            line = [0.0] + [self.pass_s * cost(n) for n in rows_range[1:]]
+            curve = self.pass_cost()
+            line = [0.0] + [self.pass_s * curve(n) for n in rows_range[1:]]
             return [line] * (self.max_batch + 1)
         by_sequences: dict[int, list[tuple[int, float]]] = {}
-        for rows, sequences, cost in sorted(self.pass_table):
-            by_sequences.setdefault(sequences, []).append((rows, cost))
+        for rows, sequences, relative in sorted(self.pass_table):
+            by_sequences.setdefault(sequences, []).append((rows, relative))
         measured = sorted(by_sequences)
 
         def along_rows(points: list[tuple[int, float]], n: int) -> float:
