@@ -30,6 +30,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from serving.atomic import atomic_path, write_json_atomic, write_text_atomic
 from serving.distributed.client import SessionResult, TargetClient, run_distributed, run_fused
 from serving.drafters.factory import build_drafter, parse_drafter_spec
@@ -113,13 +115,7 @@ def target_server_process(
 
 
 def _percentile(values: Sequence[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    position = (len(ordered) - 1) * q / 100.0
-    low = int(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+    return float(np.percentile(values, q)) if values else None
 
 
 def closed_loop(
