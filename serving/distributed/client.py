@@ -192,7 +192,8 @@ def run_distributed(
     """Decode ``prompt`` with ``drafter`` here and the target there: one verify per step.
     ``policy`` chooses each block's length and learns from the round trip's time (so a
     slow link makes a cost-aware policy draft longer). ``drafter`` ``None``: plain decoding
-    over the link (a block of no drafts per step)."""
+    over the link (a block of no drafts per step). ``max_block``: the server's limit on
+    a block (``Info``); asked for here when not given, which costs a round trip."""
     check_client_drafter(drafter)
     if drafter is not None and policy is None:
         raise BadInputError("a drafter needs a draft-length policy (e.g. FixedK(4))")

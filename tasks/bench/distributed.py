@@ -252,6 +252,8 @@ def run_distributed_bench(
             max_new_tokens=settings.max_new_tokens,
         )
 
+    max_block = client.info().max_block  # asked once, not once per request
+
     def distributed(job: int) -> SessionResult:
         drafter = build_drafter(spec, draft_target, tokenizer)
         return run_distributed(
@@ -260,6 +262,7 @@ def run_distributed_bench(
             drafter=drafter,
             policy=make_policy(settings.policy, settings.k),
             max_new_tokens=settings.max_new_tokens,
+            max_block=max_block,
         )
 
     # Plain outputs of every request first: the reference every mode must reproduce.
