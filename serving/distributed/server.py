@@ -276,7 +276,23 @@ class TargetService(pb_grpc.TargetServiceServicer):
                 jobs.append((session, drafts if not session.fused else None))
             # Submitted together: the scheduler takes them into one pass (as limits allow).
             waiting = [(s, self.scheduler.step(s, d)) for s, d in jobs]
-            steps = [_reply(self._wait(f, context, s)) for s, f in waiting]
+            steps = []
+            try:
+                for session, future in waiting:
+                    steps.append(_reply(self._wait(future, context, session)))
+            except Exception:
+                # The client gets no reply for any block: a step that already ran moved its
+                # session on unseen, so that session is closed; the others are dropped.
+                for session, future in waiting[len(steps) :]:
+                    if not future.cancel():
+                        self.scheduler.close_unknown(
+                            session, "a VerifyBatch call on it failed after its step ran"
+                        )
+                for session, _ in waiting[: len(steps)]:
+                    self.scheduler.close_unknown(
+                        session, "a VerifyBatch call on it failed after its step ran"
+                    )
+                raise
         except Exception as error:
             abort = _status(error)
             context.abort(abort.code, str(abort))

@@ -88,6 +88,28 @@ def test_a_verify_past_its_deadline_closes_the_session(prompt, server, monkeypat
         assert "cancelled after its step ran" in gone.value.details
 
 
+def test_a_batch_past_its_deadline_closes_every_session_it_moved(prompt, server, monkeypatch):
+    real = scheduler_module.verify_drafted
+
+    def slow(*args, **kwargs):
+        time.sleep(0.6)
+        return real(*args, **kwargs)
+
+    with _client(server) as client:
+        sessions = [client.start(prompt, max_new_tokens=8).session_id for _ in range(2)]
+        monkeypatch.setattr(scheduler_module, "verify_drafted", slow)
+        with _client(server, timeout_s=0.2) as hasty, pytest.raises(RemoteError) as caught:
+            hasty.verify_batch([(s, [5]) for s in sessions])
+        assert caught.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+        monkeypatch.setattr(scheduler_module, "verify_drafted", real)
+        assert _wait_until(lambda: len(server.service.table) == 0, 3.0)
+        for session in sessions:
+            with pytest.raises(RemoteError) as gone:
+                client.verify(session, [])
+            assert gone.value.code == grpc.StatusCode.NOT_FOUND
+            assert "after its step ran" in gone.value.details  # closed, not expired
+
+
 def test_a_step_cancelled_before_its_pass_changes_nothing(target, prompt):
     table = SessionTable(limit=2, idle_timeout_s=60)
     sched = scheduler_module.Scheduler(
