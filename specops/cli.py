@@ -323,7 +323,8 @@ def simulate(
         str | None, typer.Option(help="With --sweep: targets of each kind, e.g. 1,2,4,8.")
     ] = None,
     mlflow: Annotated[
-        bool, typer.Option(help="Log the sweep as an MLflow run, one nested run per point.")
+        bool,
+        typer.Option(help="Log to MLflow (a sweep: one run, one nested run per point)."),
     ] = False,
     progress: Annotated[bool, typer.Option(help="Show the sweep's progress bar.")] = True,
 ) -> None:
@@ -338,12 +339,12 @@ def simulate(
     from serving.errors import SpecOpsError
     from tasks.simulate.config import load_scenario
     from tasks.simulate.model import simulate as run_scenario
-    from tasks.simulate.report import summarise, write_report
+    from tasks.simulate.report import plot_report, summarise, write_report
     from tasks.simulate.sweep import log_sweep, parse_counts, parse_sweep, run_sweep
 
     if sweep is None:
-        if targets is not None or mlflow:
-            fail("--targets and --mlflow go with --sweep (e.g. --sweep drafts=1,10,100)")
+        if targets is not None:
+            fail("--targets goes with --sweep (e.g. --sweep drafts=1,10,100 --targets 1,2)")
         out = out or Path("results/simulate.json")
         try:
             scenario = load_scenario(config)
@@ -353,8 +354,27 @@ def simulate(
             fail(str(error))
         report["wall_s"] = time.perf_counter() - started
         write_report(report, out)
+        figure = plot_report(report, out.with_suffix(".png"))
         typer.echo(json.dumps({k: v for k, v in report.items() if not isinstance(v, dict | list)}))
-        typer.echo(f"wrote {out}", err=True)
+        typer.echo(f"wrote {out} and {figure}", err=True)
+        if mlflow:
+            from registry.client import Registry
+
+            headline = {
+                key: float(value)
+                for key, value in report.items()
+                if isinstance(value, int | float) and not isinstance(value, bool)
+            }
+            try:
+                run_id = Registry().log_report(
+                    f"simulate-{config.stem}",
+                    [out, figure],
+                    metrics=headline,
+                    tags={"report": "simulate", "config": str(config)},
+                )
+            except SpecOpsError as error:
+                fail(str(error))
+            typer.echo(f"logged to MLflow run {run_id}", err=True)
         return
     out = out or Path("results/sim-sweep")
     try:

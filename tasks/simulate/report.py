@@ -144,3 +144,58 @@ class _Passes:
 def write_report(report: dict[str, Any], path: str | Path) -> None:
     """Write ``report`` as JSON, atomically."""
     write_json_atomic(path, report)
+
+
+def plot_report(report: dict[str, Any], path: str | Path) -> Path:
+    """One scenario's report as a figure (PNG, atomic): every server's queue depth over
+    time, its busy share and batch utilisation, and the latency percentiles."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from serving.atomic import atomic_path
+
+    servers = report.get("servers") or {}
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    for name, server in servers.items():
+        depth = server["queue_depth"]
+        times = [i * server["queue_bin_s"] for i in range(len(depth))]
+        axes[0].plot(times, [np.nan if d is None else d for d in depth], label=name)
+    axes[0].set_xlabel("simulated time (s)")
+    axes[0].set_ylabel("blocks waiting at a pass start")
+    axes[0].set_title("Queue depth over time")
+    if 0 < len(servers) <= 12:
+        axes[0].legend(fontsize=7)
+    names = list(servers)
+    x = np.arange(len(names))
+    axes[1].bar(x - 0.2, [servers[n]["busy"] for n in names], 0.4, label="busy")
+    axes[1].bar(
+        x + 0.2, [servers[n]["batch_utilisation"] for n in names], 0.4, label="batch utilisation"
+    )
+    axes[1].set_xticks(x, names, rotation=45, ha="right", fontsize=7)
+    axes[1].set_ylim(0, 1.05)
+    axes[1].set_title("Servers")
+    axes[1].legend(fontsize=7)
+    quantiles = ("p50", "p90", "p99")
+    for offset, key in zip(
+        (-0.25, 0.0, 0.25), ("ttft_s", "latency_s", "queue_wait_s"), strict=True
+    ):
+        spread = report.get(key) or {}
+        values = [spread.get(q) or 0.0 for q in quantiles]
+        axes[2].bar(np.arange(len(quantiles)) + offset, values, 0.25, label=key)
+    axes[2].set_xticks(np.arange(len(quantiles)), quantiles)
+    axes[2].set_ylabel("seconds")
+    axes[2].set_title(
+        f"{report['throughput_tokens_per_s']:.1f} tokens/s, "
+        f"goodput {report['goodput_requests_per_s']:.2f} req/s"
+    )
+    axes[2].legend(fontsize=7)
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    out = Path(path)
+    with atomic_path(out) as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
+    plt.close(fig)
+    return out

@@ -14,13 +14,22 @@ from specops.cli import app
 runner = CliRunner()
 
 
-def test_the_example_scenario_writes_a_report(tmp_path):
+def test_the_example_scenario_writes_a_report_a_plot_and_an_mlflow_run(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECOPS_MLFLOW_URI", f"sqlite:///{tmp_path}/mlflow.db")
     out = tmp_path / "simulate.json"
-    result = runner.invoke(app, ["simulate", "--out", str(out)])
+    result = runner.invoke(app, ["simulate", "--out", str(out), "--mlflow"])
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
     assert report["finished"] == report["requests"] > 0
     assert report["throughput_tokens_per_s"] > 0 and report["ttft_s"]["p50"] > 0
+    assert out.with_suffix(".png").read_bytes().startswith(b"\x89PNG")
+    from registry.client import Registry
+
+    registry = Registry()
+    (run,) = registry.client.search_runs(
+        [registry.experiment_id], filter_string="tags.report = 'simulate'"
+    )
+    assert run.data.metrics["throughput_tokens_per_s"] == report["throughput_tokens_per_s"]
 
 
 def test_a_bad_scenario_is_refused_naming_the_field(tmp_path):
