@@ -442,6 +442,37 @@ def simulate_acceptance(
         typer.echo(f"wrote {out}", err=True)
 
 
+@simulate_app.command("trace")
+def simulate_trace(
+    records: Annotated[
+        list[Path],
+        typer.Option(help="A capture store, a folder of JSONL parts or a file (repeatable)."),
+    ],
+    workload: Annotated[str | None, typer.Option(help="Only this workload's records.")] = None,
+    hardware: Annotated[str | None, typer.Option(help="Only this target's records.")] = None,
+    out: Annotated[Path | None, typer.Option(help="Write the arrivals section here.")] = None,
+) -> None:
+    """An `arrivals:` section replaying captured traffic request by request (timestamps,
+    prompt and output lengths), to paste into a scenario (docs/simulator.md)."""
+    import yaml
+
+    from serving.atomic import write_text_atomic
+    from serving.errors import SpecOpsError
+    from tasks.simulate.trace import trace_from_records
+
+    try:
+        arrivals = trace_from_records(records, workload=workload, hardware=hardware)
+    except SpecOpsError as error:
+        fail(str(error))
+    text = yaml.safe_dump({"arrivals": arrivals}, sort_keys=False, default_flow_style=None)
+    typer.echo(text, nl=False)
+    span = arrivals["timestamps"][-1]
+    typer.echo(f"{len(arrivals['timestamps'])} requests over {span:.1f} s", err=True)
+    if out is not None:
+        write_text_atomic(out, text)
+        typer.echo(f"wrote {out}", err=True)
+
+
 @simulate_app.command("calibrate")
 def simulate_calibrate(
     bench: Annotated[Path, typer.Option(help="A `specops distributed bench` results file.")] = Path(

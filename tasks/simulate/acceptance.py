@@ -217,7 +217,7 @@ def _files(path: Path) -> list[Path]:
     return sorted(p for p in path.rglob("*.jsonl") if not p.name.startswith("."))
 
 
-def _rows(path: Path) -> Iterator[tuple[str, object]]:
+def record_rows(path: Path) -> Iterator[tuple[str, object]]:
     for file in _files(path):
         if file.suffix == ".json":
             try:
@@ -240,7 +240,7 @@ def _rows(path: Path) -> Iterator[tuple[str, object]]:
 
 def _read(path: Path) -> Iterator[tuple[str, str | None, list[list[int]]]]:
     """``(drafter, workload, steps)`` per record under ``path``."""
-    for where, row in _rows(path):
+    for where, row in record_rows(path):
         if not isinstance(row, dict):
             raise BadInputError(f"records: {where} is not a JSON object")
         if isinstance(row.get("drafter"), dict):  # an engine DetailedRecord
