@@ -60,14 +60,6 @@ class _Job:
         return 1 + len(self.drafts or ())
 
 
-@dataclass
-class PassStats:
-    passes: int = 0
-    rows: int = 0
-    sessions: int = 0
-    busy_s: float = 0.0
-
-
 class Scheduler:
     """Runs jobs on one thread; :meth:`submit` from any thread."""
 
@@ -86,7 +78,6 @@ class Scheduler:
         self.table = table
         self.limits = limits
         self.cost = cost
-        self.stats = PassStats()
         self.window_s = window_s
         self._pass_ewma_s: float | None = None  # verify passes' duration, a moving average
         self._tick_s = tick_s
@@ -229,8 +220,7 @@ class Scheduler:
 
     def _start(self, job: _Job) -> Session:
         assert job.build is not None
-        self.table.reserve()
-        session = job.build()
+        session = job.build()  # the handler reserved room; add() checks it again
         try:
             session.decoding.prefill()
             session.touch()  # idle from now, not from when the request was checked
@@ -317,17 +307,12 @@ class Scheduler:
                 continue
             draft_s[session.decoding] = time.perf_counter() - started
             jobs[session.decoding] = job
-        started = time.perf_counter()
         verify_drafted(self.target, self.cost, drafted, draft_s, outcome)
         if outcome.pass_s:
             previous = self._pass_ewma_s
             self._pass_ewma_s = (
                 outcome.pass_s if previous is None else 0.7 * previous + 0.3 * outcome.pass_s
             )
-        self.stats.passes += 1 if drafted else 0
-        self.stats.rows += outcome.rows
-        self.stats.sessions += outcome.size
-        self.stats.busy_s += time.perf_counter() - started
         for decoding, job in jobs.items():
             if decoding in outcome.errors:
                 self._fail(job, outcome.errors[decoding])

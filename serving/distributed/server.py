@@ -16,6 +16,7 @@ import logging
 from collections.abc import Iterator
 from concurrent import futures
 from dataclasses import dataclass
+from typing import NoReturn
 
 import grpc
 
@@ -72,6 +73,13 @@ def _status(error: Exception) -> _Abort:
     if isinstance(error, SpecOpsError):  # BadInputError and the other checked failures
         return _Abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
     return _Abort(grpc.StatusCode.INTERNAL, f"{type(error).__name__}: {error}")
+
+
+def _abort(context, error: Exception) -> NoReturn:
+    """End the call with ``error``'s status and message (``context.abort`` raises)."""
+    status = _status(error)
+    context.abort(status.code, str(status))
+    raise AssertionError("unreachable: context.abort raises")
 
 
 def _reply(done: StepDone) -> pb.StepReply:
@@ -238,8 +246,7 @@ class TargetService(pb_grpc.TargetServiceServicer):
             future = self.scheduler.start_session(lambda: session)
             started = self._wait(future, context)
         except Exception as error:
-            abort = _status(error)
-            context.abort(abort.code, str(abort))
+            _abort(context, error)
         if not context.is_active():  # the client is gone: do not keep its state
             self.scheduler.close_unknown(started, "the client left during the prefill")
         return pb.StartReply(session_id=started.id, fused=started.fused)
@@ -251,8 +258,7 @@ class TargetService(pb_grpc.TargetServiceServicer):
             future = self.scheduler.step(session, drafts if not session.fused else None)
             done = self._wait(future, context, session)
         except Exception as error:
-            abort = _status(error)
-            context.abort(abort.code, str(abort))
+            _abort(context, error)
         return pb.VerifyReply(step=_reply(done))
 
     def VerifyBatch(self, request, context):
@@ -294,8 +300,7 @@ class TargetService(pb_grpc.TargetServiceServicer):
                     )
                 raise
         except Exception as error:
-            abort = _status(error)
-            context.abort(abort.code, str(abort))
+            _abort(context, error)
         return pb.VerifyBatchReply(steps=steps)
 
     def Generate(self, request, context) -> Iterator[pb.StepReply]:
@@ -308,16 +313,14 @@ class TargetService(pb_grpc.TargetServiceServicer):
                 )
             self._check_block(session, [])
         except Exception as error:
-            abort = _status(error)
-            context.abort(abort.code, str(abort))
+            _abort(context, error)
         ended = False
         try:
             while not session.decoding.done:
                 try:
                     done = self._wait(self.scheduler.step(session, None), context, session)
                 except Exception as error:
-                    abort = _status(error)
-                    context.abort(abort.code, str(abort))
+                    _abort(context, error)
                 yield _reply(done)
             ended = True
         finally:
@@ -329,8 +332,7 @@ class TargetService(pb_grpc.TargetServiceServicer):
             session = self._session(request.session_id)
             result = self._wait(self.scheduler.finalize(session), context)
         except Exception as error:
-            abort = _status(error)
-            context.abort(abort.code, str(abort))
+            _abort(context, error)
         stats = result.stats
         return pb.FinalizeReply(
             output_token_ids=result.token_ids,

@@ -36,7 +36,7 @@ import numpy as np
 from serving.atomic import atomic_path, write_json_atomic, write_text_atomic
 from serving.errors import BadInputError
 from tasks.simulate.acceptance import estimate_steps
-from tasks.simulate.config import parse_scenario, read_profile
+from tasks.simulate.config import parse_scenario, read_prefill, read_profile
 from tasks.simulate.model import simulate
 
 THROUGHPUT_TARGET = 0.10  # |error| the issue asks for, on throughput
@@ -58,10 +58,9 @@ def prefill_s_per_token(profile: Path) -> float | None:
     row."""
     import json
 
-    measured = json.loads(Path(profile).read_text())
-    if measured.get("prefill"):
+    if read_prefill(Path(profile)):
         return None
-    table = measured["table"]
+    table = json.loads(Path(profile).read_text())["table"]
     single = [row for row in table if row["sequences"] == 1]
     if not single:
         raise BadInputError(f"profile {str(profile)!r} has no one-sequence passes")

@@ -104,13 +104,9 @@ class TargetDevice(_Section):
         curve = self.prefill_curve
         if not curve:
             return tokens * self.prefill_s_per_token
-        xs = [float(n) for n, _ in curve]
-        ys = [s for _, s in curve]
-        if len(curve) > 1 and tokens > xs[-1]:
-            return ys[-1] + (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) * (tokens - xs[-1])
-        if tokens < xs[0]:  # below the shortest measured prompt: in proportion to it
-            return ys[0] * tokens / xs[0]
-        return float(np.interp(tokens, xs, ys))
+        if tokens < curve[0][0]:  # below the shortest measured prompt: in proportion to it
+            return curve[0][1] * tokens / curve[0][0]
+        return _along(curve, tokens)
 
     def pass_grid(self) -> list[list[float]]:
         """``grid[sequences][rows]``: seconds of a pass over ``rows`` decode rows shared by
@@ -128,22 +124,14 @@ class TargetDevice(_Section):
             by_sequences.setdefault(sequences, []).append((rows, relative))
         measured = sorted(by_sequences)
 
-        def along_rows(points: list[tuple[int, float]], n: int) -> float:
-            xs = [float(r) for r, _ in points]
-            ys = [c for _, c in points]
-            if len(points) > 1 and n > xs[-1]:
-                slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
-                return ys[-1] + slope * (n - xs[-1])
-            return float(np.interp(n, xs, ys))
-
         grid = []
         for sequences in range(self.max_batch + 1):
             low = max([s for s in measured if s <= sequences], default=measured[0])
             high = min([s for s in measured if s >= sequences], default=measured[-1])
             line = [0.0]
             for n in rows_range[1:]:
-                a = along_rows(by_sequences[low], n)
-                b = along_rows(by_sequences[high], n)
+                a = _along(by_sequences[low], n)
+                b = _along(by_sequences[high], n)
                 t = 0.0 if high == low else (sequences - low) / (high - low)
                 line.append(self.pass_s * (a + t * (b - a)))
             grid.append(line)
@@ -158,6 +146,16 @@ class TargetDevice(_Section):
         """Seconds of a one-token pass (set once validated)."""
         assert self.one_token_pass_s is not None
         return self.one_token_pass_s
+
+
+def _along(points: list[tuple[int, float]], x: float) -> float:
+    """Piecewise-linear through ``points`` (sorted ``(x, y)``), held below the first and
+    extended at the last segment's slope past the last (as ``PassCost`` extends a curve)."""
+    xs = [float(p) for p, _ in points]
+    ys = [y for _, y in points]
+    if len(points) > 1 and x > xs[-1]:
+        return ys[-1] + (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) * (x - xs[-1])
+    return float(np.interp(x, xs, ys))
 
 
 def read_prefill(path: Path) -> list[tuple[int, float]] | None:

@@ -67,20 +67,25 @@ def test_a_cancelled_stream_closes_its_session(prompt, server):
         assert "cancelled" in caught.value.details
 
 
-def test_a_verify_past_its_deadline_closes_the_session(prompt, server, monkeypatch):
+def _slow_passes(monkeypatch) -> None:
+    """Every target pass takes 0.6 s longer (until the test puts the real one back)."""
     real = scheduler_module.verify_drafted
 
     def slow(*args, **kwargs):
         time.sleep(0.6)
         return real(*args, **kwargs)
 
+    monkeypatch.setattr(scheduler_module, "verify_drafted", slow)
+
+
+def test_a_verify_past_its_deadline_closes_the_session(prompt, server, monkeypatch):
     with _client(server) as client:
         session = client.start(prompt, max_new_tokens=8).session_id
-        monkeypatch.setattr(scheduler_module, "verify_drafted", slow)
+        _slow_passes(monkeypatch)
         with _client(server, timeout_s=0.2) as hasty, pytest.raises(RemoteError) as caught:
             hasty.verify(session, [5])
         assert caught.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
-        monkeypatch.setattr(scheduler_module, "verify_drafted", real)
+        monkeypatch.undo()
         assert _wait_until(lambda: len(server.service.table) == 0, 3.0)
         with pytest.raises(RemoteError) as gone:
             client.verify(session, [])
@@ -89,19 +94,13 @@ def test_a_verify_past_its_deadline_closes_the_session(prompt, server, monkeypat
 
 
 def test_a_batch_past_its_deadline_closes_every_session_it_moved(prompt, server, monkeypatch):
-    real = scheduler_module.verify_drafted
-
-    def slow(*args, **kwargs):
-        time.sleep(0.6)
-        return real(*args, **kwargs)
-
     with _client(server) as client:
         sessions = [client.start(prompt, max_new_tokens=8).session_id for _ in range(2)]
-        monkeypatch.setattr(scheduler_module, "verify_drafted", slow)
+        _slow_passes(monkeypatch)
         with _client(server, timeout_s=0.2) as hasty, pytest.raises(RemoteError) as caught:
             hasty.verify_batch([(s, [5]) for s in sessions])
         assert caught.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
-        monkeypatch.setattr(scheduler_module, "verify_drafted", real)
+        monkeypatch.undo()
         assert _wait_until(lambda: len(server.service.table) == 0, 3.0)
         for session in sessions:
             with pytest.raises(RemoteError) as gone:
