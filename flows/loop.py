@@ -31,6 +31,23 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from tasks.loop import prefect_tasks as steps
+from tasks.settings import loop_settings
+
+# A flow run rescheduled after crashes (its worker died: tasks/ops/prefect_setup.py) this
+# many times stops instead of crashing again.
+MAX_RUNS = 3
+# Flow time limits: a run past them fails (and holds no slot, lock or worker any longer).
+TIMEOUTS_S = {"collect": 3600, "retrain": 6 * 3600, "evaluate": 2 * 3600, "bootstrap": 3600}
+
+
+def _check_run_count() -> None:
+    from prefect.runtime import flow_run
+
+    if (flow_run.run_count or 0) > MAX_RUNS:
+        raise RuntimeError(
+            f"flow run {flow_run.name} started {flow_run.run_count} times (it crashed and was "
+            f"rescheduled); giving up after {MAX_RUNS}: read its logs before re-running it"
+        )
 
 
 def slot(resolution: str = "%Y%m%dT%H%M") -> str:
@@ -54,7 +71,7 @@ def scheduled_timestamp() -> float:
     return (scheduled or datetime.now(tz=UTC)).timestamp()
 
 
-@flow(name="evaluate-and-promote")
+@flow(name="evaluate-and-promote", timeout_seconds=TIMEOUTS_S["evaluate"])
 def evaluate_and_promote(
     challengers: list[dict[str, str]],
     hardware: str = "cpu",
@@ -65,7 +82,12 @@ def evaluate_and_promote(
     promote: bool = True,
     traffic: str | None = None,
     traffic_per_workload: int = 8,
+    store: str = "data",
+    lineage: dict[str, str] | None = None,
 ) -> dict[str, Any]:
+    """``lineage`` (default: the data version of ``store`` and the git commit) tags every
+    evaluation run."""
+    lineage = lineage or steps.lineage(store)
     decision = steps.evaluate_gate_promote(
         challengers,
         hardware=hardware,
@@ -76,6 +98,7 @@ def evaluate_and_promote(
         promote=promote,
         traffic=traffic,
         traffic_per_workload=traffic_per_workload,
+        lineage=lineage,
     )
     logger = get_run_logger()
     for label, result in decision["gates"].items():
@@ -86,7 +109,7 @@ def evaluate_and_promote(
     return decision
 
 
-@flow(name="bootstrap")
+@flow(name="bootstrap", timeout_seconds=TIMEOUTS_S["bootstrap"])
 def bootstrap(
     hardware: str = "cpu",
     drafter: str = "pld:3",
@@ -116,7 +139,7 @@ def bootstrap(
     return {"champion": decision["promoted"], "bootstrapped": decision}
 
 
-@flow(name="retrain")
+@flow(name="retrain", timeout_seconds=TIMEOUTS_S["retrain"])
 def retrain(
     hardware: str = "cpu",
     store: str = "data",
@@ -130,6 +153,7 @@ def retrain(
     """``budgets`` overrides ``configs/retrain.yaml``'s time budgets (seconds per family);
     ``run_slot`` names the work folder (default: this run's scheduled start)."""
     logger = get_run_logger()
+    _check_run_count()
     run_slot = run_slot or slot()
     dataset = f"{work}/dataset"
     out = f"{work}/challengers/{hardware}/{run_slot}"
@@ -139,7 +163,11 @@ def retrain(
     package = steps.train_suffix(store, dataset, out, hardware=hardware)
     challengers.append(
         steps.register(
-            package, "suffix", params={"records": summary["validation"]["valid"]}, tags=tags
+            package,
+            "suffix",
+            params={"records": summary["validation"]["valid"]},
+            tags=tags,
+            key=f"{hardware}/{run_slot}/suffix",
         )
     )
     trained = steps.train_learned(dataset, out, hardware=hardware, budgets=budgets)
@@ -155,6 +183,7 @@ def retrain(
                 params=result["params"],
                 tags=tags,
                 curves=result["curves"],
+                key=f"{hardware}/{run_slot}/{result['family']}",
             )
         )
     steps.record_retrain(
@@ -168,6 +197,8 @@ def retrain(
         max_new_tokens=max_new_tokens,
         cache=f"{work}/packages",
         traffic=dataset,
+        store=store,
+        lineage=tags,
     )
     # The acceptance predictor, judged on the champion draft this run leaves serving.
     predictor = steps.retrain_predictor(
@@ -179,6 +210,7 @@ def retrain(
         max_new_tokens=max_new_tokens,
         cache=f"{work}/packages",
         tags=tags,
+        key=f"{hardware}/{run_slot}/predictor",
     )
     if predictor["skipped"]:
         logger.warning("predictor: %s", predictor["skipped"])
@@ -196,7 +228,40 @@ def retrain(
     }
 
 
-@flow(name="collect")
+def _retrain_through(deployment: str, parameters: dict[str, Any], *, wait_s: float) -> dict:
+    """A run of the retrain deployment for this slot (one per slot: a re-run of this
+    collect gets the same run back), as this flow's subflow."""
+    from typing import cast
+
+    from prefect.client.schemas.objects import FlowRun
+    from prefect.deployments import run_deployment
+
+    key = f"{deployment}:{parameters['hardware']}:{parameters['run_slot']}"
+    # Called from a sync flow, run_deployment runs synchronously (it returns a coroutine
+    # only when awaited from async code).
+    run = cast(
+        FlowRun,
+        run_deployment(
+            deployment,
+            parameters=parameters,
+            idempotency_key=key,
+            timeout=wait_s,
+            as_subflow=True,
+            tags=["specops", "triggered"],
+        ),
+    )
+    state = run.state.name if run.state is not None else "unknown"
+    if (
+        wait_s > 0
+        and run.state is not None
+        and run.state.is_final()
+        and not run.state.is_completed()
+    ):
+        raise RuntimeError(f"retrain flow run {run.name} ({run.id}) ended {state}")
+    return {"deployment": deployment, "flow_run": str(run.id), "name": run.name, "state": state}
+
+
+@flow(name="collect", timeout_seconds=TIMEOUTS_S["collect"])
 def collect(
     hardware: str = "cpu",
     store: str = "data",
@@ -211,11 +276,23 @@ def collect(
     threshold: float = 0.5,
     retrain_options: dict[str, Any] | None = None,
     cooldown_minutes: float | None = None,
+    retrain_deployment: str | None = None,
+    retrain_wait_s: float = 0.0,
+    force_retrain: bool = False,
 ) -> dict[str, Any]:
     """``threshold`` is the absolute one, for a champion never evaluated; otherwise
     ``configs/retrain.yaml``'s relative threshold decides. ``retrain_options`` go to
-    :func:`retrain`; ``cooldown_minutes`` overrides the config's cool-down."""
+    :func:`retrain`; ``cooldown_minutes`` overrides the config's cool-down.
+
+    ``retrain_deployment`` (default ``SPECOPS_RETRAIN_DEPLOYMENT``; ``prefect.yaml`` sets
+    ``retrain/daily``) starts the retrain as a run of that deployment, on its work pool,
+    keyed by this run's slot: a re-run of this collect finds the retrain it started
+    instead of starting another. ``retrain_wait_s`` waits that long for it to finish (0:
+    start it and return). Without a deployment, the retrain runs here, in-process.
+    ``force_retrain`` retrains whatever acceptance says (an operator's manual run:
+    ``prefect deployment run collect/hourly -p force_retrain=true``)."""
     logger = get_run_logger()
+    _check_run_count()
     replayed = None
     if replay_workload and replay_prompts > 0:
         replayed = steps.replay_traffic(
@@ -240,10 +317,21 @@ def collect(
     for line in trigger["reasons"]:
         logger.info("%s", line)
     retrained = None
-    if trigger["retrain"] and trigger_retrain:
-        logger.info("acceptance fell below its threshold: retraining")
+    deployment = retrain_deployment or loop_settings().retrain_deployment
+    if force_retrain or (trigger["retrain"] and trigger_retrain):
+        logger.info(
+            "retrain forced" if force_retrain else "acceptance fell below its threshold: retraining"
+        )
         options = {"run_slot": slot(), **(retrain_options or {})}
-        retrained = retrain(hardware=hardware, store=store, work=work, **options)
+        if deployment:
+            retrained = _retrain_through(
+                deployment,
+                {"hardware": hardware, "store": store, "work": work, **options},
+                wait_s=retrain_wait_s,
+            )
+            logger.info("retrain: flow run %s (%s)", retrained["flow_run"], retrained["state"])
+        else:
+            retrained = retrain(hardware=hardware, store=store, work=work, **options)
     elif trigger["held_back"]:
         logger.info("retrain wanted but held back: %s", trigger["held_back"])
     return {

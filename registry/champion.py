@@ -27,7 +27,7 @@ class ChampionLookup:
         draft = self.registry.champion(self.hardware)
         if draft is None:
             raise RegistryError(
-                f"the registry at {self.registry.tracking_uri!r} has no champion for hardware "
+                f"the registry at {self.registry.shown_uri!r} has no champion for hardware "
                 f"target {self.hardware!r}; promote a draft first (or serve with --drafter)"
             )
         return ServingChampion(draft.label, self.registry.download(draft, self.cache))

@@ -13,7 +13,7 @@ rollback is an MLflow run (experiment ``<experiment>-promotions``) with its reas
 metrics and gate results: the audit trail that rollback reads.
 
 Two flows may promote on the same target at once. Every alias move (promotion, rollback)
-holds a file lock per tracking store and hardware target (:func:`promotion_lock_path`), and
+holds a file lock per registry store and hardware target (:func:`promotion_lock_path`), and
 re-reads the champion inside it; a promotion given ``expected_champion`` (the champion its
 evaluation compared against) is refused when the champion has moved since, so a draft is
 never promoted over one it was not measured against. The lock serialises the processes
@@ -23,7 +23,16 @@ serialised, and leave a window of a few requests between the check and the move.
 
 A draft version carries its lineage: the tags given to :meth:`Registry.log_draft` (data
 version, git commit, ...) go on both the run and the model version, and its training
-curves are the run's metrics, one point per step.
+curves are the run's metrics, one point per step. Evaluation and report runs take lineage
+tags too (:meth:`Registry.log_evaluation`, :meth:`Registry.log_report`);
+:meth:`Registry.lineage` gathers a version's (``specops registry show VERSION``).
+
+Where the store is comes from :mod:`registry.config` (flags, environment, file). A store
+that does not answer fails construction with one :class:`RegistryError` naming its URI
+(password masked) and where it was set; one that fails later (the server died mid-way)
+fails the operation the same way. A registration that fails after its run was created
+deletes the run, so no half-logged version is left: a version is only created once all
+its artifacts are logged.
 
 The acceptance predictor is registered beside the drafts, as one model outside the draft
 prefix with the same per-target aliases (:mod:`registry.predictor`, through this client).
@@ -48,10 +57,11 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from registry.config import RegistryConfig, load_registry_config
+from registry.config import RegistryConfig, load_registry_config, mask_uri, store_kind
 from serving.atomic import replace_dir
 from serving.backends.exports import read_export
 from serving.drafters.package import read_manifest
@@ -64,6 +74,7 @@ log = logging.getLogger(__name__)
 CHAMPION = "champion"
 CHALLENGER = "challenger"
 LOCK_TIMEOUT_S = 120.0  # a promotion takes well under a second; longer means a stuck holder
+CONNECT_TIMEOUT_S = 5.0  # the reachability check of a tracking server or database
 _METRICS_PER_BATCH = 1000  # MLflow's limit per log_batch call
 
 
@@ -82,6 +93,102 @@ ExpectedChampion = str | None | Literal[_AnyChampion.ANY]
 
 class RegistryError(SpecOpsError, RuntimeError):
     """The registry could not be reached, or refused an operation (the reason says why)."""
+
+
+_ABSENT = ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE")
+
+
+def _absent(error: Exception) -> bool:
+    """An MLflow answer meaning "no such model, version or alias", as opposed to a store
+    that failed (unreachable, broken): only the former may read as "none"."""
+    return getattr(error, "error_code", None) in _ABSENT
+
+
+def _brief(error: BaseException, secret: str | None = None) -> str:
+    """The first line of ``error``'s message (of its DB-API cause for SQLAlchemy), without
+    ``secret``."""
+    cause = getattr(error, "orig", None) or error
+    text = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
+    if len(text) > _BRIEF_CHARS:  # MLflow's REST errors quote the whole request
+        reason = re.search(r"\[Errno -?\d+\][^\"')]*", text)
+        text = f"{text[: _BRIEF_CHARS // 2]} ... {reason.group(0) if reason else text[-80:]}"
+    return text.replace(secret, "***") if secret else text
+
+
+_BRIEF_CHARS = 240
+
+
+_DRIVER_HINT = {
+    "postgresql": "install specops[postgres] (pip install 'specops[postgres]')",
+    "mysql": "install mysqlclient, or pymysql with a mysql+pymysql:// URI",
+    "mssql": "install pyodbc",
+}
+
+
+def check_store(uri: str, named: str) -> None:
+    """Fail with one :class:`RegistryError` naming ``uri`` (its password masked) and
+    ``named`` (which key, from which layer) unless the store answers: an http(s) server's
+    ``/health``, a database's connection (its driver installed first); a SQLite store's
+    folder is made."""
+    shown = mask_uri(uri)
+    if uri.startswith("sqlite:///"):
+        Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        return
+    if uri.startswith(("http://", "https://")):
+        import httpx
+
+        try:
+            httpx.get(uri.rstrip("/") + "/health", timeout=CONNECT_TIMEOUT_S).raise_for_status()
+        except httpx.HTTPError as error:
+            raise RegistryError(
+                f"the MLflow tracking server at {shown!r} ({named}) is unreachable "
+                f"({_brief(error)}); start it, or point the registry elsewhere "
+                "(docs/configuration.md: --tracking-uri, MLFLOW_TRACKING_URI, "
+                "configs/registry.yaml)"
+            ) from None
+        return
+    if store_kind(uri) == "database":
+        _check_database(uri, named)
+
+
+def _check_database(uri: str, named: str) -> None:
+    from sqlalchemy import create_engine
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
+    from sqlalchemy.pool import NullPool
+
+    shown = mask_uri(uri)
+    try:
+        url = make_url(uri)
+        dialect = url.get_dialect()
+    except (ArgumentError, NoSuchModuleError, ValueError) as error:
+        raise RegistryError(
+            f"{shown!r} ({named}) is no database URL SQLAlchemy knows ({_brief(error)})"
+        ) from None
+    backend = url.get_backend_name()
+    try:
+        dialect.import_dbapi()
+    except ImportError as error:
+        hint = _DRIVER_HINT.get(backend, f"install the {backend} driver")
+        raise RegistryError(
+            f"the database driver for {shown!r} ({named}) is not installed "
+            f"({_brief(error)}); {hint}"
+        ) from None
+    timeout = (
+        {"connect_timeout": int(CONNECT_TIMEOUT_S)} if backend in ("postgresql", "mysql") else {}
+    )
+    engine = create_engine(url, connect_args=timeout, poolclass=NullPool)
+    try:
+        with engine.connect():
+            pass
+    except SQLAlchemyError as error:
+        raise RegistryError(
+            f"the tracking database at {shown!r} ({named}) is unreachable "
+            f"({_brief(error, url.password)}); start it, check the URI and its credentials, "
+            "or point the registry elsewhere (docs/configuration.md)"
+        ) from None
+    finally:
+        engine.dispose()
 
 
 def alias(role: str, hardware: str) -> str:
@@ -122,6 +229,23 @@ def promotion_lock_path(tracking_uri: str, hardware: str) -> Path:
     return cache_root() / "locks" / f"{store}-promote-{hardware}.lock"
 
 
+LINEAGE_TAGS = ("data_version", "git_commit")
+
+
+def _lineage_tags(tags: dict[str, str]) -> dict[str, str]:
+    """The lineage among ``tags`` (tasks.loop.lineage.lineage_tags): the data version and
+    the git commit, those that are there."""
+    return {key: tags[key] for key in LINEAGE_TAGS if tags.get(key)}
+
+
+def _when(millis: int | None) -> str | None:
+    """An MLflow timestamp (ms since the epoch) as ISO 8601 UTC."""
+    if millis is None:
+        return None
+    moment = datetime.fromtimestamp(millis / 1000, tz=UTC)
+    return moment.isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
 def _shown(label: str | None) -> str:
     return label if label is not None else "none (plain decoding)"
 
@@ -158,41 +282,64 @@ class Registry:
 
         self.config = config or load_registry_config()
         self.tracking_uri = self.config.resolved_tracking_uri()
+        self.registry_uri = self.config.resolved_registry_uri()
+        # What messages and printouts name: the store's URI, its password masked.
+        self.shown_uri = mask_uri(self.tracking_uri)
+        if self.registry_uri != self.tracking_uri:
+            self.shown_uri += f" (registry {mask_uri(self.registry_uri)})"
         self._check_reachable()
         mlflow.set_tracking_uri(self.tracking_uri)
         self._mlflow = mlflow
-        self.client = MlflowClient(tracking_uri=self.tracking_uri, registry_uri=self.tracking_uri)
+        self.client = MlflowClient(tracking_uri=self.tracking_uri, registry_uri=self.registry_uri)
         try:
             self.experiment_id = self._experiment(self.config.experiment)
             self.promotions_id = self._experiment(f"{self.config.experiment}-promotions")
         except Exception as error:
             raise RegistryError(
-                f"cannot use the MLflow tracking store at {self.tracking_uri!r}: {error}"
+                f"cannot use the MLflow tracking store at {self.shown_uri!r}: {_brief(error)}"
             ) from None
 
     # --- connection -------------------------------------------------------------------
     def _check_reachable(self) -> None:
-        uri = self.tracking_uri
-        if uri.startswith("sqlite:///"):
-            Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-            return
-        if uri.startswith(("http://", "https://")):
-            import httpx
+        """One clear error, naming the URI and where it was set, if a store does not answer."""
+        stores = {self.tracking_uri: "tracking_uri"}
+        stores.setdefault(self.registry_uri, "registry_uri")  # once when they are the same
+        for uri, key in stores.items():
+            check_store(uri, f"{key}, from {self.config.origin(key)}")
 
-            try:
-                httpx.get(uri.rstrip("/") + "/health", timeout=5.0).raise_for_status()
-            except httpx.HTTPError as error:
-                raise RegistryError(
-                    f"the MLflow tracking server at {uri!r} is unreachable ({error}); start "
-                    "it, or set SPECOPS_MLFLOW_URI / configs/registry.yaml tracking_uri"
-                ) from None
+    @contextmanager
+    def _store(self, action: str) -> Iterator[None]:
+        """Any failure of the store during ``action`` (the server died, the database went
+        away) as one :class:`RegistryError` naming the store; specops' own errors pass."""
+        try:
+            yield
+        except (SpecOpsError, TypeError, AttributeError, NameError, AssertionError):
+            raise  # specops' own errors, and bugs (their traceback is wanted)
+        except Exception as error:
+            log.debug("%s failed against %s", action, self.shown_uri, exc_info=True)
+            raise RegistryError(
+                f"cannot {action}: the MLflow store at {self.shown_uri!r} failed ({_brief(error)})"
+            ) from None
 
     def _experiment(self, name: str) -> str:
+        """The experiment ``name``'s id, created if need be: in ``artifact_root`` when one is
+        set (or the store is local), else where the tracking server puts artifacts."""
+        from mlflow.exceptions import MlflowException
+
         found = self.client.get_experiment_by_name(name)
         if found is not None:
             return found.experiment_id
-        location = f"{self.config.resolved_artifact_root().rstrip('/')}/{name}"
-        return self.client.create_experiment(name, artifact_location=location)
+        root = self.config.resolved_artifact_root()
+        location = None if root is None else f"{root.rstrip('/')}/{name}"
+        try:
+            return self.client.create_experiment(name, artifact_location=location)
+        except MlflowException as error:
+            if error.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise
+            created = self.client.get_experiment_by_name(name)  # by another replica, meanwhile
+            if created is None:
+                raise
+            return created.experiment_id
 
     # --- versions ---------------------------------------------------------------------
     def model_name(self, family: str) -> str:
@@ -267,33 +414,83 @@ class Registry:
         params, metrics, curves and tags, registered as a new version of ``name`` (created
         if need be); ``tags`` go on the version too. The checked ``folder`` of a draft
         package (:meth:`log_draft`) or of an acceptance predictor (:mod:`registry.predictor`)."""
+        points = _curve_metrics(curves or {})
+        run_id: str | None = None
+        with self._store(f"register a new version of {name}"):
+            try:
+                with self._run(experiment_id=self.experiment_id, run_name=run_name) as run:
+                    run_id = run.info.run_id
+                    self._mlflow.log_params(params)
+                    if metrics:
+                        self._mlflow.log_metrics(metrics)
+                    self._mlflow.set_tags({"kind": kind, "family": family, **(tags or {})})
+                    for start in range(0, len(points), _METRICS_PER_BATCH):
+                        self.client.log_batch(
+                            run_id, metrics=points[start : start + _METRICS_PER_BATCH]
+                        )
+                    self._mlflow.log_artifacts(str(folder), artifact_path=kind)
+                    for artifact_name, path in (artifacts or {}).items():
+                        self._mlflow.log_artifact(str(path), artifact_path=artifact_name)
+                    source = f"{run.info.artifact_uri.rstrip('/')}/{kind}"
+                # Only now, every artifact logged, does the version exist.
+                self._ensure_model(name, family=family, description=description)
+                mv = self.client.create_model_version(
+                    name, source=source, run_id=run_id, tags={**(tags or {}), "family": family}
+                )
+            except BaseException:
+                if run_id is not None:
+                    self._discard(run_id, name)
+                raise
+        log.info("registered %s version %s", name, mv.version)
+        return self._version(family, mv)
+
+    def _ensure_model(self, name: str, *, family: str, description: str) -> None:
         from mlflow.exceptions import MlflowException
 
-        points = _curve_metrics(curves or {})
-        with self._run(experiment_id=self.experiment_id, run_name=run_name) as run:
-            self._mlflow.log_params(params)
-            if metrics:
-                self._mlflow.log_metrics(metrics)
-            self._mlflow.set_tags({"kind": kind, "family": family, **(tags or {})})
-            for start in range(0, len(points), _METRICS_PER_BATCH):
-                self.client.log_batch(
-                    run.info.run_id, metrics=points[start : start + _METRICS_PER_BATCH]
-                )
-            self._mlflow.log_artifacts(str(folder), artifact_path=kind)
-            for artifact_name, path in (artifacts or {}).items():
-                self._mlflow.log_artifact(str(path), artifact_path=artifact_name)
-            source = f"{run.info.artifact_uri.rstrip('/')}/{kind}"
         try:
             self.client.get_registered_model(name)
-        except MlflowException:
+            return
+        except MlflowException as error:
+            if not _absent(error):
+                raise
+        try:
             self.client.create_registered_model(
                 name, tags={"family": family}, description=description
             )
-        mv = self.client.create_model_version(
-            name, source=source, run_id=run.info.run_id, tags={**(tags or {}), "family": family}
-        )
-        log.info("registered %s version %s", name, mv.version)
-        return self._version(family, mv)
+        except MlflowException as error:
+            if error.error_code != "RESOURCE_ALREADY_EXISTS":  # another replica made it
+                raise
+
+    def _discard(self, run_id: str, name: str | None = None) -> None:
+        """Undo what failed half-way: delete any version of ``name`` made from run
+        ``run_id`` (one whose creation answered too late) and the run. Best effort: a
+        failure here is logged, never raised over the original error. A store that no
+        longer answers is not asked (MLflow's client would retry for minutes): the run,
+        which no version points at, is left for deleting by hand."""
+        try:
+            check_store(self.tracking_uri, "tracking_uri")
+        except RegistryError:
+            log.warning(
+                "the store at %s does not answer; run %s (no version points at it) is left: "
+                "delete it once the store is back (mlflow runs delete --run-id %s)",
+                self.shown_uri, run_id, run_id,
+            )  # fmt: skip
+            return
+        try:
+            if name is not None:
+                found = self.client.search_model_versions(
+                    f"name = '{name}' and run_id = '{run_id}'"
+                )
+                for mv in found:
+                    self.client.delete_model_version(name, mv.version)
+        except Exception:
+            log.warning(
+                "could not look for versions of %s from run %s", name, run_id, exc_info=True
+            )
+        try:
+            self.client.delete_run(run_id)
+        except Exception:
+            log.warning("could not delete the half-logged run %s", run_id, exc_info=True)
 
     def get(self, family: str, version: str | int) -> DraftVersion:
         return self._get(self.model_name(family), family, version)
@@ -301,10 +498,13 @@ class Registry:
     def _get(self, name: str, family: str, version: str | int) -> DraftVersion:
         from mlflow.exceptions import MlflowException
 
-        try:
-            return self._version(family, self.client.get_model_version(name, str(version)))
-        except MlflowException:
-            raise RegistryError(f"{name} has no version {str(version)!r}") from None
+        with self._store(f"read {name} version {version}"):
+            try:
+                return self._version(family, self.client.get_model_version(name, str(version)))
+            except MlflowException as error:
+                if not _absent(error):
+                    raise
+        raise RegistryError(f"{name} has no version {str(version)!r}")
 
     def resolve(self, label: str) -> DraftVersion:
         """The version ``label`` names: ``<family>/<version>`` (``head/3``) or the full
@@ -323,15 +523,33 @@ class Registry:
     def _by_alias(self, name: str, family: str, alias_name: str) -> DraftVersion | None:
         from mlflow.exceptions import MlflowException
 
-        try:
-            mv = self.client.get_model_version_by_alias(name, alias_name)
-        except MlflowException:
-            return None
+        with self._store(f"read alias {alias_name} of {name}"):
+            try:
+                mv = self.client.get_model_version_by_alias(name, alias_name)
+            except MlflowException as error:
+                if not _absent(error):
+                    raise
+                return None
         return self._version(family, mv)
+
+    def find_version(self, name: str, family: str, **tags: str) -> DraftVersion | None:
+        """The version of registered model ``name`` whose tags include ``tags`` (the
+        oldest, if several), or None: how a re-run finds what its first run registered
+        (``run_key``) instead of registering it twice."""
+        for key, value in tags.items():
+            if not re.fullmatch(r"[A-Za-z0-9_.]+", key) or "'" in value or "\\" in value:
+                raise RegistryError(f"cannot search by tag {key}={value!r}")
+        query = " and ".join([f"name = '{name}'", *(f"tags.{k} = '{v}'" for k, v in tags.items())])
+        with self._store(f"search {name} by {tags}"):
+            found = self.client.search_model_versions(query)
+        if not found:
+            return None
+        return self._version(family, min(found, key=lambda mv: int(mv.version)))
 
     def families(self) -> list[str]:
         prefix = f"{self.config.model_prefix}-"
-        models = self.client.search_registered_models(filter_string=f"name LIKE '{prefix}%'")
+        with self._store("list the draft families"):
+            models = self.client.search_registered_models(filter_string=f"name LIKE '{prefix}%'")
         return sorted(self._family_of(m.name) for m in models)
 
     # --- evaluation -------------------------------------------------------------------
@@ -344,36 +562,53 @@ class Registry:
         report: dict[str, Any] | None = None,
         params: dict[str, Any] | None = None,
         artifacts: list[Path] | None = None,
+        tags: dict[str, str] | None = None,
     ) -> str:
         """Record an evaluation of ``draft`` on ``hardware`` (metrics keyed by the target:
-        ``<hw>/<metric>``) and mark the version as evaluated there."""
+        ``<hw>/<metric>``) and mark the version as evaluated there. ``tags`` (lineage:
+        ``data_version``, ``git_commit``) go on the evaluation run.
+
+        The version is marked (``evaluated.<hw>``, pointing at the run) last; if anything
+        before fails, the run is deleted and the version stays unmarked."""
         alias(CHAMPION, hardware)  # checks the name
-        with self._run(
-            experiment_id=self.experiment_id, run_name=f"evaluate-{draft.family}-{hardware}"
-        ) as run:
-            self._mlflow.set_tags(
-                {
-                    "kind": "evaluation",
-                    "hardware": hardware,
-                    "family": draft.family,
-                    "draft": draft.label,
-                }
-            )
-            if params:
-                self._mlflow.log_params(params)
-            self._mlflow.log_metrics({f"{hardware}/{k}": float(v) for k, v in metrics.items()})
-            if report is not None:
-                self._mlflow.log_dict(report, f"evaluation-{hardware}.json")
-            for path in artifacts or []:
-                self._mlflow.log_artifact(str(path))
-        self.client.set_model_version_tag(
-            draft.name, draft.version, f"evaluated.{hardware}", run.info.run_id
-        )
-        for key, value in metrics.items():
-            self.client.set_model_version_tag(
-                draft.name, draft.version, f"{hardware}/{key}", repr(float(value))
-            )
-        return run.info.run_id
+        run_id: str | None = None
+        with self._store(f"log the evaluation of {draft.label} on {hardware!r}"):
+            try:
+                with self._run(
+                    experiment_id=self.experiment_id,
+                    run_name=f"evaluate-{draft.family}-{hardware}",
+                ) as run:
+                    run_id = run.info.run_id
+                    self._mlflow.set_tags(
+                        {
+                            **(tags or {}),
+                            "kind": "evaluation",
+                            "hardware": hardware,
+                            "family": draft.family,
+                            "draft": draft.label,
+                        }
+                    )
+                    if params:
+                        self._mlflow.log_params(params)
+                    self._mlflow.log_metrics(
+                        {f"{hardware}/{k}": float(v) for k, v in metrics.items()}
+                    )
+                    if report is not None:
+                        self._mlflow.log_dict(report, f"evaluation-{hardware}.json")
+                    for path in artifacts or []:
+                        self._mlflow.log_artifact(str(path))
+                for key, value in metrics.items():
+                    self.client.set_model_version_tag(
+                        draft.name, draft.version, f"{hardware}/{key}", repr(float(value))
+                    )
+                self.client.set_model_version_tag(
+                    draft.name, draft.version, f"evaluated.{hardware}", run_id
+                )
+            except BaseException:
+                if run_id is not None:
+                    self._discard(run_id)
+                raise
+        return run_id
 
     def log_report(
         self,
@@ -383,8 +618,12 @@ class Registry:
         metrics: dict[str, float] | None = None,
         tags: dict[str, str] | None = None,
     ) -> str:
-        """A run holding a report's files (plots, JSON) and headline metrics."""
-        with self._run(experiment_id=self.experiment_id, run_name=name) as run:
+        """A run holding a report's files (plots, JSON) and headline metrics; ``tags``
+        (lineage: ``data_version``, ``git_commit``, ...) go on the run."""
+        with (
+            self._store(f"log the report {name!r}"),
+            self._run(experiment_id=self.experiment_id, run_name=name) as run,
+        ):
             self._mlflow.set_tags({"kind": "report", **(tags or {})})
             if metrics:
                 self._mlflow.log_metrics(metrics)
@@ -392,17 +631,87 @@ class Registry:
                 self._mlflow.log_artifact(str(path))
         return run.info.run_id
 
+    # --- lineage ----------------------------------------------------------------------
+    def lineage(self, draft: DraftVersion) -> dict[str, Any]:
+        """Where ``draft`` came from and where it went: its lineage (``data_version``,
+        ``git_commit``: the version's tags, else its run's; empty when none was recorded),
+        the run that produced it, its evaluation runs per hardware target (each with the
+        lineage it was tagged with), the aliases it holds and its promotions (and
+        rollbacks to it), oldest first."""
+        from mlflow.exceptions import MlflowException
+
+        def run_of(run_id: str) -> dict[str, Any]:
+            try:
+                run = self.client.get_run(run_id)
+            except MlflowException as error:
+                if not _absent(error):
+                    raise
+                return {"run_id": run_id, "found": False, "lineage": {}}
+            return {
+                "run_id": run_id,
+                "found": True,
+                "name": run.info.run_name,
+                "status": run.info.status,
+                "deleted": run.info.lifecycle_stage == "deleted",
+                "started": _when(run.info.start_time),
+                "lineage": _lineage_tags(run.data.tags),
+            }
+
+        with self._store(f"read the lineage of {draft.label}"):
+            produced = run_of(draft.run_id) if draft.run_id else None
+            evaluated = {
+                key.removeprefix("evaluated."): run_of(run_id)
+                for key, run_id in sorted(draft.tags.items())
+                if key.startswith("evaluated.")
+            }
+            model = self.client.get_registered_model(draft.name)
+            records = self.client.search_runs(
+                [self.promotions_id],
+                filter_string=(
+                    f"tags.family = '{draft.family}' and tags.version = '{draft.version}'"
+                ),
+                order_by=["attributes.start_time ASC"],
+            )
+        held = [name for name, at in (model.aliases or {}).items() if str(at) == draft.version]
+        promotions = [
+            {
+                "run_id": record.info.run_id,
+                "at": _when(record.info.start_time),
+                "action": record.data.tags.get("action", ""),
+                "hardware": record.data.tags.get("hardware", ""),
+                "previous": (
+                    f"{record.data.tags['previous_family']}/{record.data.tags['previous_version']}"
+                    if record.data.tags.get("previous_family")
+                    else None
+                ),
+                "reason": record.data.tags.get("reason", ""),
+                "rolled_back": record.data.tags.get("rolled_back") == "true",
+            }
+            for record in records
+        ]
+        return {
+            "label": draft.label,
+            "family": draft.family,
+            "lineage": _lineage_tags(draft.tags) or (produced or {}).get("lineage", {}),
+            "run": produced,
+            "evaluations": evaluated,
+            "aliases": sorted(held),
+            "promotions": promotions,
+        }
+
     # --- aliases, promotion, rollback -------------------------------------------------
     def set_challenger(self, draft: DraftVersion, hardware: str) -> None:
-        self.client.set_registered_model_alias(
-            draft.name, alias(CHALLENGER, hardware), draft.version
-        )
+        name = alias(CHALLENGER, hardware)
+        with self._store(f"point {name} at {draft.label}"):
+            self.client.set_registered_model_alias(draft.name, name, draft.version)
 
     def champion(self, hardware: str) -> DraftVersion | None:
         """What serves on ``hardware``: the newest promotion among the families that hold
         ``champion-<hw>`` (during a cross-family promotion two briefly do)."""
         name = alias(CHAMPION, hardware)
-        holders = [draft for family in self.families() if (draft := self.by_alias(family, name))]
+        with self._store(f"read the champion of {hardware!r}"):
+            families = self.families()
+            holders = [draft for family in families if (draft := self.by_alias(family, name))]
         if not holders:
             return None
         return max(holders, key=lambda d: float(d.tags.get(f"promoted_at.{hardware}", "0")))
@@ -424,7 +733,7 @@ class Registry:
         since, the promotion is refused and ``draft`` must be re-evaluated. The default,
         :data:`ANY_CHAMPION`, promotes over whatever serves now. The checks, the audit run
         and the alias move happen under the target's lock (:func:`promotion_lock_path`)."""
-        with self._alias_lock(hardware):
+        with self._store(f"promote {draft.label} on {hardware!r}"), self._alias_lock(hardware):
             current = self.get(draft.family, draft.version)  # exists, with fresh tags
             if not current.evaluated_on(hardware):
                 raise RegistryError(
@@ -461,7 +770,7 @@ class Registry:
         """Give ``champion-<hw>`` back to the version the last promotion displaced."""
         from mlflow.entities import ViewType
 
-        with self._alias_lock(hardware):
+        with self._store(f"roll back {hardware!r}"), self._alias_lock(hardware):
             runs = self.client.search_runs(
                 [self.promotions_id],
                 filter_string=(
@@ -503,7 +812,7 @@ class Registry:
         """Hold the lock of ``hardware``'s aliases in this tracking store."""
         from filelock import FileLock, Timeout
 
-        path = promotion_lock_path(self.tracking_uri, hardware)
+        path = promotion_lock_path(self.registry_uri, hardware)
         path.parent.mkdir(parents=True, exist_ok=True)
         lock = FileLock(path, timeout=LOCK_TIMEOUT_S)
         try:
@@ -565,9 +874,10 @@ class Registry:
         """Keep ``draft``'s export for ``backend`` in its run; return the artifact URI."""
         read_export(folder)  # a broken export is never logged
         path = f"exports/{backend}"
-        self.client.log_artifacts(draft.run_id, str(folder), artifact_path=path)
         uri = f"{draft.source.rsplit('/', 1)[0]}/{path}"
-        self.client.set_model_version_tag(draft.name, draft.version, f"export.{backend}", uri)
+        with self._store(f"log the {backend} export of {draft.label}"):
+            self.client.log_artifacts(draft.run_id, str(folder), artifact_path=path)
+            self.client.set_model_version_tag(draft.name, draft.version, f"export.{backend}", uri)
         return uri
 
     def download_export(self, draft: DraftVersion, backend: str, cache: str | Path) -> Path:
@@ -595,7 +905,14 @@ class Registry:
         folder.parent.mkdir(parents=True, exist_ok=True)
         scratch = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{draft.version}."))
         try:
-            local = Path(download_artifacts(artifact_uri=uri, dst_path=str(scratch)))
+            local = Path(
+                download_artifacts(
+                    artifact_uri=uri,
+                    dst_path=str(scratch),
+                    tracking_uri=self.tracking_uri,  # resolves mlflow-artifacts:/ URIs
+                    registry_uri=self.registry_uri,
+                )
+            )
             check(local)
             replace_dir(local, folder)
         except Exception as error:

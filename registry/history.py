@@ -6,20 +6,33 @@ from __future__ import annotations
 
 from typing import Any
 
-from registry.client import DraftVersion, Registry, alias
+from registry.client import DraftVersion, Registry, RegistryError, alias
 
 RETRAIN = "retrain"
 
 
 def log_retrain(registry: Registry, hardware: str, slot: str, summary: dict[str, Any]) -> str:
-    """A run marking a retrain on ``hardware`` in schedule slot ``slot``; return its id."""
+    """A run marking a retrain on ``hardware`` in schedule slot ``slot``; return its id. A
+    slot already marked (a re-run of a crashed retrain) keeps its one run."""
     alias("champion", hardware)  # checks the name
-    mlflow = registry._mlflow
-    with mlflow.start_run(
-        experiment_id=registry.experiment_id, run_name=f"{RETRAIN}-{hardware}-{slot}"
-    ) as run:
-        mlflow.set_tags({"kind": RETRAIN, "hardware": hardware, "slot": slot})
-        mlflow.log_dict(summary, "retrain.json")
+    if any(c in slot for c in "'\\"):
+        raise RegistryError(f"retrain slot {slot!r} cannot contain quotes or backslashes")
+    with registry._store(f"record the retrain on {hardware} in slot {slot}"):
+        marked = registry.client.search_runs(
+            [registry.experiment_id],
+            filter_string=(
+                f"tags.kind = '{RETRAIN}' and tags.hardware = '{hardware}' and tags.slot = '{slot}'"
+            ),
+            max_results=1,
+        )
+        if marked:
+            return marked[0].info.run_id
+        mlflow = registry._mlflow
+        with registry._run(
+            experiment_id=registry.experiment_id, run_name=f"{RETRAIN}-{hardware}-{slot}"
+        ) as run:
+            mlflow.set_tags({"kind": RETRAIN, "hardware": hardware, "slot": slot})
+            mlflow.log_dict(summary, "retrain.json")
     return run.info.run_id
 
 

@@ -6,7 +6,9 @@ temporary is removed. A reader sees the old content or the new, never half of ei
 killed writer leaves only a hidden ``.<name>.*.tmp`` that readers skip.
 
 - :func:`atomic_path` hands out the temporary *path* for writers that take one
-  (``torch.save``, ``safetensors.save_file``, ``save_pretrained``);
+  (``torch.save``, ``safetensors.save_file``, ``save_pretrained``); with
+  ``exclusive=True`` it never replaces an existing file (:func:`link_into_place`), for
+  append-only stores that several writers share;
 - :func:`atomic_writer` opens it as a text file; :func:`write_text_atomic`,
   :func:`write_json_atomic` and :func:`write_jsonl_atomic` are the usual cases;
 - :func:`atomic_dir` does the same for a folder; :func:`replace_dir` puts a finished
@@ -16,6 +18,7 @@ killed writer leaves only a hidden ``.<name>.*.tmp`` that readers skip.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -41,10 +44,61 @@ def _old(folder: Path) -> Path:
     return folder.with_name(f".{folder.name}.old")
 
 
+# What os.link raises on a file system without hard links (FAT, some FUSE/SMB mounts).
+_NO_HARD_LINKS = frozenset({errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS})
+
+
+def _refuse(path: Path, why: str) -> FileExistsError:
+    return FileExistsError(
+        errno.EEXIST,
+        f"{path} {why}: refusing to replace it (files here are written once; "
+        "write under a new name)",
+        str(path),
+    )
+
+
+def link_into_place(temporary: Path, path: Path) -> None:
+    """Move the finished ``temporary`` to ``path`` unless ``path`` already exists, in which
+    case raise :class:`FileExistsError` naming it and leave both files as they are.
+
+    A hard link is created atomically and fails on an existing name, so of two writers
+    racing for one name exactly one wins and neither clobbers the other (``os.replace``
+    would let the second silently win). Where the file system has no hard links, a hidden
+    ``.<name>.claim.tmp`` made with ``O_EXCL`` serialises the writers instead, and the
+    rename happens only if ``path`` is still free."""
+    try:
+        os.link(temporary, path)
+    except FileExistsError:
+        raise _refuse(path, "already exists") from None
+    except OSError as error:
+        if error.errno not in _NO_HARD_LINKS:
+            raise
+        _claim_and_rename(temporary, path)
+        return
+    temporary.unlink()
+
+
+def _claim_and_rename(temporary: Path, path: Path) -> None:
+    claim = path.with_name(f".{path.name}.claim.tmp")  # hidden: readers skip it
+    try:
+        os.close(os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+    except FileExistsError:
+        raise _refuse(path, "is being put in place by another writer") from None
+    try:
+        if path.exists():
+            raise _refuse(path, "already exists")
+        os.replace(temporary, path)
+    finally:
+        claim.unlink(missing_ok=True)
+
+
 @contextmanager
-def atomic_path(path: str | Path) -> Iterator[Path]:
+def atomic_path(path: str | Path, *, exclusive: bool = False) -> Iterator[Path]:
     """Yield a hidden temporary path beside ``path``; when the block ends without error,
-    fsync what was written there and rename it to ``path`` (readable by everyone)."""
+    fsync what was written there and rename it to ``path`` (readable by everyone).
+
+    ``exclusive``: an existing ``path`` is an error (:func:`link_into_place`), not replaced.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     descriptor, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -54,17 +108,24 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         yield temporary
         _fsync(temporary)
         os.chmod(temporary, 0o644)  # mkstemp makes it 0600; a server may run as another user
-        os.replace(temporary, path)
+        if exclusive:
+            link_into_place(temporary, path)
+        else:
+            os.replace(temporary, path)
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise
 
 
 @contextmanager
-def atomic_writer(path: str | Path) -> Iterator[TextIO]:
+def atomic_writer(path: str | Path, *, exclusive: bool = False) -> Iterator[TextIO]:
     """Open a hidden temporary beside ``path`` for writing text (UTF-8); on success it
-    replaces ``path``, on any error it is deleted."""
-    with atomic_path(path) as temporary, temporary.open("w", encoding="utf-8") as handle:
+    replaces ``path`` (``exclusive``: takes its place only if there is none), on any error
+    it is deleted."""
+    with (
+        atomic_path(path, exclusive=exclusive) as temporary,
+        temporary.open("w", encoding="utf-8") as handle,
+    ):
         yield handle
 
 
@@ -79,10 +140,11 @@ def write_json_atomic(path: str | Path, payload: object) -> None:
         json.dump(payload, handle, indent=2)
 
 
-def write_jsonl_atomic(path: str | Path, rows: Iterable[dict]) -> int:
-    """Write ``rows`` as JSON lines atomically; return the row count."""
+def write_jsonl_atomic(path: str | Path, rows: Iterable[dict], *, exclusive: bool = False) -> int:
+    """Write ``rows`` as JSON lines atomically; return the row count. ``exclusive``: never
+    replace an existing ``path`` (:class:`FileExistsError` instead)."""
     count = 0
-    with atomic_writer(path) as handle:
+    with atomic_writer(path, exclusive=exclusive) as handle:
         for row in rows:
             handle.write(json.dumps(row) + "\n")
             count += 1

@@ -20,6 +20,7 @@ from specops.loop_cli import loop_app
 from specops.predictor_cli import predictor_app
 from specops.quality_cli import quality
 from specops.registry_cli import registry_app
+from specops.stack_cli import stack_app
 from specops.targets_cli import targets_app
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -31,10 +32,54 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+@app.callback()
+def main(
+    tracking_uri: Annotated[
+        str | None,
+        typer.Option(
+            "--tracking-uri",
+            help="The MLflow tracking store for this command (over MLFLOW_TRACKING_URI, "
+            "SPECOPS_MLFLOW_URI and configs/registry.yaml): http://host:5000, "
+            "postgresql://user@host/db, sqlite:///path. docs/configuration.md.",
+        ),
+    ] = None,
+    registry_uri: Annotated[
+        str | None,
+        typer.Option(
+            "--registry-uri",
+            help="The MLflow model registry, if not the tracking store (over MLFLOW_REGISTRY_URI).",
+        ),
+    ] = None,
+    registry_config: Annotated[
+        Path | None,
+        typer.Option(
+            "--registry-config",
+            help="The registry's YAML file instead of configs/registry.yaml (over "
+            "SPECOPS_REGISTRY_CONFIG).",
+        ),
+    ] = None,
+) -> None:
+    """specops: speculative decoding that keeps itself fast."""
+    # The top layer of the registry's settings, for this process and those it starts;
+    # checked here when given, so that a bad one fails before any command runs.
+    from registry.config import load_registry_config, set_overrides
+    from serving.errors import SpecOpsError
+
+    set_overrides(tracking_uri=tracking_uri, registry_uri=registry_uri, config_file=registry_config)
+    if tracking_uri or registry_uri or registry_config:
+        try:
+            load_registry_config()
+        except SpecOpsError as error:
+            fail(str(error))
+
+
 app.add_typer(data_app, name="data")
 app.add_typer(distributed_app, name="distributed")
 app.add_typer(cascade_app, name="cascade")
 app.add_typer(registry_app, name="registry")
+app.add_typer(stack_app, name="stack")
 register_draft_commands(app)
 app.add_typer(loop_app, name="loop")
 app.add_typer(predictor_app, name="predictor")

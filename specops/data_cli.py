@@ -148,8 +148,13 @@ def validate(
     ),
     summary: Annotated[Path | None, typer.Option(help="Write the summary JSON here.")] = None,
     plots: Annotated[Path | None, typer.Option(help="Folder for plot data (JSON).")] = None,
+    full: Annotated[
+        bool,
+        typer.Option(help="Re-validate every part, not only those new since the last run."),
+    ] = False,
 ) -> None:
-    """Validate the store (Great Expectations), quarantine bad rows, build the dataset."""
+    """Validate the store's new parts (Great Expectations), quarantine bad rows, build the
+    dataset from every valid record (earlier runs' kept in <out>/validated/)."""
     from serving.atomic import write_json_atomic
     from serving.errors import SpecOpsError
     from tasks.data.curate import curate
@@ -166,6 +171,7 @@ def validate(
             window=settings.tracker.window,
             threshold=settings.tracker.threshold,
             plots_dir=plots,
+            full=full,
         )
     except SpecOpsError as error:
         fail(str(error))

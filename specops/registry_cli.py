@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated, Any, NoReturn
 
 import typer
 
@@ -42,14 +42,30 @@ def _end(error: Exception) -> NoReturn:
 
 @registry_app.command("show")
 def show(
+    version: Annotated[
+        str | None,
+        typer.Argument(
+            help="FAMILY/VERSION (head/3) or the full label: print that version's lineage."
+        ),
+    ] = None,
     hardware: Annotated[
         str | None, typer.Option(help="Only this hardware target's champion.")
     ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="With VERSION: print one JSON object.")
+    ] = False,
 ) -> None:
-    """Print every draft family, its versions and aliases, and each target's champion."""
+    """Print every draft family, its versions and aliases, and each target's champion.
+
+    With VERSION, that version's lineage instead: the data version and git commit it was
+    made from, the run that produced it, its evaluation runs per hardware target (with
+    theirs), the aliases it holds and its promotions."""
     from serving.errors import SpecOpsError
     from serving.hardware import load_hardware
 
+    if version is not None:
+        _show_version(version, as_json=as_json)
+        return
     try:
         registry = _registry()
         targets = [hardware] if hardware else sorted(load_hardware().targets)
@@ -67,11 +83,76 @@ def show(
     except SpecOpsError as error:
         fail(str(error))
     payload = {
-        "tracking_uri": registry.tracking_uri,
+        **_stores(registry),
         "champions": {hw: d.label if d else None for hw, d in champions.items()},
         "families": families,
     }
     typer.echo(json.dumps(payload, indent=2))
+
+
+def _stores(registry) -> dict[str, str]:
+    """The tracking store's URI (and the registry's, when it is another), passwords masked."""
+    from registry.config import mask_uri
+
+    shown = {"tracking_uri": mask_uri(registry.tracking_uri)}
+    if registry.registry_uri != registry.tracking_uri:
+        shown["registry_uri"] = mask_uri(registry.registry_uri)
+    return shown
+
+
+NO_LINEAGE = "no lineage recorded"
+
+
+def _lineage_line(lineage: dict[str, str]) -> str:
+    """``data_version X, git_commit Y``; a missing one is named; none: NO_LINEAGE."""
+    if not lineage:
+        return NO_LINEAGE
+    return ", ".join(
+        f"{key} {lineage[key]}" if key in lineage else f"{key} not recorded"
+        for key in ("data_version", "git_commit")
+    )
+
+
+def _run_line(run: dict[str, Any] | None) -> str:
+    if run is None:
+        return "no run recorded"
+    if not run["found"]:
+        return f"run {run['run_id']} (not found in the tracking store)"
+    state = ", deleted" if run["deleted"] else ""
+    return f"run {run['run_id']} {run['name']!r} ({run['status']}{state}, {run['started']})"
+
+
+def _show_version(label: str, *, as_json: bool) -> None:
+    from serving.errors import SpecOpsError
+
+    try:
+        registry = _registry()
+        lineage = registry.lineage(registry.resolve(label))
+    except SpecOpsError as error:
+        _end(error)
+    if as_json:
+        typer.echo(json.dumps({**_stores(registry), **lineage}, indent=2))
+        return
+    lines = [
+        f"{lineage['label']} (family {lineage['family']}) in {registry.shown_uri}",
+        f"lineage: {_lineage_line(lineage['lineage'])}",
+        f"produced by: {_run_line(lineage['run'])}",
+    ]
+    evaluations = lineage["evaluations"]
+    lines.append("evaluations:" + ("" if evaluations else " none"))
+    for hw, run in evaluations.items():
+        lines.append(f"  {hw}: {_run_line(run)}; {_lineage_line(run['lineage'])}")
+    lines.append("aliases: " + (", ".join(lineage["aliases"]) or "none"))
+    promotions = lineage["promotions"]
+    lines.append("promotions:" + ("" if promotions else " none"))
+    for record in promotions:
+        was = f" (was {record['previous']})" if record["previous"] else ""
+        undone = ", rolled back" if record["rolled_back"] else ""
+        lines.append(
+            f"  {record['at']} {record['action']} on {record['hardware']}{was}: "
+            f"{record['reason']} [run {record['run_id']}{undone}]"
+        )
+    typer.echo("\n".join(lines))
 
 
 @registry_app.command("register")

@@ -17,6 +17,39 @@ PROMPT = [1, 5, 17, 42, 8, 5, 17, 42, 33, 9, 5, 17]
 NEW_TOKENS = 48
 
 
+# The registry's settings from the environment (docs/configuration.md). A developer's shell
+# may hold them; the suite must never reach a real tracking server through them.
+REGISTRY_ENV = (
+    "MLFLOW_TRACKING_URI",
+    "MLFLOW_REGISTRY_URI",
+    "SPECOPS_MLFLOW_URI",
+    "SPECOPS_MLFLOW_ARTIFACTS",
+    "SPECOPS_REGISTRY_CONFIG",
+)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_ambient_registry():
+    """Unset for the whole session (module and session fixtures included)."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        for name in REGISTRY_ENV:
+            monkeypatch.delenv(name, raising=False)
+        yield
+
+
+@pytest.fixture(autouse=True)
+def registry_settings_per_test(monkeypatch):
+    """What a test sets (variables, ``specops --tracking-uri ...``, whose overrides are
+    exported to the environment) ends with it."""
+    import registry.config as registry_config
+
+    for name in REGISTRY_ENV:
+        monkeypatch.setenv(name, "")  # records the value to restore after the test
+        monkeypatch.delenv(name)
+    monkeypatch.setattr(registry_config, "_overrides", registry_config.Overrides())
+    monkeypatch.setattr(registry_config, "_exported", {})
+
+
 @pytest.fixture(scope="session")
 def target():
     return tiny_llama()

@@ -5,22 +5,27 @@ Layout under a root::
     records/hardware=<target>/date=<YYYY-MM-DD>/part-<run>-<seq>.jsonl   collected requests
     quarantine/part-<run>.jsonl                                           rejected rows + reasons
 
-A part is written to a hidden temporary file beside its final name and renamed into place
-(:mod:`serving.atomic`), so a reader never sees a half-written part and a killed writer
-leaves only a hidden ``.tmp`` file that readers skip and the next run removes. Parts are
-never modified.
+A part is written to a hidden temporary file beside its final name and linked into place
+(:func:`write_part`, :mod:`serving.atomic`), so a reader never sees a half-written part and a
+killed writer leaves only a hidden ``.tmp`` file that readers skip and the next run removes.
+Parts are never modified, and never replaced: several writers (server replicas on other
+hosts, collections) share one store, each under its own run id, and a part whose name is
+already taken is refused rather than overwritten, so no writer can lose another's records.
+Readers may rely on this: a part, once seen, keeps its content (the incremental validation
+of :mod:`tasks.data.incremental` does).
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
 from pydantic import ValidationError
 
+from serving.atomic import write_jsonl_atomic
 from serving.errors import BadInputError
 from serving.records.schema import UnknownSchemaVersionError, parse_record
 
@@ -64,6 +69,13 @@ def plan_parts(
     ]
 
 
+def write_part(path: Path, rows: Iterable[dict]) -> int:
+    """Write a new part atomically and return its row count; a part already at ``path`` is
+    a :class:`FileExistsError` naming it (parts are write-once: another writer's part is
+    never replaced, see :func:`serving.atomic.link_into_place`)."""
+    return write_jsonl_atomic(path, rows, exclusive=True)
+
+
 def part_files(root: Path, area: str = RECORDS) -> list[Path]:
     """Every committed part under ``root/area`` (hidden temporary files excluded), sorted."""
     base = Path(root) / area
@@ -82,13 +94,18 @@ def read_lines(path: Path) -> Iterator[tuple[int, str | bytes]]:
                 yield number, raw
 
 
-def read_raw(root: Path, area: str = RECORDS) -> Iterator[tuple[str, object]]:
-    """Yield ``(source, row)`` for every line of every part; a line that is not JSON (or not
-    UTF-8) is yielded as its text so that validation quarantines it rather than crash. Blank
-    lines carry nothing and are skipped."""
-    for path in part_files(root, area):
+def part_key(root: Path, path: Path) -> str:
+    """``path`` relative to the store ``root``, with ``/``: how a part is named in sources
+    and ledgers, the same on every host that mounts the store."""
+    return Path(path).relative_to(root).as_posix()
+
+
+def read_parts(root: Path, paths: Iterable[Path]) -> Iterator[tuple[str, object]]:
+    """Yield ``(source, row)`` for every line of the parts ``paths`` (under ``root``), as
+    :func:`read_raw` does for all of them."""
+    for path in paths:
         for number, line in read_lines(path):
-            source = f"{path.relative_to(root)}:{number}"
+            source = f"{part_key(root, path)}:{number}"
             if isinstance(line, bytes):
                 yield source, line.decode("utf-8", errors="replace").rstrip("\n")
                 continue
@@ -98,6 +115,13 @@ def read_raw(root: Path, area: str = RECORDS) -> Iterator[tuple[str, object]]:
                 yield source, json.loads(line)
             except json.JSONDecodeError:
                 yield source, line.rstrip("\n")
+
+
+def read_raw(root: Path, area: str = RECORDS) -> Iterator[tuple[str, object]]:
+    """Yield ``(source, row)`` for every line of every part; a line that is not JSON (or not
+    UTF-8) is yielded as its text so that validation quarantines it rather than crash. Blank
+    lines carry nothing and are skipped."""
+    yield from read_parts(root, part_files(root, area))
 
 
 def existing_ids(root: Path) -> set[str]:

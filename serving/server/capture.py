@@ -6,6 +6,13 @@ validates: ``<store>/records/hardware=<target>/date=<day>/part-serve-....jsonl``
 are buffered and flushed as atomic parts (every ``chunk_size`` records, every
 ``max_age_s`` seconds, and at shutdown), so a reader never sees half a part.
 
+Several replicas, on one host or many sharing a network folder, capture into one store.
+Each capture's run id (:func:`capture_run_id`) names the replica (when configured), the
+host, the start time, the process id and a random token, so no two processes pick the same
+part names; and a part is never written over an existing one (:func:`store.write_part`):
+if a name were ever taken, the flush fails, keeps its rows and retries them under the next
+part number, so no records are lost either way.
+
 The record schema and the store writer are :mod:`serving.records`, shared with the data
 stage's collection, so that captured traffic cannot drift from collected traffic.
 """
@@ -16,16 +23,62 @@ import hashlib
 import logging
 import os
 import random
+import re
+import secrets
+import socket
 import threading
 import time
 from pathlib import Path
 
-from serving.atomic import write_jsonl_atomic
 from serving.detailed import DetailedRecord
+from serving.errors import BadInputError
 from serving.records import store
 from serving.records.schema import LIVE_WORKLOAD, from_detailed, record_id
+from serving.server.config import REPLICA_PATTERN
 
 log = logging.getLogger(__name__)
+
+_HOST_CHARS = 24  # a host name is cut to this; the pid and token keep run ids apart
+
+
+def check_replica(replica: str) -> str:
+    """``replica`` unchanged, or :class:`BadInputError` naming it when it cannot be part of
+    a file name."""
+    if not isinstance(replica, str) or not re.fullmatch(REPLICA_PATTERN, replica):
+        raise BadInputError(
+            f"replica name {replica!r} cannot name capture parts: use 1-40 letters, digits, "
+            "'-' or '_', starting with a letter or digit (e.g. 'eu-1')"
+        )
+    return replica
+
+
+def host_label(hostname: str | None = None) -> str:
+    """The host name (default this machine's) as a file-name-safe label: lower case, runs of
+    anything but letters and digits as one ``-``, at most 24 characters; ``host`` if
+    nothing is left."""
+    name = (socket.gethostname() if hostname is None else hostname).lower()
+    label = re.sub(r"[^a-z0-9]+", "-", name).strip("-")[:_HOST_CHARS].strip("-")
+    return label or "host"
+
+
+def capture_run_id(
+    replica: str | None = None,
+    *,
+    hostname: str | None = None,
+    pid: int | None = None,
+    started: float | None = None,
+) -> str:
+    """``serve-[<replica>-]<host>-<UTC start>-<pid>-<token>``: unique per capturing process
+    across hosts that share a store. The host and pid alone are not enough (containers
+    reuse both: every pod may be ``pid 1`` on a host named ``localhost``), hence the
+    random 6-hex-digit token; the replica name, when set, says which deployment wrote a
+    part."""
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(started))
+    parts = ["serve"]
+    if replica is not None:
+        parts.append(check_replica(replica))
+    parts += [host_label(hostname), stamp, str(os.getpid() if pid is None else pid)]
+    return "-".join([*parts, secrets.token_hex(3)])
 
 
 class Capture:
@@ -40,6 +93,7 @@ class Capture:
         seed: int = 0,
         chunk_size: int = 8,
         max_age_s: float = 30.0,
+        replica: str | None = None,
     ) -> None:
         self.root = Path(root)
         self.share = share
@@ -52,8 +106,7 @@ class Capture:
         self._lock = threading.Lock()
         self._buffer: list[dict] = []
         self._oldest: float | None = None
-        started = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
-        self.run_id = f"serve-{started}-{os.getpid()}"
+        self.run_id = capture_run_id(replica)
         self._part = 0
         self.parts: list[str] = []
 
@@ -111,9 +164,10 @@ class Capture:
             written = 0
             for path, part_rows in planned:
                 try:
-                    write_jsonl_atomic(path, part_rows)
+                    store.write_part(path, part_rows)
                 except OSError:
-                    # Keep the rows for the next flush rather than lose them.
+                    # Keep the rows for the next flush rather than lose them (also when the
+                    # name is taken: FileExistsError; the retry gets a new part number).
                     log.exception("capture: could not write %s; will retry", path)
                     self._buffer[:0] = part_rows
                     self._oldest = time.monotonic()

@@ -14,6 +14,9 @@ from serving.policy import MAX_DRAFT_TOKENS
 
 SERVING_CONFIG = CONFIG_DIR / "serving.yaml"
 
+# A replica name goes into capture run ids and so into part file names, as is.
+REPLICA_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,39}$"
+
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -73,6 +76,10 @@ class ServerConfig(_Section):
     model_name: str = Field("smollm2", min_length=1)
     target: str = "smollm2"
     hardware: str = "cpu"
+    # Which deployment this process is, when several serve one registry and capture into
+    # one store (e.g. "eu-1"); it prefixes the capture run id. None: the host name alone
+    # (with the pid and a random token) keeps replicas' parts apart.
+    replica: str | None = Field(None, pattern=REPLICA_PATTERN)
     threads: int | None = Field(None, ge=1)  # torch threads per decode worker
     champion: ChampionConfig = Field(default_factory=lambda: ChampionConfig())
     limits: Limits = Field(default_factory=lambda: Limits())

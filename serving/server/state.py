@@ -188,6 +188,7 @@ def build_state(config: ServerConfig, *, target=None, tokenizer=None) -> ServerS
         hardware=config.hardware,
         failure_threshold=config.capture.failure_threshold,
         seed=config.capture.seed,
+        replica=config.replica,
     )
     cascade, predictors = _serving_cascade(config, target, tokenizer, curve)
     max_context = int(target.config.max_position_embeddings)

@@ -17,7 +17,6 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 from serving import metrics
-from serving.atomic import write_jsonl_atomic
 from serving.engine import SpeculativeDecoder
 from serving.loader import encode_messages
 from serving.metrics import StepRecord
@@ -103,7 +102,7 @@ def collect(
         nonlocal part_number
         planned = store.plan_parts(store_root, hardware, run_id, part_number, buffer)
         for path, rows in planned:
-            write_jsonl_atomic(path, rows)
+            store.write_part(path, rows)  # write-once: never over another writer's part
             parts.append(str(path))
         part_number += len(planned)
         written.extend(buffer)

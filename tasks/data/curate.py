@@ -1,13 +1,16 @@
 """Validate a store and build the dataset: the "validate" step of the loop, in one function.
 
-Reads every committed part of ``store_root``, validates it (``tasks/data/validate.py``), writes
-into ``out_dir`` the training dataset (``tasks/data/dataset.py``: the training mix, ``eval``
-from the held-out split, and ``heldout_traffic``, the newest ``heldout_share`` of each
-workload's train traffic), the quarantine (every rejected row with its reasons: nothing is
-dropped silently) and plot data, and returns the summary (validation counts, dataset sizes,
-acceptance, rolling acceptance per workload and hardware target). Everything it writes is
-derived from the store and rewritten whole and atomically, so a re-run after an
-interruption gives the same files.
+Validates the parts of ``store_root`` that no earlier run into ``out_dir`` validated
+(``tasks/data/incremental.py``; the verdicts of earlier runs are kept in
+``out_dir/validated/``, and ``full=True`` re-validates everything), then writes into
+``out_dir``, from every valid record, earlier and new, the training dataset
+(``tasks/data/dataset.py``: the training mix, ``eval`` from the held-out split, and
+``heldout_traffic``, the newest ``heldout_share`` of each workload's train traffic), the
+quarantine (every rejected row with its reasons: nothing is dropped silently) and plot
+data, and returns the summary (validation counts, totals and this run's, dataset sizes,
+acceptance, rolling acceptance per workload and hardware target). The dataset files are
+rewritten whole and atomically each run, so a re-run after an interruption gives the same
+files; one run at a time per ``out_dir`` (a second waits for the first).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from pathlib import Path
 
 from serving.atomic import write_json_atomic, write_jsonl_atomic
 from serving.hardware import load_hardware
-from serving.records import store
+from tasks.data import ledger
 from tasks.data.acceptance import rolling_acceptance
 from tasks.data.collect import acceptance_by_position
 from tasks.data.dataset import (
@@ -25,7 +28,7 @@ from tasks.data.dataset import (
     check_heldout_share,
     write_dataset,
 )
-from tasks.data.validate import validate_records
+from tasks.data.incremental import validate_incrementally
 
 
 def curate(
@@ -38,16 +41,20 @@ def curate(
     window: int = 50,
     threshold: float = 0.5,
     plots_dir: Path | None = None,
+    full: bool = False,
 ) -> dict:
     check_heldout_share(heldout_share)  # before anything is read or written
     store_root, out_dir = Path(store_root), Path(out_dir)
     known_hardware = sorted(load_hardware().targets)
-    result = validate_records(store.read_raw(store_root), known_hardware=known_hardware)
-    write_jsonl_atomic(out_dir / "quarantine.jsonl", result.quarantined)
-    dataset = build_dataset(
-        result.valid, failure_share=failure_share, seed=seed, heldout_share=heldout_share
-    )
-    sizes = write_dataset(dataset, out_dir)
+    with ledger.exclusive(ledger.folder_of(out_dir)):  # one run per dataset at a time
+        result = validate_incrementally(
+            store_root, out_dir, known_hardware=known_hardware, full=full
+        )
+        write_jsonl_atomic(out_dir / "quarantine.jsonl", result.quarantined)
+        dataset = build_dataset(
+            result.valid, failure_share=failure_share, seed=seed, heldout_share=heldout_share
+        )
+        sizes = write_dataset(dataset, out_dir)
     tracker = rolling_acceptance(result.valid, window=window, threshold=threshold)
     drafted = sum(r["draft_tokens"] for r in result.valid)
     accepted = sum(r["accepted_tokens"] for r in result.valid)

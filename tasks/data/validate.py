@@ -6,7 +6,8 @@ reasons), never dropped silently:
 1. ``parse``: the row must be a JSON object that :class:`serving.records.schema.RequestRecord`
    accepts (structure, types, no extra fields, no NaN/inf). Reasons name the field.
 2. ``duplicate``: among parsed rows the first occurrence of an id is kept; later ones are
-   quarantined, naming where the first one came from.
+   quarantined, naming where the first one came from. Ids parsed in an earlier run
+   (``known_ids``, :mod:`tasks.data.incremental`) count as seen first.
 3. ``expectations``: three Great Expectations suites over the parsed records
    (:mod:`tasks.data.expectations`: requests, disagreements, drafted tokens). A request
    with any failing row in any suite is quarantined once, with every reason.
@@ -28,8 +29,8 @@ import math
 import re
 import time
 from collections import Counter
-from collections.abc import Collection, Iterable
-from dataclasses import dataclass, replace
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -57,6 +58,7 @@ class ValidationResult:
     valid: list[dict]  # parsed records (``model_dump(mode="json")``), in input order
     quarantined: list[dict]  # {"source", "record" (the raw row), "stage", "reasons"}
     summary: dict  # JSON-serialisable counts; see ``_summarise``
+    valid_sources: list[str] = field(default_factory=list)  # where each valid record was
 
 
 # --- Stages 1 and 2 --------------------------------------------------------------------------
@@ -121,18 +123,48 @@ def _summarise(
     }
 
 
-def validate_records(
-    rows: Iterable[tuple[str, object]],
-    *,
-    known_hardware: Collection[str],
-    known_workloads: Collection[str] = RECORD_WORKLOADS,
-    now: float | None = None,
-) -> ValidationResult:
-    """Validate ``(source, row)`` pairs (as :func:`serving.records.store.read_raw` yields them).
+def _combine_suites(reports: Sequence[dict]) -> dict:
+    ran = [report for report in reports if report["ran"]]
+    if not ran:
+        return skipped_suite()
+    unexpected: Counter[str] = Counter()
+    for report in ran:
+        unexpected.update(report["unexpected"])
+    return {
+        "ran": True,
+        "success": all(report["success"] for report in ran),
+        "rows": sum(report["rows"] for report in ran),
+        "unexpected": dict(unexpected),
+    }
 
-    ``now`` (unix seconds, default the current time) bounds timestamps: at most a day later.
-    Returns the valid records and the quarantined rows, each with its stage and reasons.
-    """
+
+def combine_summaries(summaries: Sequence[dict]) -> dict:
+    """One summary for rows validated in several runs (each a :func:`validate_records`
+    summary of disjoint rows): counts add up; a suite ran if it ran in any run and
+    succeeded if it succeeded in every run where it ran."""
+    added: dict[str, Counter] = {key: Counter() for key in ("versions", "stage", "reason")}
+    for summary in summaries:
+        added["versions"].update({int(v): n for v, n in summary["versions_read"].items()})
+        added["stage"].update(summary["by_stage"])
+        added["reason"].update(summary["by_reason"])
+    versions = added["versions"]
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "versions_read": {str(v): versions[v] for v in sorted(versions)},
+        **{key: sum(s[key] for s in summaries) for key in ("total", "valid", "quarantined")},
+        "by_stage": {stage: added["stage"].get(stage, 0) for stage in STAGES},
+        "by_reason": dict(sorted(added["reason"].items())),
+        "suites": {
+            name: _combine_suites([s["suites"][name] for s in summaries]) for name in SUITES
+        },
+    }
+
+
+def check_known(
+    known_hardware: Collection[str], known_workloads: Collection[str]
+) -> tuple[list[str], list[str]]:
+    """The known hardware targets and workloads as lists; :class:`BadInputError` naming
+    them when one is a bare string or empty."""
     if isinstance(known_hardware, str) or isinstance(known_workloads, str):
         raise BadInputError(
             f"known_hardware ({known_hardware!r}) and known_workloads ({known_workloads!r}) "
@@ -145,6 +177,25 @@ def validate_records(
             "must be non-empty: every record would be quarantined; pass the configured "
             "targets (serving.hardware.load_hardware().targets) and workloads"
         )
+    return known_hardware, known_workloads
+
+
+def validate_records(
+    rows: Iterable[tuple[str, object]],
+    *,
+    known_hardware: Collection[str],
+    known_workloads: Collection[str] = RECORD_WORKLOADS,
+    now: float | None = None,
+    known_ids: Mapping[str, str] | None = None,
+) -> ValidationResult:
+    """Validate ``(source, row)`` pairs (as :func:`serving.records.store.read_raw` yields them).
+
+    ``now`` (unix seconds, default the current time) bounds timestamps: at most a day later.
+    ``known_ids`` maps ids that an earlier run already parsed to where they were: a row
+    with one of them is a duplicate. Returns the valid records and the quarantined rows,
+    each with its stage and reasons.
+    """
+    known_hardware, known_workloads = check_known(known_hardware, known_workloads)
     now = time.time() if now is None else now
     if not math.isfinite(now):
         raise BadInputError(f"now must be a finite unix time, got {now!r}")
@@ -153,7 +204,7 @@ def validate_records(
     # Per input position: a parsed record, or its quarantine entry.
     parsed: list[tuple[int, str, object, RequestRecord]] = []
     quarantine: dict[int, dict] = {}
-    first_seen: dict[str, str] = {}
+    first_seen: dict[str, str] = dict(known_ids or {})
     versions_read: Counter[int] = Counter()
     for position, (source, row) in enumerate(rows):
         total += 1
@@ -181,11 +232,13 @@ def validate_records(
         suites = {name: skipped_suite() for name in SUITES}
 
     valid: list[dict] = []
+    valid_sources: list[str] = []
     for index, (position, source, row, record) in enumerate(parsed):
         if index in reasons_by_row:
             quarantine[position] = _entry(source, row, "expectations", reasons_by_row[index])
         else:
             valid.append(record.model_dump(mode="json"))
+            valid_sources.append(source)
     quarantined = [quarantine[position] for position in sorted(quarantine)]
 
     if len(valid) + len(quarantined) != total:  # nothing is ever dropped silently
@@ -200,7 +253,9 @@ def validate_records(
         len(quarantined),
         summary["by_stage"],
     )
-    return ValidationResult(valid=valid, quarantined=quarantined, summary=summary)
+    return ValidationResult(
+        valid=valid, quarantined=quarantined, summary=summary, valid_sources=valid_sources
+    )
 
 
 def _entry(source: str, row: object, stage: str, reasons: list[str]) -> dict:

@@ -32,6 +32,7 @@ import torch
 from serving.errors import IncompatibleDraftError, ModelSourceError
 from serving.loader import eos_ids, load_target, set_threads
 from tasks.loop.retrain_config import FamilySettings, LearnedFamily, TargetRetrain
+from tasks.settings import loop_settings
 from tasks.train.store_teacher import TooLittleDataError, build_store_teacher
 
 log = logging.getLogger(__name__)
@@ -63,10 +64,11 @@ class Trained:
 
 
 @lru_cache(maxsize=2)
-def training_target(target: str = "smollm2"):
-    """The target with torch's stock linear layers: trainers read its weights (oneDNN-packed
-    layers have none to read), and the LoRA draft copies its first layers."""
-    return load_target(target, kernels="stock")
+def training_target(target: str | None = None):
+    """The target (default: ``SPECOPS_TARGET``, :mod:`tasks.settings`) with torch's stock
+    linear layers: trainers read its weights (oneDNN-packed layers have none to read), and
+    the LoRA draft copies its first layers."""
+    return load_target(target or loop_settings().target, kernels="stock")
 
 
 def _curves(history: Sequence[Any]) -> dict[str, list[tuple[int, float]]]:
@@ -101,7 +103,7 @@ def train_head_challenger(
     settings: FamilySettings,
     *,
     init_head: Path | None,
-    target: str = "smollm2",
+    target: str | None = None,
     progress: bool = True,
 ) -> Trained:
     from tasks.train.train_head import TrainHeadConfig, train_head, write_head_package
@@ -142,7 +144,7 @@ def train_lora_challenger(
     work: Path,
     settings: FamilySettings,
     *,
-    target: str = "smollm2",
+    target: str | None = None,
     progress: bool = True,
 ) -> Trained:
     from tasks.train.distill import DistillConfig, distill, write_draft_package
@@ -186,7 +188,11 @@ def train_lora_challenger(
 
 
 def _head(
-    work: Path, settings: FamilySettings, init_head: Path | None, target: str, progress: bool
+    work: Path,
+    settings: FamilySettings,
+    init_head: Path | None,
+    target: str | None,
+    progress: bool,
 ) -> Trained:
     try:
         return train_head_challenger(
@@ -211,7 +217,7 @@ def train_learned_challengers(
     config: TargetRetrain,
     *,
     init_head: Path | None = None,
-    target: str = "smollm2",
+    target: str | None = None,
     progress: bool = True,
 ) -> list[Trained]:
     """Train every family ``config`` lists on ``records`` (the training mix), under

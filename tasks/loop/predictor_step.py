@@ -19,9 +19,11 @@ from typing import Any
 
 from registry.client import Registry
 from registry.predictor import (
+    PREDICTOR_FAMILY,
     champion_predictor,
     download_predictor,
     log_predictor,
+    predictor_model,
     promote_predictor,
     set_predictor_challenger,
 )
@@ -59,7 +61,10 @@ def retrain_predictor(
     tags: dict[str, str] | None = None,
     promote: bool = True,
     progress: bool = False,
+    key: str | None = None,
 ) -> PredictorOutcome:
+    """``key`` (the retrain's ``<hw>/<slot>/predictor``): a version already registered
+    under it is reused, so a re-run of a crashed retrain registers nothing twice."""
     outcome = PredictorOutcome(hardware)
     try:
         trained = train_predictor(dataset, out / "predictor", hardware=hardware, progress=progress)
@@ -68,7 +73,11 @@ def retrain_predictor(
         return outcome
     outcome.metrics = {k: float(v) for k, v in trained.evaluation.flat().items()}
     curves: dict[str, Sequence[tuple[int, float]]] = dict(trained.curves())
-    version = log_predictor(
+    found = None
+    if key is not None:
+        found = registry.find_version(predictor_model(registry), PREDICTOR_FAMILY, run_key=key)
+        tags = {**(tags or {}), "run_key": key}
+    version = found or log_predictor(
         registry,
         trained.folder,
         metrics=outcome.metrics,

@@ -14,6 +14,11 @@ from registry.client import Registry
 from tasks.data.prompts import Prompt
 from tasks.data.traffic import build_workload
 from tasks.loop import steps as loop
+from tasks.settings import loop_settings, promotion_limit
+
+# How long evaluate-gate-promote waits for its target's promotion slot (another flow holds
+# it while it evaluates and promotes on that target).
+PROMOTION_WAIT_S = 3 * 3600
 
 
 def open_registry() -> Registry:
@@ -52,15 +57,21 @@ def replay_traffic(
 
 
 @task(name="validate", cache_policy=NO_CACHE, retries=1)
-def validate(store: str, out: str, *, window: int = 50, threshold: float = 0.5) -> dict[str, Any]:
-    return loop.validate_store_step(Path(store), Path(out), window=window, threshold=threshold)
+def validate(
+    store: str, out: str, *, window: int = 50, threshold: float = 0.5, full: bool = False
+) -> dict[str, Any]:
+    """Validate the parts new since the last run (all of them with ``full``) and rebuild
+    the dataset from every valid record."""
+    return loop.validate_store_step(
+        Path(store), Path(out), window=window, threshold=threshold, full=full
+    )
 
 
 @task(name="version", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=5)
 def version(store: str) -> str:
     from tasks.data.version import version_store
 
-    return version_store(Path(store))
+    return version_store(Path(store), remote=loop_settings().dvc_remote)
 
 
 @task(name="retrain-trigger", cache_policy=NO_CACHE, retries=1)
@@ -169,8 +180,18 @@ def register(
     params: dict[str, Any] | None = None,
     tags: dict[str, str] | None = None,
     curves: dict[str, list[list[float]]] | None = None,
+    key: str | None = None,
 ) -> dict[str, str]:
-    draft = open_registry().log_draft(
+    """Register ``package`` as a new version of ``family``. With ``key`` (the retrain's
+    ``<hw>/<slot>/<family>``), a version already registered under that key is returned
+    instead: a re-run of a crashed retrain registers nothing twice."""
+    registry = open_registry()
+    if key is not None:
+        found = registry.find_version(registry.model_name(family), family, run_key=key)
+        if found is not None:
+            return {"family": found.family, "version": found.version, "label": found.label}
+        tags = {**(tags or {}), "run_key": key}
+    draft = registry.log_draft(
         package,
         family=family,
         params=params,
@@ -193,10 +214,13 @@ def evaluate_gate_promote(
     seed: int = 0,
     traffic: str | None = None,
     traffic_per_workload: int = 8,
+    lineage: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Evaluate on ``workloads``' held-out prompts and, with ``traffic`` (a dataset folder),
     on its held-out traffic (``heldout_traffic.jsonl``): the newest collected requests,
-    never trained on."""
+    never trained on. ``lineage`` (data version, git commit) tags every evaluation run."""
+    from prefect.concurrency.sync import concurrency
+
     from tasks.evaluate.evaluate import EncodedPrompt, traffic_prompts
 
     registry = open_registry()
@@ -209,15 +233,23 @@ def evaluate_gate_promote(
     if traffic is not None:
         held = loop.read_jsonl(Path(traffic) / "heldout_traffic.jsonl")
         prompts += traffic_prompts(held, per_workload=traffic_per_workload)
-    decision = loop.evaluate_and_decide(
-        registry,
-        drafts,
-        prompts,
-        hardware=hardware,
-        cache=Path(cache),
-        max_new_tokens=max_new_tokens,
-        promote=promote,
-    )
+    # One evaluate-and-promote per target at a time, across every machine: the second
+    # evaluates against the champion the first left (tasks/ops/prefect_setup.py creates
+    # the limit; without it, e.g. on the embedded server, only the registry's lock and its
+    # compare-and-swap guard the promotion).
+    with concurrency(
+        promotion_limit(hardware), occupy=1, timeout_seconds=PROMOTION_WAIT_S, strict=False
+    ):
+        decision = loop.evaluate_and_decide(
+            registry,
+            drafts,
+            prompts,
+            hardware=hardware,
+            cache=Path(cache),
+            max_new_tokens=max_new_tokens,
+            promote=promote,
+            tags=lineage,
+        )
     return decision.to_dict()
 
 
@@ -235,6 +267,7 @@ def retrain_predictor(
     promote: bool = True,
     seed: int = 0,
     traffic_per_workload: int = 8,
+    key: str | None = None,
 ) -> dict[str, Any]:
     """Train the acceptance predictor on ``dataset``, register it, and promote it if it
     makes the champion draft faster than the current policy (interleaved, same prompts as
@@ -259,5 +292,6 @@ def retrain_predictor(
         max_new_tokens=max_new_tokens,
         tags=tags,
         promote=promote,
+        key=key,
     )
     return outcome.to_dict()

@@ -29,14 +29,16 @@ from tasks.data.curate import curate
 from tasks.data.prompts import Prompt
 from tasks.evaluate.evaluate import Contender, EncodedPrompt, evaluate
 from tasks.evaluate.gates import GateResult, gate
+from tasks.settings import loop_settings
 
 log = logging.getLogger(__name__)
 
 
 @lru_cache(maxsize=4)
-def target_for(hardware: str, target: str = "smollm2"):
-    """The target model on ``hardware``'s kernels, loaded once per process."""
-    return load_target(target, **engine_target(hardware).load_options())
+def target_for(hardware: str, target: str | None = None):
+    """The target model (default: ``SPECOPS_TARGET``, :mod:`tasks.settings`) on
+    ``hardware``'s kernels, loaded once per process."""
+    return load_target(target or loop_settings().target, **engine_target(hardware).load_options())
 
 
 def champion_package(registry: Registry, hardware: str, cache: Path) -> tuple[DraftVersion, Path]:
@@ -102,10 +104,16 @@ def replay_traffic(
 
 
 def validate_store_step(
-    store_root: Path, out_dir: Path, *, window: int = 50, threshold: float = 0.5
+    store_root: Path,
+    out_dir: Path,
+    *,
+    window: int = 50,
+    threshold: float = 0.5,
+    full: bool = False,
 ) -> dict[str, Any]:
-    """Great Expectations validation with quarantine, the dataset, rolling acceptance."""
-    return curate(store_root, out_dir, window=window, threshold=threshold)
+    """Great Expectations validation with quarantine, the dataset, rolling acceptance.
+    Validates only the parts earlier runs into ``out_dir`` did not (``full``: all)."""
+    return curate(store_root, out_dir, window=window, threshold=threshold, full=full)
 
 
 # Drafters that need no files: a package of one is just its manifest.
@@ -235,9 +243,10 @@ def evaluate_and_decide(
     max_new_tokens: int,
     promote: bool = True,
     progress: bool = True,
+    tags: dict[str, str] | None = None,
 ) -> Decision:
     """Evaluate the champion and every challenger in one interleaved run on ``hardware``,
-    then :func:`decide`."""
+    then :func:`decide` (``tags``, the lineage, go on every evaluation run)."""
     model, tokenizer = target_for(hardware)
     current = registry.champion(hardware)
     contenders: list[Contender] = []
@@ -259,7 +268,9 @@ def evaluate_and_decide(
         max_new_tokens=max_new_tokens,
         progress=progress,
     )
-    return decide(registry, report, by_name, hardware=hardware, cache=cache, promote=promote)
+    return decide(
+        registry, report, by_name, hardware=hardware, cache=cache, promote=promote, tags=tags
+    )
 
 
 def decide(
@@ -272,6 +283,7 @@ def decide(
     promote: bool = True,
     params: dict[str, Any] | None = None,
     artifacts: Sequence[Path] = (),
+    tags: dict[str, str] | None = None,
 ) -> Decision:
     """Log each contender's evaluation to MLflow (with ``params`` and ``artifacts``, e.g.
     where it ran and the evaluation file), gate every challenger against the
@@ -290,6 +302,7 @@ def decide(
             report={"contender": name, **{k: v for k, v in report.items() if k != "per_prompt"}},
             params=params,
             artifacts=list(artifacts),
+            tags=tags,
         )
         if name != "champion":
             gates[name] = gate(report, challenger=name, champion="champion")

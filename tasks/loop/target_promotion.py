@@ -25,6 +25,7 @@ from tasks.data.prompts import Prompt
 from tasks.evaluate.export import export_draft, speculation_for
 from tasks.evaluate.gates import load_gates
 from tasks.evaluate.targets import evaluate_target, metrics_of, runnable_target
+from tasks.loop.lineage import git_commit
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +98,7 @@ def evaluate_registered(
             metrics_of(report["results"][draft.label], plain),
             report={k: v for k, v in report.items() if k != "per_prompt"},
             params={"backend": spec.backend, "prompts": len(prompts)},
+            tags={"git_commit": git_commit()},
         )
     report["decision"] = _decide(registry, hardware, drafts, report, promote=promote)
     return report

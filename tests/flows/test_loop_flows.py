@@ -216,3 +216,47 @@ def test_bootstrap_registers_a_builtin_drafter_once(harness, world):
     assert again == {"champion": label, "bootstrapped": None}
     name = registry.model_name("ngram")
     assert len(registry.client.search_model_versions(f"name = '{name}'")) == 1
+
+
+def test_collect_starts_the_retrain_through_its_deployment_once_per_slot(
+    harness, world, monkeypatch
+):
+    """With a retrain deployment, ``collect`` hands the retrain to it (``run_deployment``,
+    so it runs on that deployment's work pool), keyed by the slot: a re-run of the same
+    collect names the same retrain instead of starting a second one."""
+    from types import SimpleNamespace
+
+    import prefect.deployments
+    from prefect.states import Scheduled
+
+    from flows.loop import collect
+
+    first = register_pld(world)
+    registry = Registry()
+    registry.log_evaluation(registry.get("ngram", first["version"]), "cpu", {"speedup": 1.0})
+    registry.promote(registry.get("ngram", first["version"]), "cpu", reason="test setup")
+    calls = []
+
+    def run_deployment(name, **kwargs):
+        calls.append((name, kwargs))
+        return SimpleNamespace(id="0000", name="retrain-run", state=Scheduled())
+
+    monkeypatch.setattr(prefect.deployments, "run_deployment", run_deployment)
+    kwargs = dict(
+        hardware="cpu", store=str(world / "store"), work=str(world / "work"),
+        replay_workload="grounded", replay_prompts=3, run_id="t1", max_new_tokens=16,
+        version=False, force_retrain=True, retrain_deployment="retrain/daily",
+        retrain_options={"run_slot": "20261124T0300", "budgets": {"head": 1.0}},
+    )  # fmt: skip
+    result = collect(**kwargs)
+    again = collect(**kwargs)
+    assert result["retrained"] == again["retrained"] == {
+        "deployment": "retrain/daily", "flow_run": "0000", "name": "retrain-run",
+        "state": "Scheduled",
+    }  # fmt: skip
+    assert len(calls) == 2 and calls[0] == calls[1]
+    name, sent = calls[0]
+    assert name == "retrain/daily" and sent["timeout"] == 0 and sent["as_subflow"]
+    assert sent["idempotency_key"] == "retrain/daily:cpu:20261124T0300"
+    assert sent["parameters"]["run_slot"] == "20261124T0300"
+    assert sent["parameters"]["budgets"] == {"head": 1.0}

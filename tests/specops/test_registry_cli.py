@@ -246,3 +246,89 @@ def test_log_evaluation_promote_gates_and_refuses_a_champion_that_moved(
     assert result.exit_code == 0, result.output
     assert f"champion-cpu -> {challenger.label}" in result.output
     assert registry.champion("cpu").label == challenger.label
+
+
+# --- show VERSION: lineage -----------------------------------------------------------------
+LINEAGE = {"data_version": "dvc:abc parts:123", "git_commit": "0f1e2d"}
+
+
+def test_show_version_prints_its_lineage(registry, tmp_path):
+    package = write_package(tmp_path / "pkg", DraftManifest(drafter="pld:3"))
+    head = registry.log_draft(package, family="head", tags=LINEAGE)
+    evaluation = registry.log_evaluation(head, "cpu", {"speedup": 1.4}, tags=LINEAGE)
+    registry.log_evaluation(head, "cpu-stock", {"speedup": 1.1})  # logged without lineage
+    promotion = registry.promote(registry.get("head", head.version), "cpu", reason="faster")
+    result = _invoke("show", f"head/{head.version}")
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0].startswith(f"{head.label} (family head) in sqlite:///")
+    assert lines[1] == "lineage: data_version dvc:abc parts:123, git_commit 0f1e2d"
+    assert lines[2].startswith(f"produced by: run {head.run_id} 'draft-head' (FINISHED, ")
+    assert f"  cpu: run {evaluation} " in result.output
+    assert "data_version dvc:abc parts:123, git_commit 0f1e2d" in lines[4]
+    assert lines[5].startswith("  cpu-stock: run ") and lines[5].endswith("no lineage recorded")
+    assert "aliases: champion-cpu" in lines
+    assert lines[-1].endswith(f" promote on cpu: faster [run {promotion}]")
+
+    shown = json.loads(_invoke("show", head.label, "--json").output)  # the full label works too
+    assert shown["lineage"] == LINEAGE and shown["evaluations"]["cpu"]["run_id"] == evaluation
+    assert shown["promotions"][0]["run_id"] == promotion
+
+
+def test_show_version_without_lineage_says_so(registry, draft):
+    head = draft()
+    result = _invoke("show", head.label)
+    assert result.exit_code == 0, result.output
+    assert "lineage: no lineage recorded" in result.output
+    assert "evaluations: none" in result.output and "promotions: none" in result.output
+
+
+@pytest.mark.parametrize(
+    ("label", "code", "fragment"),
+    [("head/9", 1, "specops-draft-head has no version '9'"), ("head", 2, "does not name")],
+)
+def test_show_version_refuses_unknown_versions(registry, label, code, fragment):
+    _refused(_invoke("show", label), code, fragment)
+
+
+def test_show_without_version_is_unchanged(registry, draft):
+    head = draft()
+    shown = json.loads(_invoke("show", "--hardware", "cpu").output)
+    assert shown["families"]["head"]["versions"] == [int(head.version)]
+    assert shown["champions"] == {"cpu": None}
+
+
+# --- the top-level flags ---------------------------------------------------------------------
+def test_tracking_uri_flag_wins_over_the_environment(registry, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECOPS_MLFLOW_URI", "http://127.0.0.1:9")  # unreachable
+    store = f"sqlite:///{tmp_path}/mlflow.db"
+    result = runner.invoke(app, ["--tracking-uri", store, "registry", "show", "--hardware", "cpu"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["tracking_uri"] == store
+
+
+@pytest.mark.parametrize(
+    ("flags", "fragment"),
+    [
+        (["--tracking-uri", "htp://x"], "tracking_uri (from flag --tracking-uri): 'htp://x'"),
+        (["--registry-uri", "ftp://x"], "registry_uri (from flag --registry-uri)"),
+        (["--registry-config", "/nonexistent.yaml"], "named by flag --registry-config"),
+    ],
+)
+def test_bad_flags_fail_before_any_command(flags, fragment):
+    result = runner.invoke(app, [*flags, "registry", "show"])
+    _refused(result, 2, fragment)
+
+
+def test_registry_config_flag_names_the_file(registry, tmp_path, draft):
+    draft()  # specops-draft-head/1
+    path = tmp_path / "other.yaml"
+    path.write_text(f"tracking_uri: sqlite:///{tmp_path}/other.db\nmodel_prefix: other\n")
+    result = runner.invoke(
+        app, ["--registry-config", str(path), "registry", "show", "--hardware", "cpu"]
+    )
+    assert result.exit_code == 0, result.output
+    # The environment's store wins over the file's tracking_uri; the prefix is the file's.
+    shown = json.loads(result.output)
+    assert shown["tracking_uri"] == registry.tracking_uri and "registry_uri" not in shown
+    assert shown["families"] == {}  # no "other-*" model there

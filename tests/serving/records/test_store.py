@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
@@ -18,10 +19,13 @@ from serving.records.store import (
     existing_ids,
     next_part_number,
     part_files,
+    part_key,
     partition_dir,
     plan_parts,
+    read_parts,
     read_raw,
     remove_stale_temporaries,
+    write_part,
 )
 
 NOW = 1_750_000_000.0  # 2025-06-15T15:06:40Z
@@ -196,3 +200,47 @@ def test_rows_become_one_part_per_day_and_numbering_continues(tmp_path):
         write_jsonl_atomic(path, part)
     assert next_part_number(tmp_path, "r") == 5
     assert next_part_number(tmp_path, "other") == 0
+
+
+# ------------------------------------------------------------------------ write-once parts
+
+
+def test_a_part_is_never_written_over(tmp_path):
+    path = _part(tmp_path)
+    assert write_part(path, [_record(0)]) == 1
+    with pytest.raises(FileExistsError, match=f"{path} already exists: refusing to replace it"):
+        write_part(path, [_record(1)])
+    assert [row["id"] for _, row in read_raw(tmp_path)] == ["req-0"]
+    assert sorted(os.listdir(path.parent)) == [path.name]  # no temporary left behind
+    assert _mode(path) == 0o644
+
+
+def test_write_once_holds_without_hard_links(tmp_path, monkeypatch):
+    """Where os.link is not supported (FAT, some network mounts), an O_EXCL claim stands in."""
+
+    def no_links(source, target):
+        raise PermissionError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr("serving.atomic.os.link", no_links)
+    path = _part(tmp_path)
+    assert write_part(path, [_record(0)]) == 1
+    with pytest.raises(FileExistsError, match="already exists"):
+        write_part(path, [_record(1)])
+    other = _part(tmp_path, "part-r-00001.jsonl")
+    claim = other.with_name(f".{other.name}.claim.tmp")
+    claim.touch()  # another writer is putting this very name in place
+    with pytest.raises(FileExistsError, match="being put in place by another writer"):
+        write_part(other, [_record(2)])
+    claim.unlink()
+    assert write_part(other, [_record(2)]) == 1
+    assert [row["id"] for _, row in read_raw(tmp_path)] == ["req-0", "req-2"]
+    assert sorted(os.listdir(path.parent)) == [path.name, other.name]
+
+
+def test_read_parts_reads_only_the_parts_named(tmp_path):
+    first, second = _part(tmp_path), _part(tmp_path, "part-r-00001.jsonl")
+    write_part(first, [{"n": 1}])
+    write_part(second, [{"n": 2}, {"n": 3}])
+    key = part_key(tmp_path, second)
+    assert key == "records/hardware=cpu/date=2025-06-15/part-r-00001.jsonl"
+    assert list(read_parts(tmp_path, [second])) == [(f"{key}:1", {"n": 2}), (f"{key}:2", {"n": 3})]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from serving.atomic import write_jsonl_atomic
-from serving.records.store import partition_dir, read_raw
+from serving.records.store import part_files, partition_dir, read_raw
 from tasks.data.collect import collect
 from tasks.data.curate import curate
 from tasks.data.dataset import PARTS
@@ -23,7 +23,12 @@ def _read_jsonl(path: Path) -> list[dict]:
 
 
 def _files(folder: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+    """Every file under ``folder`` (the dataset and its validation ledger) by relative path."""
+    return {
+        p.relative_to(folder).as_posix(): p.read_bytes()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 @pytest.fixture
@@ -142,3 +147,58 @@ def test_curate_threads_heldout_share_and_refuses_a_bad_one(tmp_path, store):
     with pytest.raises(ValueError, match=r"heldout_share must be in \[0, 1\), got 1.0"):
         curate(store, tmp_path / "bad", heldout_share=1.0)
     assert not (tmp_path / "bad").exists()  # refused before anything was written
+
+
+def _dataset_files(out: Path) -> dict[str, bytes]:
+    return {
+        name: (out / name).read_bytes()
+        for name in (*(f"{p}.jsonl" for p in PARTS), "quarantine.jsonl")
+    }
+
+
+def _totals(summary: dict) -> dict:
+    """The validation totals, less what says how this run got them."""
+    run_only = ("mode", "full_reason", "new_parts", "new_rows", "new")
+    return {k: v for k, v in summary["validation"].items() if k not in run_only}
+
+
+def test_curating_new_parts_only_or_in_full_gives_the_fresh_dataset(tmp_path, store, monkeypatch):
+    fresh = curate(store, tmp_path / "fresh")
+    # The same store, grown in two steps: the "ok" collection and the hand-made part later.
+    later = [p for p in part_files(store) if not p.name.startswith("part-fail-")]
+    aside = tmp_path / "aside"
+    for path in later:
+        (aside / path.relative_to(store)).parent.mkdir(parents=True, exist_ok=True)
+        path.rename(aside / path.relative_to(store))
+    out = tmp_path / "grown"
+    first = curate(store, out)
+    assert first["validation"]["new_parts"] == first["validation"]["parts"] == 2
+    for path in later:
+        (aside / path.relative_to(store)).rename(path)
+
+    # Interrupted after its ledger was committed, before the dataset was written ...
+    def killed(dataset, out_dir):
+        raise KeyboardInterrupt("killed before the dataset was written")
+
+    with monkeypatch.context() as patched:
+        patched.setattr("tasks.data.curate.write_dataset", killed)
+        with pytest.raises(KeyboardInterrupt):
+            curate(store, out)
+    # ... the next run has no new part to validate and writes the dataset in full.
+    repaired = curate(store, out)
+    assert (repaired["validation"]["mode"], repaired["validation"]["new_parts"]) == (
+        "incremental",
+        0,
+    )
+    assert repaired["validation"]["parts"] == 2 + len(later)
+    assert _dataset_files(out) == _dataset_files(tmp_path / "fresh")
+    assert _totals(repaired) == _totals(fresh)
+    assert {k: v for k, v in repaired.items() if k != "validation"} == {
+        k: v for k, v in fresh.items() if k != "validation"
+    }
+
+    revalidated = curate(store, out, full=True)
+    assert revalidated["validation"]["mode"] == "full"
+    assert revalidated["validation"]["new_rows"] == fresh["validation"]["total"]
+    assert _dataset_files(out) == _dataset_files(tmp_path / "fresh")
+    assert _totals(revalidated) == _totals(fresh)

@@ -1,0 +1,420 @@
+"""The whole loop against the team stack, as a team runs it (``specops stack loop``):
+
+1. the stack is up (:mod:`tasks.ops.stack`) and ``prefect.yaml``'s deployments are deployed
+   from ``checkout`` to its work pool; the worker loads the target model ``target``;
+2. the hardware target has a champion: the ``bootstrap/once`` deployment makes one when it
+   has none;
+3. ``replicas`` serving processes (``specops serve``) follow the registry's champion and
+   capture every request into one shared store (``<checkout>/data``); traffic of
+   ``workload`` goes to them in turn;
+4. the ``collect/hourly`` deployment validates the new parts, versions the store with DVC
+   (pushed to the stack's SSH remote) and starts the retrain through the ``retrain/daily``
+   deployment (``run_deployment``); the worker trains, registers, evaluates, gates and
+   promotes;
+5. optionally the worker is killed (with the flow run it runs) in the middle of the retrain
+   and started again: the run is marked crashed, rescheduled, and finishes;
+6. checks: the retrain completed; every challenger is registered once (no duplicates
+   after a crash), carries its lineage (DVC data version, git commit) and was evaluated,
+   and so was the champion; when the champion moved, each replica serves it within one
+   poll interval of the promotion.
+
+It prints progress and returns (and writes) a JSON report of timings and checks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from serving.atomic import write_json_atomic
+from serving.errors import SpecOpsError
+from tasks.ops.server_process import ServerProcess
+from tasks.ops.stack import Stack, StackError
+
+log = logging.getLogger(__name__)
+
+FINAL = ("COMPLETED", "FAILED", "CANCELLED", "CRASHED")
+
+
+@dataclass
+class TeamLoopOptions:
+    checkout: Path
+    target: str = "smollm2"
+    hardware: str = "cpu"
+    replicas: int = 2
+    workload: str = "humaneval"
+    requests: int = 12
+    max_new_tokens: int = 48
+    eval_workloads: list[str] = field(default_factory=lambda: ["humaneval"])
+    eval_prompts: int = 4
+    budgets: dict[str, float] = field(default_factory=lambda: {"head": 60.0, "lora": 60.0})
+    poll_s: float = 2.0  # the replicas' champion poll interval
+    kill_worker_after_s: float | None = None  # kill the worker this long into the retrain
+    timeout_s: float = 3600.0
+    report: Path | None = None
+
+
+def _say(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+class _Prefect:
+    """The few Prefect API calls the driver makes, on the stack's API."""
+
+    def __init__(self, stack: Stack) -> None:
+        os.environ.update(stack.prefect_env())
+
+    def run(self, name: str, parameters: dict[str, Any], *, wait_s: float = 0.0):
+        from prefect.deployments import run_deployment
+
+        return run_deployment(name, parameters=parameters, timeout=wait_s, as_subflow=False)
+
+    def flow_run(self, run_id):
+        from prefect.client.orchestration import get_client
+
+        with get_client(sync_client=True) as client:
+            return client.read_flow_run(run_id)
+
+    def runs_of(self, deployment: str, *, since: float) -> list:
+        from prefect.client.orchestration import get_client
+        from prefect.client.schemas.filters import (
+            DeploymentFilter,
+            DeploymentFilterName,
+            FlowFilter,
+            FlowFilterName,
+        )
+
+        flow, _, name = deployment.partition("/")
+        with get_client(sync_client=True) as client:
+            runs = client.read_flow_runs(
+                flow_filter=FlowFilter(name=FlowFilterName(any_=[flow])),
+                deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=[name])),
+            )
+        return [
+            r for r in runs if r.flow_id and r.created and r.created.timestamp() >= since and r.name
+        ]
+
+    def wait(self, run_id, *, timeout_s: float, every: Callable[[Any], None] | None = None) -> Any:
+        deadline = time.monotonic() + timeout_s
+        last = None
+        while time.monotonic() < deadline:
+            run = self.flow_run(run_id)
+            state = run.state.type.value if run.state else "?"
+            if state != last:
+                _say(f"flow run {run.name}: {run.state.name if run.state else '?'}")
+                last = state
+            if every is not None:
+                every(run)
+            if state in FINAL:
+                return run
+            time.sleep(2.0)
+        raise SpecOpsError(f"flow run {run_id} did not finish within {timeout_s:g} s")
+
+
+def _deploy(stack: Stack, checkout: Path) -> None:
+    env = {**os.environ, **stack.prefect_env(), "PWD": str(checkout)}
+    done = subprocess.run(
+        [str(Path(sys.executable).with_name("prefect")), "--no-prompt", "deploy", "--all"],
+        cwd=checkout,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        raise StackError(f"`prefect deploy --all` failed: {done.stdout[-2000:]}{done.stderr}")
+
+
+def _replica_config(options: TeamLoopOptions, folder: Path, name: str) -> Path:
+    import yaml
+
+    config = {
+        "target": options.target,
+        "hardware": options.hardware,
+        "replica": name,
+        "champion": {"source": "registry", "poll_s": options.poll_s},
+        "capture": {"share": 1.0, "store": str(options.checkout / "data")},
+        "limits": {"max_tokens": max(options.max_new_tokens, 16)},
+    }
+    path = folder / f"serve-{name}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def _send_traffic(replicas: list[ServerProcess], options: TeamLoopOptions) -> int:
+    import httpx
+
+    from tasks.data.traffic import build_workload
+
+    prompts = build_workload(options.workload, options.requests, seed=7, split="train")
+    for index, prompt in enumerate(prompts):
+        replica = replicas[index % len(replicas)]
+        response = httpx.post(
+            f"{replica.url}/v1/chat/completions",
+            json={
+                "model": "smollm2",
+                "messages": prompt.messages,
+                "max_tokens": options.max_new_tokens,
+                "temperature": 0,
+            },
+            timeout=300.0,
+        )
+        response.raise_for_status()
+    return len(prompts)
+
+
+def _wait_for_captures(store: Path, *, since: float, want: int) -> list[str]:
+    """The parts written since ``since`` once they hold ``want`` records (the replicas
+    flush a part every 30 s at the latest)."""
+    from serving.records.store import part_files
+
+    deadline = time.monotonic() + 90.0
+    while True:
+        parts = [p for p in part_files(store) if p.stat().st_mtime >= since - 1]
+        rows = sum(len(p.read_text().splitlines()) for p in parts)
+        if rows >= want:
+            return sorted(str(p.relative_to(store)) for p in parts)
+        if time.monotonic() > deadline:
+            raise SpecOpsError(f"the replicas captured {rows} of {want} requests within 90 s")
+        time.sleep(1.0)
+
+
+def _served_version(replica: ServerProcess) -> str | None:
+    import httpx
+
+    try:
+        return httpx.get(f"{replica.url}/health", timeout=5.0).json()["draft"]["version"]
+    except (httpx.HTTPError, KeyError, ValueError):
+        return None
+
+
+def _kill_tree(pid: int) -> list[int]:
+    """SIGKILL ``pid`` and every process below it (a lost machine, not a clean stop)."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        tree = [*root.children(recursive=True), root]
+    except psutil.Error:
+        return []
+    for process in tree:
+        with contextlib.suppress(psutil.Error):
+            process.send_signal(signal.SIGKILL)
+    return [p.pid for p in tree]
+
+
+def run_team_loop(stack: Stack, options: TeamLoopOptions) -> dict[str, Any]:
+    from registry.client import Registry
+
+    checkout = options.checkout.resolve()
+    report: dict[str, Any] = {"options": {**options.__dict__, "checkout": str(checkout)}}
+    timings: dict[str, float] = {}
+    report["timings_s"] = timings
+    worker_env = {"SPECOPS_TARGET": options.target}
+
+    start = time.perf_counter()
+    _say("stack: starting what is not running")
+    stack.up(repo=checkout)
+    stack.restart_worker(worker_env)  # the worker's environment names the target model
+    timings["stack_up"] = time.perf_counter() - start
+    report["stack"] = stack.status()
+    os.environ.update(stack.config.client_env())
+    prefect = _Prefect(stack)
+
+    start = time.perf_counter()
+    _deploy(stack, checkout)
+    timings["deploy"] = time.perf_counter() - start
+    _say("deployed prefect.yaml's deployments")
+
+    registry = Registry()
+    champion = registry.champion(options.hardware)
+    if champion is None:
+        _say(f"{options.hardware} has no champion: bootstrap/once on the worker")
+        start = time.perf_counter()
+        run = prefect.run(
+            "bootstrap/once",
+            {
+                "hardware": options.hardware,
+                "workloads": options.eval_workloads,
+                "prompts_per_workload": options.eval_prompts,
+                "max_new_tokens": options.max_new_tokens,
+            },
+        )
+        run = prefect.wait(run.id, timeout_s=options.timeout_s)
+        timings["bootstrap"] = time.perf_counter() - start
+        champion = registry.champion(options.hardware)
+        if champion is None:
+            raise SpecOpsError(
+                f"bootstrap ended {run.state.name}: no champion on {options.hardware} (prompt "
+                "lookup did not beat plain decoding); see the flow run's logs"
+            )
+    report["champion_before"] = champion.label
+    _say(f"champion: {champion.label}")
+
+    folder = stack.config.state / "replicas"
+    folder.mkdir(parents=True, exist_ok=True)
+    replicas = [
+        ServerProcess(
+            ["--config", str(_replica_config(options, folder, f"r{i + 1}"))],
+            log_path=folder / f"r{i + 1}.log",
+            env=stack.config.client_env(),
+        )
+        for i in range(options.replicas)
+    ]
+    try:
+        start = time.perf_counter()
+        for replica in replicas:
+            replica.start()
+        timings["replicas_up"] = time.perf_counter() - start
+        _say(f"{len(replicas)} replicas serve {[_served_version(r) for r in replicas]}")
+        start = time.perf_counter()
+        since_traffic = time.time()
+        sent = _send_traffic(replicas, options)
+        timings["traffic"] = time.perf_counter() - start
+        report["requests"] = sent
+        _say(f"sent {sent} {options.workload} requests across the replicas")
+        captured = _wait_for_captures(options.checkout / "data", since=since_traffic, want=sent)
+        report["captured_parts"] = captured
+        _say(f"the replicas' captures landed in {len(captured)} parts of one store")
+
+        since = time.time()
+        start = time.perf_counter()
+        collect = prefect.run(
+            "collect/hourly",
+            {
+                "hardware": options.hardware,
+                "force_retrain": True,
+                "cooldown_minutes": 0,
+                "retrain_options": {
+                    "budgets": options.budgets,
+                    "eval_workloads": options.eval_workloads,
+                    "eval_prompts_per_workload": options.eval_prompts,
+                    "max_new_tokens": options.max_new_tokens,
+                },
+            },
+        )
+        collect = prefect.wait(collect.id, timeout_s=options.timeout_s)
+        timings["collect"] = time.perf_counter() - start
+        report["collect_state"] = collect.state.name
+        if collect.state.type.value != "COMPLETED":
+            raise SpecOpsError(f"collect ended {collect.state.name}; see the worker's log")
+        retrains = prefect.runs_of("retrain/daily", since=since)
+        if len(retrains) != 1:
+            raise SpecOpsError(f"collect started {len(retrains)} retrain runs, not one")
+        retrain = retrains[0]
+        _say(f"retrain flow run {retrain.name} started through run_deployment")
+
+        killed: dict[str, Any] = {}
+
+        def maybe_kill(run) -> None:
+            if options.kill_worker_after_s is None or killed:
+                return
+            if run.state is None or run.state.type.value != "RUNNING" or run.start_time is None:
+                return
+            if time.time() - run.start_time.timestamp() < options.kill_worker_after_s:
+                return
+            pid = stack.pid("worker")
+            if pid is None:
+                return
+            killed["pids"] = _kill_tree(pid)
+            killed["at"] = time.time()
+            _say(f"killed the worker and its flow run (pids {killed['pids']})")
+            time.sleep(2.0)
+            stack.restart_worker(worker_env)
+            _say("worker started again")
+
+        start = time.perf_counter()
+        retrain = prefect.wait(retrain.id, timeout_s=options.timeout_s, every=maybe_kill)
+        timings["retrain"] = time.perf_counter() - start
+        report["retrain"] = {
+            "flow_run": str(retrain.id),
+            "state": retrain.state.name,
+            "run_count": retrain.run_count,
+            "worker_killed": bool(killed),
+        }
+        if retrain.state.type.value != "COMPLETED":
+            raise SpecOpsError(f"the retrain ended {retrain.state.name}; see the worker's log")
+
+        report["checks"] = _check(registry, options, replicas, since=since)
+    finally:
+        for replica in replicas:
+            replica.stop()
+    report["ok"] = all(c["ok"] for c in report["checks"].values())
+    if options.report is not None:
+        write_json_atomic(options.report, report)
+    return report
+
+
+def _check(
+    registry, options: TeamLoopOptions, replicas: list[ServerProcess], *, since: float
+) -> dict[str, dict[str, Any]]:
+    """The issue's checks, each ``{"ok": bool, ...}``."""
+    checks: dict[str, dict[str, Any]] = {}
+    hardware = options.hardware
+    versions = []
+    for family in registry.families():
+        name = registry.model_name(family)
+        for mv in registry.client.search_model_versions(f"name = '{name}'"):
+            if (mv.tags or {}).get("run_key") and mv.creation_timestamp / 1000 >= since - 60:
+                versions.append(registry.get(family, mv.version))
+    keys = [v.tags["run_key"] for v in versions]
+    checks["registered_once"] = {
+        "ok": bool(keys) and len(keys) == len(set(keys)),
+        "versions": sorted(v.label for v in versions),
+    }
+    lineage = {
+        v.label: {k: v.tags.get(k) for k in ("data_version", "git_commit")} for v in versions
+    }
+    checks["lineage"] = {
+        "ok": bool(lineage) and all(all(tags.values()) for tags in lineage.values()),
+        "versions": lineage,
+    }
+    evaluation_runs = {v.label: v.tags.get(f"evaluated.{hardware}") for v in versions}
+    tagged = {}
+    for label, run_id in evaluation_runs.items():
+        if run_id:
+            tags = registry.client.get_run(run_id).data.tags
+            tagged[label] = {k: tags.get(k) for k in ("data_version", "git_commit")}
+    checks["evaluated_with_lineage"] = {
+        "ok": bool(tagged)
+        and len(tagged) == len(evaluation_runs)
+        and all(all(t.values()) for t in tagged.values()),
+        "runs": tagged,
+    }
+    champion = registry.champion(hardware)
+    assert champion is not None
+    promoted_at = float(champion.tags.get(f"promoted_at.{hardware}", "0"))
+    moved = promoted_at >= since
+    served: dict[str, Any] = {"champion": champion.label, "promoted": moved}
+    if moved:
+        deadline = promoted_at + options.poll_s + 10.0  # one poll plus loading the draft
+        while time.time() < deadline:
+            seen = [_served_version(r) for r in replicas]
+            if all(version == champion.label for version in seen):
+                break
+            time.sleep(0.25)
+        seen = [_served_version(r) for r in replicas]
+        served.update(
+            replicas=seen,
+            seconds_after_promotion=time.time() - promoted_at,
+            ok=all(version == champion.label for version in seen),
+        )
+    else:
+        seen = [_served_version(r) for r in replicas]
+        served.update(replicas=seen, ok=all(version == champion.label for version in seen))
+    checks["replicas_serve_champion"] = served
+    checks["champion_evaluated"] = {"ok": champion.evaluated_on(hardware), "label": champion.label}
+    return checks
+
+
+def dump(report: dict[str, Any]) -> str:
+    return json.dumps(report, indent=2, default=str)
