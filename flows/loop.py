@@ -127,7 +127,8 @@ def bootstrap(
         logger.info("%s already has a champion (%s): nothing to bootstrap", hardware, current)
         return {"champion": current, "bootstrapped": None}
     package = steps.builtin_package(drafter, f"{work}/bootstrap", k=k, policy=policy, family=family)
-    draft = steps.register(package, family)
+    # Keyed: a bootstrap run again (it failed its gates, or crashed) reuses the version.
+    draft = steps.register(package, family, key=f"{hardware}/bootstrap/{drafter}/{k}/{policy}")
     decision = evaluate_and_promote(
         [draft],
         hardware=hardware,

@@ -88,7 +88,8 @@ def env() -> None:
 
 def _tiny_target(folder: Path) -> Path:
     """A tiny random Llama with the shipped model's tokenizer, for a quick run of the loop
-    (its drafts and numbers mean nothing; the plumbing is what runs)."""
+    (its drafts and numbers mean nothing; the plumbing is what runs). Initialised narrowly,
+    its greedy output soon repeats itself, so drafts are accepted and the gates can pass."""
     if not (folder / "config.json").is_file():
         from transformers import AutoTokenizer
 
@@ -96,7 +97,14 @@ def _tiny_target(folder: Path) -> Path:
         from serving.models.tiny import tiny_llama
 
         folder.mkdir(parents=True, exist_ok=True)
-        tiny_llama(vocab_size=49152, hidden_size=64, num_layers=2).save_pretrained(folder)
+        model = tiny_llama(
+            vocab_size=49152,
+            hidden_size=64,
+            num_layers=2,
+            max_positions=4096,
+            initializer_range=0.02,
+        )
+        model.save_pretrained(folder)
         AutoTokenizer.from_pretrained(real_model_dir()).save_pretrained(folder)
     return folder
 
@@ -121,6 +129,16 @@ def loop(
         float, typer.Option(min=1, help="Training seconds per learned family (head, LoRA).")
     ] = 60.0,
     poll_s: Annotated[float, typer.Option(min=0.1, help="The replicas' champion poll.")] = 2.0,
+    bootstrap_k: Annotated[
+        int, typer.Option(min=1, help="Draft length of the bootstrapped prompt lookup.")
+    ] = 10,
+    failure_threshold: Annotated[
+        float,
+        typer.Option(min=0.0, max=1.0, help="Acceptance under which a request is a failure case."),
+    ] = 0.5,
+    schedules: Annotated[
+        bool, typer.Option(help="Keep the deployments' schedules active during the run.")
+    ] = False,
     kill_worker_after: Annotated[
         float | None,
         typer.Option(help="Kill the worker (and its flow run) this many seconds into the retrain."),
@@ -148,6 +166,9 @@ def loop(
         eval_prompts=eval_prompts,
         budgets={"head": budget, "lora": budget},
         poll_s=poll_s,
+        bootstrap_k=bootstrap_k,
+        failure_threshold=failure_threshold,
+        schedules=schedules,
         kill_worker_after_s=kill_worker_after,
         report=report,
     )

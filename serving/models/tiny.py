@@ -17,6 +17,7 @@ def tiny_llama(
     max_positions: int = 256,
     seed: int = 0,
     dtype: torch.dtype = torch.float32,
+    initializer_range: float = 0.4,
 ) -> LlamaForCausalLM:
     config = LlamaConfig(
         vocab_size=vocab_size,
@@ -29,7 +30,7 @@ def tiny_llama(
         tie_word_embeddings=True,
         # A wide init makes attention and MLPs matter: with the default 0.02 the residual
         # stream dominates and greedy output just repeats one token.
-        initializer_range=0.4,
+        initializer_range=initializer_range,
         bos_token_id=1,
         eos_token_id=2,
         pad_token_id=0,

@@ -68,9 +68,16 @@ def validate(
 
 
 @task(name="version", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=5)
-def version(store: str) -> str:
+def version(store: str) -> str | None:
+    """The store's new DVC version, pushed; None while nothing was captured (a scheduled
+    collect on a fresh deployment finds no store yet)."""
+    from prefect import get_run_logger
+
     from tasks.data.version import version_store
 
+    if not Path(store).is_dir():
+        get_run_logger().warning("nothing captured yet: no store at %s to version", store)
+        return None
     return version_store(Path(store), remote=loop_settings().dvc_remote)
 
 

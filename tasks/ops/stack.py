@@ -83,6 +83,15 @@ def _apt_install(package: str, binary: str) -> None:
     _run(["apt-get", "install", "-y", "-q", package], env=env, what=f"apt-get install {package}")
 
 
+# Settings of another registry that would win over the stack's MLFLOW_TRACKING_URI
+# (registry/config.py's order) in the services and the worker the stack starts.
+_NOT_INHERITED = ("SPECOPS_MLFLOW_URI", "SPECOPS_MLFLOW_ARTIFACTS", "MLFLOW_REGISTRY_URI")
+
+
+def _inherited() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in _NOT_INHERITED}
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -151,7 +160,7 @@ class Stack:
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env={**os.environ, **env},
+                env={**_inherited(), **env},
                 cwd=self.config.state,
                 start_new_session=True,  # its own process group: `down` stops the whole tree
             )

@@ -32,6 +32,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,11 @@ class TeamLoopOptions:
     eval_prompts: int = 4
     budgets: dict[str, float] = field(default_factory=lambda: {"head": 60.0, "lora": 60.0})
     poll_s: float = 2.0  # the replicas' champion poll interval
+    # A captured request accepting less than this is a failure case (the training mix is
+    # mostly failure cases): 1.0 counts every request that was not drafted perfectly.
+    failure_threshold: float = 0.5
+    bootstrap_k: int = 10  # prompt lookup's draft length, when a champion is bootstrapped
+    schedules: bool = False  # keep the deployments' cron schedules active during the run
     kill_worker_after_s: float | None = None  # kill the worker this long into the retrain
     timeout_s: float = 3600.0
     report: Path | None = None
@@ -69,20 +75,29 @@ def _say(message: str) -> None:
 
 
 class _Prefect:
-    """The few Prefect API calls the driver makes, on the stack's API."""
+    """The few Prefect API calls the driver makes, on the stack's API (every call inside
+    :meth:`api`: Prefect reads its settings once, so the environment alone is too late)."""
 
     def __init__(self, stack: Stack) -> None:
-        os.environ.update(stack.prefect_env())
+        self.url = stack.config.prefect_api_url
+
+    @contextlib.contextmanager
+    def api(self):
+        from prefect.settings import PREFECT_API_URL, temporary_settings
+
+        with temporary_settings(updates={PREFECT_API_URL: self.url}):
+            yield
 
     def run(self, name: str, parameters: dict[str, Any], *, wait_s: float = 0.0):
         from prefect.deployments import run_deployment
 
-        return run_deployment(name, parameters=parameters, timeout=wait_s, as_subflow=False)
+        with self.api():
+            return run_deployment(name, parameters=parameters, timeout=wait_s, as_subflow=False)
 
     def flow_run(self, run_id):
         from prefect.client.orchestration import get_client
 
-        with get_client(sync_client=True) as client:
+        with self.api(), get_client(sync_client=True) as client:
             return client.read_flow_run(run_id)
 
     def runs_of(self, deployment: str, *, since: float) -> list:
@@ -95,7 +110,7 @@ class _Prefect:
         )
 
         flow, _, name = deployment.partition("/")
-        with get_client(sync_client=True) as client:
+        with self.api(), get_client(sync_client=True) as client:
             runs = client.read_flow_runs(
                 flow_filter=FlowFilter(name=FlowFilterName(any_=[flow])),
                 deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=[name])),
@@ -103,6 +118,19 @@ class _Prefect:
         return [
             r for r in runs if r.flow_id and r.created and r.created.timestamp() >= since and r.name
         ]
+
+    def pause_schedules(self) -> int:
+        """Make every deployment's schedules inactive; return how many were active."""
+        from prefect.client.orchestration import get_client
+
+        paused = 0
+        with self.api(), get_client(sync_client=True) as client:
+            for deployment in client.read_deployments():
+                for schedule in deployment.schedules:
+                    if schedule.active:
+                        client.update_deployment_schedule(deployment.id, schedule.id, active=False)
+                        paused += 1
+        return paused
 
     def wait(self, run_id, *, timeout_s: float, every: Callable[[Any], None] | None = None) -> Any:
         deadline = time.monotonic() + timeout_s
@@ -142,7 +170,11 @@ def _replica_config(options: TeamLoopOptions, folder: Path, name: str) -> Path:
         "hardware": options.hardware,
         "replica": name,
         "champion": {"source": "registry", "poll_s": options.poll_s},
-        "capture": {"share": 1.0, "store": str(options.checkout / "data")},
+        "capture": {
+            "share": 1.0,
+            "store": str(options.checkout / "data"),
+            "failure_threshold": options.failure_threshold,
+        },
         "limits": {"max_tokens": max(options.max_new_tokens, 16)},
     }
     path = folder / f"serve-{name}.yaml"
@@ -216,7 +248,9 @@ def run_team_loop(stack: Stack, options: TeamLoopOptions) -> dict[str, Any]:
     from registry.client import Registry
 
     checkout = options.checkout.resolve()
-    report: dict[str, Any] = {"options": {**options.__dict__, "checkout": str(checkout)}}
+    report: dict[str, Any] = {
+        "options": json.loads(json.dumps({**options.__dict__, "checkout": checkout}, default=str))
+    }
     timings: dict[str, float] = {}
     report["timings_s"] = timings
     worker_env = {"SPECOPS_TARGET": options.target}
@@ -227,6 +261,8 @@ def run_team_loop(stack: Stack, options: TeamLoopOptions) -> dict[str, Any]:
     stack.restart_worker(worker_env)  # the worker's environment names the target model
     timings["stack_up"] = time.perf_counter() - start
     report["stack"] = stack.status()
+    for name in ("SPECOPS_MLFLOW_URI", "SPECOPS_MLFLOW_ARTIFACTS", "MLFLOW_REGISTRY_URI"):
+        os.environ.pop(name, None)  # they would win over the stack's tracking server
     os.environ.update(stack.config.client_env())
     prefect = _Prefect(stack)
 
@@ -234,6 +270,9 @@ def run_team_loop(stack: Stack, options: TeamLoopOptions) -> dict[str, Any]:
     _deploy(stack, checkout)
     timings["deploy"] = time.perf_counter() - start
     _say("deployed prefect.yaml's deployments")
+    if not options.schedules:
+        paused = prefect.pause_schedules()
+        _say(f"paused {paused} schedules for this run (the flows run when this run says)")
 
     registry = Registry()
     champion = registry.champion(options.hardware)
@@ -244,6 +283,8 @@ def run_team_loop(stack: Stack, options: TeamLoopOptions) -> dict[str, Any]:
             "bootstrap/once",
             {
                 "hardware": options.hardware,
+                "k": options.bootstrap_k,
+                "policy": "cost" if options.bootstrap_k > 1 else "fixed",
                 "workloads": options.eval_workloads,
                 "prompts_per_workload": options.eval_prompts,
                 "max_new_tokens": options.max_new_tokens,
@@ -253,9 +294,14 @@ def run_team_loop(stack: Stack, options: TeamLoopOptions) -> dict[str, Any]:
         timings["bootstrap"] = time.perf_counter() - start
         champion = registry.champion(options.hardware)
         if champion is None:
+            why = (
+                "prompt lookup did not beat plain decoding"
+                if run.state.type.value == "COMPLETED"
+                else run.state.message
+            )
             raise SpecOpsError(
-                f"bootstrap ended {run.state.name}: no champion on {options.hardware} (prompt "
-                "lookup did not beat plain decoding); see the flow run's logs"
+                f"bootstrap ended {run.state.name}: no champion on {options.hardware} ({why}); "
+                f"see the worker's log {stack.config.logs / 'worker.log'}"
             )
     report["champion_before"] = champion.label
     _say(f"champion: {champion.label}")
@@ -272,8 +318,8 @@ def run_team_loop(stack: Stack, options: TeamLoopOptions) -> dict[str, Any]:
     ]
     try:
         start = time.perf_counter()
-        for replica in replicas:
-            replica.start()
+        with ThreadPoolExecutor(len(replicas)) as pool:  # they load their models side by side
+            list(pool.map(ServerProcess.start, replicas))
         timings["replicas_up"] = time.perf_counter() - start
         _say(f"{len(replicas)} replicas serve {[_served_version(r) for r in replicas]}")
         start = time.perf_counter()
