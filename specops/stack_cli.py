@@ -100,7 +100,7 @@ def _tiny_target(folder: Path) -> Path:
         model = tiny_llama(
             vocab_size=49152,
             hidden_size=64,
-            num_layers=2,
+            num_layers=6,  # configs/retrain.yaml's LoRA draft takes the first 4
             max_positions=4096,
             initializer_range=0.02,
         )

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from serving.errors import IncompatibleDraftError, ModelSourceError
+from serving.errors import BadInputError, IncompatibleDraftError, ModelSourceError
 from serving.loader import eos_ids, load_target, set_threads
 from tasks.loop.retrain_config import FamilySettings, LearnedFamily, TargetRetrain
 from tasks.settings import loop_settings
@@ -255,6 +255,10 @@ def train_learned_challengers(
                     # The merge disagreed with the adapter, or the re-quantised merge does
                     # not load or agree: nothing that could serve, so nothing to register.
                     trained = Trained(family, None, skipped=str(error))
+                except BadInputError as error:
+                    # Its settings do not fit this target (more draft layers than it has):
+                    # said in the flow log; the other families still train.
+                    trained = Trained(family, None, skipped=f"settings do not fit: {error}")
             log.info("%s", trained.summary)
             out.append(trained)
         return out
