@@ -120,15 +120,22 @@ def bootstrap(
     prompts_per_workload: int = 4,
     max_new_tokens: int = 96,
     work: str = ".specops/work",
+    store: str = "data",
 ) -> dict[str, Any]:
     logger = get_run_logger()
+    _check_run_count()
     current = steps.champion(hardware)
     if current is not None:
         logger.info("%s already has a champion (%s): nothing to bootstrap", hardware, current)
         return {"champion": current, "bootstrapped": None}
     package = steps.builtin_package(drafter, f"{work}/bootstrap", k=k, policy=policy, family=family)
     # Keyed: a bootstrap run again (it failed its gates, or crashed) reuses the version.
-    draft = steps.register(package, family, key=f"{hardware}/bootstrap/{drafter}/{k}/{policy}")
+    draft = steps.register(
+        package,
+        family,
+        tags=steps.lineage(store),
+        key=f"{hardware}/bootstrap/{drafter}/{k}/{policy}",
+    )
     decision = evaluate_and_promote(
         [draft],
         hardware=hardware,
@@ -136,6 +143,7 @@ def bootstrap(
         prompts_per_workload=prompts_per_workload,
         max_new_tokens=max_new_tokens,
         cache=f"{work}/packages",
+        store=store,
     )
     return {"champion": decision["promoted"], "bootstrapped": decision}
 

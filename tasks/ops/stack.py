@@ -22,6 +22,8 @@ deletes it.
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
 import json
 import logging
 import os
@@ -184,9 +186,24 @@ class Stack:
         return True
 
     # --- PostgreSQL -------------------------------------------------------------------
-    @property
+    @functools.cached_property
     def _pg_home(self) -> Path:
-        return self.config.state / "postgres"
+        """The cluster's folder: under the stack's state, unless (run as root) the postgres
+        user cannot reach it (a root-only temporary folder): then under that user's home,
+        ``/var/lib/postgresql/specops-<digest of the state path>``."""
+        inside = self.config.state / "postgres"
+        if not _as_root():
+            return inside
+        probe = self.config.state  # folders still to be made get mode 0755: reachable
+        while not probe.exists():
+            probe = probe.parent
+        reach = subprocess.run(
+            ["runuser", "-u", "postgres", "--", "test", "-x", str(probe)], capture_output=True
+        )
+        if reach.returncode == 0:
+            return inside
+        digest = hashlib.sha256(str(self.config.state).encode()).hexdigest()[:12]
+        return Path("/var/lib/postgresql") / f"specops-{digest}"
 
     @property
     def _pg_data(self) -> Path:
@@ -464,8 +481,11 @@ class Stack:
             stopped.append("sshd")
         if self._postgres_down():
             stopped.append("postgres")
-        if purge and self.config.state.exists():
-            shutil.rmtree(self.config.state)
+        if purge:
+            if self._pg_home.exists() and not self._pg_home.is_relative_to(self.config.state):
+                shutil.rmtree(self._pg_home)
+            if self.config.state.exists():
+                shutil.rmtree(self.config.state)
         return stopped
 
     def status(self) -> dict[str, dict]:
