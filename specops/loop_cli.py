@@ -116,9 +116,11 @@ def demo(
                     else " (the drift cost it nothing to regain)"
                 )
             )
+    from registry.config import mask_uri
+
     typer.echo(
         "results: results/main/loop.json, plot results/main/loop.png\n"
-        f"MLflow: mlflow ui --backend-store-uri {os.environ['SPECOPS_MLFLOW_URI']}\n"
+        f"MLflow: mlflow ui --backend-store-uri {mask_uri(os.environ['SPECOPS_MLFLOW_URI'])}\n"
         "Prefect: prefect server start (flow runs of this process went to a temporary server)"
     )
 

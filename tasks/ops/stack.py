@@ -169,6 +169,16 @@ class Stack:
         self._pidfile(name).write_text(str(process.pid))
         return process.pid
 
+    def _serve(self, name: str, command: list[str], env: dict[str, str], *, health: str) -> None:
+        """Start an HTTP service and wait until ``health`` answers 200."""
+        self._spawn(name, command, env)
+        _wait_for(
+            lambda: _http_ok(health),
+            timeout_s=self.config.ready_timeout_s,
+            what=f"the {name} server ({health})",
+            log_file=self.config.logs / f"{name}.log",
+        )
+
     def _stop_group(self, name: str, timeout_s: float = 30.0) -> bool:
         pid = self.pid(name)
         if pid is None:
@@ -313,13 +323,7 @@ class Stack:
         ]  # fmt: skip
         # One worker and no job runner: 0.4 GB instead of ~1.9 GB (docs/ENVIRONMENT facts).
         env = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-        self._spawn("mlflow", command, env)
-        _wait_for(
-            lambda: _http_ok(f"{config.mlflow_uri}/health"),
-            timeout_s=config.ready_timeout_s,
-            what=f"the MLflow server at {config.mlflow_uri}",
-            log_file=config.logs / "mlflow.log",
-        )
+        self._serve("mlflow", command, env, health=f"{config.mlflow_uri}/health")
 
     # --- Prefect ----------------------------------------------------------------------
     def prefect_env(self) -> dict[str, str]:
@@ -343,13 +347,7 @@ class Stack:
                 _bin("prefect"), "server", "start",
                 "--host", config.host, "--port", str(config.prefect_port),
             ]  # fmt: skip
-            self._spawn("prefect", command, env)
-            _wait_for(
-                lambda: _http_ok(f"{config.prefect_api_url}/health"),
-                timeout_s=config.ready_timeout_s,
-                what=f"the Prefect server at {config.prefect_api_url}",
-                log_file=config.logs / "prefect.log",
-            )
+            self._serve("prefect", command, env, health=f"{config.prefect_api_url}/health")
         from tasks.ops.prefect_setup import prepare_prefect
 
         prepare_prefect(config.pool, env=self.prefect_env())

@@ -260,3 +260,53 @@ def test_collect_starts_the_retrain_through_its_deployment_once_per_slot(
     assert sent["idempotency_key"] == "retrain/daily:cpu:20261124T0300"
     assert sent["parameters"]["run_slot"] == "20261124T0300"
     assert sent["parameters"]["budgets"] == {"head": 1.0}
+
+
+def test_promotions_on_one_target_take_turns_under_its_concurrency_limit(
+    harness, world, monkeypatch
+):
+    """Two evaluate-and-promote steps on one target never overlap once the target's global
+    concurrency limit exists (the team stack creates it): the second evaluates against the
+    champion the first left."""
+    import threading
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+
+    from tasks.settings import promotion_limit
+
+    with get_client(sync_client=True) as client:
+        client.create_global_concurrency_limit(
+            GlobalConcurrencyLimitCreate(name=promotion_limit("cpu"), limit=1)
+        )
+    inside: list[str] = []
+    overlaps: list[list[str]] = []
+    lock = threading.Lock()
+
+    class Decision:
+        def to_dict(self):
+            return {}
+
+    def evaluate_and_decide(registry, drafts, prompts, *, hardware, **kwargs):
+        with lock:
+            inside.append(hardware)
+            overlaps.append(list(inside))
+        time.sleep(1.0)
+        with lock:
+            inside.remove(hardware)
+        return Decision()
+
+    monkeypatch.setattr(loop, "evaluate_and_decide", evaluate_and_decide)
+
+    def step(hardware):
+        steps.evaluate_gate_promote.fn(
+            [], hardware=hardware, workloads=[], prompts_per_workload=0, max_new_tokens=8,
+            cache=str(world / "cache"),
+        )  # fmt: skip
+
+    threads = [threading.Thread(target=step, args=("cpu",)) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert [len(seen) for seen in overlaps] == [1, 1]  # one at a time on cpu

@@ -1,36 +1,12 @@
 """Promotion stays atomic when two flows race: a lock per store and target, and a
 compare-and-swap on the champion the evaluation compared against."""
 
-import shutil
 import threading
 
 import pytest
 
-from registry.client import Registry, RegistryError, promotion_lock_path
-from registry.config import RegistryConfig
+from registry.client import RegistryError, promotion_lock_path
 from serving.drafters.package import DraftManifest, write_package
-
-
-def _config(folder):
-    return RegistryConfig(
-        tracking_uri=f"sqlite:///{folder}/mlflow.db",
-        artifact_root=str(folder / "artifacts"),
-        model_prefix="t",
-    )
-
-
-@pytest.fixture(scope="module")
-def empty_store(tmp_path_factory):
-    """A migrated, empty store made once (migrating takes seconds); each test copies it."""
-    folder = tmp_path_factory.mktemp("store")
-    Registry(_config(folder))
-    return folder / "mlflow.db"
-
-
-@pytest.fixture
-def registry(tmp_path, empty_store):
-    shutil.copy(empty_store, tmp_path / "mlflow.db")
-    return Registry(_config(tmp_path))
 
 
 def evaluated_draft(registry, tmp_path, drafter, family="ngram", hardware="cpu"):

@@ -4,13 +4,11 @@ champion's folder; kept apart from the draft families and their rollback."""
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 import torch
 from pydantic import ValidationError
 
-from registry.client import CHALLENGER, Registry, RegistryError
+from registry.client import CHALLENGER, RegistryError
 from registry.config import RegistryConfig
 from registry.predictor import (
     champion_predictor,
@@ -34,28 +32,6 @@ from serving.predictor import (
 
 METRICS = {"auc": 0.71, "brier": 0.18, "ece": 0.04, "raw/ece": 0.06, "pld/auc": 0.69}
 LINEAGE = {"data_version": "dataset:0123456789abcdef", "git_commit": "abc123"}
-
-
-@pytest.fixture(scope="module")
-def empty_store(tmp_path_factory):
-    """A migrated, empty SQLite store made once (migrating takes seconds); each test copies it."""
-    folder = tmp_path_factory.mktemp("mlflow")
-    Registry(_config(folder))
-    return folder / "mlflow.db"
-
-
-def _config(folder) -> RegistryConfig:
-    return RegistryConfig(
-        tracking_uri=f"sqlite:///{folder}/mlflow.db",
-        artifact_root=str(folder / "artifacts"),
-        model_prefix="t",
-    )
-
-
-@pytest.fixture
-def registry(tmp_path, empty_store):
-    shutil.copy(empty_store, tmp_path / "mlflow.db")
-    return Registry(_config(tmp_path))
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ evaluation and report runs keep their lineage tags."""
 
 from __future__ import annotations
 
-import shutil
 import sys
 
 import mlflow
@@ -17,28 +16,6 @@ from serving.drafters.package import DraftManifest, write_package
 
 DEAD_POSTGRES = "postgresql://user:secret@127.0.0.1:1/db"  # nothing listens on port 1
 LINEAGE = {"data_version": "dvc:abc parts:123", "git_commit": "0f1e2d"}
-
-
-def _config(folder) -> RegistryConfig:
-    return RegistryConfig(
-        tracking_uri=f"sqlite:///{folder}/mlflow.db",
-        artifact_root=str(folder / "artifacts"),
-        model_prefix="t",
-    )
-
-
-@pytest.fixture(scope="module")
-def empty_store(tmp_path_factory):
-    """A migrated, empty store made once (migrating takes seconds); each test copies it."""
-    folder = tmp_path_factory.mktemp("store")
-    Registry(_config(folder))
-    return folder / "mlflow.db"
-
-
-@pytest.fixture
-def registry(tmp_path, empty_store):
-    shutil.copy(empty_store, tmp_path / "mlflow.db")
-    return Registry(_config(tmp_path))
 
 
 @pytest.fixture
