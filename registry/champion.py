@@ -23,6 +23,13 @@ class ChampionLookup:
         self.cache = Path(cache)
         self.registry = registry or Registry()
 
+    def find(self) -> ServingChampion | None:
+        """The champion, downloaded, or None while the target has none."""
+        draft = self.registry.champion(self.hardware)
+        if draft is None:
+            return None
+        return ServingChampion(draft.label, self.registry.download(draft, self.cache))
+
     def current(self) -> ServingChampion:
         draft = self.registry.champion(self.hardware)
         if draft is None:

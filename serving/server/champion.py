@@ -108,14 +108,24 @@ class RegistryChampion(ChampionSource):
     code that talks to MLflow); its package is downloaded once into ``cache``."""
 
     name = "registry"
+    NO_CHAMPION = "none (no champion yet)"
 
-    def __init__(self, hardware: str, *, cache: Path, registry=None) -> None:
+    def __init__(self, hardware: str, *, cache: Path, registry=None, missing: str = "fail") -> None:
+        """``missing="plain"``: while the target has no champion, serve plain decoding
+        (version :attr:`NO_CHAMPION`) instead of failing."""
         from registry.champion import ChampionLookup
 
         self._lookup = ChampionLookup(hardware, cache=cache, registry=registry)
+        self._missing = missing
 
     def current(self) -> ChampionRef:
-        champion = self._lookup.current()
+        if self._missing == "plain":
+            found = self._lookup.find()
+            if found is None:
+                return ChampionRef(version=self.NO_CHAMPION, source="registry", drafter="none", k=1)
+            champion = found
+        else:
+            champion = self._lookup.current()
         manifest = read_manifest(champion.package)
         return ChampionRef(
             version=champion.label,

@@ -29,6 +29,10 @@ class ChampionConfig(_Section):
     k: int = Field(10, ge=1, le=MAX_DRAFT_TOKENS)
     path: Path | None = None  # local: the champion pointer file
     poll_s: float = Field(5.0, gt=0)
+    # registry: while the target has no champion yet, refuse to start ("fail") or serve
+    # plain decoding and swap to the first champion once one is promoted ("plain"): a
+    # replica may then come up before anyone bootstraps the target.
+    missing: Literal["fail", "plain"] = "fail"
 
     @model_validator(mode="after")
     def _path_for_local(self) -> ChampionConfig:

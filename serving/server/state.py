@@ -159,7 +159,9 @@ def champion_source(config: ServerConfig) -> ChampionSource:
     from serving.models.real import cache_root
 
     try:
-        return RegistryChampion(config.hardware, cache=cache_root() / "registry")
+        return RegistryChampion(
+            config.hardware, cache=cache_root() / "registry", missing=config.champion.missing
+        )
     except ImportError as error:
         raise ModelSourceError(
             f"champion.source 'registry' needs MLflow and registry/: {error}"

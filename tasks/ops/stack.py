@@ -82,7 +82,12 @@ def _apt_install(package: str, binary: str) -> None:
         )
     log.info("installing %s (Debian)", package)
     env = {"DEBIAN_FRONTEND": "noninteractive"}
-    _run(["apt-get", "install", "-y", "-q", package], env=env, what=f"apt-get install {package}")
+    install = ["apt-get", "install", "-y", "-q", package]
+    try:
+        _run(install, env=env, what=f"apt-get install {package}")
+    except StackError:  # a fresh machine's package lists may be missing or stale
+        _run(["apt-get", "update", "-q"], env=env, what="apt-get update")
+        _run(install, env=env, what=f"apt-get install {package}")
 
 
 # Settings of another registry that would win over the stack's MLFLOW_TRACKING_URI

@@ -172,7 +172,9 @@ def _replica_config(options: TeamLoopOptions, folder: Path, name: str) -> Path:
         "target": options.target,
         "hardware": options.hardware,
         "replica": name,
-        "champion": {"source": "registry", "poll_s": options.poll_s},
+        # Plain decoding until the target's first champion: a fresh stack's replicas come
+        # up before the bootstrap promotes one, and swap to it.
+        "champion": {"source": "registry", "poll_s": options.poll_s, "missing": "plain"},
         "capture": {
             "share": 1.0,
             "store": str(options.checkout / "data"),
@@ -306,37 +308,7 @@ def run_team_loop(stack: Stack, options: TeamLoopOptions) -> dict[str, Any]:
         _say(f"paused {paused} schedules for this run (the flows run when this run says)")
 
     registry = Registry()
-    champion = registry.champion(options.hardware)
-    if champion is None:
-        _say(f"{options.hardware} has no champion: bootstrap/once on the worker")
-        start = time.perf_counter()
-        run = prefect.run(
-            "bootstrap/once",
-            {
-                "hardware": options.hardware,
-                "k": options.bootstrap_k,
-                "policy": "cost" if options.bootstrap_k > 1 else "fixed",
-                "workloads": options.eval_workloads,
-                "prompts_per_workload": options.eval_prompts,
-                "max_new_tokens": options.max_new_tokens,
-            },
-        )
-        run = prefect.wait(run.id, timeout_s=options.timeout_s)
-        timings["bootstrap"] = time.perf_counter() - start
-        champion = registry.champion(options.hardware)
-        if champion is None:
-            why = (
-                "prompt lookup did not beat plain decoding"
-                if run.state.type.value == "COMPLETED"
-                else run.state.message
-            )
-            raise SpecOpsError(
-                f"bootstrap ended {run.state.name}: no champion on {options.hardware} ({why}); "
-                f"see the worker's log {stack.config.logs / 'worker.log'}"
-            )
-    report["champion_before"] = champion.label
-    _say(f"champion: {champion.label}")
-
+    run_started = time.time()
     folder = stack.config.state / "replicas"
     folder.mkdir(parents=True, exist_ok=True)
     replicas = [
@@ -353,77 +325,10 @@ def run_team_loop(stack: Stack, options: TeamLoopOptions) -> dict[str, Any]:
             list(pool.map(ServerProcess.start, replicas))
         timings["replicas_up"] = time.perf_counter() - start
         _say(f"{len(replicas)} replicas serve {[_served_version(r) for r in replicas]}")
-        start = time.perf_counter()
-        since_traffic = time.time()
-        sent = _send_traffic(replicas, options)
-        timings["traffic"] = time.perf_counter() - start
-        report["requests"] = sent
-        _say(f"sent {sent} {options.workload} requests across the replicas")
-        captured = _wait_for_captures(options.checkout / "data", since=since_traffic, want=sent)
-        report["captured_parts"] = captured
-        _say(f"the replicas' captures landed in {len(captured)} parts of one store")
-
-        since = time.time()
-        start = time.perf_counter()
-        collect = prefect.run(
-            "collect/hourly",
-            {
-                "hardware": options.hardware,
-                "force_retrain": True,
-                "cooldown_minutes": 0,
-                "retrain_options": {
-                    "budgets": options.budgets,
-                    "eval_workloads": options.eval_workloads,
-                    "eval_prompts_per_workload": options.eval_prompts,
-                    "max_new_tokens": options.max_new_tokens,
-                },
-            },
-        )
-        collect = prefect.wait(collect.id, timeout_s=options.timeout_s)
-        timings["collect"] = time.perf_counter() - start
-        report["collect_state"] = collect.state.name
-        if collect.state.type.value != "COMPLETED":
-            raise SpecOpsError(f"collect ended {collect.state.name}; see the worker's log")
-        retrains = prefect.runs_of("retrain/daily", since=since)
-        if len(retrains) != 1:
-            raise SpecOpsError(f"collect started {len(retrains)} retrain runs, not one")
-        retrain = retrains[0]
-        _say(f"retrain flow run {retrain.name} started through run_deployment")
-
-        killed: dict[str, Any] = {}
-
-        def maybe_kill(run) -> None:
-            if options.kill_worker_after_s is None or killed:
-                return
-            if run.state is None or run.state.type.value != "RUNNING" or run.start_time is None:
-                return
-            if time.time() - run.start_time.timestamp() < options.kill_worker_after_s:
-                return
-            pid = stack.pid("worker")
-            if pid is None:
-                return
-            killed["pids"] = _kill_tree(pid)
-            killed["at"] = time.time()
-            _say(f"killed the worker and its flow run (pids {killed['pids']})")
-            time.sleep(2.0)
-            stack.restart_worker(worker_env)
-            _say("worker started again")
-
-        start = time.perf_counter()
         with _SwapWatch(replicas) as watch:
-            retrain = prefect.wait(retrain.id, timeout_s=options.timeout_s, every=maybe_kill)
-            time.sleep(options.poll_s + 5.0)  # a promotion at the very end reaches them too
-        timings["retrain"] = time.perf_counter() - start
-        report["retrain"] = {
-            "flow_run": str(retrain.id),
-            "state": retrain.state.name,
-            "run_count": retrain.run_count,
-            "worker_killed": bool(killed),
-        }
-        if retrain.state.type.value != "COMPLETED":
-            raise SpecOpsError(f"the retrain ended {retrain.state.name}; see the worker's log")
-
-        report["checks"] = _check(registry, options, watch, since=since)
+            _loop(stack, prefect, registry, options, replicas, report, timings)
+            time.sleep(options.poll_s + SWAP_SLACK_S)  # a promotion at the very end too
+        report["checks"] = _check(registry, options, watch, since=run_started)
     finally:
         for replica in replicas:
             replica.stop()
@@ -431,6 +336,137 @@ def run_team_loop(stack: Stack, options: TeamLoopOptions) -> dict[str, Any]:
     if options.report is not None:
         write_json_atomic(options.report, report)
     return report
+
+
+def _bootstrap(stack: Stack, prefect: _Prefect, registry, options: TeamLoopOptions) -> None:
+    """``bootstrap/once`` on the worker: the target's first champion (the replicas serve
+    plain decoding until it is promoted)."""
+    run = prefect.run(
+        "bootstrap/once",
+        {
+            "hardware": options.hardware,
+            "k": options.bootstrap_k,
+            "policy": "cost" if options.bootstrap_k > 1 else "fixed",
+            "workloads": options.eval_workloads,
+            "prompts_per_workload": options.eval_prompts,
+            "max_new_tokens": options.max_new_tokens,
+        },
+    )
+    run = prefect.wait(run.id, timeout_s=options.timeout_s)
+    if registry.champion(options.hardware) is None:
+        why = (
+            "prompt lookup did not beat plain decoding"
+            if run.state.type.value == "COMPLETED"
+            else run.state.message
+        )
+        raise SpecOpsError(
+            f"bootstrap ended {run.state.name}: no champion on {options.hardware} ({why}); "
+            f"see the worker's log {stack.config.logs / 'worker.log'}"
+        )
+
+
+def _loop(
+    stack: Stack,
+    prefect: _Prefect,
+    registry,
+    options: TeamLoopOptions,
+    replicas: list[ServerProcess],
+    report: dict[str, Any],
+    timings: dict[str, float],
+) -> None:
+    """Bootstrap if need be, traffic through the replicas, collect, the retrain (the
+    worker killed in it, if asked), each step on the worker."""
+    worker_env = {"SPECOPS_TARGET": options.target}
+    if registry.champion(options.hardware) is None:
+        _say(f"{options.hardware} has no champion: bootstrap/once on the worker")
+        start = time.perf_counter()
+        _bootstrap(stack, prefect, registry, options)
+        timings["bootstrap"] = time.perf_counter() - start
+    champion = registry.champion(options.hardware)
+    assert champion is not None
+    report["champion_before"] = champion.label
+    _say(f"champion: {champion.label}")
+    _wait_served(replicas, champion.label, timeout_s=options.poll_s + SWAP_SLACK_S + 30)
+
+    start = time.perf_counter()
+    since_traffic = time.time()
+    sent = _send_traffic(replicas, options)
+    timings["traffic"] = time.perf_counter() - start
+    report["requests"] = sent
+    _say(f"sent {sent} {options.workload} requests across the replicas")
+    captured = _wait_for_captures(options.checkout / "data", since=since_traffic, want=sent)
+    report["captured_parts"] = captured
+    _say(f"the replicas' captures landed in {len(captured)} parts of one store")
+
+    since = time.time()
+    start = time.perf_counter()
+    collect = prefect.run(
+        "collect/hourly",
+        {
+            "hardware": options.hardware,
+            "force_retrain": True,
+            "cooldown_minutes": 0,
+            "retrain_options": {
+                "budgets": options.budgets,
+                "eval_workloads": options.eval_workloads,
+                "eval_prompts_per_workload": options.eval_prompts,
+                "max_new_tokens": options.max_new_tokens,
+            },
+        },
+    )
+    collect = prefect.wait(collect.id, timeout_s=options.timeout_s)
+    timings["collect"] = time.perf_counter() - start
+    report["collect_state"] = collect.state.name
+    if collect.state.type.value != "COMPLETED":
+        raise SpecOpsError(f"collect ended {collect.state.name}; see the worker's log")
+    retrains = prefect.runs_of("retrain/daily", since=since)
+    if len(retrains) != 1:
+        raise SpecOpsError(f"collect started {len(retrains)} retrain runs, not one")
+    retrain = retrains[0]
+    _say(f"retrain flow run {retrain.name} started through run_deployment")
+
+    killed: dict[str, Any] = {}
+
+    def maybe_kill(run) -> None:
+        if options.kill_worker_after_s is None or killed:
+            return
+        if run.state is None or run.state.type.value != "RUNNING" or run.start_time is None:
+            return
+        if time.time() - run.start_time.timestamp() < options.kill_worker_after_s:
+            return
+        pid = stack.pid("worker")
+        if pid is None:
+            return
+        killed["pids"] = _kill_tree(pid)
+        _say(f"killed the worker and its flow run (pids {killed['pids']})")
+        time.sleep(2.0)
+        stack.restart_worker(worker_env)
+        _say("worker started again")
+
+    start = time.perf_counter()
+    retrain = prefect.wait(retrain.id, timeout_s=options.timeout_s, every=maybe_kill)
+    timings["retrain"] = time.perf_counter() - start
+    report["retrain"] = {
+        "flow_run": str(retrain.id),
+        "state": retrain.state.name,
+        "run_count": retrain.run_count,
+        "worker_killed": bool(killed),
+    }
+    if retrain.state.type.value != "COMPLETED":
+        raise SpecOpsError(f"the retrain ended {retrain.state.name}; see the worker's log")
+
+
+def _wait_served(replicas: list[ServerProcess], label: str, *, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while [_served_version(r) for r in replicas] != [label] * len(replicas):
+        if time.monotonic() > deadline:
+            raise SpecOpsError(f"the replicas did not serve {label} within {timeout_s:g} s")
+        time.sleep(0.5)
+
+
+def _latest(first_seen: dict[str, float]) -> str | None:
+    """The version a replica switched to last."""
+    return max(first_seen.items(), key=lambda item: item[1])[0] if first_seen else None
 
 
 def _check(
@@ -471,21 +507,31 @@ def _check(
     }
     champion = registry.champion(hardware)
     assert champion is not None
-    promoted_at = float(champion.tags.get(f"promoted_at.{hardware}", "0"))
-    moved = promoted_at >= since
-    served: dict[str, Any] = {"champion": champion.label, "promoted": moved}
-    seen = [first.get(champion.label) for first in watch.first_seen]
-    if moved:
-        # One poll interval, plus the time to download and load the draft.
-        delays = [None if t is None else t - promoted_at for t in seen]
-        served.update(
-            seconds_to_serve=delays,
-            limit_s=options.poll_s + SWAP_SLACK_S,
-            ok=all(d is not None and d <= options.poll_s + SWAP_SLACK_S for d in delays),
-        )
-    else:
-        served.update(ok=all(t is not None for t in seen))
-    checks["replicas_serve_champion"] = served
+    # Every promotion during the run (the bootstrap's, the retrain's) reached every replica
+    # within one poll interval plus the time to load the draft.
+    limit = options.poll_s + SWAP_SLACK_S
+    promotions: list[dict[str, Any]] = []
+    for family in registry.families():
+        name = registry.model_name(family)
+        for mv in registry.client.search_model_versions(f"name = '{name}'"):
+            at = float((mv.tags or {}).get(f"promoted_at.{hardware}", "0"))
+            if at >= since:
+                label = f"{name}/{mv.version}"
+                seen = [first.get(label) for first in watch.first_seen]
+                delays: list[float | None] = [None if t is None else round(t - at, 2) for t in seen]
+                promotions.append({"label": label, "seconds_to_serve": delays})
+    checks["swaps"] = {
+        "ok": bool(promotions)
+        and all(d is not None and d <= limit for p in promotions for d in p["seconds_to_serve"]),
+        "limit_s": limit,
+        "promotions": promotions,
+    }
+    final = [_latest(first) for first in watch.first_seen]
+    checks["replicas_serve_champion"] = {
+        "ok": final == [champion.label] * len(final),
+        "champion": champion.label,
+        "replicas": final,
+    }
     checks["champion_evaluated"] = {"ok": champion.evaluated_on(hardware), "label": champion.label}
     return checks
 

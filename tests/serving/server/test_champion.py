@@ -140,6 +140,30 @@ def test_the_registry_champion_is_served_and_swapped(tmp_path, target, packages)
     assert str(watcher.current.spec) == "ngram:4"
 
 
+def test_with_missing_plain_a_replica_serves_plain_until_the_first_champion(
+    tmp_path, target, packages
+):
+    from registry.client import Registry
+    from registry.config import RegistryConfig
+    from serving.server.champion import RegistryChampion
+
+    config = RegistryConfig(
+        tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", artifact_root=str(tmp_path / "art")
+    )
+    registry = Registry(config)
+    source = RegistryChampion("cpu", cache=tmp_path / "cache", registry=registry, missing="plain")
+    watcher = ChampionWatcher(source, lambda ref: load_draft(ref, target, None, verify_curve=CURVE))
+    assert watcher.current.ref.version == RegistryChampion.NO_CHAMPION
+    assert watcher.current.new_drafter() is None  # plain decoding
+    assert not watcher.poll()
+    draft = registry.log_draft(packages["pld"], family="ngram")
+    registry.log_evaluation(draft, "cpu", {"mean_accepted_length": 1.0})
+    registry.promote(registry.get("ngram", draft.version), "cpu", reason="first champion")
+    assert watcher.poll()
+    assert watcher.current.ref.version == draft.label
+    assert str(watcher.current.spec) == "pld:3"
+
+
 def test_any_failure_while_polling_keeps_the_champion(tmp_path, target, packages):
     pointer = tmp_path / "champion.json"
     point(pointer, packages["pld"], "1")

@@ -1,7 +1,8 @@
 """End to end on the local team stack: PostgreSQL, an MLflow server with proxied artifacts,
 a Prefect server with a process work pool and a worker, sshd serving the DVC remote, all
-started here; then ``specops stack loop`` on a tiny target from a clean clone: bootstrap,
-two serving replicas capturing into one store, collect -> retrain (through
+started here; then ``specops stack loop`` on a tiny target from a clean clone: two serving
+replicas come up with no champion (plain decoding), the bootstrap promotes the first one and
+both swap to it; traffic through them lands in one store; collect -> retrain (through
 ``run_deployment``, on the worker) -> evaluate -> promote, with the worker killed in the
 middle of the retrain and started again.
 
@@ -62,12 +63,14 @@ def test_the_loop_runs_through_a_worker_and_every_replica_swaps(stack_env):
         "stack", "loop",
         "--checkout", str(checkout),
         "--tiny",
-        "--requests", "8",
-        "--max-new-tokens", "24",
+        "--bootstrap-k", "1",
+        "--failure-threshold", "1.0",
+        "--requests", "16",
+        "--max-new-tokens", "32",
         "--eval-prompts", "4",
-        "--budget", "5",
+        "--budget", "10",
         "--poll-s", "1",
-        "--kill-worker-after", "5",
+        "--kill-worker-after", "15",
         "--report", str(report_path),
         env=env, timeout=1800,
     )  # fmt: skip
@@ -83,7 +86,12 @@ def test_the_loop_runs_through_a_worker_and_every_replica_swaps(stack_env):
     for tags in checks["lineage"]["versions"].values():
         assert tags["data_version"].startswith("dvc:") and tags["git_commit"]
     assert checks["evaluated_with_lineage"]["ok"] and checks["champion_evaluated"]["ok"]
-    # Both replicas serve the champion (within one poll interval when it moved).
+    # Every promotion of the run (the bootstrap's at least) reached both replicas within one
+    # poll interval plus the draft's load; both serve the champion at the end.
+    swaps = checks["swaps"]
+    assert swaps["ok"] and swaps["promotions"], swaps
+    for promotion in swaps["promotions"]:
+        assert len(promotion["seconds_to_serve"]) == 2
     assert checks["replicas_serve_champion"]["ok"], checks["replicas_serve_champion"]
     # The replicas captured into one store, in parts of their own.
     parts = report["captured_parts"]
