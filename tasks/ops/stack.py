@@ -100,13 +100,14 @@ def _inherited() -> dict[str, str]:
 
 
 def _alive(pid: int) -> bool:
+    """Running, and not a zombie: a service this process started and then killed stays a
+    zombie until reaped, and must not count as running."""
+    import psutil
+
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _wait_for(check: Callable[[], bool], *, timeout_s: float, what: str, log_file: Path) -> None:
@@ -131,7 +132,7 @@ def _http_ok(url: str) -> bool:
 @dataclass
 class Started:
     name: str
-    seconds: float  # 0 when it was already running
+    seconds: float  # how long its step took (a check only, when it was already running)
     already: bool
 
 
@@ -375,10 +376,12 @@ class Stack:
             "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "30",
             **(env or {}),
         }
-        self._spawn("worker", command, worker_env)
         log_file = config.logs / "worker.log"
+        # The log is appended to across restarts: only what this worker writes counts.
+        offset = log_file.stat().st_size if log_file.is_file() else 0
+        self._spawn("worker", command, worker_env)
         _wait_for(
-            lambda: log_file.is_file() and "started" in log_file.read_text(),
+            lambda: b"started" in log_file.read_bytes()[offset:],
             timeout_s=config.ready_timeout_s,
             what=f"the Prefect worker of pool {config.pool!r}",
             log_file=log_file,

@@ -2,11 +2,11 @@
 
 1. the stack is up (:mod:`tasks.ops.stack`) and ``prefect.yaml``'s deployments are deployed
    from ``checkout`` to its work pool; the worker loads the target model ``target``;
-2. the hardware target has a champion: the ``bootstrap/once`` deployment makes one when it
-   has none;
-3. ``replicas`` serving processes (``specops serve``) follow the registry's champion and
-   capture every request into one shared store (``<checkout>/data``); traffic of
-   ``workload`` goes to them in turn;
+2. ``replicas`` serving processes (``specops serve``) follow the registry's champion
+   (plain decoding while the target has none) and capture every request into one shared
+   store (``<checkout>/data``);
+3. the hardware target gets a champion: the ``bootstrap/once`` deployment makes one when
+   it has none, and the replicas swap to it; traffic of ``workload`` goes to them in turn;
 4. the ``collect/hourly`` deployment validates the new parts, versions the store with DVC
    (pushed to the stack's SSH remote) and starts the retrain through the ``retrain/daily``
    deployment (``run_deployment``); the worker trains, registers, evaluates, gates and
@@ -15,8 +15,8 @@
    and started again: the run is marked crashed, rescheduled, and finishes;
 6. checks: the retrain completed; every challenger is registered once (no duplicates
    after a crash), carries its lineage (DVC data version, git commit) and was evaluated,
-   and so was the champion; when the champion moved, each replica serves it within one
-   poll interval of the promotion.
+   and so was the champion; every promotion of the run reached every replica within one
+   poll interval (plus the time to load the draft), and they all serve the champion.
 
 It prints progress and returns (and writes) a JSON report of timings and checks.
 """
