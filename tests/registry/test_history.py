@@ -30,3 +30,14 @@ def test_the_newest_version_evaluated_on_a_target_is_found(registry, tmp_path):
         registry.log_evaluation(draft, "cpu", {"mean_accepted_length": 1.5})
     assert newest_evaluated(registry, "head", "cpu").version == second.version
     assert newest_evaluated(registry, "head", "cpu-stock") is None
+
+
+def test_a_slot_is_marked_once_however_often_its_retrain_runs(registry):
+    """A crashed retrain rescheduled in the same slot keeps the one mark (the cool-down
+    reads it); another slot gets its own."""
+    first = log_retrain(registry, "cpu", "20261124T0330", {"challengers": []})
+    again = log_retrain(registry, "cpu", "20261124T0330", {"challengers": ["suffix/1"]})
+    other = log_retrain(registry, "cpu", "20261125T0330", {"challengers": []})
+    assert first == again != other
+    with pytest.raises(RegistryError, match="quotes"):
+        log_retrain(registry, "cpu", "x' or '1", {})
