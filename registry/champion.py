@@ -31,10 +31,11 @@ class ChampionLookup:
         return ServingChampion(draft.label, self.registry.download(draft, self.cache))
 
     def current(self) -> ServingChampion:
-        draft = self.registry.champion(self.hardware)
-        if draft is None:
+        """The champion, downloaded; :class:`RegistryError` while the target has none."""
+        champion = self.find()
+        if champion is None:
             raise RegistryError(
                 f"the registry at {self.registry.shown_uri!r} has no champion for hardware "
                 f"target {self.hardware!r}; promote a draft first (or serve with --drafter)"
             )
-        return ServingChampion(draft.label, self.registry.download(draft, self.cache))
+        return champion

@@ -119,13 +119,9 @@ class RegistryChampion(ChampionSource):
         self._missing = missing
 
     def current(self) -> ChampionRef:
-        if self._missing == "plain":
-            found = self._lookup.find()
-            if found is None:
-                return ChampionRef(version=self.NO_CHAMPION, source="registry", drafter="none", k=1)
-            champion = found
-        else:
-            champion = self._lookup.current()
+        champion = self._lookup.find() if self._missing == "plain" else self._lookup.current()
+        if champion is None:
+            return ChampionRef(version=self.NO_CHAMPION, source="registry", drafter="none", k=1)
         manifest = read_manifest(champion.package)
         return ChampionRef(
             version=champion.label,

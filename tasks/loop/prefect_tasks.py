@@ -13,6 +13,7 @@ from prefect.cache_policies import NO_CACHE
 from registry.client import Registry
 from tasks.data.prompts import Prompt
 from tasks.data.traffic import build_workload
+from tasks.evaluate.evaluate import EncodedPrompt, traffic_prompts
 from tasks.loop import steps as loop
 from tasks.settings import loop_settings, promotion_limit
 
@@ -208,6 +209,22 @@ def register(
     return {"family": draft.family, "version": draft.version, "label": draft.label}
 
 
+def _heldout_prompts(
+    workloads: list[str], per_workload: int, seed: int, dataset: str | None, traffic_per: int
+) -> list[Prompt | EncodedPrompt]:
+    """The evaluation prompts: each built-in workload's held-out prompts and, with a
+    ``dataset`` folder, its held-out traffic (``heldout_traffic.jsonl``, never trained on)."""
+    prompts: list[Prompt | EncodedPrompt] = [
+        p
+        for workload in workloads
+        for p in build_workload(workload, per_workload, seed=seed, split="heldout")
+    ]
+    if dataset is not None:
+        held = loop.read_jsonl(Path(dataset) / "heldout_traffic.jsonl")
+        prompts += traffic_prompts(held, per_workload=traffic_per)
+    return prompts
+
+
 @task(name="evaluate-gate-promote", cache_policy=NO_CACHE)
 def evaluate_gate_promote(
     challengers: list[dict[str, str]],
@@ -228,18 +245,9 @@ def evaluate_gate_promote(
     never trained on. ``lineage`` (data version, git commit) tags every evaluation run."""
     from prefect.concurrency.sync import concurrency
 
-    from tasks.evaluate.evaluate import EncodedPrompt, traffic_prompts
-
     registry = open_registry()
     drafts = [registry.get(c["family"], c["version"]) for c in challengers]
-    prompts: list[Prompt | EncodedPrompt] = [
-        p
-        for workload in workloads
-        for p in build_workload(workload, prompts_per_workload, seed=seed, split="heldout")
-    ]
-    if traffic is not None:
-        held = loop.read_jsonl(Path(traffic) / "heldout_traffic.jsonl")
-        prompts += traffic_prompts(held, per_workload=traffic_per_workload)
+    prompts = _heldout_prompts(workloads, prompts_per_workload, seed, traffic, traffic_per_workload)
     # One evaluate-and-promote per target at a time, across every machine: the second
     # evaluates against the champion the first left (tasks/ops/prefect_setup.py creates
     # the limit; without it, e.g. on the embedded server, only the registry's lock and its
@@ -279,16 +287,9 @@ def retrain_predictor(
     """Train the acceptance predictor on ``dataset``, register it, and promote it if it
     makes the champion draft faster than the current policy (interleaved, same prompts as
     the drafts' evaluation: built-in held-out and the dataset's held-out traffic)."""
-    from tasks.evaluate.evaluate import EncodedPrompt, traffic_prompts
     from tasks.loop.predictor_step import retrain_predictor as run
 
-    prompts: list[Prompt | EncodedPrompt] = [
-        p
-        for workload in workloads
-        for p in build_workload(workload, prompts_per_workload, seed=seed, split="heldout")
-    ]
-    held = loop.read_jsonl(Path(dataset) / "heldout_traffic.jsonl")
-    prompts += traffic_prompts(held, per_workload=traffic_per_workload)
+    prompts = _heldout_prompts(workloads, prompts_per_workload, seed, dataset, traffic_per_workload)
     outcome = run(
         open_registry(),
         Path(dataset),

@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
-import json
 import logging
 import os
 import secrets
@@ -524,7 +523,3 @@ class Stack:
         """``<root>/stack.env``: the client settings, to ``source``."""
         lines = [f"export {k}={v}" for k, v in self.config.client_env().items()]
         (self.config.state / "stack.env").write_text("\n".join(lines) + "\n")
-
-
-def status_json(stack: Stack) -> str:
-    return json.dumps(stack.status(), indent=2)

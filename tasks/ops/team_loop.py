@@ -73,6 +73,11 @@ class TeamLoopOptions:
     report: Path | None = None
 
 
+def _worker_env(options: TeamLoopOptions) -> dict[str, str]:
+    """The worker's environment names the target model its flow runs load."""
+    return {"SPECOPS_TARGET": options.target}
+
+
 def _say(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
@@ -286,12 +291,10 @@ def run_team_loop(stack: Stack, options: TeamLoopOptions) -> dict[str, Any]:
     }
     timings: dict[str, float] = {}
     report["timings_s"] = timings
-    worker_env = {"SPECOPS_TARGET": options.target}
-
     start = time.perf_counter()
     _say("stack: starting what is not running")
     stack.up(repo=checkout)
-    stack.restart_worker(worker_env)  # the worker's environment names the target model
+    stack.restart_worker(_worker_env(options))
     timings["stack_up"] = time.perf_counter() - start
     report["stack"] = stack.status()
     for name in ("SPECOPS_MLFLOW_URI", "SPECOPS_MLFLOW_ARTIFACTS", "MLFLOW_REGISTRY_URI"):
@@ -376,7 +379,6 @@ def _loop(
 ) -> None:
     """Bootstrap if need be, traffic through the replicas, collect, the retrain (the
     worker killed in it, if asked), each step on the worker."""
-    worker_env = {"SPECOPS_TARGET": options.target}
     if registry.champion(options.hardware) is None:
         _say(f"{options.hardware} has no champion: bootstrap/once on the worker")
         start = time.perf_counter()
@@ -440,7 +442,7 @@ def _loop(
         killed["pids"] = _kill_tree(pid)
         _say(f"killed the worker and its flow run (pids {killed['pids']})")
         time.sleep(2.0)
-        stack.restart_worker(worker_env)
+        stack.restart_worker(_worker_env(options))
         _say("worker started again")
 
     start = time.perf_counter()
