@@ -332,6 +332,12 @@ def run_team_loop(stack: Stack, options: TeamLoopOptions) -> dict[str, Any]:
             _loop(stack, prefect, registry, options, replicas, report, timings)
             time.sleep(options.poll_s + SWAP_SLACK_S)  # a promotion at the very end too
         report["checks"] = _check(registry, options, watch, since=run_started)
+    except SpecOpsError as error:
+        # The report says how far the run got and why it stopped, for whoever reads it.
+        report.update(ok=False, error=str(error))
+        if options.report is not None:
+            write_json_atomic(options.report, report)
+        raise
     finally:
         for replica in replicas:
             replica.stop()

@@ -76,6 +76,7 @@ def test_the_loop_runs_through_a_worker_and_every_replica_swaps(stack_env):
     )  # fmt: skip
     assert report_path.is_file(), done.stdout[-4000:] + done.stderr[-4000:]
     report = json.loads(report_path.read_text())
+    assert "error" not in report, report["error"] + done.stdout[-4000:]
     checks = report["checks"]
     assert done.returncode == 0, json.dumps(checks, indent=2) + done.stderr[-3000:]
     # Through the worker: killed mid-retrain, rescheduled, finished on the second run.
