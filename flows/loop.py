@@ -179,7 +179,7 @@ def retrain(
             key=f"{hardware}/{run_slot}/suffix",
         )
     )
-    trained = steps.train_learned(dataset, out, hardware=hardware, budgets=budgets)
+    trained = steps.train_learned(dataset, out, hardware=hardware, budgets=budgets, store=store)
     for result in trained:
         if result["skipped"]:
             logger.warning("%s challenger skipped: %s", result["family"], result["skipped"])

@@ -29,6 +29,22 @@ case "$name" in
     # text generation needs none of them.
     UV_SYSTEM_CERTS=1 "$env/bin/uv" pip uninstall --quiet --python "$env/bin/python" \
       torchvision torchaudio torchcodec || true
+    # vLLM's `suffix` method (specops's suffix draft, exported) needs Arctic Inference, which
+    # PyPI has only as a source archive: its wheel (C++ suffix trees bound with nanobind,
+    # ~15 s) is built once in a throwaway environment and installed without dependencies
+    # (its extras pin other vLLM versions). CMake must be told the build environment's
+    # Python, or it finds one without nanobind.
+    if ! "$env/bin/python" -c "import arctic_inference.suffix_decoding._C" 2>/dev/null; then
+      build="$env/arctic-build"
+      rm -rf "$build"
+      "$PYTHON" -m venv "$build"
+      "$build/bin/pip" install --quiet "torch==2.13.0" "nanobind==2.9.2" ninja "cmake>=3.18" \
+        setuptools wheel "protobuf==5.29.6" grpcio-tools
+      CMAKE_ARGS="-DPython_EXECUTABLE=$build/bin/python" "$build/bin/pip" wheel --quiet \
+        --no-build-isolation --no-deps "arctic-inference==0.3.0" -w "$build/wheels"
+      "$env/bin/pip" install --quiet --no-deps "$build"/wheels/arctic_inference-*.whl
+      rm -rf "$build"
+    fi
     ;;
   mlx)
     [ -x "$env/bin/python" ] || "$PYTHON" -m venv "$env"

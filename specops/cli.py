@@ -13,6 +13,7 @@ import typer
 from specops.cascade_cli import cascade_app
 from specops.curves_cli import draft_curves, teacher_app
 from specops.data_cli import data_app
+from specops.deploy_cli import deploy_app
 from specops.distributed_cli import distributed_app
 from specops.draft_cli import register_draft_commands
 from specops.exit import fail
@@ -80,6 +81,7 @@ app.add_typer(distributed_app, name="distributed")
 app.add_typer(cascade_app, name="cascade")
 app.add_typer(registry_app, name="registry")
 app.add_typer(stack_app, name="stack")
+app.add_typer(deploy_app, name="deploy")
 register_draft_commands(app)
 app.add_typer(loop_app, name="loop")
 app.add_typer(predictor_app, name="predictor")

@@ -104,6 +104,10 @@ def train_draft(
         int | None, typer.Option(help="head: reduced vocabulary size (default: full).")
     ] = None,
     intermediate_size: Annotated[int | None, typer.Option(help="head: FFN width.")] = None,
+    head_layout: Annotated[
+        str,
+        typer.Option(help="head: specops | eagle (EAGLE-1's, the one vLLM's eagle method loads)."),
+    ] = "specops",
     store: Annotated[Path, typer.Option(help="suffix: the record store.")] = Path("data"),
     include_prompts: Annotated[
         bool, typer.Option("--include-prompts", help="suffix: index prompts with outputs.")
@@ -146,7 +150,10 @@ def train_draft(
             from tasks.train.train_head import TrainHeadConfig
 
             config: Any = TrainHeadConfig(
-                **common, draft_vocab_size=draft_vocab, intermediate_size=intermediate_size
+                **common,
+                draft_vocab_size=draft_vocab,
+                intermediate_size=intermediate_size,
+                layout=head_layout,
             )
         else:
             from tasks.train.distill import DistillConfig

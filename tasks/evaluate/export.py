@@ -7,6 +7,11 @@ vLLM takes as its draft ``model``, mlx-lm loads as its ``draft_model`` and
 transformers-neuronx compiles. A ``layers:N`` draft, which shares the target's modules
 at serve time, is written out as a model of its own here.
 
+A ``suffix`` draft becomes vLLM's ``suffix`` method (its corpus does not travel: vLLM's
+suffix trees are built from the responses the server itself produces, so the export
+records that under ``notes``), and a ``head`` in the ``eagle`` layout becomes an EAGLE-1
+folder in ``draft/`` (:mod:`tasks.evaluate.eagle_export`).
+
 What each backend can run is fixed by the backend (:data:`serving.backends.BACKENDS`);
 a draft it cannot load fails here, before any model work, naming the drafter and the
 backend. Exports are written into a temporary folder and renamed into place.
@@ -37,14 +42,35 @@ def speculation_for(drafter: str, backend: str, k: int) -> Speculation:
         speculation = Speculation("ngram", k, prompt_lookup_max=int(arg or 3))
     elif kind in ("layers", "model"):
         speculation = Speculation("draft_model", k, draft_path=DRAFT_FOLDER)
+    elif kind == "suffix":
+        # specops's suffix drafter defaults: no cap on the draft per matched token (a factor
+        # of k lets a one-token match draft k) and no confidence floor.
+        speculation = Speculation(
+            "suffix", k, suffix_max_spec_factor=float(k), suffix_min_token_prob=0.0
+        )
+    elif kind == "head":
+        speculation = Speculation("eagle", k, draft_path=DRAFT_FOLDER)
     else:
         raise UnsupportedDraftError(
             f"drafter {drafter!r} runs only on the specops engine (backend 'transformers' "
-            f"through its own evaluation); backend {backend!r} loads prompt lookup (pld) or "
-            "model drafts (layers:N, model:PATH)"
+            f"through its own evaluation); backend {backend!r} loads prompt lookup (pld), "
+            "model drafts (layers:N, model:PATH), suffix decoding (suffix) and EAGLE heads "
+            "(head:PATH) where the backend has them"
         )
     check_supported(backend, speculation)
     return speculation
+
+
+def target_folder(target: str) -> Path:
+    """``smollm2`` (the shipped model, converted once) or a causal-LM folder."""
+    if target == "smollm2":
+        from serving.models.real import real_model_dir
+
+        return real_model_dir()
+    folder = Path(target)
+    if not (folder / "config.json").is_file():
+        raise ModelSourceError(f"target {target!r} is neither 'smollm2' nor a model folder")
+    return folder.resolve()
 
 
 def _write_model_draft(drafter: str, package: Path, out: Path, target_source: str) -> None:
@@ -89,11 +115,21 @@ def export_draft(
         "speculation": speculation.to_dict(),
     }
 
+    if speculation.method == "suffix":
+        record["notes"] = [
+            "vLLM's suffix method builds its trees from the requests and responses the server "
+            "itself sees; the corpus of the specops suffix draft does not travel with it"
+        ]
     with atomic_dir(out) as scratch:
         if speculation.method == "draft_model":
             _write_model_draft(manifest.drafter, package, scratch / DRAFT_FOLDER, target)
+        elif speculation.method == "eagle":
+            from tasks.evaluate.eagle_export import write_eagle_draft
+
+            head = package / manifest.drafter.partition(":")[2]
+            write_eagle_draft(head, target_folder(target), scratch / DRAFT_FOLDER)
         (scratch / EXPORT_MANIFEST).write_text(json.dumps(record, indent=2))
     return out
 
 
-__all__ = ["export_draft", "load_export", "read_export", "speculation_for"]
+__all__ = ["export_draft", "load_export", "read_export", "speculation_for", "target_folder"]

@@ -33,7 +33,7 @@ from serving.errors import BadInputError, ModelSourceError
 from serving.hardware import HardwareTarget, hardware_target
 from serving.paths import PROJECT_ROOT
 from tasks.data.prompts import Prompt
-from tasks.evaluate.export import export_draft, load_export, speculation_for
+from tasks.evaluate.export import export_draft, load_export, speculation_for, target_folder
 
 RUN_TIMEOUT_S = 3600
 
@@ -65,18 +65,6 @@ def runnable_target(hardware: str) -> HardwareTarget:
             "this machine; its code is real but untested here (see docs/targets.md)"
         )
     return target
-
-
-def target_folder(target: str) -> Path:
-    """``smollm2`` (the shipped model, converted once) or a causal-LM folder."""
-    if target == "smollm2":
-        from serving.models.real import real_model_dir
-
-        return real_model_dir()
-    folder = Path(target)
-    if not (folder / "config.json").is_file():
-        raise ModelSourceError(f"target {target!r} is neither 'smollm2' nor a model folder")
-    return folder.resolve()
 
 
 def tokenize(prompts: Sequence[Prompt], folder: Path) -> list[dict[str, Any]]:

@@ -95,9 +95,12 @@ def retrain_trigger(
     """Whether the champion's rolling acceptance on ``hardware``'s traffic wants a retrain,
     relative to what it accepted when evaluated, outside the cool-down. Only the requests
     the current champion served count: after a promotion, the previous champion's records
-    say nothing about the new one."""
+    say nothing about the new one. On a vLLM target the windows its deployment scraped from
+    vLLM's counters count too (:mod:`tasks.data.vllm_acceptance`)."""
     from registry.history import last_retrain
+    from serving.hardware import hardware_target
     from tasks.data.acceptance import rolling_acceptance
+    from tasks.data.vllm_acceptance import vllm_groups
     from tasks.loop.retrain_config import load_retrain_config
     from tasks.loop.triggers import decide_retrain
     from tasks.train.suffix_index import read_valid_records
@@ -111,6 +114,9 @@ def retrain_trigger(
         if champion is None or r["drafter_version"] == champion.label
     ]
     groups = [g.to_dict() for g in rolling_acceptance(served, window=window)]
+    if hardware_target(hardware).backend == "vllm":  # vLLM's own counters, scraped
+        label = None if champion is None else champion.label
+        groups += vllm_groups(Path(store), hardware, champion=label, window=window)
     cooldown = config.cooldown_minutes if cooldown_minutes is None else cooldown_minutes
     trigger = decide_retrain(
         groups,
@@ -133,10 +139,18 @@ def train_suffix(store: str, dataset: str, out: str, *, hardware: str) -> str:
 
 @task(name="train-learned", cache_policy=NO_CACHE, retries=1)
 def train_learned(
-    dataset: str, out: str, *, hardware: str, budgets: dict[str, float] | None = None
+    dataset: str,
+    out: str,
+    *,
+    hardware: str,
+    budgets: dict[str, float] | None = None,
+    store: str | None = None,
 ) -> list[dict[str, Any]]:
     """The learned challengers of ``configs/retrain.yaml`` for ``hardware``, trained on the
-    dataset's training mix in ``out`` (a retry resumes each from its checkpoint)."""
+    dataset's training mix in ``out`` (a retry resumes each from its checkpoint). On a vLLM
+    target the request/response pairs captured in front of its servers (``store``'s
+    ``vllm-pairs/``) join the mix."""
+    from serving.hardware import hardware_target
     from tasks.loop.learned import train_learned_challengers
     from tasks.loop.retrain_config import load_retrain_config
 
@@ -149,6 +163,18 @@ def train_learned(
 
     init_head = loop.head_to_continue(open_registry(), hardware, cache_root() / "registry")
     mix = loop.read_jsonl(Path(dataset) / "train_mix.jsonl")
+    if store is not None and hardware_target(hardware).backend == "vllm":
+        from prefect import get_run_logger
+
+        from tasks.data.vllm_pairs import read_pairs
+
+        pairs, rejected = read_pairs(Path(store), hardware)
+        get_run_logger().info(
+            "%d pairs captured in front of vLLM join the mix (%d lines skipped)",
+            len(pairs),
+            len(rejected),
+        )
+        mix = mix + pairs
     trained = train_learned_challengers(mix, Path(out), config, init_head=init_head)
     return [t.to_dict() for t in trained]
 

@@ -43,7 +43,14 @@ from serving.drafters.package import DraftManifest, write_package
 from serving.drafters.package import read_manifest as read_package_manifest
 from serving.errors import IncompatibleDraftError, ModelSourceError
 from serving.models.head import CONFIG_FILE as HEAD_CONFIG_FILE
-from serving.models.head import DraftHead, HeadConfig, head_config_for, load_head, save_head
+from serving.models.head import (
+    DraftHead,
+    HeadConfig,
+    HeadLayout,
+    head_config_for,
+    load_head,
+    save_head,
+)
 from tasks.train.draft_vocab import build_reduced_vocab
 from tasks.train.head_data import (
     HeadBatch,
@@ -86,6 +93,8 @@ class TrainHeadConfig(LoopConfig):
     checkpoint_every: PositiveInt = 100
     intermediate_size: int | None = Field(default=None, ge=1)  # None: the target's FFN width
     draft_vocab_size: int | None = Field(default=None, ge=1)  # None: the full vocabulary
+    # serving.models.head.HEAD_LAYOUTS: "eagle" is EAGLE-1's, the one vLLM's eagle method loads
+    layout: HeadLayout = "specops"
     feature_weight: float = Field(default=1.0, ge=0)
     token_weight: float = Field(default=0.1, ge=0)
     token_loss: Literal["top1", "topk"] = "topk"
@@ -259,7 +268,7 @@ def check_init_head(found: HeadConfig, expected: HeadConfig, source: Path) -> No
     details = ", ".join(f"{k}: head {theirs[k]!r}, config {ours[k]!r}" for k in changed)
     raise IncompatibleDraftError(
         f"init_head {source} does not have the shape this run asks for ({details}); set "
-        "intermediate_size and draft_vocab_size to the head's, or drop init_head to start "
+        "intermediate_size, draft_vocab_size and layout to the head's, or drop init_head to start "
         "from random weights"
     )
 
@@ -278,6 +287,7 @@ def initial_head(
         target,
         intermediate_size=config.intermediate_size,
         draft_vocab_size=config.draft_vocab_size,
+        layout=config.layout,
     )
     copy = Path(config.output_dir) / INIT_HEAD_DIR
     if has_checkpoint(config.output_dir):

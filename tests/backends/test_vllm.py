@@ -3,6 +3,8 @@ model; exported drafts load; acceptance is counted. Runs in ``.venv-vllm``."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.backends.conftest import check_exact, request_for, require, run_request
@@ -38,3 +40,32 @@ def test_ngram_reproduces_greedy(fixtures, tmp_path, model):
     if model == "real":  # HumanEval answers copy the prompt's code: lookup finds drafts
         assert result["accepted_tokens"] > 0
         assert result["mean_accepted_length"] > 1.0
+
+
+@pytest.mark.parametrize("model", ["tiny", "real"])
+def test_suffix_export_reproduces_greedy(fixtures, tmp_path, model):
+    """specops's suffix draft as vLLM's suffix method (Arctic Inference's suffix trees)."""
+    request = request_for(fixtures, "vllm", model, {"suffix": "suffix"}, prompts=3,
+                          max_new_tokens=48)  # fmt: skip
+    result = check_exact(run_request(request, tmp_path), "suffix")
+    assert result["draft_tokens"] > 0
+    if model == "real":  # the request's own tree finds the prompt's code
+        assert result["accepted_tokens"] > 0
+
+
+@pytest.mark.parametrize("model", ["tiny", "real"])
+def test_eagle_export_reproduces_greedy_and_the_engines_acceptance(fixtures, tmp_path, model):
+    """The head's EAGLE-1 export drafts in vLLM what it drafts in the specops engine: the
+    same greedy output, and (up to float rounding on near ties) the same accepted drafts."""
+    folder = fixtures / "exports" / model / "vllm"
+    engine = json.loads((folder / "eagle-engine.json").read_text())
+    request = request_for(fixtures, "vllm", model, {"eagle": "eagle"}, prompts=3,
+                          max_new_tokens=engine["max_new_tokens"])  # fmt: skip
+    report = run_request(request, tmp_path)
+    result = check_exact(report, "eagle")
+    accepted = sum(p["accepted_tokens"] for p in engine["prompts"])
+    assert result["draft_tokens"] > 0, "vLLM drafted nothing with the EAGLE export"
+    assert accepted > 0, "the fixture's head accepts nothing: train it longer"
+    assert abs(result["accepted_tokens"] - accepted) <= max(2, 0.15 * accepted), (
+        f"vLLM accepted {result['accepted_tokens']} drafted tokens, the engine {accepted}"
+    )

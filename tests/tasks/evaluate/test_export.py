@@ -29,12 +29,21 @@ def test_prompt_lookup_becomes_vllms_ngram_method(tmp_path):
 
 @pytest.mark.parametrize(
     ("drafter", "backend"),
-    [("suffix", "vllm"), ("ngram:4", "mlx"), ("pld:3", "mlx"), ("ngram:3", "neuron")],
+    [("ngram:4", "vllm"), ("suffix", "mlx"), ("pld:3", "mlx"), ("ngram:3", "neuron")],
 )
 def test_drafts_a_backend_cannot_load_fail_before_model_work(tmp_path, drafter, backend):
     with pytest.raises(UnsupportedDraftError, match=backend):
         export_draft(package(tmp_path, drafter), backend, tmp_path / "out", k=3)
     assert not (tmp_path / "out").exists()
+
+
+def test_suffix_becomes_vllms_suffix_method_and_says_its_corpus_stays(tmp_path):
+    out = export_draft(package(tmp_path, "suffix"), "vllm", tmp_path / "out", k=3)
+    speculation = load_export(out, "vllm")
+    assert (speculation.method, speculation.num_speculative_tokens) == ("suffix", 3)
+    # specops's defaults: no cap per matched token, no confidence floor
+    assert (speculation.suffix_max_spec_factor, speculation.suffix_min_token_prob) == (3.0, 0.0)
+    assert "corpus" in json.loads((out / "export.json").read_text())["notes"][0]
 
 
 @pytest.mark.real_model

@@ -1,0 +1,384 @@
+"""The front clients call: an OpenAI-compatible reverse proxy whose upstream is swapped live.
+
+Every request is sent to the upstream that is current when it arrives and stays with it to
+the end (its body streams through as it comes), and each upstream counts its requests in
+flight. Moving traffic is one assignment (:meth:`Front.switch`): new requests go to the new
+server at once, those in flight finish on the old one, and the supervisor stops the old
+one only once it has drained (:meth:`Front.wait_drained`). With no upstream ready the front
+answers 503 with an OpenAI-style error and ``Retry-After``; an upstream that fails mid-way is
+a 502 naming it. ``/health`` is the front's own (200 only while an upstream serves);
+``/metrics`` is the front's Prometheus registry.
+
+Capture: completions and chat completions that ask for one choice are recorded as
+request/response pairs of token ids (the prompt as vLLM tokenized it, the output). The front
+asks vLLM for the ids (``return_token_ids``) and removes them from the answer again when
+the client did not ask, so the client sees what it would see from vLLM directly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from prometheus_client import CONTENT_TYPE_LATEST as PROMETHEUS_TYPE
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+log = logging.getLogger(__name__)
+
+CAPTURED_PATHS = ("/v1/completions", "/v1/chat/completions")
+# Hop-by-hop headers and those the proxy recomputes.
+_DROPPED_HEADERS = {
+    "connection",
+    "keep-alive",
+    "transfer-encoding",
+    "content-length",
+    "content-encoding",
+    "host",
+    "upgrade",
+    "te",
+    "trailer",
+    "proxy-authorization",
+    "proxy-connection",
+}
+_TOKEN_ID_FIELDS = ("prompt_token_ids", "token_ids")
+REQUEST_TIMEOUT_S = 600.0
+
+
+def openai_error(status: int, message: str, kind: str) -> JSONResponse:
+    return JSONResponse(
+        {"error": {"message": message, "type": kind, "param": None, "code": status}},
+        status_code=status,
+        headers={"Retry-After": "5"} if status == 503 else None,
+    )
+
+
+@dataclass
+class Upstream:
+    """One server behind the front."""
+
+    name: str
+    url: str
+    version: str  # the champion it serves
+    speculative_config: dict[str, Any] | None
+    pid: int | None = None
+    started_at: float = field(default_factory=time.time)
+    ready_s: float | None = None  # start-up to ready
+    inflight: int = 0
+    served: int = 0
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "url": self.url,
+            "champion": self.version,
+            "speculative_config": self.speculative_config,
+            "pid": self.pid,
+            "ready_s": self.ready_s,
+            "inflight": self.inflight,
+            "served": self.served,
+        }
+
+
+def _forward_headers(headers) -> dict[str, str]:
+    return {k: v for k, v in headers.items() if k.lower() not in _DROPPED_HEADERS}
+
+
+def _strip_ids(payload: Any) -> Any:
+    """``payload`` without the token-id fields the front asked for."""
+    if isinstance(payload, dict):
+        payload.pop("prompt_token_ids", None)
+        for choice in payload.get("choices") or []:
+            if isinstance(choice, dict):
+                choice.pop("token_ids", None)
+                choice.pop("prompt_token_ids", None)
+    return payload
+
+
+class _Transcript:
+    """What one captured request produced: prompt and output ids, finish reason."""
+
+    def __init__(self) -> None:
+        self.prompt: list[int] | None = None
+        self.output: list[int] = []
+        self.finish_reason: str | None = None
+
+    def read(self, payload: dict[str, Any]) -> None:
+        if isinstance(payload.get("prompt_token_ids"), list):
+            self.prompt = payload["prompt_token_ids"]
+        for choice in payload.get("choices") or []:
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                continue
+            if isinstance(choice.get("prompt_token_ids"), list):
+                self.prompt = choice["prompt_token_ids"]
+            if isinstance(choice.get("token_ids"), list):
+                self.output.extend(int(t) for t in choice["token_ids"])
+            if choice.get("finish_reason"):
+                self.finish_reason = choice["finish_reason"]
+
+
+class Front:
+    """The proxy's state: the current upstream, the front's state line and its metrics."""
+
+    def __init__(
+        self,
+        *,
+        capture: Callable[[dict[str, Any]], None] | None = None,
+        hardware: str = "",
+    ) -> None:
+        self.upstream: Upstream | None = None
+        self.state = "starting"
+        self.last_error: str | None = None
+        self.hardware = hardware
+        self.capture = capture
+        self.events: list[dict[str, Any]] = []  # switches, failures, restarts (newest last)
+        self._lock = threading.Lock()
+        self.metrics = CollectorRegistry()
+        self.requests = Counter(
+            "specops_gateway_requests",
+            "Requests through the front, by outcome",
+            ["outcome"],
+            registry=self.metrics,
+        )
+        self.switches = Counter(
+            "specops_gateway_switches", "Upstream switches", registry=self.metrics
+        )
+        self.restarts = Counter(
+            "specops_gateway_restarts", "vLLM servers restarted after dying", registry=self.metrics
+        )
+        self.inflight = Gauge(
+            "specops_gateway_inflight", "Requests in flight", registry=self.metrics
+        )
+        self.acceptance = Gauge(
+            "specops_vllm_acceptance_rate",
+            "Accepted over drafted tokens in the last scrape window (vLLM's counters)",
+            ["hardware"],
+            registry=self.metrics,
+        )
+
+    # ---------------------------------------------------------------- control (any thread)
+    def event(self, kind: str, **details: Any) -> None:
+        with self._lock:
+            self.events.append({"event": kind, "at": time.time(), **details})
+            del self.events[:-50]
+
+    def switch(self, upstream: Upstream | None) -> Upstream | None:
+        """Send new requests to ``upstream``; return the previous one (still draining)."""
+        with self._lock:
+            previous, self.upstream = self.upstream, upstream
+        if upstream is not None:
+            self.state = "serving"
+        return previous
+
+    def wait_drained(self, upstream: Upstream, timeout_s: float, poll_s: float = 0.05) -> bool:
+        """Wait until ``upstream`` has no request in flight; False if the time ran out."""
+        deadline = time.monotonic() + timeout_s
+        while upstream.inflight > 0:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(poll_s)
+        return True
+
+    def health(self) -> tuple[int, dict[str, Any]]:
+        upstream = self.upstream
+        body = {
+            "status": self.state,
+            "hardware": self.hardware,
+            "upstream": upstream.describe() if upstream else None,
+            "last_error": self.last_error,
+            "events": self.events[-10:],
+        }
+        return (200 if upstream is not None else 503), body
+
+    # ---------------------------------------------------------------- the ASGI app
+    def app(self) -> Starlette:
+        clients: list[httpx.AsyncClient] = []
+
+        @contextlib.asynccontextmanager
+        async def lifespan(_: Starlette) -> AsyncIterator[None]:
+            clients.append(httpx.AsyncClient(timeout=httpx.Timeout(REQUEST_TIMEOUT_S, connect=5)))
+            try:
+                yield
+            finally:
+                await clients.pop().aclose()
+
+        async def health(_: Request) -> Response:
+            status, body = self.health()
+            return JSONResponse(body, status_code=status)
+
+        async def metrics(_: Request) -> Response:
+            return Response(generate_latest(self.metrics), media_type=PROMETHEUS_TYPE)
+
+        async def proxy(request: Request) -> Response:
+            return await self._proxy(request, clients[0])
+
+        return Starlette(
+            routes=[
+                Route("/health", health, methods=["GET"]),
+                Route("/metrics", metrics, methods=["GET"]),
+                Route("/{path:path}", proxy, methods=["GET", "POST", "DELETE", "PUT"]),
+            ],
+            lifespan=lifespan,
+        )
+
+    def _prepare(self, request: Request, body: bytes) -> tuple[bytes, dict | None, bool]:
+        """The body to send, the parsed request when this one is captured, and whether the
+        front added ``return_token_ids`` (then it strips the ids from the answer)."""
+        if self.capture is None or request.method != "POST":
+            return body, None, False
+        if request.url.path not in CAPTURED_PATHS:
+            return body, None, False
+        try:
+            payload = json.loads(body)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return body, None, False  # vLLM answers it with its own 400
+        if not isinstance(payload, dict) or payload.get("n", 1) != 1:
+            return body, None, False
+        added = not payload.get("return_token_ids")
+        if added:
+            payload["return_token_ids"] = True
+            body = json.dumps(payload).encode()
+        return body, payload, added
+
+    async def _proxy(self, request: Request, client: httpx.AsyncClient) -> Response:
+        upstream = self.upstream
+        if upstream is None:
+            self.requests.labels("unavailable").inc()
+            detail = f": {self.last_error}" if self.last_error else ""
+            return openai_error(
+                503, f"no vLLM server is ready ({self.state}){detail}", "service_unavailable"
+            )
+        body, captured, added = self._prepare(request, await request.body())
+        url = upstream.url + request.url.path
+        if request.url.query:
+            url += "?" + request.url.query
+        upstream.inflight += 1
+        self.inflight.inc()
+        started = time.time()
+        try:
+            outgoing = client.build_request(
+                request.method, url, headers=_forward_headers(request.headers), content=body
+            )
+            response = await client.send(outgoing, stream=True)
+        except httpx.HTTPError as error:
+            self._done(upstream, "upstream_error")
+            return openai_error(
+                502, f"vLLM server {upstream.name} did not answer: {error}", "bad_gateway"
+            )
+        headers = _forward_headers(response.headers)
+        streaming = response.headers.get("content-type", "").startswith("text/event-stream")
+        transcript = _Transcript() if captured is not None else None
+
+        if not streaming:
+            try:
+                content = await response.aread()
+            except httpx.HTTPError as error:
+                self._done(upstream, "upstream_error")
+                return openai_error(
+                    502, f"vLLM server {upstream.name} failed mid-answer: {error}", "bad_gateway"
+                )
+            finally:
+                await response.aclose()
+            if transcript is not None and response.status_code == 200:
+                content = self._read_answer(content, transcript, added)
+            self._done(upstream, "ok" if response.status_code < 500 else "upstream_error")
+            self._record(transcript, captured, upstream, started, response.status_code)
+            return Response(content, status_code=response.status_code, headers=headers)
+
+        async def events() -> AsyncIterator[bytes]:
+            outcome = "upstream_error"
+            try:
+                buffer = b""
+                async for chunk in response.aiter_bytes():
+                    if transcript is None:
+                        yield chunk
+                        continue
+                    buffer += chunk
+                    while b"\n\n" in buffer:
+                        event, buffer = buffer.split(b"\n\n", 1)
+                        yield self._read_event(event, transcript, added) + b"\n\n"
+                if buffer:
+                    yield buffer
+                outcome = "ok"
+            finally:
+                await response.aclose()
+                self._done(upstream, outcome)
+                if outcome == "ok":
+                    self._record(transcript, captured, upstream, started, response.status_code)
+
+        return StreamingResponse(events(), status_code=response.status_code, headers=headers)
+
+    def _read_answer(self, content: bytes, transcript: _Transcript, added: bool) -> bytes:
+        try:
+            payload = json.loads(content)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return content
+        if isinstance(payload, dict):
+            transcript.read(payload)
+            if added:
+                return json.dumps(_strip_ids(payload)).encode()
+        return content
+
+    def _read_event(self, event: bytes, transcript: _Transcript, added: bool) -> bytes:
+        if not event.startswith(b"data: ") or event.strip() == b"data: [DONE]":
+            return event
+        try:
+            payload = json.loads(event[len(b"data: ") :])
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return event
+        if not isinstance(payload, dict):
+            return event
+        transcript.read(payload)
+        return b"data: " + json.dumps(_strip_ids(payload)).encode() if added else event
+
+    def _done(self, upstream: Upstream, outcome: str) -> None:
+        upstream.inflight -= 1
+        upstream.served += 1
+        self.inflight.dec()
+        self.requests.labels(outcome).inc()
+
+    def _record(
+        self,
+        transcript: _Transcript | None,
+        request: dict | None,
+        upstream: Upstream,
+        started: float,
+        status: int,
+    ) -> None:
+        if transcript is None or request is None or self.capture is None or status != 200:
+            return
+        if not transcript.prompt or not transcript.output:
+            return
+        record = {
+            "id": f"{upstream.name}-{uuid.uuid4().hex}",
+            "timestamp": started,
+            "latency_s": round(time.time() - started, 6),
+            "hardware": self.hardware,
+            "champion": upstream.version,
+            "server": upstream.name,
+            "speculative_method": (upstream.speculative_config or {}).get("method", "none"),
+            "prompt_token_ids": [int(t) for t in transcript.prompt],
+            "output_token_ids": transcript.output,
+            "finish_reason": transcript.finish_reason,
+            "sampling": {
+                "temperature": request.get("temperature", 1.0),
+                "top_p": request.get("top_p", 1.0),
+                "seed": request.get("seed"),
+                "max_tokens": request.get("max_tokens", request.get("max_completion_tokens")),
+            },
+        }
+        try:
+            self.capture(record)
+        except Exception as error:  # capture must never fail a served request
+            log.warning("capture failed: %s", error)

@@ -1,0 +1,119 @@
+"""``specops deploy vllm``: serve a hardware target's champion with vLLM's own server
+(:mod:`tasks.loop.vllm_deploy`), replaced without dropping requests on every promotion."""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from specops.exit import fail
+
+deploy_app = typer.Typer(
+    help="Deploy a hardware target's champion on an inference server.", no_args_is_help=True
+)
+
+
+@deploy_app.command("vllm")
+def vllm(
+    hardware: Annotated[str, typer.Option(help="A vLLM hardware target (cpu-vllm, cuda-vllm).")],
+    target: Annotated[str, typer.Option(help="smollm2 or a local HF model folder.")] = "smollm2",
+    host: Annotated[str, typer.Option(help="The front's address.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="The front's port (clients call this one).")] = 8100,
+    store: Annotated[
+        Path | None,
+        typer.Option(help="Record store for captured pairs and acceptance windows."),
+    ] = Path("data"),
+    no_capture: Annotated[
+        bool, typer.Option("--no-capture", help="Write nothing to the store.")
+    ] = False,
+    work: Annotated[Path, typer.Option(help="Exports, server logs.")] = Path(".specops/deploy"),
+    served_model_name: Annotated[
+        str, typer.Option(help="The model name clients send (stable across swaps).")
+    ] = "specops",
+    poll_s: Annotated[float, typer.Option(help="Seconds between registry polls.")] = 5.0,
+    scrape_s: Annotated[float, typer.Option(help="Seconds between metric scrapes.")] = 10.0,
+    drain_s: Annotated[
+        float, typer.Option(help="Longest wait for the old server's requests in flight.")
+    ] = 120.0,
+) -> None:
+    """Run the front on HOST:PORT and keep the champion's vLLM server behind it: on a
+    promotion or rollback, start the new configuration beside the old, wait for it to
+    answer, move traffic, stop the old. /health says what serves and why not."""
+    import uvicorn
+
+    from serving.errors import SpecOpsError
+    from serving.gateway.front import Front
+    from tasks.loop.vllm_deploy import deployment_for
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    front = Front(hardware=hardware)
+    try:
+        deployment = deployment_for(
+            hardware,
+            target=target,
+            work=work,
+            store=None if no_capture else store,
+            front=front,
+            served_model_name=served_model_name,
+            poll_s=poll_s,
+            scrape_s=scrape_s,
+            drain_s=drain_s,
+        )
+    except SpecOpsError as error:
+        fail(str(error))
+    deployment.start()
+    config = uvicorn.Config(front.app(), host=host, port=port, log_level="warning")
+    server = uvicorn.Server(config)
+    signal.signal(signal.SIGTERM, lambda *_: setattr(server, "should_exit", True))
+    try:
+        server.run()
+    finally:
+        deployment.stop()
+
+
+@deploy_app.command("cycle")
+def cycle(
+    hardware: Annotated[str, typer.Option(help="A vLLM hardware target.")] = "cpu-vllm",
+    target: Annotated[str, typer.Option(help="smollm2 or a local HF model folder.")] = "smollm2",
+    first: Annotated[str, typer.Option(help="The first champion's drafter spec.")] = "pld:1",
+    second: Annotated[str, typer.Option(help="The drafter promoted over it.")] = "pld:3",
+    work: Annotated[Path, typer.Option(help="Packages, exports, logs.")] = Path(
+        ".specops/deploy-cycle"
+    ),
+    store: Annotated[Path, typer.Option(help="Where capture and windows go.")] = Path(
+        ".specops/deploy-cycle/store"
+    ),
+    workers: Annotated[int, typer.Option(help="Concurrent clients of the steady load.")] = 2,
+    max_tokens: Annotated[int, typer.Option(help="Tokens per completion.")] = 24,
+    pause_s: Annotated[float, typer.Option(help="Each client's pause between requests.")] = 1.0,
+    out: Annotated[Path, typer.Option(help="The report.")] = Path("results/vllm-deploy.json"),
+) -> None:
+    """Register two drafts, evaluate them through vLLM, promote the first, serve it with
+    `deploy vllm`'s machinery under a steady load, promote the second, roll back; report
+    every request's outcome and each switch's times (uses the configured registry)."""
+    from serving.errors import SpecOpsError
+    from tasks.loop.vllm_cycle import run_cycle
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+
+    def interrupt(*_):  # SIGTERM stops the servers as Ctrl-C does
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+    try:
+        report = run_cycle(
+            hardware=hardware, target=target, work=work, store=store,
+            drafters=(first, second), workers=workers, max_tokens=max_tokens,
+            pause_s=pause_s, out=out,
+        )  # fmt: skip
+    except SpecOpsError as error:
+        fail(str(error))
+    typer.echo(json.dumps({k: report[k] for k in ("requests", "failed", "timeline")}, indent=2))
+    typer.echo(f"report: {out}")

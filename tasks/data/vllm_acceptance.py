@@ -1,0 +1,63 @@
+"""Rolling acceptance of a vLLM hardware target, from the windows its deployment scraped.
+
+vLLM counts drafted and accepted tokens per server, not per request, so
+:mod:`tasks.loop.vllm_deploy` stores what its counters moved by between two readings
+(``vllm-acceptance/`` parts, :mod:`serving.gateway.scrape`). Pooled over the newest windows
+that add up to ``window`` requests, they give the same ``accepted / drafted`` the engine's
+records give, as one ``live`` group of that hardware target, which
+:func:`tasks.loop.triggers.decide_retrain` weighs like any other group.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from serving.gateway.sink import ACCEPTANCE, area_parts
+from serving.records.schema import LIVE_WORKLOAD
+
+
+def read_windows(store: Path, hardware: str) -> list[dict[str, Any]]:
+    """Every scraped window of ``hardware``, oldest first; unreadable lines are skipped
+    (a window is a measurement, not a record to quarantine)."""
+    rows = []
+    for part in area_parts(store, ACCEPTANCE, hardware):
+        for line in part.read_text(errors="replace").splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(row, dict) and {"end", "draft_tokens", "accepted_tokens"} <= set(row):
+                rows.append(row)
+    return sorted(rows, key=lambda r: r["end"])
+
+
+def vllm_groups(
+    store: Path, hardware: str, *, champion: str | None, window: int = 50
+) -> list[dict[str, Any]]:
+    """The ``live`` group of ``hardware``'s newest windows served by ``champion`` (all
+    champions when None) covering at least ``window`` requests; [] without windows."""
+    rows = [
+        r for r in read_windows(store, hardware) if champion is None or r["champion"] == champion
+    ]
+    taken: list[dict[str, Any]] = []
+    for row in reversed(rows):
+        taken.append(row)
+        if sum(int(r.get("requests", 0)) for r in taken) >= window:
+            break
+    if not taken:
+        return []
+    drafted = sum(int(r["draft_tokens"]) for r in taken)
+    accepted = sum(int(r["accepted_tokens"]) for r in taken)
+    return [
+        {
+            "workload": LIVE_WORKLOAD,
+            "hardware": hardware,
+            "requests": sum(int(r.get("requests", 0)) for r in taken),
+            "draft_tokens": drafted,
+            "accepted_tokens": accepted,
+            "acceptance": accepted / drafted if drafted else None,
+            "source": "vllm-metrics",
+        }
+    ]

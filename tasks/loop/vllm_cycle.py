@@ -1,0 +1,226 @@
+"""A deploy-promote-switch cycle on a vLLM target, under load, measured.
+
+``specops deploy cycle`` (and the vLLM deployment test) runs the whole path a promotion takes
+to a running vLLM server, for real: two drafts are registered, evaluated through vLLM on
+the target (export logged), the first is promoted, :class:`~tasks.loop.vllm_deploy.Deployment`
+serves it behind the front, a steady load of chat completions runs through the front
+with the ``openai`` client, the second draft is promoted, then the registry rolls back.
+The report counts every request and its outcome, and gives each switch's times (vLLM
+start-up to ready, alias seen to traffic moved, promotion to traffic moved, drain) and
+the acceptance windows scraped from vLLM.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from registry.client import Registry
+from serving.atomic import write_json_atomic
+from serving.drafters.package import DraftManifest, write_package
+from serving.gateway.front import Front
+from serving.gateway.sink import ACCEPTANCE, PAIRS, area_parts
+from serving.gateway.vllm_process import free_port
+from tasks.data.traffic import build_workload
+from tasks.loop.target_promotion import evaluate_registered
+from tasks.loop.vllm_deploy import deployment_for
+
+SERVED_NAME = "specops"
+
+
+def _packages(work: Path, drafters: list[str], k: int) -> dict[str, Path]:
+    out = {}
+    for drafter in drafters:
+        family = {"pld": "ngram", "suffix": "suffix"}.get(drafter.partition(":")[0], "draft")
+        folder = work / "packages" / drafter.replace(":", "-")
+        write_package(folder, DraftManifest(drafter=drafter, k=k, family=family))
+        out[drafter] = folder
+    return out
+
+
+class Load:
+    """``workers`` threads sending chat completions through the front until stopped, each
+    pausing ``pause_s`` between its requests (a steady load that leaves the machine room to
+    start the next server: on 2 cores a saturating load starves it for minutes)."""
+
+    def __init__(
+        self,
+        url: str,
+        prompts: list[Any],
+        *,
+        workers: int,
+        max_tokens: int,
+        pause_s: float = 1.0,
+    ):
+        from openai import OpenAI
+
+        self.client = OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=600)
+        self.prompts = prompts
+        self.max_tokens = max_tokens
+        self.pause_s = pause_s
+        self.outcomes: Counter[str] = Counter()
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._work, args=(i,)) for i in range(workers)]
+
+    def _work(self, worker: int) -> None:
+        i = worker
+        while not self._stop.is_set():
+            messages = self.prompts[i % len(self.prompts)]
+            i += 1
+            try:
+                if i % 3 == 0:  # every third streams
+                    stream = self.client.chat.completions.create(
+                        model=SERVED_NAME, messages=messages, max_tokens=self.max_tokens,
+                        temperature=0, stream=True,
+                    )  # fmt: skip
+                    text = "".join(
+                        (chunk.choices[0].delta.content or "")
+                        for chunk in stream
+                        if getattr(chunk, "choices", None)
+                    )
+                else:
+                    reply = self.client.chat.completions.create(
+                        model=SERVED_NAME, messages=messages, max_tokens=self.max_tokens,
+                        temperature=0,
+                    )  # fmt: skip
+                    text = reply.choices[0].message.content or ""
+                self.outcomes["ok" if text is not None else "empty"] += 1
+            except Exception as error:  # every failure is counted, with its message
+                self.outcomes["failed"] += 1
+                self.errors.append(f"{type(error).__name__}: {error}")
+            self._stop.wait(self.pause_s)
+
+    def start(self) -> None:
+        for thread in self._threads:
+            thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join()
+
+
+def _wait_for(front_url: str, champion: str, timeout_s: float) -> float:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            health = httpx.get(f"{front_url}/health", timeout=5).json()
+        except httpx.HTTPError:
+            health = {}
+        if (health.get("upstream") or {}).get("champion") == champion:
+            return time.time()
+        time.sleep(0.2)
+    raise TimeoutError(f"the front did not serve {champion} within {timeout_s:.0f} s")
+
+
+def run_cycle(
+    *,
+    hardware: str,
+    target: str,
+    work: Path,
+    store: Path,
+    drafters: tuple[str, str] = ("pld:1", "pld:3"),
+    workers: int = 2,
+    max_tokens: int = 24,
+    pause_s: float = 1.0,
+    settle_s: float = 5.0,
+    timeout_s: float = 600.0,
+    registry: Registry | None = None,
+    out: Path | None = None,
+) -> dict[str, Any]:
+    import uvicorn
+
+    registry = registry or Registry()
+    prompts = build_workload("humaneval", 4, seed=0) + build_workload("sharegpt", 4, seed=0)
+    spec_k = 3
+    versions = [
+        registry.log_draft(folder, family=family)
+        for folder, family in (
+            (path, DraftManifest.model_validate_json((path / "draft.json").read_text()).family)
+            for path in _packages(work, list(drafters), spec_k).values()
+        )
+    ]
+    evaluation = evaluate_registered(
+        registry, hardware, versions, prompts[:2], cache=work / "cache",
+        workdir=work / "evaluate", max_new_tokens=16, promote=False,
+    )  # fmt: skip
+    first, second = versions
+    registry.promote(first, hardware, reason="cycle: first champion")
+
+    front = Front(hardware=hardware)
+    deployment = deployment_for(
+        hardware, target=target, work=work, store=store, front=front, registry=registry,
+        poll_s=1.0, scrape_s=2.0,
+    )  # fmt: skip
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(front.app(), port=port, log_level="warning"))
+    serving = threading.Thread(target=server.run, daemon=True)
+    serving.start()
+    url = f"http://127.0.0.1:{port}"
+    deployment.start()
+    load = None
+    timeline: list[dict[str, Any]] = []
+    try:
+        _wait_for(url, first.label, timeout_s)
+        load = Load(
+            url, [p.messages for p in prompts], workers=workers, max_tokens=max_tokens,
+            pause_s=pause_s,
+        )  # fmt: skip
+        load.start()
+        time.sleep(settle_s)
+        for label, act in (
+            (second.label, lambda: registry.promote(second, hardware, reason="cycle: promote")),
+            (first.label, lambda: registry.rollback(hardware, reason="cycle: rollback")),
+        ):
+            acted = time.time()
+            act()
+            moved = _wait_for(url, label, timeout_s)
+            timeline.append({"to": label, "acted_to_serving_s": round(moved - acted, 3)})
+            time.sleep(settle_s)
+    finally:
+        if load is not None:
+            load.stop()
+        health = httpx.get(f"{url}/health", timeout=5).json()
+        deployment.stop()
+        server.should_exit = True
+        serving.join(timeout=30)
+    windows = [
+        json.loads(line)
+        for part in area_parts(store, ACCEPTANCE, hardware)
+        for line in part.read_text().splitlines()
+    ]
+    pairs = sum(len(p.read_text().splitlines()) for p in area_parts(store, PAIRS, hardware))
+    switches = [e for e in front.events if e["event"] == "switched"]
+    report = {
+        "hardware": hardware,
+        "target": target,
+        "drafters": list(drafters),
+        "versions": [v.label for v in versions],
+        "evaluation": {
+            label: {k: r.get(k) for k in ("exact", "speedup", "acceptance_rate")}
+            for label, r in evaluation["results"].items()
+        },
+        "requests": dict(load.outcomes) if load else {},
+        "failed": load.outcomes.get("failed", 0) if load else None,
+        "errors": load.errors[:5] if load else [],
+        "switches": switches,
+        "timeline": timeline,
+        "acceptance_windows": len(windows),
+        "acceptance": {
+            "draft_tokens": sum(w["draft_tokens"] for w in windows),
+            "accepted_tokens": sum(w["accepted_tokens"] for w in windows),
+            "by_champion": sorted({w["champion"] for w in windows}),
+        },
+        "pairs_captured": pairs,
+        "final_health": health,
+    }
+    if out is not None:
+        write_json_atomic(out, report)
+    return report

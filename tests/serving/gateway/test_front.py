@@ -1,0 +1,184 @@
+"""The front: requests go to the upstream current when they arrive and finish there; a
+switch under load fails nothing; captured pairs carry token ids the client never sees
+unless it asked; no upstream is a 503, a dead one a 502 (OpenAI-style errors)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, StreamingResponse
+from starlette.routing import Route
+
+from serving.gateway.front import Front, Upstream
+from serving.gateway.vllm_process import free_port
+
+
+def fake_vllm(name: str, delay_s: float = 0.0) -> Starlette:
+    """A stand-in for vLLM's completions endpoint: answers with its name and, when asked,
+    the token ids vLLM adds (``return_token_ids``)."""
+
+    async def completions(request: Request):
+        body = await request.json()
+        await asyncio.sleep(delay_s)
+        ids = body.get("return_token_ids", False)
+        choice = {"index": 0, "text": f"from {name}", "finish_reason": "length"}
+        if ids:
+            choice["token_ids"] = [7, 8, 9]
+        if body.get("stream"):
+
+            async def events():
+                for i, token in enumerate([7, 8, 9]):
+                    chunk = {"choices": [{"index": 0, "text": f"t{i}"}]}
+                    if ids:
+                        chunk["choices"][0]["token_ids"] = [token]
+                        if i == 0:
+                            chunk["choices"][0]["prompt_token_ids"] = [1, 2]
+                    yield f"data: {json.dumps(chunk)}\n\n"
+                    await asyncio.sleep(delay_s / 3)
+                yield "data: [DONE]\n\n"
+
+            return StreamingResponse(events(), media_type="text/event-stream")
+        payload = {"object": "text_completion", "server": name, "choices": [choice]}
+        if ids:
+            payload["prompt_token_ids"] = [1, 2]
+        return JSONResponse(payload)
+
+    return Starlette(routes=[Route("/v1/completions", completions, methods=["POST"])])
+
+
+class Served:
+    """An ASGI app on a free loopback port, in a thread."""
+
+    def __init__(self, app) -> None:
+        self.port = free_port()
+        self.server = uvicorn.Server(
+            uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning")
+        )
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started:
+            assert time.monotonic() < deadline, "server did not start"
+            time.sleep(0.02)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+@pytest.fixture
+def served():
+    started: list[Served] = []
+
+    def serve(app) -> Served:
+        started.append(Served(app))
+        return started[-1]
+
+    yield serve
+    for server in started:
+        server.stop()
+
+
+def upstream(server: Served, name: str) -> Upstream:
+    return Upstream(name=name, url=server.url, version=name, speculative_config=None)
+
+
+def test_no_upstream_is_a_503_with_an_openai_error(served):
+    front = Front(hardware="cpu-vllm")
+    front.last_error = "vLLM refused suffix/2: bad config"
+    app = served(front.app())
+    response = httpx.post(f"{app.url}/v1/completions", json={"prompt": "x"})
+    assert response.status_code == 503
+    assert response.headers["retry-after"] == "5"
+    assert "bad config" in response.json()["error"]["message"]
+    health = httpx.get(f"{app.url}/health")
+    assert health.status_code == 503 and health.json()["last_error"].startswith("vLLM refused")
+
+
+def test_a_dead_upstream_is_a_502_naming_it(served):
+    front = Front()
+    front.switch(Upstream(name="gone", url=f"http://127.0.0.1:{free_port()}", version="v",
+                          speculative_config=None))  # fmt: skip
+    app = served(front.app())
+    response = httpx.post(f"{app.url}/v1/completions", json={"prompt": "x"})
+    assert response.status_code == 502
+    assert "gone" in response.json()["error"]["message"]
+    assert front.upstream.inflight == 0
+
+
+def test_switch_under_load_fails_nothing_and_drains_the_old(served):
+    old_server = served(fake_vllm("old", delay_s=0.3))
+    new_server = served(fake_vllm("new", delay_s=0.05))
+    front = Front()
+    old = upstream(old_server, "old")
+    front.switch(old)
+    app = served(front.app())
+
+    def call(_):
+        response = httpx.post(f"{app.url}/v1/completions", json={"prompt": "x"}, timeout=10)
+        return response.status_code, response.json().get("server")
+
+    with ThreadPoolExecutor(8) as pool:
+        first = [pool.submit(call, i) for i in range(8)]
+        time.sleep(0.15)  # all eight are in flight on the old server
+        assert old.inflight == 8
+        previous = front.switch(upstream(new_server, "new"))
+        assert previous is old
+        later = [pool.submit(call, i) for i in range(8)]
+        assert front.wait_drained(old, timeout_s=5)
+        results = [f.result() for f in first + later]
+    assert [status for status, _ in results] == [200] * 16
+    assert [server for _, server in results[:8]] == ["old"] * 8  # finished where they began
+    assert [server for _, server in results[8:]] == ["new"] * 8
+    assert old.inflight == 0 and old.served == 8
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_capture_records_ids_and_hides_them_from_the_client(served, stream):
+    captured: list[dict] = []
+    front = Front(capture=captured.append, hardware="cpu-vllm")
+    front.switch(upstream(served(fake_vllm("v1")), "v1"))
+    app = served(front.app())
+    body = {"prompt": "x", "max_tokens": 3, "temperature": 0, "stream": stream}
+    response = httpx.post(f"{app.url}/v1/completions", json=body)
+    assert response.status_code == 200
+    assert "token_ids" not in response.text  # the front asked for them, not the client
+    assert len(captured) == 1
+    record = captured[0]
+    assert record["prompt_token_ids"] == [1, 2] and record["output_token_ids"] == [7, 8, 9]
+    assert record["hardware"] == "cpu-vllm" and record["champion"] == "v1"
+    assert record["sampling"]["temperature"] == 0
+    if stream:
+        assert response.text.rstrip().endswith("data: [DONE]")
+
+
+def test_a_client_that_asks_for_ids_keeps_them(served):
+    captured: list[dict] = []
+    front = Front(capture=captured.append)
+    front.switch(upstream(served(fake_vllm("v1")), "v1"))
+    app = served(front.app())
+    body = {"prompt": "x", "return_token_ids": True}
+    response = httpx.post(f"{app.url}/v1/completions", json=body)
+    assert response.json()["choices"][0]["token_ids"] == [7, 8, 9]
+    assert len(captured) == 1
+
+
+def test_front_metrics_count_outcomes(served):
+    front = Front()
+    app = served(front.app())
+    httpx.post(f"{app.url}/v1/completions", json={"prompt": "x"})
+    text = httpx.get(f"{app.url}/metrics").text
+    assert 'specops_gateway_requests_total{outcome="unavailable"} 1.0' in text
