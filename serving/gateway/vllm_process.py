@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -51,13 +52,25 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     return "\n".join(text[-lines:])
 
 
+_EXCEPTION = re.compile(r"(?:^|\s)([\w.]+(?:Error|Exception)): ")
+
+
 def vllm_error(tail: str) -> str:
-    """The line of ``tail`` that says why vLLM stopped: its last exception line."""
-    for line in reversed(tail.splitlines()):
-        stripped = line.strip()
-        if stripped and ("Error" in stripped or "error" in stripped) and ":" in stripped:
-            return stripped
-    return tail.splitlines()[-1].strip() if tail.strip() else "(no output)"
+    """What ``tail`` says stopped vLLM: its last exception line, with the indented detail
+    lines under it (pydantic puts the reason there), or else its last line."""
+    lines = tail.splitlines()
+    for index in range(len(lines) - 1, -1, -1):
+        found = _EXCEPTION.search(lines[index])
+        if found is None:
+            continue
+        detail = [
+            line.strip()
+            for line in lines[index + 1 : index + 4]
+            if line.startswith(" ") and "errors.pydantic.dev" not in line
+        ]
+        return " ".join([lines[index][found.start(1) :].strip(), *detail])[:800]
+    last = [line.strip() for line in lines if line.strip()]
+    return last[-1] if last else "(no output)"
 
 
 @dataclass
@@ -105,6 +118,9 @@ class ServerSpec:
             command.append("--enforce-eager")
         if self.speculative_config is not None:
             command += ["--speculative-config", json.dumps(self.speculative_config)]
+            # Each answer then says what its own drafts achieved (metrics.speculative_decoding),
+            # which the front keeps with the captured pair.
+            command += ["--per-request-spec-decode-metrics", "detailed"]
         return command + list(self.extra_args)
 
     def environment(self) -> dict[str, str]:

@@ -42,8 +42,14 @@ def read_pairs(store: Path, hardware: str) -> tuple[list[dict[str, Any]], list[s
         for number, line in enumerate(part.read_text(errors="replace").splitlines(), start=1):
             try:
                 pair = Pair.model_validate(json.loads(line))
-            except (json.JSONDecodeError, ValidationError) as error:
-                rejected.append(f"{part.name}:{number}: {str(error).splitlines()[0]}")
+            except json.JSONDecodeError as error:
+                rejected.append(f"{part.name}:{number}: not JSON ({error})")
+                continue
+            except ValidationError as error:
+                reasons = "; ".join(
+                    f"{'.'.join(map(str, e['loc'])) or 'line'}: {e['msg']}" for e in error.errors()
+                )
+                rejected.append(f"{part.name}:{number}: {reasons}")
                 continue
             if any(t < 0 for t in pair.prompt_token_ids + pair.output_token_ids):
                 rejected.append(f"{part.name}:{number}: negative token id")

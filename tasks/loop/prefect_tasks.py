@@ -133,8 +133,16 @@ def retrain_trigger(
 
 @task(name="train-suffix", cache_policy=NO_CACHE)
 def train_suffix(store: str, dataset: str, out: str, *, hardware: str) -> str:
-    records = loop.trainable_records(Path(store), Path(dataset), hardware=hardware)
-    return str(loop.train_suffix_challenger(records, Path(out), source=store))
+    """The suffix challenger from ``hardware``'s trainable records (on a vLLM target, plus
+    the answers captured in front of its servers)."""
+    from serving.hardware import hardware_target
+
+    items: list[Any] = loop.trainable_records(Path(store), Path(dataset), hardware=hardware)
+    if hardware_target(hardware).backend == "vllm":
+        from tasks.data.vllm_pairs import read_pairs
+
+        items += [pair["output_token_ids"] for pair in read_pairs(Path(store), hardware)[0]]
+    return str(loop.train_suffix_challenger(items, Path(out), source=store))
 
 
 @task(name="train-learned", cache_policy=NO_CACHE, retries=1)

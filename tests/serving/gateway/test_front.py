@@ -31,6 +31,9 @@ def fake_vllm(name: str, delay_s: float = 0.0) -> Starlette:
         await asyncio.sleep(delay_s)
         ids = body.get("return_token_ids", False)
         choice = {"index": 0, "text": f"from {name}", "finish_reason": "length"}
+        metrics = {"speculative_decoding": {"num_draft_tokens": 6, "num_accepted_draft_tokens": 2,
+                                            "per_step_drafted": [3, 3],
+                                            "per_step_accepted": [2, 0]}}  # fmt: skip
         if ids:
             choice["token_ids"] = [7, 8, 9]
         if body.get("stream"):
@@ -44,10 +47,12 @@ def fake_vllm(name: str, delay_s: float = 0.0) -> Starlette:
                             chunk["choices"][0]["prompt_token_ids"] = [1, 2]
                     yield f"data: {json.dumps(chunk)}\n\n"
                     await asyncio.sleep(delay_s / 3)
+                yield f"data: {json.dumps({'choices': [], 'metrics': metrics})}\n\n"
                 yield "data: [DONE]\n\n"
 
             return StreamingResponse(events(), media_type="text/event-stream")
-        payload = {"object": "text_completion", "server": name, "choices": [choice]}
+        payload = {"object": "text_completion", "server": name, "choices": [choice],
+                   "metrics": metrics}  # fmt: skip
         if ids:
             payload["prompt_token_ids"] = [1, 2]
         return JSONResponse(payload)
@@ -161,6 +166,8 @@ def test_capture_records_ids_and_hides_them_from_the_client(served, stream):
     assert record["prompt_token_ids"] == [1, 2] and record["output_token_ids"] == [7, 8, 9]
     assert record["hardware"] == "cpu-vllm" and record["champion"] == "v1"
     assert record["sampling"]["temperature"] == 0
+    assert (record["draft_tokens"], record["accepted_tokens"]) == (6, 2)
+    assert record["per_step_accepted"] == [2, 0]
     if stream:
         assert response.text.rstrip().endswith("data: [DONE]")
 
