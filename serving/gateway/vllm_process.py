@@ -138,8 +138,9 @@ class ServerSpec:
 
 
 def _die_with_parent() -> None:
-    """In the child, before exec: SIGTERM when the process that started it dies (Linux's
-    PR_SET_PDEATHSIG), so a killed deployment leaves no server behind."""
+    """In the child, before exec: SIGTERM when the thread that started it ends, or its
+    process dies (Linux's PR_SET_PDEATHSIG), so a killed deployment leaves no server
+    behind. Start servers from a thread that lives as long as they should."""
     import ctypes
 
     with contextlib.suppress(OSError, AttributeError):

@@ -155,12 +155,16 @@ class Deployment:
                 log.exception("deployment step failed")
                 self.front.last_error = f"{type(error).__name__}: {error}"
             self._stop.wait(self.settings.poll_s)
+        # The last window, from this thread: the servers it started get SIGTERM when it
+        # ends (PR_SET_PDEATHSIG follows the starting thread).
+        self.scrape(force=True)
 
     def stop(self) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=self.settings.ready_timeout_s + 30)
-        self.scrape(force=True)
+        else:
+            self.scrape(force=True)
         previous = self.front.switch(None)
         self.front.state = "stopped"
         if previous is not None:
