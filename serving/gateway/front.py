@@ -272,20 +272,30 @@ class Front:
             body = json.dumps(payload).encode()
         return body, payload, added
 
+    def _claim(self) -> Upstream | None:
+        """The current upstream with this request counted in flight on it, under the lock
+        :meth:`switch` takes: once ``switch`` returns, every request that picked the old
+        upstream is already counted there, so :meth:`wait_drained` cannot miss one."""
+        with self._lock:
+            upstream = self.upstream
+            if upstream is not None:
+                upstream.inflight += 1
+        return upstream
+
     async def _proxy(self, request: Request, client: httpx.AsyncClient) -> Response:
-        upstream = self.upstream
+        raw = await request.body()  # before choosing an upstream: a slow body holds none
+        upstream = self._claim()
         if upstream is None:
             self.requests.labels("unavailable").inc()
             detail = f": {self.last_error}" if self.last_error else ""
             return openai_error(
                 503, f"no vLLM server is ready ({self.state}){detail}", "service_unavailable"
             )
-        body, captured, added = self._prepare(request, await request.body())
+        self.inflight.inc()
+        body, captured, added = self._prepare(request, raw)
         url = upstream.url + request.url.path
         if request.url.query:
             url += "?" + request.url.query
-        upstream.inflight += 1
-        self.inflight.inc()
         started = time.time()
         try:
             outgoing = client.build_request(
@@ -364,8 +374,9 @@ class Front:
         return b"data: " + json.dumps(_strip_ids(payload)).encode() if added else event
 
     def _done(self, upstream: Upstream, outcome: str) -> None:
-        upstream.inflight -= 1
-        upstream.served += 1
+        with self._lock:
+            upstream.inflight -= 1
+            upstream.served += 1
         self.inflight.dec()
         self.requests.labels(outcome).inc()
 
