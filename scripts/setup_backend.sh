@@ -35,7 +35,7 @@ case "$name" in
     # (its extras pin other vLLM versions). CMake must be told the build environment's
     # Python, or it finds one without nanobind.
     if ! "$env/bin/python" -c "import arctic_inference.suffix_decoding._C" 2>/dev/null; then
-      build="$env/arctic-build"
+      build="$PWD/$env/arctic-build"
       rm -rf "$build"
       "$PYTHON" -m venv "$build"
       "$build/bin/pip" install --quiet "torch==2.13.0" "nanobind==2.9.2" ninja "cmake>=3.18" \
