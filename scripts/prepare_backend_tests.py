@@ -11,7 +11,7 @@ writes into OUT (reused when already complete):
   ``self`` (a model draft that is the target itself, so every draft is accepted);
 - ``prompts.json``: held-out HumanEval and ShareGPT prompts, tokenized;
 - ``exports/<model>/vllm/suffix/`` (vLLM's suffix method) and ``exports/<model>/vllm/eagle/``:
-  an EAGLE-layout head trained briefly on the model's own answers (20 s tiny, 90 s real),
+  an EAGLE-layout head trained briefly on the model's own answers (10 s tiny, 90 s real),
   exported as vLLM's EAGLE-1 draft, beside ``eagle-engine.json``: what the specops engine
   accepted with that head (k = 3) on ``prompts.json``, which vLLM must reproduce.
 
@@ -88,7 +88,7 @@ def main(out: Path) -> None:
     print(f"backend test fixtures written to {out}")
 
 
-EAGLE_TRAINING = {"tiny": (8, 20.0), "real": (16, 90.0)}  # teacher prompts, training seconds
+EAGLE_TRAINING = {"tiny": (8, 10.0), "real": (16, 90.0)}  # teacher prompts, training seconds
 EAGLE_NEW_TOKENS = 32
 
 

@@ -133,6 +133,9 @@ def run_cycle(
     pause_s: float = 1.0,
     settle_s: float = 5.0,
     timeout_s: float = 600.0,
+    rollback: bool = True,
+    eval_prompts: int = 2,
+    eval_tokens: int = 16,
     registry: Registry | None = None,
     out: Path | None = None,
 ) -> dict[str, Any]:
@@ -149,8 +152,8 @@ def run_cycle(
         )
     ]
     evaluation = evaluate_registered(
-        registry, hardware, versions, prompts[:2], cache=work / "cache",
-        workdir=work / "evaluate", max_new_tokens=16, promote=False,
+        registry, hardware, versions, prompts[:eval_prompts], cache=work / "cache",
+        workdir=work / "evaluate", max_new_tokens=eval_tokens, promote=False,
     )  # fmt: skip
     first, second = versions
     registry.promote(first, hardware, reason="cycle: first champion")
@@ -176,10 +179,11 @@ def run_cycle(
         )  # fmt: skip
         load.start()
         time.sleep(settle_s)
-        for label, act in (
+        acts = [
             (second.label, lambda: registry.promote(second, hardware, reason="cycle: promote")),
             (first.label, lambda: registry.rollback(hardware, reason="cycle: rollback")),
-        ):
+        ]
+        for label, act in acts if rollback else acts[:1]:
             acted = time.time()
             act()
             moved = _wait_for(url, label, timeout_s)

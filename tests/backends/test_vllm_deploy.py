@@ -38,23 +38,22 @@ def registry(tmp_path, monkeypatch):
                                    artifact_root=str(tmp_path / "artifacts")))  # fmt: skip
 
 
-def test_promotion_and_rollback_reach_the_server_under_load_with_no_failed_request(
-    tiny, registry, tmp_path
-):
+def test_a_promotion_reaches_the_server_under_load_with_no_failed_request(tiny, registry, tmp_path):
     from tasks.loop.vllm_cycle import run_cycle
 
+    # A rollback is the same alias move the other way (`specops deploy cycle` measures it);
+    # CI time keeps this to one promotion and a one-prompt evaluation.
     report = run_cycle(hardware="cpu-vllm", target=str(tiny), work=tmp_path / "work",
                        store=tmp_path / "store", registry=registry, settle_s=3.0,
+                       rollback=False, eval_prompts=1, eval_tokens=8,
                        out=tmp_path / "report.json")  # fmt: skip
     assert report["failed"] == 0, report["errors"]
     assert report["requests"]["ok"] > 0
     first, second = report["versions"]
-    assert [(s["from"], s["to"]) for s in report["switches"]] == [
-        (None, first), (first, second), (second, first)
-    ]  # fmt: skip
+    assert [(s["from"], s["to"]) for s in report["switches"]] == [(None, first), (first, second)]
     assert all(s["drained"] for s in report["switches"])
     assert report["acceptance_windows"] > 0 and report["pairs_captured"] > 0
-    assert report["final_health"]["upstream"]["champion"] == first
+    assert report["final_health"]["upstream"]["champion"] == second
 
 
 class Fixed:
