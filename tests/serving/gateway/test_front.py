@@ -125,7 +125,7 @@ def test_a_dead_upstream_is_a_502_naming_it(served):
 
 
 def test_switch_under_load_fails_nothing_and_drains_the_old(served):
-    old_server = served(fake_vllm("old", delay_s=0.3))
+    old_server = served(fake_vllm("old", delay_s=1.0))
     new_server = served(fake_vllm("new", delay_s=0.05))
     front = Front()
     old = upstream(old_server, "old")
@@ -138,8 +138,10 @@ def test_switch_under_load_fails_nothing_and_drains_the_old(served):
 
     with ThreadPoolExecutor(8) as pool:
         first = [pool.submit(call, i) for i in range(8)]
-        time.sleep(0.15)  # all eight are in flight on the old server
-        assert old.inflight == 8
+        deadline = time.monotonic() + 0.9  # before the old server answers the first
+        while old.inflight < 8 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert old.inflight == 8  # all eight are in flight on the old server
         previous = front.switch(upstream(new_server, "new"))
         assert previous is old
         later = [pool.submit(call, i) for i in range(8)]

@@ -7,7 +7,7 @@ back-off while the front answers 503; scraped counters become acceptance windows
 from __future__ import annotations
 
 import json
-import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -193,7 +193,9 @@ def test_the_loop_survives_a_failing_step(setup):
     deployment.releases = Broken()
     deployment.settings.poll_s = 0.01
     deployment.start()
-    threading.Event().wait(0.1)
+    deadline = time.monotonic() + 10
+    while front.last_error is None and time.monotonic() < deadline:
+        time.sleep(0.01)
     deployment._stop.set()
     deployment._thread.join(timeout=5)
     assert "registry exploded" in front.last_error
