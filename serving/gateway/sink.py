@@ -1,39 +1,37 @@
 """Where the front's observations go: write-once JSONL parts in the record store.
 
-Two areas beside the engine's ``records/`` (:mod:`serving.records.store`), partitioned the
-same way::
+Two areas beside the engine's ``records/``, partitioned and named the same way
+(:mod:`serving.records.store`: ``plan_parts``, ``write_part``)::
 
     vllm-pairs/hardware=<target>/date=<day>/part-<run>-<n>.jsonl        request/response ids
     vllm-acceptance/hardware=<target>/date=<day>/part-<run>-<n>.jsonl   scrape windows
 
-Rows are buffered and written as a new part every ``flush_rows`` rows or ``flush_s``
-seconds (and on :meth:`PartSink.close`), atomically and never over another writer's part,
-so they are versioned with the store (``data.dvc``) like every other part.
+Rows are buffered by :meth:`PartSink.add` (cheap: the front calls it on its request path)
+and written by :meth:`PartSink.flush`, which the deployment's poll loop calls through
+:meth:`PartSink.flush_if_due` (every ``flush_rows`` rows or ``flush_s`` seconds) and at the
+end. A part that cannot be written keeps its rows for the next flush, under a new number,
+as the server's capture does; they are versioned with the store (``data.dvc``).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from serving.atomic import write_jsonl_atomic
-from serving.errors import BadInputError
+from serving.records import store
+
+log = logging.getLogger(__name__)
 
 PAIRS = "vllm-pairs"
 ACCEPTANCE = "vllm-acceptance"
 
 
-def area_parts(root: Path, area: str, hardware: str | None = None) -> list[Path]:
-    """Every committed part of ``area`` (of one hardware target), oldest name first."""
-    base = Path(root) / area
-    if hardware is not None:
-        base = base / f"hardware={hardware}"
-    if not base.is_dir():
-        return []
-    return sorted(p for p in base.rglob("part-*.jsonl") if not p.name.startswith("."))
+def area_parts(root: Path, area: str, hardware: str) -> list[Path]:
+    """Every committed part of ``area`` for ``hardware``, oldest name first."""
+    return store.part_files(Path(root), f"{area}/hardware={hardware}")
 
 
 class PartSink:
@@ -47,8 +45,7 @@ class PartSink:
         flush_rows: int = 64,
         flush_s: float = 30.0,
     ) -> None:
-        if not hardware or "/" in hardware or "=" in hardware:
-            raise BadInputError(f"hardware target {hardware!r} cannot name a partition")
+        store.partition_dir(Path(root), hardware, 0.0, area)  # a bad target fails here
         self.root = Path(root)
         self.area = area
         self.hardware = hardware
@@ -64,28 +61,34 @@ class PartSink:
     def add(self, row: dict[str, Any]) -> None:
         with self._lock:
             self._rows.append(row)
-            due = len(self._rows) >= self.flush_rows
-        if due or time.monotonic() - self._last_flush >= self.flush_s:
-            self.flush()
+
+    def flush_if_due(self) -> int:
+        with self._lock:
+            due = len(self._rows) >= self.flush_rows or (
+                self._rows and time.monotonic() - self._last_flush >= self.flush_s
+            )
+        return self.flush() if due else 0
 
     def flush(self) -> int:
+        """Write the buffered rows as new parts; return how many rows were written."""
         with self._lock:
             rows, self._rows = self._rows, []
             self._last_flush = time.monotonic()
-            if not rows:
-                return 0
-            day = datetime.fromtimestamp(rows[0]["timestamp"], tz=UTC).strftime("%Y-%m-%d")
-            folder = self.root / self.area / f"hardware={self.hardware}" / f"date={day}"
-            while True:
-                path = folder / f"part-{self.run_id}-{self._number:05d}.jsonl"
-                self._number += 1
+            planned = store.plan_parts(
+                self.root, self.hardware, self.run_id, self._number, rows, self.area
+            )
+            self._number += len(planned)  # past every planned number, written or not
+            written = 0
+            for path, part_rows in planned:
                 try:
-                    count = write_jsonl_atomic(path, rows, exclusive=True)
-                    break
-                except FileExistsError:
-                    continue  # a restarted writer under the same run id: next number
-            self.written += count
-            return count
+                    store.write_part(path, part_rows)
+                except OSError:
+                    log.exception("could not write %s; its rows wait for the next flush", path)
+                    self._rows[:0] = part_rows
+                    continue
+                written += len(part_rows)
+            self.written += written
+            return written
 
     def close(self) -> None:
         self.flush()

@@ -33,11 +33,11 @@ RECORDS = "records"
 QUARANTINE = "quarantine"
 
 
-def partition_dir(root: Path, hardware: str, when: float) -> Path:
+def partition_dir(root: Path, hardware: str, when: float, area: str = RECORDS) -> Path:
     if not hardware or "/" in hardware or "=" in hardware:
         raise BadInputError(f"hardware target {hardware!r} cannot name a partition")
     day = datetime.fromtimestamp(when, tz=UTC).strftime("%Y-%m-%d")
-    return Path(root) / RECORDS / f"hardware={hardware}" / f"date={day}"
+    return Path(root) / area / f"hardware={hardware}" / f"date={day}"
 
 
 def part_name(run_id: str, number: int) -> str:
@@ -56,13 +56,15 @@ def next_part_number(root: Path, run_id: str) -> int:
 
 
 def plan_parts(
-    root: Path, hardware: str, run_id: str, first: int, rows: list[dict]
+    root: Path, hardware: str, run_id: str, first: int, rows: list[dict], area: str = RECORDS
 ) -> list[tuple[Path, list[dict]]]:
-    """``rows`` as new parts, one per partition (the day of each row's ``timestamp``),
-    numbered from ``first`` in order; the caller writes each and moves past all of them."""
+    """``rows`` as new parts of ``area``, one per partition (the day of each row's
+    ``timestamp``), numbered from ``first`` in order; the caller writes each and moves past
+    all of them."""
     by_partition: dict[Path, list[dict]] = {}
     for row in rows:
-        by_partition.setdefault(partition_dir(root, hardware, row["timestamp"]), []).append(row)
+        directory = partition_dir(root, hardware, row["timestamp"], area)
+        by_partition.setdefault(directory, []).append(row)
     return [
         (directory / part_name(run_id, first + index), part_rows)
         for index, (directory, part_rows) in enumerate(by_partition.items())

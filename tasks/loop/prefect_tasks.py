@@ -135,14 +135,28 @@ def retrain_trigger(
 def train_suffix(store: str, dataset: str, out: str, *, hardware: str) -> str:
     """The suffix challenger from ``hardware``'s trainable records (on a vLLM target, plus
     the answers captured in front of its servers)."""
-    from serving.hardware import hardware_target
-
     items: list[Any] = loop.trainable_records(Path(store), Path(dataset), hardware=hardware)
-    if hardware_target(hardware).backend == "vllm":
-        from tasks.data.vllm_pairs import read_pairs
-
-        items += [pair["output_token_ids"] for pair in read_pairs(Path(store), hardware)[0]]
+    items += [pair["output_token_ids"] for pair in _captured_pairs(store, hardware)]
     return str(loop.train_suffix_challenger(items, Path(out), source=store))
+
+
+def _captured_pairs(store: str | None, hardware: str) -> list[dict[str, Any]]:
+    """The request/response pairs captured in front of ``hardware``'s vLLM servers
+    (:mod:`tasks.data.vllm_pairs`); none on other backends or without a store."""
+    from prefect import get_run_logger
+
+    from serving.hardware import hardware_target
+    from tasks.data.vllm_pairs import read_pairs
+
+    if store is None or hardware_target(hardware).backend != "vllm":
+        return []
+    pairs, rejected = read_pairs(Path(store), hardware)
+    get_run_logger().info(
+        "%d pairs captured in front of vLLM join the training data (%d lines skipped)",
+        len(pairs),
+        len(rejected),
+    )
+    return pairs
 
 
 @task(name="train-learned", cache_policy=NO_CACHE, retries=1)
@@ -158,7 +172,6 @@ def train_learned(
     dataset's training mix in ``out`` (a retry resumes each from its checkpoint). On a vLLM
     target the request/response pairs captured in front of its servers (``store``'s
     ``vllm-pairs/``) join the mix."""
-    from serving.hardware import hardware_target
     from tasks.loop.learned import train_learned_challengers
     from tasks.loop.retrain_config import load_retrain_config
 
@@ -171,18 +184,7 @@ def train_learned(
 
     init_head = loop.head_to_continue(open_registry(), hardware, cache_root() / "registry")
     mix = loop.read_jsonl(Path(dataset) / "train_mix.jsonl")
-    if store is not None and hardware_target(hardware).backend == "vllm":
-        from prefect import get_run_logger
-
-        from tasks.data.vllm_pairs import read_pairs
-
-        pairs, rejected = read_pairs(Path(store), hardware)
-        get_run_logger().info(
-            "%d pairs captured in front of vLLM join the mix (%d lines skipped)",
-            len(pairs),
-            len(rejected),
-        )
-        mix = mix + pairs
+    mix += _captured_pairs(store, hardware)
     trained = train_learned_challengers(mix, Path(out), config, init_head=init_head)
     return [t.to_dict() for t in trained]
 

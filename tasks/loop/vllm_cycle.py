@@ -91,8 +91,7 @@ class Load:
                         temperature=0,
                     )  # fmt: skip
                     text = reply.choices[0].message.content or ""
-                self.outcomes["ok"] += 1
-                self.outcomes["empty"] += not text
+                self.outcomes["ok" if text else "empty"] += 1
             except Exception as error:  # every failure is counted, with its message
                 self.outcomes["failed"] += 1
                 self.errors.append(f"{type(error).__name__}: {error}")

@@ -30,7 +30,7 @@ from typing import Any
 
 import httpx
 
-from registry.client import Registry, RegistryError
+from registry.client import Registry
 from serving.backends.exports import load_export
 from serving.backends.vllm_config import speculative_config
 from serving.errors import SpecOpsError
@@ -59,11 +59,11 @@ class Release:
 
 
 class ChampionReleases:
-    """The registry champion of a vLLM hardware target, exported for vLLM."""
+    """The registry champion of a vLLM hardware target, exported for vLLM (plain decoding
+    while the target has none). Polled every few seconds, so a champion's export is
+    fetched once, not on every poll."""
 
-    def __init__(
-        self, hardware: str, *, cache: Path, registry: Registry | None = None, missing="plain"
-    ) -> None:
+    def __init__(self, hardware: str, *, cache: Path, registry: Registry | None = None) -> None:
         self.hardware = hardware
         self.target = runnable_target(hardware)
         if self.target.backend != "vllm":
@@ -73,20 +73,21 @@ class ChampionReleases:
             )
         self.cache = Path(cache)
         self.registry = registry or Registry()
-        self.missing = missing
+        self._known: dict[tuple[str, str | None], Release] = {}
 
     def current(self) -> Release:
         draft = self.registry.champion(self.hardware)
         if draft is None:
-            if self.missing != "plain":
-                raise RegistryError(f"{self.hardware!r} has no champion yet")
             return Release(NO_CHAMPION, None)
-        folder = ensure_export(
-            self.registry, draft, "vllm", self.cache, k=self.target.num_speculative_tokens
-        )
-        config = speculative_config(load_export(folder, "vllm"))
         promoted = draft.tags.get(f"promoted_at.{self.hardware}")
-        return Release(draft.label, config, float(promoted) if promoted else None)
+        key = (draft.label, promoted)
+        if key not in self._known:
+            folder = ensure_export(
+                self.registry, draft, "vllm", self.cache, k=self.target.num_speculative_tokens
+            )
+            config = speculative_config(load_export(folder, "vllm"))
+            self._known[key] = Release(draft.label, config, float(promoted) if promoted else None)
+        return self._known[key]
 
 
 @dataclass
@@ -192,6 +193,8 @@ class Deployment:
             if changed and release.version not in self.refused:
                 self.roll(release)
         self.scrape()
+        if self.pair_sink is not None:  # written here, off the front's request path
+            self.pair_sink.flush_if_due()
         if self.server is not None and time.time() - self.server.started_at > STABLE_S:
             self.restarts = 0
 
@@ -324,6 +327,7 @@ class Deployment:
                 self.front.acceptance.labels(self.settings.hardware).set(observed.acceptance)
             if self.acceptance_sink is not None and (observed.requests or observed.drafts):
                 self.acceptance_sink.add({"timestamp": now, **observed.to_dict()})
+                self.acceptance_sink.flush_if_due()
         self._reading = (self.server.name, now, counters)
 
 

@@ -12,6 +12,7 @@ def write_windows(store, rows):
     sink = PartSink(store, ACCEPTANCE, hardware="cpu-vllm", run_id="r", flush_rows=1)
     for row in rows:
         sink.add(row)
+    sink.close()
 
 
 def row(end, champion, requests, drafted, accepted):
