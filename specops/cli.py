@@ -789,6 +789,20 @@ def serve(
     queue_size: Annotated[int | None, typer.Option(help="Waiting requests before 429.")] = None,
     max_active: Annotated[int | None, typer.Option(help="Requests decoded concurrently.")] = None,
     workers: Annotated[int | None, typer.Option(help="Decode threads.")] = None,
+    api_key_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="API keys, one per line (mode 600); also read: $SPECOPS_API_KEYS. Keys are "
+            "never taken as command-line values."
+        ),
+    ] = None,
+    allow_unauthenticated: Annotated[
+        bool,
+        typer.Option(
+            "--allow-unauthenticated",
+            help="Serve beyond loopback with no API key (refused otherwise).",
+        ),
+    ] = False,
 ) -> None:
     """Serve the target with its champion draft: an OpenAI-compatible HTTP endpoint."""
     import logging
@@ -796,9 +810,10 @@ def serve(
     import uvicorn
 
     from serving.errors import SpecOpsError
+    from serving.security import logs
     from serving.server.app import create_app
     from serving.server.config import load_server_config
-    from serving.server.state import build_state
+    from serving.server.state import build_state, server_keys
 
     if sum([drafter is not None, champion is not None, registry]) > 1:
         fail("give at most one of --drafter, --champion and --registry")
@@ -820,21 +835,30 @@ def serve(
                 "limits.queue_size": queue_size,
                 "limits.max_active": max_active,
                 "limits.workers": workers,
+                "security.api_key_file": str(api_key_file) if api_key_file else None,
+                "security.allow_unauthenticated": allow_unauthenticated or None,
             },
         )
+        keys = server_keys(settings)  # before the model loads: a bad key file fails fast
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-        state = build_state(settings)
+        logs.install(keys.secrets)
+        state = build_state(settings, api_keys=keys)
     except SpecOpsError as error:
         fail(str(error))
+    access = f"API keys: {len(keys.digests)}" if keys.enabled else "no API key (open)"
     typer.echo(
         f"serving {settings.model_name} on http://{settings.host}:{settings.port}/v1 "
-        f"(hardware {settings.hardware}, draft {state.watcher.current.ref.version})",
+        f"(hardware {settings.hardware}, draft {state.watcher.current.ref.version}, {access})",
         err=True,
     )
+    # uvicorn's loggers go through the root handlers (log_config=None), so the secret filter
+    # masks them too.
+    logging.getLogger("uvicorn").setLevel(logging.WARNING)
     uvicorn.run(
         create_app(state),
         host=settings.host,
         port=settings.port,
+        log_config=None,
         log_level="warning",
         timeout_graceful_shutdown=10,
     )

@@ -40,6 +40,21 @@ def vllm(
     drain_s: Annotated[
         float, typer.Option(help="Longest wait for the old server's requests in flight.")
     ] = 120.0,
+    config: Annotated[
+        Path,
+        typer.Option(
+            help="Serving config: its security section (API keys), limits.max_body_bytes "
+            "and capture redaction apply to the front too."
+        ),
+    ] = Path("configs/serving.yaml"),
+    api_key_file: Annotated[
+        Path | None,
+        typer.Option(help="API keys, one per line (mode 600); also read: $SPECOPS_API_KEYS."),
+    ] = None,
+    allow_unauthenticated: Annotated[
+        bool,
+        typer.Option("--allow-unauthenticated", help="Serve beyond loopback with no API key."),
+    ] = False,
 ) -> None:
     """Run the front on HOST:PORT and keep the champion's vLLM server behind it: on a
     promotion or rollback, start the new configuration beside the old, wait for it to
@@ -48,11 +63,33 @@ def vllm(
 
     from serving.errors import SpecOpsError
     from serving.gateway.front import Front
+    from serving.security import logs
+    from serving.server.config import load_server_config
+    from serving.server.state import server_keys
     from tasks.loop.vllm_deploy import deployment_for
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    front = Front(hardware=hardware)
+    try:
+        settings = load_server_config(
+            config,
+            **{
+                "host": host,
+                "security.api_key_file": str(api_key_file) if api_key_file else None,
+                "security.allow_unauthenticated": allow_unauthenticated or None,
+            },
+        )
+        keys = server_keys(settings)
+    except SpecOpsError as error:
+        fail(str(error))
+    logs.install(keys.secrets)
+    front = Front(
+        hardware=hardware,
+        keys=keys,
+        max_body_bytes=settings.limits.max_body_bytes,
+        metrics_open=settings.security.metrics_open,
+    )
+    capture = settings.capture
     try:
         deployment = deployment_for(
             hardware,
@@ -64,12 +101,12 @@ def vllm(
             poll_s=poll_s,
             scrape_s=scrape_s,
             drain_s=drain_s,
+            redact_patterns=list(capture.redact_patterns) if capture.redact else None,
         )
     except SpecOpsError as error:
         fail(str(error))
     deployment.start()
-    config = uvicorn.Config(front.app(), host=host, port=port, log_level="warning")
-    server = uvicorn.Server(config)
+    server = uvicorn.Server(uvicorn.Config(front.app(), host=host, port=port, log_level="warning"))
     signal.signal(signal.SIGTERM, lambda *_: setattr(server, "should_exit", True))
     try:
         server.run()

@@ -15,6 +15,13 @@ what the request's drafts achieved (vLLM's per-request ``metrics.speculative_dec
 which the deployment turns on). The front asks vLLM for the ids (``return_token_ids``) and
 removes them from the answer again when the client did not ask, so the client sees what it
 would see from vLLM directly.
+
+Access and consent, as on the engine's server (:mod:`serving.security`): with API keys the
+front answers 401 to a request without a right ``Authorization: Bearer`` key before reading
+its body (``/health`` stays open; ``/metrics`` needs a key unless ``metrics_open``), a body
+over ``max_body_bytes`` is a 413, and the key is not forwarded upstream. A request that
+opts out (``"capture": false`` or ``"store": false`` in its body, or the header
+``X-SpecOps-Capture: off``) is never captured; the deployment redacts the pairs it writes.
 """
 
 from __future__ import annotations
@@ -37,6 +44,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from serving.security.asgi import ApiKeyGuard, ASGIApp, BodyLimit
+from serving.security.keys import ApiKeys
+
 log = logging.getLogger(__name__)
 
 CAPTURED_PATHS = ("/v1/completions", "/v1/chat/completions")
@@ -53,7 +63,11 @@ _DROPPED_HEADERS = {
     "trailer",
     "proxy-authorization",
     "proxy-connection",
+    "authorization",  # the front's API key; the upstream on loopback takes none
+    "x-specops-capture",
 }
+CAPTURE_HEADER = "x-specops-capture"
+_OFF = {"off", "no", "false", "0"}
 _TOKEN_ID_FIELDS = ("prompt_token_ids", "token_ids")
 REQUEST_TIMEOUT_S = 600.0
 
@@ -157,7 +171,13 @@ class Front:
         *,
         capture: Callable[[dict[str, Any]], None] | None = None,
         hardware: str = "",
+        keys: ApiKeys | None = None,
+        max_body_bytes: int = 1 << 20,
+        metrics_open: bool = False,
     ) -> None:
+        self.keys = keys or ApiKeys((), ())
+        self.max_body_bytes = max_body_bytes
+        self.metrics_open = metrics_open
         self.upstream: Upstream | None = None
         self.state = "starting"
         self.last_error: str | None = None
@@ -180,6 +200,23 @@ class Front:
         )
         self.inflight = Gauge(
             "specops_gateway_inflight", "Requests in flight", registry=self.metrics
+        )
+        self.rejected = Counter(
+            "specops_gateway_rejected",
+            "Requests refused before they were read (401 API key, 413 body size)",
+            ["reason"],
+            registry=self.metrics,
+        )
+        self.opt_outs = Counter(
+            "specops_gateway_capture_opt_outs",
+            "Requests whose client opted out of capture",
+            registry=self.metrics,
+        )
+        self.redactions = Counter(
+            "specops_gateway_capture_redactions",
+            "Secrets redacted from captured pairs by kind (dropped:<why> for dropped pairs)",
+            ["kind"],
+            registry=self.metrics,
         )
         self.acceptance = Gauge(
             "specops_vllm_acceptance_rate",
@@ -223,7 +260,18 @@ class Front:
         return (200 if upstream is not None else 503), body
 
     # ---------------------------------------------------------------- the ASGI app
-    def app(self) -> Starlette:
+    def app(self) -> ASGIApp:
+        """The proxy behind the body limit, behind the API-key guard."""
+
+        def rejected(status: int, reason: str) -> None:
+            self.requests.labels("rejected").inc()
+            self.rejected.labels(reason).inc()
+
+        open_paths = {"/health", *(("/metrics",) if self.metrics_open else ())}
+        limited = BodyLimit(self._starlette(), self.max_body_bytes, on_reject=rejected)
+        return ApiKeyGuard(limited, self.keys, open_paths=open_paths, on_reject=rejected)
+
+    def _starlette(self) -> Starlette:
         clients: list[httpx.AsyncClient] = []
 
         @contextlib.asynccontextmanager
@@ -264,7 +312,14 @@ class Front:
             payload = json.loads(body)
         except (json.JSONDecodeError, UnicodeDecodeError):
             return body, None, False  # vLLM answers it with its own 400
-        if not isinstance(payload, dict) or payload.get("n", 1) != 1:
+        if not isinstance(payload, dict):
+            return body, None, False
+        header = request.headers.get(CAPTURE_HEADER, "").strip().lower()
+        consent = payload.pop("capture", True)  # specops's field; vLLM does not know it
+        if consent is False or payload.get("store") is False or header in _OFF:
+            self.opt_outs.inc()
+            return json.dumps(payload).encode(), None, False
+        if payload.get("n", 1) != 1:
             return body, None, False
         added = not payload.get("return_token_ids")
         if added:

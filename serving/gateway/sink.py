@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +45,10 @@ class PartSink:
         run_id: str,
         flush_rows: int = 64,
         flush_s: float = 30.0,
+        transform: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None,
     ) -> None:
+        """``transform`` (e.g. redaction) runs on each row when it is added, off the
+        front's request path only if ``add`` is; a row it turns into None is dropped."""
         store.partition_dir(Path(root), hardware, 0.0, area)  # a bad target fails here
         self.root = Path(root)
         self.area = area
@@ -57,12 +61,27 @@ class PartSink:
         self._number = 0
         self._last_flush = time.monotonic()
         self._lock = threading.Lock()
+        self.transform = transform
+        self._pending: list[dict[str, Any]] = []  # added, not yet transformed
 
     def add(self, row: dict[str, Any]) -> None:
+        """Buffer ``row`` (cheap: the transform waits for the flush)."""
         with self._lock:
-            self._rows.append(row)
+            self._pending.append(row)
+
+    def _transform_pending(self) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, []
+        kept = [
+            out
+            for row in pending
+            if (out := self.transform(row) if self.transform else row) is not None
+        ]
+        with self._lock:
+            self._rows.extend(kept)
 
     def flush_if_due(self) -> int:
+        self._transform_pending()
         with self._lock:
             due = len(self._rows) >= self.flush_rows or (
                 self._rows and time.monotonic() - self._last_flush >= self.flush_s
@@ -71,6 +90,7 @@ class PartSink:
 
     def flush(self) -> int:
         """Write the buffered rows as new parts; return how many rows were written."""
+        self._transform_pending()
         with self._lock:
             rows, self._rows = self._rows, []
             self._last_flush = time.monotonic()

@@ -23,12 +23,14 @@ from serving.errors import SpecOpsError
 from serving.loader import encode_messages
 from serving.metrics import RequestStats
 from serving.sampling import SamplingParams
+from serving.security.asgi import ApiKeyGuard, BodyLimit
 from serving.server.scheduler import Job, QueueFullError, SchedulerClosedError
 from serving.server.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
     SpecOpsFields,
     error_body,
+    prompt_chars,
 )
 from serving.server.state import Decode, ServerState
 from serving.server.text import TextAssembler
@@ -37,6 +39,14 @@ from serving.skeleton.parse import parse_skeleton
 from serving.skeleton.prompts import branch_messages, merge, skeleton_messages
 
 log = logging.getLogger(__name__)
+
+CAPTURE_HEADER = "X-SpecOps-Capture"
+_HEADER_VALUES = {"on": True, "yes": True, "true": True, "1": True} | {
+    "off": False,
+    "no": False,
+    "false": False,
+    "0": False,
+}
 
 
 class APIError(Exception):
@@ -125,6 +135,15 @@ def create_app(state: ServerState) -> FastAPI:
 
     app = FastAPI(title="specops", lifespan=lifespan)
 
+    def rejected(status: int, reason: str) -> None:
+        metrics.error(status)
+        metrics.labels(metrics.rejected, reason=reason).inc()
+
+    # Outermost first: the key is checked before a byte of the body is read.
+    app.add_middleware(BodyLimit, max_bytes=config.limits.max_body_bytes, on_reject=rejected)
+    open_paths = {"/health", *(("/metrics",) if config.security.metrics_open else ())}
+    app.add_middleware(ApiKeyGuard, keys=state.api_keys, open_paths=open_paths, on_reject=rejected)
+
     @app.exception_handler(APIError)
     async def _api_error(request: Request, error: APIError) -> JSONResponse:
         metrics.error(error.status)
@@ -190,6 +209,23 @@ def create_app(state: ServerState) -> FastAPI:
             ],
         }
 
+    def _consents(request: Request, body: SpecOpsFields) -> bool:
+        """Whether this request may be captured: not when the body says ``capture: false``
+        (or ``store: false``) or the header ``X-SpecOps-Capture`` says off."""
+        header = request.headers.get(CAPTURE_HEADER)
+        if header is not None and header.strip().lower() not in _HEADER_VALUES:
+            raise _bad_request(
+                f"header {CAPTURE_HEADER}: {header!r} is not one of on/off (also yes/no, "
+                "true/false, 1/0)",
+                CAPTURE_HEADER,
+            )
+        opted_out = body.opted_out or (
+            header is not None and not _HEADER_VALUES[header.strip().lower()]
+        )
+        if opted_out:
+            metrics.labels(metrics.capture_opt_outs).inc()
+        return not opted_out
+
     async def _parse(request: Request, model: type[SpecOpsFields]) -> SpecOpsFields:
         try:
             body = await request.json()
@@ -201,6 +237,20 @@ def create_app(state: ServerState) -> FastAPI:
             parsed = model.model_validate(body)
         except ValidationError as error:
             raise RequestValidationError(error.errors()) from None
+        limits = config.limits
+        if isinstance(parsed, ChatCompletionRequest) and len(parsed.messages) > limits.max_messages:
+            raise _bad_request(
+                f"the request has {len(parsed.messages)} messages; this server takes at most "
+                f"{limits.max_messages} (limits.max_messages)",
+                "messages",
+            )
+        chars = prompt_chars(parsed)
+        if chars > limits.max_prompt_chars:
+            raise _bad_request(
+                f"the prompt has {chars} characters; this server takes at most "
+                f"{limits.max_prompt_chars} (limits.max_prompt_chars)",
+                "messages" if isinstance(parsed, ChatCompletionRequest) else "prompt",
+            )
         if parsed.model != config.model_name:
             raise APIError(
                 404,
@@ -342,13 +392,15 @@ def create_app(state: ServerState) -> FastAPI:
         )
         if decode.detailed and result.record is not None and result.stop_reason != "cancelled":
             prompt_text = getattr(body, "prompt", None) or _last_user_text(body)
-            state.capture.add(
+            captured = await asyncio.to_thread(  # redaction tokenises: off the event loop
+                state.capture.add,
                 result.record,
                 prompt_text=prompt_text,
                 output_text=outcome.text,
                 drafter_version=decode.draft_version,
             )
-            metrics.labels(metrics.captured).inc()
+            if captured:
+                metrics.labels(metrics.captured).inc()
         return outcome
 
     def _last_user_text(body: SpecOpsFields) -> str:
@@ -451,7 +503,7 @@ def create_app(state: ServerState) -> FastAPI:
         assert isinstance(body, CompletionRequest)
         assert isinstance(body.prompt, str)
         prompt_ids = list(state.tokenizer(body.prompt, add_special_tokens=False)["input_ids"])  # type: ignore[operator]
-        decode = _decode(body, prompt_ids, default_max=16)
+        decode = _decode(body, prompt_ids, default_max=16, capture=_consents(request, body))
         return await _respond(request, body, decode, chat=False)
 
     @app.post("/v1/chat/completions")
@@ -465,7 +517,9 @@ def create_app(state: ServerState) -> FastAPI:
         default_max = max(1, min(config.limits.max_tokens, state.max_context - len(prompt_ids)))
         if body.skeleton:
             return await _skeleton(request, body, default_max)
-        decode = _decode(body, prompt_ids, default_max=default_max)
+        decode = _decode(
+            body, prompt_ids, default_max=default_max, capture=_consents(request, body)
+        )
         return await _respond(request, body, decode, chat=True)
 
     async def _skeleton(request: Request, body: ChatCompletionRequest, default_max: int):

@@ -15,6 +15,13 @@ part number, so no records are lost either way.
 
 The record schema and the store writer are :mod:`serving.records`, shared with the data
 stage's collection, so that captured traffic cannot drift from collected traffic.
+
+Before a record is buffered it is redacted (:mod:`serving.security.redact`, when a
+redactor is configured): secrets in its text become placeholders and the tokens carrying
+them a mask token, positions kept; the result is re-checked against the record schema, and
+a record that cannot be redacted or no longer validates is dropped with its reason (logged
+and counted through ``on_dropped``), never written. A client's opt-out is decided before
+this, by the server: an opted-out request is never decoded in detailed mode at all.
 """
 
 from __future__ import annotations
@@ -28,12 +35,17 @@ import secrets
 import socket
 import threading
 import time
+from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
+
+from pydantic import ValidationError
 
 from serving.detailed import DetailedRecord
 from serving.errors import BadInputError
 from serving.records import store
-from serving.records.schema import LIVE_WORKLOAD, from_detailed, record_id
+from serving.records.schema import LIVE_WORKLOAD, from_detailed, parse_record, record_id
+from serving.security.redact import RecordDropped, Redactor, redact_record
 from serving.server.config import REPLICA_PATTERN
 
 log = logging.getLogger(__name__)
@@ -94,8 +106,19 @@ class Capture:
         chunk_size: int = 8,
         max_age_s: float = 30.0,
         replica: str | None = None,
+        redactor: Redactor | None = None,
+        tokenizer=None,
+        mask_id: int | None = None,
+        on_redacted: Callable[[Counter[str]], None] | None = None,
+        on_dropped: Callable[[str, str], None] | None = None,
     ) -> None:
+        if redactor is not None and tokenizer is None:
+            raise ValueError("redaction needs the tokenizer (to find the tokens of a secret)")
         self.root = Path(root)
+        self.redactor, self.tokenizer, self.mask_id = redactor, tokenizer, mask_id
+        self.on_redacted = on_redacted or (lambda counts: None)
+        self.on_dropped = on_dropped or (lambda kind, reason: None)
+        self.dropped: Counter[str] = Counter()
         self.share = share
         self.hardware = hardware
         self.drafter_version = drafter_version
@@ -124,7 +147,10 @@ class Capture:
         prompt_text: str,
         output_text: str,
         drafter_version: str | None = None,
-    ) -> None:
+    ) -> bool:
+        """Redact the record and buffer it (a full buffer is flushed); False when it was
+        dropped instead. Costs a tokenizer pass per secret-bearing record: call it off the
+        event loop."""
         prompt_id = "live-" + hashlib.sha256(prompt_text.encode()).hexdigest()[:16]
         row = from_detailed(
             record,
@@ -139,12 +165,32 @@ class Capture:
             run_id=self.run_id,
             failure_threshold=self.failure_threshold,
         )
+        if self.redactor is not None:
+            try:
+                row, counts = redact_record(row, self.redactor, self.tokenizer, self.mask_id)
+                parse_record(row)  # what validation will check first
+            except RecordDropped as error:
+                return self._drop(error.kind, error.reason)
+            except ValidationError as error:
+                first = error.errors()[0]
+                where = ".".join(str(p) for p in first["loc"])
+                return self._drop("invalid", f"the redacted record does not validate: {where}")
+            if counts:
+                self.on_redacted(counts)
         with self._lock:
             self._buffer.append(row)
             self._oldest = self._oldest or time.monotonic()
             due = len(self._buffer) >= self.chunk_size
         if due:
             self.flush()
+        return True
+
+    def _drop(self, kind: str, reason: str) -> bool:
+        log.warning("capture: a record was dropped, not written: %s", reason)
+        with self._lock:
+            self.dropped[kind] += 1
+        self.on_dropped(kind, reason)
+        return False
 
     def flush_if_old(self) -> None:
         with self._lock:

@@ -6,11 +6,20 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from serving.errors import BadInputError
 from serving.paths import CONFIG_DIR
 from serving.policy import MAX_DRAFT_TOKENS
+from serving.security.keys import DEFAULT_KEY_ENV
+from serving.security.redact import RedactionPatternError, Redactor
 
 SERVING_CONFIG = CONFIG_DIR / "serving.yaml"
 
@@ -47,6 +56,10 @@ class Limits(_Section):
     max_active: int = Field(8, ge=1)
     workers: int = Field(1, ge=1)  # decode threads (see serving/server/scheduler.py)
     request_timeout_s: float = Field(300.0, gt=0)
+    # Checked before the body is parsed (bytes) or tokenised (messages, characters).
+    max_body_bytes: int = Field(1 << 20, ge=1024)
+    max_messages: int = Field(256, ge=1)
+    max_prompt_chars: int = Field(100_000, ge=1)
 
 
 class CaptureConfig(_Section):
@@ -54,6 +67,31 @@ class CaptureConfig(_Section):
     store: Path = Path("data")
     failure_threshold: float = Field(0.5, ge=0.0, le=1.0)
     seed: int = 0
+    # Redaction before a record is written (serving/security/redact.py): the built-in
+    # patterns (e-mail addresses, API-key-like tokens) and these extra regular expressions.
+    redact: bool = True
+    redact_patterns: list[str] = Field(default_factory=list)
+
+    @field_validator("redact_patterns")
+    @classmethod
+    def _compiles(cls, patterns: list[str]) -> list[str]:
+        try:
+            Redactor(patterns, builtins=False)
+        except RedactionPatternError as error:
+            raise ValueError(str(error)) from None
+        return patterns
+
+
+class SecurityConfig(_Section):
+    """Who may call the server (docs/security.md). Keys come from the environment variable
+    ``api_key_env`` and/or the file ``api_key_file`` (mode 600), never from the command
+    line; with none, the server answers anyone and refuses to bind beyond loopback unless
+    ``allow_unauthenticated``."""
+
+    api_key_env: str = Field(DEFAULT_KEY_ENV, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    api_key_file: Path | None = None
+    metrics_open: bool = False  # /metrics without a key (for a scraper); /health always is
+    allow_unauthenticated: bool = False
 
 
 class CascadeConfig(_Section):
@@ -89,6 +127,7 @@ class ServerConfig(_Section):
     limits: Limits = Field(default_factory=lambda: Limits())
     capture: CaptureConfig = Field(default_factory=lambda: CaptureConfig())
     cascade: CascadeConfig = Field(default_factory=lambda: CascadeConfig())
+    security: SecurityConfig = Field(default_factory=lambda: SecurityConfig())
 
 
 def load_server_config(path: str | Path = SERVING_CONFIG, **overrides: object) -> ServerConfig:

@@ -11,6 +11,8 @@ acceptance by position), so ``/metrics``, the CLI, MLflow and the gates agree:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -66,6 +68,20 @@ class ServerMetrics:
             ("position",),
         )
         self.captured = counter("captured_requests", "Requests captured into the store.")
+        self.capture_opt_outs = counter(
+            "capture_opt_outs", "Requests whose client opted out of capture (never captured)."
+        )
+        self.redactions = counter(
+            "capture_redactions", "Secrets redacted from captured records, by kind.", ("kind",)
+        )
+        self.capture_dropped = counter(
+            "capture_dropped", "Captured records dropped, not written, by reason.", ("reason",)
+        )
+        self.rejected = counter(
+            "requests_rejected",
+            "Requests refused before parsing (401 no/bad API key, 413 body size), by reason.",
+            ("reason",),
+        )
         self.swaps = counter("draft_swaps", "Hot swaps to a newly promoted draft.")
 
         def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
@@ -142,6 +158,10 @@ class ServerMetrics:
             self.labels(self.ttft).observe(ttft_s)
             if generated > 1:
                 self.labels(self.tpot).observe((e2e_s - ttft_s) / (generated - 1))
+
+    def redacted(self, counts: Mapping[str, int]) -> None:
+        for kind, n in counts.items():
+            self.labels(self.redactions, kind=kind).inc(n)
 
     def observe_pass(self, *, size: int, tokens: int) -> None:
         """One packed target pass of ``size`` requests and ``tokens`` tokens."""

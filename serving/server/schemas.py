@@ -8,7 +8,9 @@ Standard fields follow the OpenAI API (and its defaults: ``temperature`` 1, comp
   ``none`` (speculation off), ``pld[:N]``, ``ngram[:N]``, ``layers:N``; drafters that
   load files (``model:``, ``head:``, ``suffix:``) are not accepted over HTTP: promote them;
 - ``num_speculative_tokens``: k (1..64) for the draft-length policy;
-- ``draft_policy``: ``cost`` | ``fixed`` | ``adaptive``.
+- ``draft_policy``: ``cost`` | ``fixed`` | ``adaptive``;
+- ``capture``: ``false`` opts this request out of capture (so does OpenAI's ``store``
+  set to ``false``, and the header ``X-SpecOps-Capture: off``), always honoured.
 
 Fields of the OpenAI API that specops does not implement are refused with a 400 when set
 to anything but their no-op value, rather than silently ignored; unknown fields are
@@ -24,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from serving.errors import BadInputError
 from serving.policy import MAX_DRAFT_TOKENS
 from serving.relaxed import check_lambda
+from serving.security.asgi import error_body as error_body  # one error shape for all
 
 HTTP_DRAFTERS = ("champion", "none", "pld", "ngram", "layers", "cascade")
 
@@ -60,6 +63,9 @@ class SpecOpsFields(BaseModel):
     # Skeleton-of-thought (chat only, not streamed): a constrained plan, then its points
     # decoded as a batch and merged (docs/skeleton.md).
     skeleton: bool = False
+    # Consent: false keeps this request out of the capture store, whatever the share.
+    capture: bool = True
+    store: bool | None = None  # OpenAI's field; an explicit false opts out too
 
     @field_validator("relax_lambda")
     @classmethod
@@ -113,6 +119,10 @@ class SpecOpsFields(BaseModel):
     def stops(self) -> list[str]:
         """``stop`` after validation: always a list."""
         return self.stop if isinstance(self.stop, list) else []
+
+    @property
+    def opted_out(self) -> bool:
+        return not self.capture or self.store is False
 
     @property
     def include_usage(self) -> bool:
@@ -191,6 +201,9 @@ class ChatCompletionRequest(SpecOpsFields):
         ]
 
 
-def error_body(message: str, *, kind: str, param: str | None = None, code: str | None = None):
-    """OpenAI's error shape: ``{"error": {"message", "type", "param", "code"}}``."""
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+def prompt_chars(body: SpecOpsFields) -> int:
+    """The characters a request asks the server to tokenise (its prompt or messages)."""
+    if isinstance(body, CompletionRequest):
+        return len(body.prompt) if isinstance(body.prompt, str) else sum(map(len, body.prompt))
+    assert isinstance(body, ChatCompletionRequest)
+    return sum(len(m.text()) for m in body.messages)

@@ -20,6 +20,8 @@ from serving.hardware import engine_target
 from serving.loader import eos_ids, load_target, set_threads
 from serving.policy import DraftLengthPolicy, make_policy
 from serving.sampling import SamplingParams
+from serving.security.keys import ApiKeys, check_bind, load_api_keys
+from serving.security.redact import Redactor, mask_token
 from serving.server.capture import Capture
 from serving.server.champion import (
     ChampionSource,
@@ -70,6 +72,7 @@ class ServerState:
     # predictor, swapped by the watcher.
     cascade: CascadeDrafter | None = None
     predictors: PredictorWatcher | None = None
+    api_keys: ApiKeys = field(default_factory=lambda: ApiKeys((), ()))
     _skeleton: SkeletonConstraint | None = None
     _skeleton_lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -168,8 +171,21 @@ def champion_source(config: ServerConfig) -> ChampionSource:
         ) from None
 
 
-def build_state(config: ServerConfig, *, target=None, tokenizer=None) -> ServerState:
-    """Load the target and the champion (slow: seconds), build the serving state."""
+def server_keys(config: ServerConfig) -> ApiKeys:
+    """The API keys the config points at, checked against the bind address: a host beyond
+    loopback with no key is refused unless ``security.allow_unauthenticated``."""
+    security = config.security
+    keys = load_api_keys(env=security.api_key_env, path=security.api_key_file)
+    check_bind(config.host, keys, allow_open=security.allow_unauthenticated)
+    return keys
+
+
+def build_state(
+    config: ServerConfig, *, target=None, tokenizer=None, api_keys: ApiKeys | None = None
+) -> ServerState:
+    """Load the target and the champion (slow: seconds), build the serving state. The API
+    keys are read (:func:`server_keys`) unless given, before anything slow."""
+    keys = server_keys(config) if api_keys is None else api_keys
     hardware = engine_target(config.hardware)
     set_threads(config.threads or hardware.threads)
     source = champion_source(config)  # a bad champion config fails before the model loads
@@ -191,6 +207,11 @@ def build_state(config: ServerConfig, *, target=None, tokenizer=None) -> ServerS
         failure_threshold=config.capture.failure_threshold,
         seed=config.capture.seed,
         replica=config.replica,
+        redactor=Redactor(config.capture.redact_patterns) if config.capture.redact else None,
+        tokenizer=tokenizer,
+        mask_id=mask_token(tokenizer),
+        on_redacted=lambda counts: metrics.redacted(counts),
+        on_dropped=lambda kind, _: metrics.labels(metrics.capture_dropped, reason=kind).inc(),
     )
     cascade, predictors = _serving_cascade(config, target, tokenizer, curve)
     max_context = int(target.config.max_position_embeddings)
@@ -221,6 +242,7 @@ def build_state(config: ServerConfig, *, target=None, tokenizer=None) -> ServerS
         verify_curve=curve,
         cascade=cascade,
         predictors=predictors,
+        api_keys=keys,
     )
 
 

@@ -115,7 +115,9 @@ class Deployment:
         releases,
         *,
         store: Path | None = None,
+        redact=None,
     ) -> None:
+        """``redact``: a transform for captured pairs (:func:`pair_redactor`), or None."""
         self.settings = settings
         self.front = front
         self.releases = releases  # .current() -> Release
@@ -136,7 +138,7 @@ class Deployment:
             else None
         )
         self.pair_sink = (
-            PartSink(store, PAIRS, hardware=settings.hardware, run_id=run_id)
+            PartSink(store, PAIRS, hardware=settings.hardware, run_id=run_id, transform=redact)
             if store is not None
             else None
         )
@@ -339,9 +341,12 @@ def deployment_for(
     store: Path | None,
     front: Front,
     registry: Registry | None = None,
+    redact_patterns: list[str] | None = None,
     **options: Any,
 ) -> Deployment:
-    """A deployment of ``hardware``'s registry champion; checked before anything starts."""
+    """A deployment of ``hardware``'s registry champion; checked before anything starts.
+    Captured pairs are redacted with the built-in patterns and ``redact_patterns``
+    (``None``: no redaction) using the target's tokenizer."""
     spec = runnable_target(hardware)
     releases = ChampionReleases(hardware, cache=work / "cache", registry=registry)
     settings = DeploySettings(
@@ -353,4 +358,18 @@ def deployment_for(
         device=spec.device,
         **options,
     )
-    return Deployment(settings, front, releases, store=store)
+    redact = None
+    if store is not None and redact_patterns is not None:
+        from transformers import AutoTokenizer
+
+        from serving.security.redact import Redactor, mask_token, pair_redactor
+
+        redactor = Redactor(redact_patterns)  # a bad pattern fails before anything starts
+        tokenizer = AutoTokenizer.from_pretrained(settings.model)
+        mask_id = mask_token(tokenizer)
+
+        def event(kind: str, n: int) -> None:
+            front.redactions.labels(kind).inc(n)
+
+        redact = pair_redactor(redactor, tokenizer, mask_id, on_event=event)
+    return Deployment(settings, front, releases, store=store, redact=redact)

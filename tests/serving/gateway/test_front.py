@@ -20,6 +20,7 @@ from starlette.routing import Route
 
 from serving.gateway.front import Front, Upstream
 from serving.gateway.vllm_process import free_port
+from serving.security.keys import from_keys
 
 
 def fake_vllm(name: str, delay_s: float = 0.0) -> Starlette:
@@ -191,3 +192,47 @@ def test_front_metrics_count_outcomes(served):
     httpx.post(f"{app.url}/v1/completions", json={"prompt": "x"})
     text = httpx.get(f"{app.url}/metrics").text
     assert 'specops_gateway_requests_total{outcome="unavailable"} 1.0' in text
+
+
+KEY = "sk-front-key-0123456789abcdef"
+
+
+def test_keys_guard_the_front_and_opt_outs_are_not_captured(served):
+    """The fake vLLM records what reached it: never the key, never an unauthorised body."""
+    seen: list[dict] = []
+    fake = fake_vllm("up")
+
+    async def spy(scope, receive, send):
+        if scope["type"] == "http":
+            seen.append({k.decode(): v.decode() for k, v in scope["headers"]})
+        await fake(scope, receive, send)
+
+    server = served(spy)
+    captured: list[dict] = []
+    front = Front(capture=captured.append, keys=from_keys([KEY]), max_body_bytes=4096)
+    front.switch(upstream(server, "up"))
+    app = served(front.app())
+    url = f"{app.url}/v1/completions"
+    assert httpx.post(url, json={"prompt": "x"}).status_code == 401
+    assert (
+        httpx.post(url, json={"prompt": "x"}, headers={"Authorization": "Bearer"}).status_code
+        == 401
+    )
+    assert httpx.get(f"{app.url}/health").status_code == 200
+    assert httpx.get(f"{app.url}/metrics").status_code == 401
+    auth = {"Authorization": f"Bearer {KEY}"}
+    assert httpx.post(url, json={"prompt": "x" * 5000}, headers=auth).status_code == 413
+    assert not seen, "a refused request reached vLLM"
+    assert httpx.post(url, json={"prompt": "a"}, headers=auth).status_code == 200
+    opted = [
+        ({"prompt": "b", "capture": False}, auth),
+        ({"prompt": "c", "store": False}, auth),
+        ({"prompt": "d"}, {**auth, "X-SpecOps-Capture": "off"}),
+    ]
+    for body, headers in opted:
+        assert httpx.post(url, json=body, headers=headers).status_code == 200
+    assert len(captured) == 1 and len(seen) == 4
+    assert all("authorization" not in headers for headers in seen), "the key went upstream"
+    metrics = httpx.get(f"{app.url}/metrics", headers=auth).text
+    assert "specops_gateway_capture_opt_outs_total 3.0" in metrics
+    assert 'specops_gateway_rejected_total{reason="body_size"} 1.0' in metrics
