@@ -1,0 +1,64 @@
+"""A configured secret never reaches MLflow (params, tags, artifacts), Prefect (flow
+parameters, logs) or the logs: the bootstrap flow runs with an API key in the environment
+and a password in a URI it logs, on the tiny target, and every byte they stored is
+scanned."""
+
+import logging
+from pathlib import Path
+
+import pytest
+
+import tasks.loop.prefect_tasks as steps
+import tasks.loop.steps as loop
+
+SECRET = "sk-secret-0123456789abcdefXYZ"
+PASSWORD = "pw-0123456789-hidden"
+
+
+@pytest.fixture(scope="module")
+def harness():
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=180):
+        yield
+
+
+def stored_bytes(folder: Path) -> bytes:
+    return b"".join(p.read_bytes() for p in folder.rglob("*") if p.is_file())
+
+
+def test_a_configured_secret_reaches_no_store_and_no_log(
+    harness, monkeypatch, tmp_path, target, char_tokenizer, make_prompts, caplog
+):
+    from prefect.settings import PREFECT_API_DATABASE_CONNECTION_URL
+
+    from flows.loop import bootstrap
+    from serving.security import logs
+
+    monkeypatch.setenv("SPECOPS_API_KEYS", SECRET)
+    monkeypatch.setenv("SPECOPS_MLFLOW_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    monkeypatch.setenv("SPECOPS_MLFLOW_ARTIFACTS", str(tmp_path / "artifacts"))
+    tiny = target
+    monkeypatch.setattr(loop, "target_for", lambda hardware, target=None: (tiny, char_tokenizer))
+    monkeypatch.setattr(
+        steps, "build_workload", lambda name, n, *, seed=0, split="heldout": make_prompts()[:n]
+    )
+    caplog.set_level(logging.DEBUG)
+    logs.install([SECRET])
+    logging.getLogger("specops.test").warning(
+        "tracking at postgresql://me:%s@db/x with key %s", PASSWORD, SECRET
+    )
+    bootstrap(
+        hardware="cpu", drafter="pld:3", k=4, policy="fixed", workloads=["grounded"],
+        prompts_per_workload=4, max_new_tokens=12, work=str(tmp_path / "work"),
+    )  # fmt: skip
+    mlflow = stored_bytes(tmp_path)  # the SQLite store, artifacts, the work folder
+    assert b"specops-draft" in mlflow, "the run did register in this store"
+    database = Path(PREFECT_API_DATABASE_CONNECTION_URL.value().split(":///", 1)[-1])
+    prefect = b"".join(p.read_bytes() for p in database.parent.glob(database.name + "*"))
+    assert b"bootstrap" in prefect, f"no flow run in Prefect's database at {database}"
+    for blob, where in ((mlflow, "MLflow/work"), (prefect, "Prefect")):
+        assert SECRET.encode() not in blob, f"the API key reached {where}"
+    text = caplog.text
+    assert SECRET not in text and PASSWORD not in text
+    assert "postgresql://me:***@db/x" in text
