@@ -1,9 +1,10 @@
 """The loop's flows. They only wire tasks (``tasks/loop/prefect_tasks.py``).
 
-- ``collect``: (optionally replay a workload through the champion,) validate the store,
-  version it with DVC, and trigger ``retrain`` when rolling acceptance falls below a
-  threshold relative to the champion's evaluated acceptance, outside the cool-down
-  (:mod:`tasks.loop.triggers`). Scheduled hourly.
+- ``collect``: (optionally replay a workload through the champion,) remove the traffic
+  older than the retention age (``configs/store.yaml``, :mod:`tasks.data.retention`),
+  validate the store, version it with DVC, and trigger ``retrain`` when rolling
+  acceptance falls below a threshold relative to the champion's evaluated acceptance,
+  outside the cool-down (:mod:`tasks.loop.triggers`). Scheduled hourly.
 - ``retrain``: rebuild the suffix draft and train the learned challengers of
   ``configs/retrain.yaml`` (head, LoRA) from the collected traffic, register them with
   their training curves and data lineage, then ``evaluate-and-promote`` on the held-out
@@ -288,6 +289,7 @@ def collect(
     retrain_deployment: str | None = None,
     retrain_wait_s: float = 0.0,
     force_retrain: bool = False,
+    retention_days: float | None = None,
 ) -> dict[str, Any]:
     """``threshold`` is the absolute one, for a champion never evaluated; otherwise
     ``configs/retrain.yaml``'s relative threshold decides. ``retrain_options`` go to
@@ -299,7 +301,11 @@ def collect(
     instead of starting another. ``retrain_wait_s`` waits that long for it to finish (0:
     start it and return). Without a deployment, the retrain runs here, in-process.
     ``force_retrain`` retrains whatever acceptance says (an operator's manual run:
-    ``prefect deployment run collect/hourly -p force_retrain=true``)."""
+    ``prefect deployment run collect/hourly -p force_retrain=true``).
+
+    ``retention_days`` overrides ``configs/store.yaml``'s ``retention.days``: the store's
+    parts older than that (by their newest row, at the scheduled start) are removed with
+    the dataset's copies of them, before validation and versioning."""
     logger = get_run_logger()
     _check_run_count()
     replayed = None
@@ -313,7 +319,16 @@ def collect(
             run_id=run_id or slot("%Y-%m-%dT%H"),
             max_new_tokens=max_new_tokens,
         )
-    summary = steps.validate(store, f"{work}/dataset", window=window, threshold=threshold)
+    dataset = f"{work}/dataset"
+    retention = steps.retention(store, dataset, days=retention_days, now=scheduled_timestamp())
+    if retention["removed"]:
+        logger.info(
+            "retention: removed %d parts older than %s (%s)",
+            len(retention["removed"]),
+            retention["cutoff_utc"],
+            ", ".join(f"{area} {n}" for area, n in retention["parts"].items()),
+        )
+    summary = steps.validate(store, dataset, window=window, threshold=threshold)
     data_version = steps.version(store) if version else None
     trigger = steps.retrain_trigger(
         store,
@@ -345,6 +360,7 @@ def collect(
         logger.info("retrain wanted but held back: %s", trigger["held_back"])
     return {
         "replayed": replayed,
+        "retention": retention,
         "validation": summary,
         "data_version": data_version,
         "trigger": trigger,

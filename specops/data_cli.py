@@ -1,4 +1,5 @@
-"""``specops data ...``: the data steps of the loop (each also a ``dvc.yaml`` stage)."""
+"""``specops data ...``: the data steps of the loop (each also a ``dvc.yaml`` stage), and
+retention."""
 
 from __future__ import annotations
 
@@ -239,3 +240,80 @@ def version(
     except SpecOpsError as error:
         fail(str(error))
     typer.echo(f"{store_root} versioned as {digest}; `git add {store_root}.dvc` to record it")
+
+
+# The dataset folders validated from the live store: the collect flow's, and `data validate`'s.
+DEFAULT_DATASETS = (Path(".specops/work/dataset"), Path("data/dataset"))
+
+
+@data_app.command()
+def retention(
+    store_root: Annotated[Path, typer.Option("--store", help="The live store.")] = Path("data"),
+    datasets: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--dataset",
+            help="A dataset folder validated from the store, whose copies go too (repeat "
+            "for each). Default: those of .specops/work/dataset (the collect flow's) and "
+            "data/dataset (`data validate`'s) that exist.",
+        ),
+    ] = None,
+    days: Annotated[
+        float | None,
+        typer.Option(
+            help="Remove the parts whose newest row is older than this many days "
+            "(default: retention.days of configs/store.yaml)."
+        ),
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Say what would be removed; change nothing.")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+) -> None:
+    """Remove users' traffic older than the retention age from the store, and every copy
+    validation kept of it (the collect flow does this before validating). DVC keeps what
+    it versioned: see docs/data.md, "Retention"."""
+    from serving.errors import SpecOpsError
+    from tasks.data.retention import apply_retention, check_days, load_store_config
+
+    try:
+        days = load_store_config().retention.days if days is None else check_days(days)
+        if not store_root.is_dir():
+            fail(f"no store at {str(store_root)!r}: name the live store with --store")
+        folders = datasets if datasets else [d for d in DEFAULT_DATASETS if d.is_dir()]
+        report = apply_retention(store_root, folders, max_age_days=days, dry_run=dry_run)
+    except SpecOpsError as error:
+        fail(str(error))
+    summary = report.to_dict()
+    if as_json:
+        typer.echo(json.dumps(summary))
+        return
+    if report.max_age_days is None:
+        typer.echo(
+            "retention is off (retention.days is null in configs/store.yaml): nothing removed"
+        )
+        return
+    verb = "would remove" if dry_run else "removed"
+    age = f"older than {report.max_age_days:g} days (before {summary['cutoff_utc']})"
+    if not report.removed:
+        typer.echo(f"nothing in {store_root} is {age}")
+    else:
+        areas = ", ".join(
+            f"{area} {count} ({report.rows[area]} rows)" for area, count in report.parts.items()
+        )
+        typer.echo(f"{verb} {len(report.removed)} parts {age} from {store_root}: {areas}")
+    rewritten, dropped, removed = (
+        ("to rewrite", "to drop", "to remove") if dry_run else ("rewritten", "dropped", "removed")
+    )
+    for folder in report.datasets:
+        typer.echo(
+            f"{folder.folder}: {folder.batches_rewritten} validated batches {rewritten}, "
+            f"{folder.batches_dropped} {dropped}; {folder.copies} copied rows and "
+            f"{folder.dataset_rows} dataset rows {removed}"
+        )
+    if dry_run:
+        typer.echo("nothing changed (--dry-run)")
+    elif report.folders or report.temporaries:
+        typer.echo(
+            f"also removed {report.folders} empty folders, {report.temporaries} stale temporaries"
+        )

@@ -13,7 +13,8 @@ Great Expectations is imported lazily (about 6 s), only when a suite runs.
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Iterable, Sequence
+from collections import Counter
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -411,3 +412,48 @@ def _add_nested_reasons(
 def skipped_suite() -> dict:
     """The report of a suite that did not run (no row survived stages 1-2)."""
     return {"ran": False, "success": None, "rows": 0, "unexpected": {}}
+
+
+# A reason of a nested row, as _add_nested_reasons words it, and the suite it comes from.
+_NESTED_REASON = re.compile(r"(disagreement|drafted) \d+: (.+)")
+_NESTED_SUITE = {"disagreement": "disagreements", "drafted": "drafted"}
+
+
+def reports_from_reasons(
+    records: Sequence[Mapping[str, Any]],
+    reasons: Sequence[Sequence[str]],
+    earlier: Mapping[str, dict],
+) -> dict[str, dict]:
+    """The reports :func:`expectation_reasons` gives for ``records``, some of the requests
+    one run of it checked (as dicts), without running the suites again: from the reasons
+    that run gave each (``[]`` for one that passed) and its reports ``earlier`` (for the
+    expectations' labels). Exact, because every expectation judges one row at a time (the
+    one over a whole column, unique ids, has no duplicates left to find after stage 2 of
+    validation), and none tolerates a failing row (no ``mostly``)."""
+    if not records:
+        return {name: skipped_suite() for name in SUITES}
+    failing: dict[str, Counter[str]] = {name: Counter() for name in SUITES}
+    for record_reasons in reasons:
+        for reason in record_reasons:
+            nested = _NESTED_REASON.fullmatch(reason)
+            if nested:
+                failing[_NESTED_SUITE[nested[1]]][nested[2]] += 1
+            else:
+                failing["requests"][reason] += 1
+    rows = {
+        "requests": len(records),
+        "disagreements": sum(len(r.get("disagreements") or ()) for r in records),
+        "drafted": sum(len(r.get("drafted") or ()) for r in records),  # none in version 1
+    }
+    reports = {}
+    for name in SUITES:
+        labels = dict.fromkeys([*earlier[name]["unexpected"], *failing[name]])
+        unexpected = {label: failing[name][label] for label in labels}
+        success = not any(unexpected.values())
+        reports[name] = {
+            "ran": True,
+            "success": success,
+            "rows": rows[name],
+            "unexpected": unexpected,
+        }
+    return reports

@@ -46,7 +46,12 @@ from serving.records.schema import (
     parse_record,
 )
 from serving.records.store import QUARANTINE, read_raw
-from tasks.data.expectations import SUITES, expectation_reasons, skipped_suite
+from tasks.data.expectations import (
+    SUITES,
+    expectation_reasons,
+    reports_from_reasons,
+    skipped_suite,
+)
 
 log = logging.getLogger(__name__)
 
@@ -158,6 +163,28 @@ def combine_summaries(summaries: Sequence[dict]) -> dict:
             name: _combine_suites([s["suites"][name] for s in summaries]) for name in SUITES
         },
     }
+
+
+def summary_of_subset(
+    earlier: Mapping,
+    valid: Sequence[dict],
+    quarantined: Sequence[dict],
+    versions_read: Counter[int],
+) -> dict:
+    """The summary :func:`validate_records` gives for some of the rows one run of it
+    validated, without validating them again: ``valid`` (records) and ``quarantined``
+    (entries) are that run's verdicts on the rows kept, ``versions_read`` the stored schema
+    versions of those of them that parsed, ``earlier`` that run's summary. The suites'
+    reports follow from the run's reasons (:func:`reports_from_reasons`). How
+    :mod:`tasks.data.retention` updates a batch some of whose parts it removed."""
+    checked = [entry for entry in quarantined if entry["stage"] == "expectations"]
+    suites = reports_from_reasons(
+        [*valid, *(entry["record"] for entry in checked)],
+        [*([] for _ in valid), *(entry["reasons"] for entry in checked)],
+        earlier["suites"],
+    )
+    total = len(valid) + len(quarantined)
+    return _summarise(total, len(valid), list(quarantined), suites, versions_read)
 
 
 def check_known(

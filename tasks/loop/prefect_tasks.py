@@ -57,6 +57,13 @@ def replay_traffic(
     return {**summary.to_dict(), "champion": draft.label}
 
 
+@task(name="retention", cache_policy=NO_CACHE, retries=1)
+def retention(store: str, dataset: str, *, days: float | None, now: float) -> dict[str, Any]:
+    """Remove the store's traffic older than ``days`` (default: ``configs/store.yaml``) and
+    the dataset's copies of it, before validation (a retry finishes a killed run)."""
+    return loop.retention_step(Path(store), Path(dataset), days=days, now=now)
+
+
 @task(name="validate", cache_policy=NO_CACHE, retries=1)
 def validate(
     store: str, out: str, *, window: int = 50, threshold: float = 0.5, full: bool = False

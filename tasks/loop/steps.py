@@ -116,6 +116,18 @@ def validate_store_step(
     return curate(store_root, out_dir, window=window, threshold=threshold, full=full)
 
 
+def retention_step(
+    store_root: Path, dataset_dir: Path, *, days: float | None = None, now: float
+) -> dict[str, Any]:
+    """Remove the store's traffic older than ``days`` (default ``configs/store.yaml``'s
+    ``retention.days``) and every copy the dataset folder's validation kept of it: run
+    before validation (:mod:`tasks.data.retention`)."""
+    from tasks.data.retention import apply_retention, check_days, load_store_config
+
+    days = load_store_config().retention.days if days is None else check_days(days)
+    return apply_retention(store_root, [dataset_dir], max_age_days=days, now=now).to_dict()
+
+
 # Drafters that need no files: a package of one is just its manifest.
 BUILTIN_DRAFTERS = ("pld", "ngram", "layers")
 

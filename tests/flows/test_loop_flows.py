@@ -262,6 +262,44 @@ def test_collect_starts_the_retrain_through_its_deployment_once_per_slot(
     assert sent["parameters"]["budgets"] == {"head": 1.0}
 
 
+def test_collect_removes_old_traffic_before_it_validates(harness, world):
+    """Retention runs first in ``collect``: the old part leaves the store, the validated
+    batches and the dataset rebuilt from them; the new traffic stays."""
+    import json
+
+    from flows.loop import collect
+    from tasks.data import ledger
+    from tests.tasks.data.test_validate import make_record
+
+    store, work = world / "store", world / "work"
+    now = time.time()
+    for name, when, ids in (("old", now - 40 * 86_400, [1, 2]), ("new", now - 3600, [3, 4])):
+        rows = [make_record(i, timestamp=when + i) for i in ids]
+        part = record_store.partition_dir(store, "cpu", when) / record_store.part_name(name, 0)
+        record_store.write_part(part, rows)
+    kwargs = dict(hardware="cpu", store=str(store), work=str(work), version=False,
+                  trigger_retrain=False)  # fmt: skip
+    first = collect(**kwargs, retention_days=365)
+    assert first["retention"]["removed"] == [] and first["validation"]["validation"]["valid"] == 4
+
+    result = collect(**kwargs, retention_days=30)
+    (old,) = result["retention"]["removed"]
+    assert "part-old-" in old and not (store / old).exists()
+    assert result["retention"]["datasets"][0]["batches_rewritten"] == 1
+    assert result["validation"]["validation"]["valid"] == 2
+    dataset = work / "dataset"
+    ids = {
+        json.loads(line)["id"]
+        for path in dataset.glob("*.jsonl")
+        if path.name != "quarantine.jsonl"
+        for line in path.read_text().splitlines()
+    }
+    assert ids == {"req-3", "req-4"}
+    assert set(ledger.load_ledger(ledger.folder_of(dataset)).parts()) == {  # type: ignore[union-attr]
+        record_store.part_key(store, p) for p in record_store.part_files(store)
+    }
+
+
 def test_promotions_on_one_target_take_turns_under_its_concurrency_limit(
     harness, world, monkeypatch
 ):

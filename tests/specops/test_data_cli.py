@@ -307,3 +307,70 @@ def test_collect_validate_acceptance_on_the_real_model(tmp_path):
     assert result.exit_code == 0, result.output
     (group,) = json.loads(result.stdout)
     assert (group["workload"], group["hardware"], group["requests"]) == ("grounded", "cpu", 2)
+
+
+# ------------------------------------------------------------------------------- retention
+
+
+def _old_part(root: Path) -> Path:
+    """A part of two records written 40 days ago."""
+    when = time.time() - 40 * 86_400
+    rows = [{**_record(10 + i, 2), "id": f"old-{i}", "timestamp": when + i} for i in range(2)]
+    path = partition_dir(root, "cpu", when) / "part-old-00000.jsonl"
+    write_jsonl_atomic(path, rows)
+    return path
+
+
+def test_retention_removes_old_parts_and_the_copies_a_dry_run_only_says_so(tmp_path, store):
+    old, out = _old_part(store), tmp_path / "dataset"
+    params = _params(tmp_path)
+    assert _invoke("validate", "--params", params, "--store", store, "--out", out).exit_code == 0
+    args = ["retention", "--store", store, "--dataset", out, "--days", 30]
+    dry = _invoke(*args, "--dry-run")
+    assert dry.exit_code == 0, dry.output
+    assert "would remove 1 parts older than 30 days (before " in dry.output
+    assert "records 1 (2 rows)" in dry.output
+    assert f"{out}: 1 validated batches to rewrite, 0 to drop; 2 copied rows and " in dry.output
+    assert "nothing changed (--dry-run)" in dry.output and old.exists()
+
+    result = _invoke(*args)
+    assert result.exit_code == 0, result.output
+    assert "removed 1 parts older than 30 days" in result.output and not old.exists()
+    assert f"{out}: 1 validated batches rewritten, 0 dropped; 2 copied rows" in result.output
+    trainable = (out / "trainable.jsonl").read_text()
+    assert "old-0" not in trainable and "req-0" in trainable
+    again = _invoke("validate", "--params", params, "--store", store, "--out", out)
+    assert again.exit_code == 0, again.output
+    assert "validated 7 records" in again.output  # the store's own, as before the old part
+    assert "nothing in" in _invoke(*args).output
+
+
+def test_retention_defaults_to_the_dataset_folders_there_are(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    old = _old_part(Path("data"))
+    out = Path("data/dataset")  # `data validate`'s default
+    assert _invoke("validate", "--params", _params(tmp_path)).exit_code == 0
+    result = _invoke("retention", "--days", "7.5")
+    assert result.exit_code == 0, result.output
+    assert "older than 7.5 days" in result.output and not old.exists()
+    assert f"{out}: 0 validated batches rewritten, 1 dropped; 2 copied rows" in result.output
+    assert ".specops" not in result.output and not Path(".specops").exists()
+    summary = json.loads(_invoke("retention", "--json").output)  # configs/store.yaml: 30
+    assert (summary["max_age_days"], summary["removed"]) == (30.0, [])
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--days", "-1"], "error: retention days must be a positive number of days, got -1.0"),
+        (["--days", "0"], "got 0.0"),
+        (["--days", "nan"], "a finite number"),
+        (["--store", "nowhere"], "error: no store at 'nowhere'"),
+    ],
+)
+def test_retention_refuses_bad_input_with_one_line(tmp_path, args, message):
+    _old_part(tmp_path / "store")
+    result = _invoke("retention", "--store", tmp_path / "store", *args)
+    assert result.exit_code == 2, result.output
+    assert message in result.output and "Traceback" not in result.output
+    assert len(result.output.strip().splitlines()) == 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+from collections import Counter
 
 import pytest
 
@@ -12,7 +13,12 @@ from serving.atomic import write_jsonl_atomic
 from serving.errors import BadInputError
 from serving.records.schema import DisagreementRow, DraftedTokenRow, RequestRecord, Sampling
 from serving.records.store import partition_dir, read_raw
-from tasks.data.validate import quarantine_path, validate_records, validate_store
+from tasks.data.validate import (
+    quarantine_path,
+    summary_of_subset,
+    validate_records,
+    validate_store,
+)
 from tests.serving.records.test_schema import V1_LINE
 
 NOW = 1_750_000_000.0
@@ -418,6 +424,21 @@ def test_valid_rows_kept_in_order_and_every_row_accounted_for(mixed):
     parsed = len(rows) - summary["by_stage"]["parse"]
     assert summary["versions_read"] == {"2": parsed}
     json.dumps(summary, allow_nan=False)
+
+
+@pytest.mark.parametrize("kept", [0, 1])
+def test_the_summary_of_a_subset_is_that_of_validating_it(mixed, kept):
+    """What retention relies on: the summary of some of one run's rows, from that run's
+    verdicts, is what validating those rows gives (every other row, less the duplicate,
+    whose first copy may be among those dropped)."""
+    rows, result = mixed
+    subset = [(s, r) for i, (s, r) in enumerate(rows) if i % 2 == kept and s != "bad-duplicate id"]
+    sources = {source for source, _ in subset}
+    valid = [r for s, r in zip(result.valid_sources, result.valid, strict=True) if s in sources]
+    quarantined = [e for e in result.quarantined if e["source"] in sources]
+    parsed = len(valid) + sum(e["stage"] != "parse" for e in quarantined)
+    summary = summary_of_subset(result.summary, valid, quarantined, Counter({2: parsed}))
+    assert summary == validate_records(subset, known_hardware=HARDWARE, now=NOW).summary
 
 
 def test_valid_batch_passes_fully():
