@@ -78,6 +78,14 @@ def keys_from_env(name: str = DEFAULT_KEY_ENV, environ: dict[str, str] | None = 
     return [_checked(k, f"${name} (key {i + 1})") for i, k in enumerate(keys)]
 
 
+def client_key(env: str = DEFAULT_KEY_ENV, environ: dict[str, str] | None = None) -> str:
+    """The key specops's own clients (load test, deployment cycle) send to a server started
+    in the same environment: the first of ``$SPECOPS_API_KEYS``, or a placeholder when there
+    is none (the openai client wants some key; an open server ignores it)."""
+    keys = keys_from_env(env, environ)
+    return keys[0] if keys else "specops"
+
+
 def keys_from_file(path: Path) -> list[str]:
     path = Path(path)
     try:

@@ -27,6 +27,7 @@ from serving.drafters.package import DraftManifest, write_package
 from serving.gateway.front import Front
 from serving.gateway.sink import ACCEPTANCE, PAIRS, area_parts
 from serving.gateway.vllm_process import free_port
+from serving.security.keys import client_key
 from tasks.data.traffic import build_workload
 from tasks.loop.target_promotion import evaluate_registered
 from tasks.loop.vllm_deploy import deployment_for
@@ -60,7 +61,7 @@ class Load:
     ):
         from openai import OpenAI
 
-        self.client = OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=600)
+        self.client = OpenAI(base_url=f"{url}/v1", api_key=client_key(), max_retries=0, timeout=600)
         self.prompts = prompts
         self.max_tokens = max_tokens
         self.pause_s = pause_s

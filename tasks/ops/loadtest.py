@@ -244,6 +244,8 @@ async def run_load_sweep(
     unmeasured warm-up request; the results of :func:`sweep_results`."""
     from openai import AsyncOpenAI
 
+    from serving.security.keys import client_key
+
     settings.check()
     ordered = check_levels(levels, settings.requests)
     prompts = load_prompts(settings)
@@ -251,7 +253,7 @@ async def run_load_sweep(
         raise BadInputError("the load test has no prompts")
     client = AsyncOpenAI(
         base_url=f"{settings.url}/v1",
-        api_key="specops",  # the server does not check keys; the client needs one
+        api_key=client_key(),  # $SPECOPS_API_KEYS' first, as the server it started reads
         max_retries=0,  # a 429 is a result here, not something to hide
         timeout=settings.timeout_s,
     )

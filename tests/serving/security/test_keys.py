@@ -79,3 +79,10 @@ def test_binding_beyond_loopback_needs_a_key_or_an_explicit_opening():
     check_bind("0.0.0.0", from_keys([]), allow_open=True)
     with pytest.raises(BadInputError, match=r"refusing to bind '0\.0\.0\.0'"):
         check_bind("0.0.0.0", from_keys([]), allow_open=False)
+
+
+def test_specops_clients_send_the_first_key_of_the_environment():
+    from serving.security.keys import client_key
+
+    assert client_key("K", {"K": f"{KEY},{OTHER}"}) == KEY
+    assert client_key("K", {}) == "specops"
