@@ -188,6 +188,7 @@ def settle(
     accepted = 0
     new_tokens: list[int] = []
     kept_hidden = None
+    guesses: tuple[int, ...] = ()
     rejection = None
     unverified: tuple[int, ...] = ()
     entropies: list[float] = []
@@ -215,6 +216,8 @@ def settle(
         keep = base + 1 + accepted  # the pending token and the accepted drafts
         if hidden is not None:
             kept_hidden = hidden[: accepted + 1]  # [accepted + 1, hidden]
+        if drafter is not None and drafter.needs_target_guesses and accepted < proposed:
+            guesses = tuple(target_logits[accepted + 1 : proposed + 1].argmax(dim=-1).tolist())
         if context is not None:
             entropies, logprobs = target_statistics(target_logits, new_tokens)
         if detailed and accepted < proposed:
@@ -235,6 +238,7 @@ def settle(
                     new_tokens=new_tokens,
                     tokens=tokens + new_tokens,
                     target_hidden=kept_hidden,
+                    target_guesses=guesses,
                 )
             )
     return StepResult(

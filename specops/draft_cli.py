@@ -15,7 +15,7 @@ import typer
 
 from specops.exit import fail
 
-DRAFT_KINDS = ("head", "lora", "full", "suffix")
+DRAFT_KINDS = ("head", "lora", "full", "suffix", "ngram")
 
 
 def register_draft_commands(app: typer.Typer) -> None:
@@ -49,7 +49,7 @@ def _fmt(value: float | None, spec: str = ".3f") -> str:
 
 
 def train_draft(
-    kind: Annotated[str, typer.Option(help="head | lora | full | suffix.")],
+    kind: Annotated[str, typer.Option(help="head | lora | full | suffix | ngram.")],
     out: Annotated[Path, typer.Option(help="The draft package folder to write.")],
     target: Annotated[str, typer.Option(help="smollm2 or a local HF model folder.")] = "smollm2",
     teacher: Annotated[
@@ -108,13 +108,22 @@ def train_draft(
         str,
         typer.Option(help="head: specops | eagle (EAGLE-1's, the one vLLM's eagle method loads)."),
     ] = "specops",
-    store: Annotated[Path, typer.Option(help="suffix: the record store.")] = Path("data"),
+    store: Annotated[Path, typer.Option(help="suffix/ngram: the record store.")] = Path("data"),
     include_prompts: Annotated[
-        bool, typer.Option("--include-prompts", help="suffix: index prompts with outputs.")
+        bool, typer.Option("--include-prompts", help="suffix/ngram: index prompts too.")
     ] = False,
-    hardware: Annotated[str | None, typer.Option(help="suffix: only this target's records.")] = (
-        None
-    ),
+    hardware: Annotated[
+        str | None, typer.Option(help="suffix/ngram: only this target's records.")
+    ] = None,
+    ngram_n: Annotated[int, typer.Option(help="ngram: the longest k-gram (N >= 2).")] = 4,
+    fallback: Annotated[
+        str,
+        typer.Option(
+            help="ngram: stop | shared (a store of the record store's outputs, in the "
+            "package) | target (the target's guesses from its last pass)."
+        ),
+    ] = "shared",
+    min_conf: Annotated[float, typer.Option(help="ngram: the least frequency drafted.")] = 0.0,
     k: Annotated[int, typer.Option("--k", help="The package's (maximum) draft length.")] = 5,
     policy: Annotated[str, typer.Option(help="The package's policy: cost | fixed | adaptive.")] = (
         "cost"
@@ -132,6 +141,10 @@ def train_draft(
     try:
         if kind == "suffix":
             typer.echo(_train_suffix(out, store, include_prompts, hardware, k, policy))
+            return
+        if kind == "ngram":
+            options = (ngram_n, fallback, min_conf)
+            typer.echo(_train_ngram(out, options, store, include_prompts, hardware, k, policy))
             return
         # Every setting is checked before the target loads.
         manifest = _manifest(kind, k, policy, "head:head" if kind == "head" else "model:weights")
@@ -245,6 +258,38 @@ def _train_suffix(out, store, include_prompts, hardware, k, policy) -> str:
         )  # fmt: skip
         folder = write_package(out, manifest, {"corpus.json": path})
     return f"suffix draft: {len(corpus.sequences)} sequences, {tokens} tokens -> {folder}"
+
+
+def _train_ngram(out, options, store, include_prompts, hardware, k, policy) -> str:
+    """An n-gram draft package: with ``fallback=shared`` its shared store is a corpus of
+    the record store's outputs (the suffix draft's builder), carried in the package."""
+    import tempfile
+
+    from serving.drafters.factory import NGRAM_FALLBACKS, NgramOptions, parse_ngram_options
+    from serving.drafters.package import write_package
+    from serving.errors import BadInputError
+    from tasks.train.suffix_index import build_suffix_index_from_store
+
+    n, fallback, min_conf = options
+    if fallback not in NGRAM_FALLBACKS:
+        raise BadInputError(f"--fallback {fallback!r} is not one of {', '.join(NGRAM_FALLBACKS)}")
+    checked = parse_ngram_options("ngram", f"{n},min_conf={min_conf}")  # n and min_conf
+    shared = fallback == "shared"
+    spec = NgramOptions(checked.n, fallback, checked.min_conf, "store.json" if shared else None)
+    drafter = f"ngram:{spec.arg()}" if spec.arg() else "ngram"
+    manifest = _manifest("ngram", k, policy, drafter)
+    if not shared:
+        return f"n-gram draft {drafter} -> {write_package(out, manifest)}"
+    with tempfile.TemporaryDirectory() as scratch:
+        path = Path(scratch) / "store.json"
+        corpus = build_suffix_index_from_store(
+            store, path, hardware=hardware, include_prompts=include_prompts
+        )
+        tokens = sum(map(len, corpus.sequences))
+        described = f"n-gram store of {len(corpus.sequences)} sequences, {tokens} tokens"
+        manifest = manifest.model_copy(update={"description": f"{described}, from {store}"})
+        folder = write_package(out, manifest, {"store.json": path})
+    return f"n-gram draft {drafter}: {described} -> {folder}"
 
 
 def _finish_head(config, model, manifest, out: Path, budget_s: float | None) -> str:

@@ -92,6 +92,13 @@ class StepFeedback:
     # [accepted + 1, hidden] the target's last hidden states at the committed positions,
     # only for drafters with needs_target_hidden.
     target_hidden: torch.Tensor | None = None
+    # The target's own guesses for the tokens after the committed ones, only for drafters
+    # with needs_target_guesses: the argmax of the verification rows past the first
+    # rejected draft. Those rows were conditioned on that draft instead of the target's
+    # token, so they are guesses (as in Jacobi decoding), often right when the mistake was
+    # local; a draft made of them is verified like any other. Empty when every draft was
+    # accepted (the last row gave the target's own token).
+    target_guesses: tuple[int, ...] = ()
 
 
 def draw_draft(logits: torch.Tensor, sampler: Sampler) -> tuple[torch.Tensor, torch.Tensor]:
@@ -110,6 +117,7 @@ class Drafter(ABC):
 
     name: str = "drafter"
     needs_target_hidden: bool = False
+    needs_target_guesses: bool = False  # StepFeedback.target_guesses
     deterministic: bool = True  # False: proposals carry draft_probs under sampling
 
     @abstractmethod

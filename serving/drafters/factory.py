@@ -13,7 +13,8 @@ from serving.models.kernels import apply_kernels, kernels_of
 
 KINDS = ("none", "pld", "ngram", "suffix", "layers", "model", "head")
 SPEC_HELP = (
-    "none | pld[:MAX_NGRAM] (prompt lookup) | ngram[:N] (n-gram store, k-grams 2..N) | "
+    "none | pld[:MAX_NGRAM] (prompt lookup) | ngram[:N][,fallback=stop|shared|target]"
+    "[,min_conf=X][,store=PATH] (n-gram store, k-grams 2..N; docs/engine.md) | "
     "suffix[:PATH] (suffix match on the request, plus a corpus file of earlier outputs) | "
     "layers:N (the target's first N layers) | model:PATH (a causal LM folder sharing the "
     "target's tokenizer) | head:PATH (a draft-head folder trained on the target's features)"
@@ -43,6 +44,82 @@ def _int_arg(spec: str, arg: str | None, default: int | None, low: int) -> int:
     return value
 
 
+NGRAM_FALLBACKS = ("stop", "shared", "target")
+NGRAM_HELP = (
+    "ngram[:N][,fallback=stop|shared|target][,min_conf=X][,store=PATH]: N >= 2 (default 4); "
+    "fallback when the request's own n-grams know no continuation: stop drafting (default), "
+    "a shared store built from a corpus file (store=PATH, needs fallback=shared), or the "
+    "target's own guesses from its last pass (target); min_conf in [0, 1] stops a draft at "
+    "a less frequent continuation"
+)
+
+
+@dataclass(frozen=True)
+class NgramOptions:
+    """The options of an ``ngram`` spec (its argument after ``ngram:``)."""
+
+    n: int = 4
+    fallback: str = "stop"
+    min_conf: float = 0.0
+    store: str | None = None
+
+    def arg(self) -> str | None:
+        """The spec argument that parses back to these options (None: all defaults)."""
+        extras = []
+        if self.fallback != "stop":
+            extras.append(f"fallback={self.fallback}")
+        if self.min_conf:
+            extras.append(f"min_conf={self.min_conf:g}")
+        if self.store is not None:
+            extras.append(f"store={self.store}")
+        if self.n == 4 and not extras:
+            return None
+        return ",".join([str(self.n), *extras])
+
+
+def parse_ngram_options(spec: str, arg: str | None) -> NgramOptions:
+    """The options of ``ngram[:ARG]``; :class:`BadInputError` naming the bad part."""
+    if not arg:
+        return NgramOptions()
+    first, *rest = [part.strip() for part in arg.split(",")]
+    n = 4
+    if "=" not in first:
+        n = _int_arg(spec, first, 4, 2)
+    else:
+        rest = [first, *rest]
+    values: dict[str, str] = {}
+    for part in rest:
+        key, eq, value = part.partition("=")
+        key = key.strip().lower()
+        if not eq or key not in ("fallback", "min_conf", "store") or not value.strip():
+            raise BadInputError(f"drafter {spec!r}: {part!r} is not an n-gram option; {NGRAM_HELP}")
+        if key in values:
+            raise BadInputError(f"drafter {spec!r}: {key} is given twice")
+        values[key] = value.strip()
+    fallback = values.get("fallback", "stop").lower()
+    if fallback not in NGRAM_FALLBACKS:
+        raise BadInputError(
+            f"drafter {spec!r}: fallback={fallback!r} is not one of {', '.join(NGRAM_FALLBACKS)}"
+        )
+    try:
+        min_conf = float(values.get("min_conf", "0"))
+    except ValueError:
+        raise BadInputError(
+            f"drafter {spec!r}: min_conf={values['min_conf']!r} is not a number"
+        ) from None
+    if not 0.0 <= min_conf <= 1.0:
+        raise BadInputError(f"drafter {spec!r}: min_conf={min_conf:g} is not in [0, 1]")
+    store = values.get("store")
+    if (fallback == "shared") != (store is not None):
+        raise BadInputError(
+            f"drafter {spec!r}: fallback=shared and store=PATH go together (the shared store "
+            "is built from the corpus file at PATH)"
+        )
+    if store is not None and not Path(store).is_file():
+        raise BadInputError(f"drafter {spec!r}: store={store!r} is not a corpus file")
+    return NgramOptions(n, fallback, min_conf, store)
+
+
 def parse_drafter_spec(spec: str) -> DrafterSpec:
     """Check a drafter spec without loading anything."""
     if not isinstance(spec, str) or not spec.strip():
@@ -57,7 +134,7 @@ def parse_drafter_spec(spec: str) -> DrafterSpec:
     if kind == "pld":
         _int_arg(spec, arg_or_none, 3, 1)
     if kind == "ngram":
-        _int_arg(spec, arg_or_none, 4, 2)
+        parse_ngram_options(spec, arg_or_none)
     if kind == "suffix" and arg_or_none and not Path(arg_or_none).is_file():
         raise BadInputError(f"drafter {spec!r}: {arg_or_none!r} is not a suffix corpus file")
     if kind == "layers":
@@ -103,7 +180,19 @@ def build_drafter(spec: str | DrafterSpec, target, target_tokenizer=None) -> Dra
     if parsed.kind == "pld":
         return PromptLookupDrafter(max_ngram=_int_arg(text, parsed.arg, 3, 1))
     if parsed.kind == "ngram":
-        return NGramDrafter(n=_int_arg(text, parsed.arg, 4, 2))
+        options = parse_ngram_options(text, parsed.arg)
+        shared = None
+        if options.store is not None:
+            from serving.drafters.ngram_store import load_shared_store
+
+            shared = load_shared_store(options.store, options.n)
+        return NGramDrafter(
+            n=options.n,
+            fallback=options.fallback,
+            shared=shared,
+            min_confidence=options.min_conf,
+            store_source=options.store,
+        )
     if parsed.kind == "suffix":
         from serving.drafters.suffix import suffix_drafter
 

@@ -3,21 +3,35 @@
 The store counts, for every context of 1..N-1 tokens, which token followed it. A request's
 store is seeded from its prompt and updated as tokens are committed. Drafting chains
 predictions: at each position the longest known context gives the most frequent next token
-(ties go to the most recent). When no context is known the drafter falls back to a shared
-store (built from earlier traffic, e.g. with :meth:`NGramStore.add`) or stops drafting.
+(ties go to the most recent). When no context is known the drafter falls back, as its
+``fallback`` says, to:
+
+- ``stop``: the draft ends there (the default);
+- ``shared``: a shared store built from earlier traffic (a corpus file of token
+  sequences, the suffix draft's format: :func:`load_shared_store`);
+- ``target``: the target's own guesses from its last verification pass
+  (:attr:`StepFeedback.target_guesses`): after a rejected draft, the target also
+  predicted the tokens after it, conditioned on the rejected token rather than its own;
+  those predictions fill the positions the store cannot (Jacobi decoding's fixed-point
+  idea). They cost nothing extra, the verifier checks them like any draft (so output is
+  unchanged), and they exist only after a rejection.
+
+``min_confidence`` ends a draft at a store continuation seen less often than that share
+(the target's guesses carry no frequency and are not held to it).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
 from serving.drafters.base import Drafter, DraftProposal, DraftRequest, StepFeedback
 from serving.errors import BadInputError
 
-FALLBACKS = ("stop", "shared")
+FALLBACKS = ("stop", "shared", "target")
 
 
 @dataclass(slots=True)
@@ -73,6 +87,17 @@ class NGramStore:
         return None
 
 
+def load_shared_store(path: str | Path, n: int) -> NGramStore:
+    """An n-gram store of every sequence in the corpus file ``path`` (the suffix draft's
+    format: :func:`serving.drafters.suffix.load_suffix_corpus`, which checks it)."""
+    from serving.drafters.suffix import load_suffix_corpus
+
+    store = NGramStore(n)
+    for sequence in load_suffix_corpus(path).sequences:
+        store.add(list(sequence))
+    return store
+
+
 class NGramDrafter(Drafter):
     deterministic = True
 
@@ -83,6 +108,7 @@ class NGramDrafter(Drafter):
         fallback: str = "stop",
         shared: NGramStore | None = None,
         min_confidence: float = 0.0,
+        store_source: str | None = None,
     ) -> None:
         if fallback not in FALLBACKS:
             raise BadInputError(f"unknown n-gram fallback {fallback!r}; choose one of {FALLBACKS}")
@@ -94,14 +120,18 @@ class NGramDrafter(Drafter):
         self.fallback = fallback
         self.shared = shared
         self.min_confidence = min_confidence
+        self.store_source = store_source
+        self.needs_target_guesses = fallback == "target"
         self.name = f"ngram(n={n},fallback={fallback})"
         self._store = NGramStore(n)
         self._tokens: list[int] = []
+        self._guesses: tuple[int, ...] = ()
 
     def begin(self, prompt: list[int]) -> None:
         self._store = NGramStore(self.n)
         self._tokens = list(prompt)
         self._store.add(self._tokens)
+        self._guesses = ()
 
     def _predict(self, context: list[int]) -> Prediction | None:
         prediction = self._store.predict(context)
@@ -116,8 +146,12 @@ class NGramDrafter(Drafter):
         matched: list[int] = []
         while len(draft) < request.k:
             prediction = self._predict(context)
-            if prediction is None or prediction.confidence < self.min_confidence:
+            if prediction is not None and prediction.confidence < self.min_confidence:
                 break
+            if prediction is None:
+                if len(draft) >= len(self._guesses):  # "stop", or no guess left
+                    break
+                prediction = Prediction(self._guesses[len(draft)], 0.0, 1)  # no frequency
             draft.append(prediction.token)
             confidence.append(prediction.confidence)
             matched.append(prediction.order - 1)
@@ -132,6 +166,7 @@ class NGramDrafter(Drafter):
         start = len(self._tokens)
         self._tokens.extend(feedback.new_tokens)
         self._store.add(self._tokens, start=start)
+        self._guesses = feedback.target_guesses if self.fallback == "target" else ()
 
     def describe(self) -> dict[str, object]:
         return {
@@ -140,4 +175,9 @@ class NGramDrafter(Drafter):
             "n": self.n,
             "fallback": self.fallback,
             "min_confidence": self.min_confidence,
+            **(
+                {"store": self.store_source, "store_contexts": len(self.shared)}
+                if self.shared is not None
+                else {}
+            ),
         }

@@ -44,16 +44,29 @@ class DraftManifest(BaseModel):
     description: str = ""
 
     def spec(self, folder: Path) -> DrafterSpec:
-        """The drafter spec with its path (if any) resolved against ``folder``."""
+        """The drafter spec with its path (if any, an n-gram store's included) resolved
+        against ``folder``."""
         kind, _, arg = self.drafter.partition(":")
         if kind.lower() in PATH_KINDS and arg:
-            if Path(arg).is_absolute() or ".." in Path(arg).parts:
-                raise ModelSourceError(
-                    f"draft package {str(folder)!r}: drafter path {arg!r} must stay inside "
-                    "the package"
-                )
-            return parse_drafter_spec(f"{kind}:{folder / arg}")
+            return parse_drafter_spec(f"{kind}:{_inside(folder, arg)}")
+        if kind.lower() == "ngram" and arg and "store=" in arg:
+            parts = [p.strip() for p in arg.split(",")]
+            resolved = [
+                f"store={_inside(folder, p.partition('=')[2].strip())}"
+                if p.lower().startswith("store=")
+                else p
+                for p in parts
+            ]
+            return parse_drafter_spec(f"{kind}:{','.join(resolved)}")
         return parse_drafter_spec(self.drafter)
+
+
+def _inside(folder: Path, arg: str) -> Path:
+    if Path(arg).is_absolute() or ".." in Path(arg).parts:
+        raise ModelSourceError(
+            f"draft package {str(folder)!r}: drafter path {arg!r} must stay inside the package"
+        )
+    return folder / arg
 
 
 def read_manifest(folder: str | Path) -> DraftManifest:

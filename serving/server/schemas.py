@@ -5,7 +5,8 @@ Standard fields follow the OpenAI API (and its defaults: ``temperature`` 1, comp
 ``openai`` client):
 
 - ``drafter``: ``champion`` (default: the promoted draft of this hardware target),
-  ``none`` (speculation off), ``pld[:N]``, ``ngram[:N]``, ``layers:N``; drafters that
+  ``none`` (speculation off), ``pld[:N]``, ``ngram[:N][,fallback=stop|target]
+  [,min_conf=X]``, ``layers:N``; drafters that
   load files (``model:``, ``head:``, ``suffix:``) are not accepted over HTTP: promote them;
 - ``num_speculative_tokens``: k (1..64) for the draft-length policy;
 - ``draft_policy``: ``cost`` | ``fixed`` | ``adaptive``;
@@ -19,6 +20,7 @@ ignored, as OpenAI-compatible servers do.
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -95,6 +97,14 @@ class SpecOpsFields(BaseModel):
             raise ValueError(
                 f"drafter {drafter!r} is not available per request; choose one of "
                 f"{HTTP_DRAFTERS} (drafters with files are served by promoting them)"
+            )
+        if kind == "ngram" and re.search(
+            r"(?i)(^|[:,])\s*(store\s*=|fallback\s*=\s*shared)", drafter
+        ):
+            raise ValueError(
+                f"drafter {drafter!r}: a shared n-gram store is a file, not accepted per "
+                "request; promote a draft package that carries it (fallback=stop|target "
+                "and min_conf are accepted here)"
             )
         return drafter.strip()
 

@@ -32,6 +32,7 @@ DRAFTERS = {
     "first_layers": lambda target: ModelDrafter(first_layers(target, 2)),
     "prompt_lookup": lambda target: PromptLookupDrafter(),
     "ngram": lambda target: NGramDrafter(),
+    "ngram_target_fallback": lambda target: NGramDrafter(n=3, fallback="target"),
 }
 
 
@@ -59,6 +60,21 @@ def test_greedy_equality_with_adaptive_k(target, prompt, greedy_reference, draft
     drafter = DRAFTERS[drafter_name](target)
     decoder = SpeculativeDecoder(target, drafter=drafter, policy=AdaptiveK(2, k_max=6))
     assert decoder.generate(prompt, max_new_tokens=NEW_TOKENS).token_ids == greedy_reference
+
+
+def test_the_targets_guesses_fill_the_n_gram_drafts(target, prompt, greedy_reference):
+    """Where the request's n-grams know nothing, the target's guesses from its last pass
+    are drafted: more drafts and more accepted tokens than stopping, the same output."""
+    results = {
+        fallback: SpeculativeDecoder(
+            target, drafter=NGramDrafter(n=3, fallback=fallback), policy=FixedK(4)
+        ).generate(prompt, max_new_tokens=NEW_TOKENS)
+        for fallback in ("stop", "target")
+    }
+    for result in results.values():
+        assert result.token_ids == greedy_reference
+    assert results["target"].stats.draft_tokens > results["stop"].stats.draft_tokens
+    assert results["target"].stats.accepted_tokens >= results["stop"].stats.accepted_tokens
 
 
 def test_single_token_prompt_needs_no_prefill(target):
@@ -267,7 +283,7 @@ def test_a_drafter_needs_a_policy(target):
         SpeculativeDecoder(target, drafter=NGramDrafter())
 
 
-@pytest.mark.parametrize("drafter_name", [None, "first_layers", "ngram"])
+@pytest.mark.parametrize("drafter_name", [None, "first_layers", "ngram", "ngram_target_fallback"])
 def test_seeded_sampling_is_reproducible(target, prompt, drafter_name):
     def run(seed: int) -> list[int]:
         if drafter_name is None:

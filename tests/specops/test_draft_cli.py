@@ -116,6 +116,42 @@ def test_train_draft_suffix_indexes_the_store(tmp_path):
     assert json.loads((out / "corpus.json").read_text())["sequences"] == 2
 
 
+def test_train_draft_ngram_carries_its_shared_store_in_the_package(tmp_path, target):
+    from serving.drafters.factory import build_drafter
+
+    store = tmp_path / "store"
+    rows = [_record(0), _record(1), _record(2, split="heldout")]
+    write_jsonl_atomic(partition_dir(store, "cpu", time.time()) / "part-r-00000.jsonl", rows)
+    out = tmp_path / "ngram"
+    result = invoke(
+        "train-draft", "--kind", "ngram", "--out", out, "--store", store, "--ngram-n", 3,
+        "--min-conf", 0.25, "--k", 4,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "n-gram store of 2 sequences, 8 tokens" in result.output
+    manifest = read_manifest(out)
+    assert manifest.drafter == "ngram:3,fallback=shared,min_conf=0.25,store=store.json"
+    spec = manifest.spec(out)  # the store resolves inside the package
+    drafter = build_drafter(spec, target)
+    described = drafter.describe()
+    assert described["fallback"] == "shared" and described["store"] == str(out / "store.json")
+    assert described["min_confidence"] == 0.25 and described["store_contexts"] > 0
+    target_only = invoke("train-draft", "--kind", "ngram", "--out", tmp_path / "t",
+                         "--fallback", "target")  # fmt: skip
+    assert target_only.exit_code == 0, target_only.output
+    assert read_manifest(tmp_path / "t").drafter == "ngram:4,fallback=target"
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [(("--fallback", "maybe"), "'maybe' is not one of"), (("--ngram-n", 1), "must be >= 2"),
+     (("--min-conf", 2), "min_conf=2 is not in [0, 1]")],
+)  # fmt: skip
+def test_train_draft_ngram_refuses_bad_options(tmp_path, args, needle):
+    result = invoke("train-draft", "--kind", "ngram", "--out", tmp_path / "n", *args)
+    assert result.exit_code != 0 and needle in result.output
+
+
 # ---------------------------------------------------------------------------- evaluation
 
 

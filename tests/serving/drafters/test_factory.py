@@ -35,6 +35,14 @@ def test_parse_accepts_known_specs(spec, kind, arg):
         ("layers:x", "'x' is not an integer"),
         ("layers:0", "must be >= 1"),
         ("ngram:1", "must be >= 2"),
+        ("ngram:4,fallback=maybe", "fallback='maybe' is not one of stop, shared, target"),
+        ("ngram:4,fallback=shared", "fallback=shared and store=PATH go together"),
+        ("ngram:4,store=/no/such/file", "fallback=shared and store=PATH go together"),
+        ("ngram:4,fallback=shared,store=/no/such", "is not a corpus file"),
+        ("ngram:4,min_conf=2", "min_conf=2 is not in"),
+        ("ngram:4,min_conf=x", "min_conf='x' is not a number"),
+        ("ngram:4,colour=red", "'colour=red' is not an n-gram option"),
+        ("ngram:4,fallback=target,fallback=stop", "fallback is given twice"),
         ("none:3", "takes no argument"),
         ("model:", "needs a path"),
         ("model:/no/such/folder", "is not a model folder"),
@@ -100,3 +108,34 @@ def test_model_draft_runs_on_its_targets_kernels(tmp_path):
     tiny_llama(num_layers=1, seed=3).save_pretrained(tmp_path / "draft")
     drafter = build_drafter(f"model:{tmp_path / 'draft'}", packed_target)
     assert not any(isinstance(m, torch.nn.Linear) for m in drafter.model.modules())
+
+
+@pytest.mark.parametrize(
+    "arg",
+    [
+        "4",
+        "3,fallback=target",
+        "fallback=target",
+        "5,min_conf=0.3",
+        "2,fallback=target,min_conf=0.5",
+    ],
+)
+def test_ngram_options_round_trip(arg):
+    from serving.drafters.factory import NgramOptions, parse_ngram_options
+
+    options = parse_ngram_options(f"ngram:{arg}", arg)
+    again = parse_ngram_options("ngram", options.arg())
+    assert again == options
+    assert parse_ngram_options("ngram", None) == NgramOptions()
+
+
+def test_a_shared_store_from_a_corpus_file(tmp_path, target):
+    from serving.drafters.suffix import SuffixCorpus
+    from tasks.train.suffix_index import save_suffix_index
+
+    path = tmp_path / "store.json"
+    save_suffix_index(SuffixCorpus(((5, 6, 7, 8), (5, 6, 9)), {}), path)
+    drafter = build_drafter(f"ngram:3,fallback=shared,store={path}", target)
+    assert drafter.describe()["store"] == str(path)
+    drafter.begin([1, 2, 5])  # the request knows nothing after 5; the store knows 5 -> 6
+    assert drafter.shared.predict([5]).token == 6

@@ -119,6 +119,36 @@ def test_shared_fallback_uses_the_shared_store():
     assert propose(drafter, [7, 3, 7], 1) == ([3], [1.0])
 
 
+def test_target_fallback_drafts_the_targets_guesses_where_the_store_knows_nothing():
+    drafter = NGramDrafter(n=3, fallback="target")
+    assert drafter.needs_target_guesses
+    drafter.begin([4, 5, 7])
+    assert propose(drafter, [4, 5, 7], 4) == ([], [])  # no pass yet: no guesses
+    # A step drafted [9, 9, 9], accepted none; the target gave 6, then guessed 8, 3 after.
+    drafter.commit(
+        StepFeedback(proposed=3, accepted=0, new_tokens=[6], tokens=[4, 5, 7, 6],
+                     target_guesses=(8, 3))
+    )  # fmt: skip
+    assert propose(drafter, [4, 5, 7, 6], 4) == ([8, 3], [0.0, 0.0])
+    # A step with no rejection leaves no guesses: the draft is the store's alone.
+    history = [4, 5, 7, 6, 4, 5]
+    drafter.commit(StepFeedback(proposed=0, accepted=0, new_tokens=[4, 5], tokens=history))
+    tokens, _ = propose(drafter, history, 2)
+    assert tokens == [7, 6]
+    # Guesses are for the step after the one that made them only.
+    drafter.commit(StepFeedback(proposed=2, accepted=2, new_tokens=[7, 6, 1], tokens=[]))
+    assert drafter._guesses == ()
+
+
+def test_other_fallbacks_ignore_the_targets_guesses():
+    drafter = NGramDrafter(n=3)
+    assert not drafter.needs_target_guesses
+    drafter.begin([4, 5, 7])
+    drafter.commit(StepFeedback(proposed=1, accepted=0, new_tokens=[6], tokens=[4, 5, 7, 6],
+                                target_guesses=(8,)))  # fmt: skip
+    assert propose(drafter, [4, 5, 7, 6], 2) == ([], [])
+
+
 def test_commit_updates_the_store_and_begin_resets_it():
     drafter = NGramDrafter(n=3)
     drafter.begin([1, 2])

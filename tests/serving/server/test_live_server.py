@@ -12,12 +12,14 @@ import openai
 import pytest
 
 from serving.drafters.package import DraftManifest, write_package
+from serving.drafters.suffix import SuffixCorpus
 from serving.engine import SpeculativeDecoder
 from serving.loader import encode_messages, eos_ids
 from serving.records import store
 from tasks.data.validate import validate_store
 from tasks.ops.loadtest import LoadTestSettings, run_load_test
 from tasks.ops.server_process import ServerProcess
+from tasks.train.suffix_index import save_suffix_index
 
 pytestmark = pytest.mark.real_model
 
@@ -34,11 +36,18 @@ def point(pointer, package, version):
 
 
 @pytest.fixture(scope="module")
-def champion(tmp_path_factory):
+def champion(tmp_path_factory, real_packed):
+    """A prompt-lookup package, and an n-gram package carrying a shared store (built from
+    the prompts' tokens) to swap to."""
     root = tmp_path_factory.mktemp("champion")
+    _, tokenizer = real_packed
+    corpus = root / "store.json"
+    sequences = tuple(tuple(tokenizer(p, add_special_tokens=False)["input_ids"]) for p in PROMPTS)
+    save_suffix_index(SuffixCorpus(sequences, {}), corpus)
+    shared = DraftManifest(drafter="ngram:4,fallback=shared,store=store.json", k=6)
     packages = {
         "pld": write_package(root / "pld", DraftManifest(drafter="pld:3", k=8)),
-        "ngram": write_package(root / "ngram", DraftManifest(drafter="ngram:4", k=6)),
+        "ngram": write_package(root / "ngram", shared, files={"store.json": corpus}),
     }
     pointer = root / "champion.json"
     point(pointer, packages["pld"], "1")
@@ -154,7 +163,10 @@ def test_a_skeleton_request_answers_point_by_point(client):
         ask(client, "How do I plan a party?", stream=True, extra_body={"skeleton": True})
 
 
-@pytest.mark.parametrize("drafter", ["none", "pld", "ngram:3", "layers:2"])
+@pytest.mark.parametrize(
+    "drafter",
+    ["none", "pld", "ngram:3", "ngram:3,fallback=target", "ngram:4,min_conf=0.5", "layers:2"],
+)
 def test_every_per_request_drafter_is_lossless(client, references, drafter):
     response = ask(client, PROMPTS[0], extra_body={"drafter": drafter, "num_speculative_tokens": 4})
     assert response.choices[0].message.content == references[PROMPTS[0]]
@@ -267,7 +279,8 @@ def test_hot_swap_under_load_drops_nothing(server, champion, references):
         assert response.choices[0].message.content == references[prompt]
     assert {r.usage.model_extra["speculative"]["draft_version"] for _, r in second} == {"2"}
     health = httpx.get(f"{server.url}/health").json()
-    assert health["draft"]["drafter"] == "ngram:4" and health["draft_swaps"] == 1
+    drafter = health["draft"]["drafter"]
+    assert drafter.startswith("ngram:4,fallback=shared,store=") and health["draft_swaps"] == 1
     assert metric(httpx.get(f"{server.url}/metrics").text, "specops:draft_swaps_total") == 1
 
 

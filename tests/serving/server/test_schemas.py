@@ -43,6 +43,8 @@ def test_max_completion_tokens_is_an_alias_of_max_tokens():
         ({"logprobs": 3}, "logprobs"),
         ({"drafter": "model:/etc"}, "not available per request"),
         ({"drafter": "wat"}, "not available per request"),
+        ({"drafter": "ngram:4,store=/etc/passwd"}, "not accepted per request"),
+        ({"drafter": "ngram:4, fallback=shared"}, "not accepted per request"),
         ({"num_speculative_tokens": 0}, "num_speculative_tokens"),
         ({"num_speculative_tokens": 65}, "num_speculative_tokens"),
         ({"draft_policy": "fastest"}, "draft_policy"),
@@ -51,6 +53,12 @@ def test_max_completion_tokens_is_an_alias_of_max_tokens():
 def test_bad_fields_fail_with_the_field_named(fields, message):
     with pytest.raises(ValidationError, match=message):
         completion(**fields)
+
+
+def test_n_gram_fallbacks_are_accepted_per_request():
+    assert completion(drafter="ngram:3,fallback=target,min_conf=0.2").drafter == (
+        "ngram:3,fallback=target,min_conf=0.2"
+    )
 
 
 def test_unknown_fields_are_ignored():
