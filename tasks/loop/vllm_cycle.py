@@ -161,7 +161,7 @@ def run_cycle(
     front = Front(hardware=hardware)
     deployment = deployment_for(
         hardware, target=target, work=work, store=store, front=front, registry=registry,
-        poll_s=1.0, scrape_s=2.0,
+        poll_s=1.0, scrape_s=2.0, redact_patterns=[],  # captured pairs redacted, as deployed
     )  # fmt: skip
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(front.app(), port=port, log_level="warning"))
