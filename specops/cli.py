@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 
 from specops.cascade_cli import cascade_app
+from specops.chat_cli import chat
 from specops.curves_cli import draft_curves, teacher_app
 from specops.data_cli import data_app
 from specops.deploy_cli import deploy_app
@@ -89,6 +90,7 @@ app.add_typer(targets_app, name="targets")
 app.add_typer(teacher_app, name="teacher")
 app.command("draft-curves")(draft_curves)
 app.command("quality")(quality)
+app.command("chat")(chat)
 
 
 def _format_stats(stats: dict) -> str:

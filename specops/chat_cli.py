@@ -1,0 +1,96 @@
+"""``specops chat``: an interactive session that loads the target once and keeps it
+(:mod:`specops.chat`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from specops.exit import fail
+
+
+def chat(
+    target: Annotated[str, typer.Option(help="smollm2 or a local model folder.")] = "smollm2",
+    hardware: Annotated[str, typer.Option(help="Hardware target (configs/hardware.yaml).")] = "cpu",
+    threads: Annotated[int, typer.Option(help="torch threads.")] = 2,
+    drafter: Annotated[
+        str,
+        typer.Option(
+            help="none | pld[:N] | ngram[:N][,...] | suffix[:PATH] | layers:N | model:PATH | "
+            "head:PATH (/drafter changes it)."
+        ),
+    ] = "pld",
+    k: Annotated[
+        int, typer.Option("--k", help="Draft block: fixed k, adaptive start, cost policy's max.")
+    ] = 10,
+    policy: Annotated[str, typer.Option(help="Draft-length policy: cost | fixed | adaptive.")] = (
+        "cost"
+    ),
+    temperature: Annotated[float, typer.Option(help="0 = greedy.")] = 0.0,
+    max_tokens: Annotated[int, typer.Option(help="Token budget of an answer.")] = 256,
+    mode: Annotated[
+        str, typer.Option(help="detailed (records for /save, /eval, /train) | fast.")
+    ] = "detailed",
+    store: Annotated[
+        Path, typer.Option(help="The record store /save appends to and /eval, /train read.")
+    ] = Path(".specops/chat/store"),
+    work: Annotated[
+        Path, typer.Option(help="The flows' work folder (dataset, challengers) for /eval, /train.")
+    ] = Path(".specops/chat/work"),
+    history: Annotated[
+        Path | None,
+        typer.Option(help="The prompt history file (default $SPECOPS_CACHE/chat-history)."),
+    ] = None,
+) -> None:
+    """An interactive session: type prompts, switch drafters, /compare, /stats, /save,
+    /eval, /train (/help inside lists every command)."""
+    from serving.errors import SpecOpsError
+    from serving.hardware import engine_target, load_hardware
+    from serving.loader import load_target, set_threads
+    from serving.models.real import cache_root
+    from specops.chat.commands import Settings
+
+    try:  # every option checked before the model loads
+        settings = Settings(
+            drafter=drafter,
+            k=k,
+            policy=policy,
+            temperature=temperature,
+            max_tokens=max_tokens,
+            mode=mode,
+        ).check()
+        engine = engine_target(hardware)
+        set_threads(threads)
+    except SpecOpsError as error:
+        fail(str(error))
+    from rich.console import Console
+    from transformers.utils import logging as transformers_logging
+
+    from specops.chat.session import ChatSession
+    from specops.chat.ui import ChatUI, line_reader
+
+    transformers_logging.disable_progress_bar()  # the session's own status says it loads
+    console = Console(highlight=False)
+    try:
+        with console.status(f"loading {target} for {hardware}"):
+            model, tokenizer = load_target(target, **engine.load_options())
+            session = ChatSession(model, tokenizer, hardware=hardware, settings=settings)
+    except SpecOpsError as error:
+        fail(str(error))
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+    read_line = line_reader(
+        console, history or cache_root() / "chat-history", sorted(load_hardware().targets)
+    )
+    ui = ChatUI(
+        session,
+        console=console,
+        read_line=read_line,
+        store=store,
+        work=work,
+        champion_cache=cache_root() / "registry",
+        target_name=target,
+    )
+    raise typer.Exit(ui.run())
