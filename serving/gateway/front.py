@@ -68,6 +68,7 @@ _DROPPED_HEADERS = {
 }
 CAPTURE_HEADER = "x-specops-capture"
 _OFF = {"off", "no", "false", "0"}
+_ON = {"on", "yes", "true", "1"}
 _TOKEN_ID_FIELDS = ("prompt_token_ids", "token_ids")
 REQUEST_TIMEOUT_S = 600.0
 
@@ -339,6 +340,15 @@ class Front:
 
     async def _proxy(self, request: Request, client: httpx.AsyncClient) -> Response:
         raw = await request.body()  # before choosing an upstream: a slow body holds none
+        header = request.headers.get(CAPTURE_HEADER)
+        if header is not None and header.strip().lower() not in _OFF | _ON:
+            self.requests.labels("rejected").inc()
+            return openai_error(
+                400,
+                f"header X-SpecOps-Capture: {header!r} is not one of on/off (also yes/no, "
+                "true/false, 1/0)",
+                "invalid_request_error",
+            )
         upstream = self._claim()
         if upstream is None:
             self.requests.labels("unavailable").inc()

@@ -231,6 +231,8 @@ def test_keys_guard_the_front_and_opt_outs_are_not_captured(served):
     ]
     for body, headers in opted:
         assert httpx.post(url, json=body, headers=headers).status_code == 200
+    maybe = httpx.post(url, json={"prompt": "e"}, headers={**auth, "X-SpecOps-Capture": "maybe"})
+    assert maybe.status_code == 400 and "'maybe' is not one of on/off" in maybe.text
     assert len(captured) == 1 and len(seen) == 4
     assert all("authorization" not in headers for headers in seen), "the key went upstream"
     metrics = httpx.get(f"{app.url}/metrics", headers=auth).text
