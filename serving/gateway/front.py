@@ -44,7 +44,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from serving.errors import BadInputError
 from serving.security.asgi import ApiKeyGuard, ASGIApp, BodyLimit
+from serving.security.consent import CAPTURE_HEADER, header_consent
 from serving.security.keys import ApiKeys
 
 log = logging.getLogger(__name__)
@@ -64,11 +66,9 @@ _DROPPED_HEADERS = {
     "proxy-authorization",
     "proxy-connection",
     "authorization",  # the front's API key; the upstream on loopback takes none
-    "x-specops-capture",
+    CAPTURE_HEADER.lower(),
 }
-CAPTURE_HEADER = "x-specops-capture"
-_OFF = {"off", "no", "false", "0"}
-_ON = {"on", "yes", "true", "1"}
+
 _TOKEN_ID_FIELDS = ("prompt_token_ids", "token_ids")
 REQUEST_TIMEOUT_S = 600.0
 
@@ -315,9 +315,9 @@ class Front:
             return body, None, False  # vLLM answers it with its own 400
         if not isinstance(payload, dict):
             return body, None, False
-        header = request.headers.get(CAPTURE_HEADER, "").strip().lower()
         consent = payload.pop("capture", True)  # specops's field; vLLM does not know it
-        if consent is False or payload.get("store") is False or header in _OFF:
+        header = header_consent(request.headers.get(CAPTURE_HEADER))  # checked in _proxy
+        if consent is False or payload.get("store") is False or header is False:
             self.opt_outs.inc()
             return json.dumps(payload).encode(), None, False
         if payload.get("n", 1) != 1:
@@ -340,15 +340,11 @@ class Front:
 
     async def _proxy(self, request: Request, client: httpx.AsyncClient) -> Response:
         raw = await request.body()  # before choosing an upstream: a slow body holds none
-        header = request.headers.get(CAPTURE_HEADER)
-        if header is not None and header.strip().lower() not in _OFF | _ON:
+        try:
+            header_consent(request.headers.get(CAPTURE_HEADER))
+        except BadInputError as error:
             self.requests.labels("rejected").inc()
-            return openai_error(
-                400,
-                f"header X-SpecOps-Capture: {header!r} is not one of on/off (also yes/no, "
-                "true/false, 1/0)",
-                "invalid_request_error",
-            )
+            return openai_error(400, str(error), "invalid_request_error")
         upstream = self._claim()
         if upstream is None:
             self.requests.labels("unavailable").inc()

@@ -19,11 +19,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
-from serving.errors import SpecOpsError
+from serving.errors import BadInputError, SpecOpsError
 from serving.loader import encode_messages
 from serving.metrics import RequestStats
 from serving.sampling import SamplingParams
 from serving.security.asgi import ApiKeyGuard, BodyLimit
+from serving.security.consent import CAPTURE_HEADER, header_consent
 from serving.server.scheduler import Job, QueueFullError, SchedulerClosedError
 from serving.server.schemas import (
     ChatCompletionRequest,
@@ -39,14 +40,6 @@ from serving.skeleton.parse import parse_skeleton
 from serving.skeleton.prompts import branch_messages, merge, skeleton_messages
 
 log = logging.getLogger(__name__)
-
-CAPTURE_HEADER = "X-SpecOps-Capture"
-_HEADER_VALUES = {"on": True, "yes": True, "true": True, "1": True} | {
-    "off": False,
-    "no": False,
-    "false": False,
-    "0": False,
-}
 
 
 class APIError(Exception):
@@ -212,16 +205,11 @@ def create_app(state: ServerState) -> FastAPI:
     def _consents(request: Request, body: SpecOpsFields) -> bool:
         """Whether this request may be captured: not when the body says ``capture: false``
         (or ``store: false``) or the header ``X-SpecOps-Capture`` says off."""
-        header = request.headers.get(CAPTURE_HEADER)
-        if header is not None and header.strip().lower() not in _HEADER_VALUES:
-            raise _bad_request(
-                f"header {CAPTURE_HEADER}: {header!r} is not one of on/off (also yes/no, "
-                "true/false, 1/0)",
-                CAPTURE_HEADER,
-            )
-        opted_out = body.opted_out or (
-            header is not None and not _HEADER_VALUES[header.strip().lower()]
-        )
+        try:
+            header = header_consent(request.headers.get(CAPTURE_HEADER))
+        except BadInputError as error:
+            raise _bad_request(str(error), CAPTURE_HEADER) from None
+        opted_out = body.opted_out or header is False
         if opted_out:
             metrics.labels(metrics.capture_opt_outs).inc()
         return not opted_out

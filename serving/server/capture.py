@@ -45,7 +45,7 @@ from serving.detailed import DetailedRecord
 from serving.errors import BadInputError
 from serving.records import store
 from serving.records.schema import LIVE_WORKLOAD, from_detailed, parse_record, record_id
-from serving.security.redact import RecordDropped, Redactor, redact_record
+from serving.security.redact import RecordDropped, Redactor, mask_token, redact_record
 from serving.server.config import REPLICA_PATTERN
 
 log = logging.getLogger(__name__)
@@ -108,14 +108,14 @@ class Capture:
         replica: str | None = None,
         redactor: Redactor | None = None,
         tokenizer=None,
-        mask_id: int | None = None,
         on_redacted: Callable[[Counter[str]], None] | None = None,
         on_dropped: Callable[[str, str], None] | None = None,
     ) -> None:
         if redactor is not None and tokenizer is None:
             raise ValueError("redaction needs the tokenizer (to find the tokens of a secret)")
         self.root = Path(root)
-        self.redactor, self.tokenizer, self.mask_id = redactor, tokenizer, mask_id
+        self.redactor, self.tokenizer = redactor, tokenizer
+        self.mask_id = mask_token(tokenizer) if tokenizer is not None else None
         self.on_redacted = on_redacted or (lambda counts: None)
         self.on_dropped = on_dropped or (lambda kind, reason: None)
         self.dropped: Counter[str] = Counter()

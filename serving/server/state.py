@@ -21,7 +21,7 @@ from serving.loader import eos_ids, load_target, set_threads
 from serving.policy import DraftLengthPolicy, make_policy
 from serving.sampling import SamplingParams
 from serving.security.keys import ApiKeys, check_bind, load_api_keys
-from serving.security.redact import Redactor, mask_token
+from serving.security.redact import Redactor
 from serving.server.capture import Capture
 from serving.server.champion import (
     ChampionSource,
@@ -209,7 +209,6 @@ def build_state(
         replica=config.replica,
         redactor=Redactor(config.capture.redact_patterns) if config.capture.redact else None,
         tokenizer=tokenizer,
-        mask_id=mask_token(tokenizer),
         on_redacted=lambda counts: metrics.redacted(counts),
         on_dropped=lambda kind, _: metrics.labels(metrics.capture_dropped, reason=kind).inc(),
     )

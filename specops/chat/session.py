@@ -224,7 +224,7 @@ class ChatSession:
         server's capture redacts (:class:`serving.server.capture.Capture`: workload
         ``live``, split ``train``); a part that cannot be written raises
         :class:`SpecOpsError` and its records stay unsaved."""
-        from serving.security.redact import Redactor, mask_token
+        from serving.security.redact import Redactor
         from serving.server.capture import Capture
 
         pending, upto = self.unsaved, len(self.turns)
@@ -238,7 +238,6 @@ class ChatSession:
             replica="chat",
             redactor=Redactor(),
             tokenizer=self.tokenizer,
-            mask_id=mask_token(self.tokenizer),
         )
         for turn in pending:
             assert turn.result.record is not None

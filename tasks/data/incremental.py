@@ -22,7 +22,6 @@ validation code). A part that changed since it was validated is an error
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -73,23 +72,14 @@ def _full_reason(committed: Ledger | None, rules: dict, full: bool) -> str | Non
     return f"the validation rules changed ({', '.join(changed)})" if changed else None
 
 
-def _read_jsonl(path: Path) -> list[dict]:
-    if not path.is_file():
-        raise BadInputError(
-            f"the ledger names {path}, which is missing: re-validate everything "
-            "(curate(..., full=True), or delete the ledger)"
-        )
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def _read_batches(folder: Path, base: Ledger) -> tuple[list[dict], list[dict]]:
     """The valid and the quarantine entries of ``base``'s batches."""
     valid: list[dict] = []
     quarantined: list[dict] = []
     for batch in base.batches:
         valid_file, quarantine_file = ledger.batch_files(folder, batch)
-        valid += _read_jsonl(valid_file)
-        quarantined += _read_jsonl(quarantine_file)
+        valid += ledger.read_batch_file(valid_file)
+        quarantined += ledger.read_batch_file(quarantine_file)
     return valid, quarantined
 
 

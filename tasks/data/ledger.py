@@ -116,6 +116,17 @@ def batch_files(folder: Path, batch: Batch) -> tuple[Path, Path]:
 # --- the ledger file --------------------------------------------------------------------------
 
 
+def read_batch_file(path: Path) -> list[dict]:
+    """The entries of a batch file the ledger names; a missing one is an error saying how
+    to recover (re-validate everything)."""
+    if not path.is_file():
+        raise BadInputError(
+            f"the ledger names {path}, which is missing: re-validate everything "
+            "(`specops data validate --full`, or delete the ledger)"
+        )
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
 def load_ledger(folder: Path) -> Ledger | None:
     """The committed ledger in ``folder``, or None when there is none (a first run)."""
     path = Path(folder) / LEDGER

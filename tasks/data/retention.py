@@ -249,15 +249,6 @@ def _part_of(source: str) -> str:
     return source.rpartition(":")[0]
 
 
-def _read_batch_file(path: Path) -> list[dict]:
-    if not path.is_file():
-        raise BadInputError(
-            f"the ledger names {path}, which is missing: re-validate everything "
-            "(`specops data validate --full`, or delete the ledger), then run retention again"
-        )
-    return list(_jsonl(path))
-
-
 def _jsonl(path: Path) -> Iterator[dict]:
     with path.open() as handle:
         for line in handle:
@@ -330,7 +321,10 @@ def _forget(
             batches.append(batch)
             continue
         valid_file, quarantine_file = ledger.batch_files(folder, batch)
-        valid, quarantined = _read_batch_file(valid_file), _read_batch_file(quarantine_file)
+        valid, quarantined = (
+            ledger.read_batch_file(valid_file),
+            ledger.read_batch_file(quarantine_file),
+        )
         rewritten, kept_valid, kept_quarantined = _without(
             batch, valid, quarantined, expired, versions, number
         )
