@@ -22,7 +22,7 @@ from serving.metrics import RequestStats
 from serving.sampling import SamplingParams
 from serving.security.consent import CAPTURE_HEADER, header_consent
 from serving.server.api_errors import APIError, bad_request
-from serving.server.responses import FinishReason
+from serving.server.responses import FinishReason, SpeculationStats, SpeculativeUsage
 from serving.server.scheduler import Job, QueueFullError, SchedulerClosedError
 from serving.server.schemas import ChatCompletionRequest, SpecOpsFields, prompt_chars
 from serving.server.state import Decode, ServerState
@@ -256,6 +256,14 @@ async def run(
         if captured:
             state.metrics.labels(state.metrics.captured).inc()
     return outcome
+
+
+def usage(decode: Decode, outcome: Outcome) -> SpeculativeUsage:
+    """OpenAI's usage, plus the request's speculation statistics (serving.metrics)."""
+    speculative = SpeculationStats.of(
+        outcome.stats, draft_version=decode.draft_version, unverified=outcome.unverified
+    )
+    return SpeculativeUsage.of(len(decode.prompt_ids), len(outcome.token_ids), speculative)
 
 
 def last_user_text(body: SpecOpsFields) -> str:
