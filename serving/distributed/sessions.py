@@ -15,6 +15,7 @@ import secrets
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -68,6 +69,8 @@ class Session:
     decoding: Decoding
     fused: bool
     last_used: float = field(default_factory=time.monotonic)
+    # What idle time is measured on: the table's clock once the session is added.
+    clock: Callable[[], float] = field(default=time.monotonic, repr=False)
     busy: int = 0  # jobs queued or running for it: never expired while busy
     # When its last reply left (None: its next block is in, or it has had no reply), and
     # how long its client takes to answer a reply with the next block (a moving average):
@@ -89,16 +92,25 @@ class Session:
         return drafter if isinstance(drafter, ClientBlock) else None
 
     def touch(self) -> None:
-        self.last_used = time.monotonic()
+        self.last_used = self.clock()
 
 
 class SessionTable:
     """Live sessions by id, at most ``limit``; ids of closed sessions are remembered (the
-    most recent ``remember``) so that a late call learns why its session is gone."""
+    most recent ``remember``) so that a late call learns why its session is gone. Idle
+    time is measured on ``clock`` (monotonic seconds; a test may set its own before any
+    session is added)."""
 
-    def __init__(self, limit: int, idle_timeout_s: float, remember: int = 4096) -> None:
+    def __init__(
+        self,
+        limit: int,
+        idle_timeout_s: float,
+        remember: int = 4096,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.limit = limit
         self.idle_timeout_s = idle_timeout_s
+        self.clock = clock
         self._live: dict[str, Session] = {}
         self._gone: OrderedDict[str, str] = OrderedDict()
         self._remember = remember
@@ -128,6 +140,8 @@ class SessionTable:
                 raise SessionError(
                     "RESOURCE_EXHAUSTED", f"the server holds its limit of {self.limit} sessions"
                 )
+            session.clock = self.clock
+            session.touch()  # idle from now, on the table's clock
             self._live[session.id] = session
 
     def get(self, session_id: str) -> Session:
@@ -156,7 +170,7 @@ class SessionTable:
 
     def idle(self, now: float | None = None) -> list[Session]:
         """Sessions with nothing pending, unused for longer than the idle timeout."""
-        now = time.monotonic() if now is None else now
+        now = self.clock() if now is None else now
         with self._lock:
             return [
                 s

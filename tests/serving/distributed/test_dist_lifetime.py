@@ -42,12 +42,31 @@ def _wait_until(condition, timeout_s=5.0) -> bool:
     return False
 
 
+class ManualClock:
+    """Idle time that passes only when the test says so."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def test_an_idle_session_expires_and_its_state_is_freed(prompt, server):
+    table = server.service.table
+    clock = table.clock = ManualClock()  # before any session: idle time is the test's
     with _client(server) as client:
         session = client.start(prompt, max_new_tokens=8).session_id
-        client.verify(session, [5, 17])
-        assert len(server.service.table) == 1
-        assert _wait_until(lambda: len(server.service.table) == 0)
+        clock.now = 0.25  # however slow the machine, the session is still fresh
+        client.verify(session, [5, 17])  # used at 0.25: idle from there
+        assert len(table) == 1
+        live = table.get(session)
+        assert _wait_until(lambda: live.busy == 0)  # the scheduler has settled the step
+        assert table.idle(now=0.5) == []  # 0.25 s idle, under the 0.3 s timeout
+        assert [s.id for s in table.idle(now=0.625)] == [session]  # 0.375 s: past it
+        clock.now = 0.625
+        # The scheduler expires idle sessions between passes (every tick when idle).
+        assert _wait_until(lambda: len(table) == 0, 30.0)
         with pytest.raises(RemoteError) as caught:
             client.verify(session, [])
         assert caught.value.code == grpc.StatusCode.NOT_FOUND

@@ -23,12 +23,15 @@ from serving.gateway.vllm_process import free_port
 from serving.security.keys import from_keys
 
 
-def fake_vllm(name: str, delay_s: float = 0.0) -> Starlette:
+def fake_vllm(name: str, delay_s: float = 0.0, release: threading.Event | None = None) -> Starlette:
     """A stand-in for vLLM's completions endpoint: answers with its name and, when asked,
-    the token ids vLLM adds (``return_token_ids``)."""
+    the token ids vLLM adds (``return_token_ids``). With ``release``, every request is
+    held until the test sets it."""
 
     async def completions(request: Request):
         body = await request.json()
+        while release is not None and not release.is_set():
+            await asyncio.sleep(0.01)
         await asyncio.sleep(delay_s)
         ids = body.get("return_token_ids", False)
         choice = {"index": 0, "text": f"from {name}", "finish_reason": "length"}
@@ -125,33 +128,50 @@ def test_a_dead_upstream_is_a_502_naming_it(served):
     assert front.upstream.inflight == 0
 
 
+def _wait_until(condition, timeout_s: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
 def test_switch_under_load_fails_nothing_and_drains_the_old(served):
-    old_server = served(fake_vllm("old", delay_s=1.0))
-    new_server = served(fake_vllm("new", delay_s=0.05))
+    """The old server holds its eight requests until the test lets them go, so the switch
+    lands with all eight in flight however slow the machine; the waits are on states."""
+    release_old = threading.Event()
+    old_server = served(fake_vllm("old", release=release_old))
+    new_server = served(fake_vllm("new"))
     front = Front()
     old = upstream(old_server, "old")
     front.switch(old)
     app = served(front.app())
 
     def call(_):
-        response = httpx.post(f"{app.url}/v1/completions", json={"prompt": "x"}, timeout=10)
+        response = httpx.post(f"{app.url}/v1/completions", json={"prompt": "x"}, timeout=60)
         return response.status_code, response.json().get("server")
 
-    with ThreadPoolExecutor(8) as pool:
-        first = [pool.submit(call, i) for i in range(8)]
-        deadline = time.monotonic() + 0.9  # before the old server answers the first
-        while old.inflight < 8 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert old.inflight == 8  # all eight are in flight on the old server
-        previous = front.switch(upstream(new_server, "new"))
-        assert previous is old
-        later = [pool.submit(call, i) for i in range(8)]
-        assert front.wait_drained(old, timeout_s=5)
-        results = [f.result() for f in first + later]
+    with ThreadPoolExecutor(16) as pool:
+        try:
+            first = [pool.submit(call, i) for i in range(8)]
+            assert _wait_until(lambda: old.inflight == 8)  # all eight in flight on the old
+            new = upstream(new_server, "new")
+            previous = front.switch(new)
+            assert previous is old
+            later = [pool.submit(call, i) for i in range(8)]
+            later_results = [f.result(timeout=60) for f in later]  # the old still holds its own
+            assert (old.inflight, old.served) == (8, 0)
+            assert not front.wait_drained(old, timeout_s=0.05)
+        finally:
+            release_old.set()
+        assert front.wait_drained(old, timeout_s=30)
+        results = [f.result(timeout=60) for f in first] + later_results
     assert [status for status, _ in results] == [200] * 16
     assert [server for _, server in results[:8]] == ["old"] * 8  # finished where they began
     assert [server for _, server in results[8:]] == ["new"] * 8
     assert old.inflight == 0 and old.served == 8
+    assert new.inflight == 0 and new.served == 8
 
 
 @pytest.mark.parametrize("stream", [False, True])

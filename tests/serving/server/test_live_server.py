@@ -10,12 +10,14 @@ import time
 import httpx
 import openai
 import pytest
+import yaml
 
 from serving.drafters.package import DraftManifest, write_package
 from serving.drafters.suffix import SuffixCorpus
 from serving.engine import SpeculativeDecoder
 from serving.loader import encode_messages, eos_ids
 from serving.records import store
+from serving.server.config import SERVING_CONFIG
 from tasks.data.validate import validate_store
 from tasks.ops.loadtest import LoadTestSettings, run_load_test
 from tasks.ops.server_process import ServerProcess
@@ -54,14 +56,22 @@ def champion(tmp_path_factory, real_packed):
     return pointer, packages
 
 
+# The champion is polled every half second (the shipped config: 5 s), so that a promotion
+# lands while the hot-swap test's requests are still decoding.
+CHAMPION_POLL_S = 0.5
+
+
 @pytest.fixture(scope="module")
 def server(champion, tmp_path_factory):
     pointer, _ = champion
     logs = tmp_path_factory.mktemp("logs")
-    args = ["--champion", str(pointer), "--threads", "2"]
+    config = yaml.safe_load(SERVING_CONFIG.read_text())
+    config["champion"]["poll_s"] = CHAMPION_POLL_S
+    config_path = logs / "serving.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+    args = ["--config", str(config_path), "--champion", str(pointer), "--threads", "2"]
     with ServerProcess(args, log_path=logs / "server.log") as process:
         yield process
-    # The champion poll interval is the config's (5 s); the hot-swap test waits for it.
 
 
 @pytest.fixture(scope="module")
@@ -248,7 +258,12 @@ def test_load_test_reports_its_figures(server, tmp_path):
 
 
 def test_hot_swap_under_load_drops_nothing(server, champion, references):
+    """Requests admitted with draft 1 are still decoding when the server swaps to draft 2
+    (asserted: /health reports the new draft and requests in flight at once, and nothing
+    else was sent), finish on draft 1 with the engine's output, and later requests get
+    draft 2."""
     pointer, packages = champion
+    load = PROMPTS * 4  # 16 requests: two waves of max_active=8, seconds of decoding
 
     async def one(client, prompt):
         response = await client.chat.completions.create(
@@ -259,24 +274,44 @@ def test_hot_swap_under_load_drops_nothing(server, champion, references):
         )
         return prompt, response
 
-    async def load():
-        client = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
-        tasks = [asyncio.create_task(one(client, p)) for p in PROMPTS * 2]
-        await asyncio.sleep(1.0)
-        point(pointer, packages["ngram"], "2")  # promotion, mid-load
-        first = await asyncio.gather(*tasks)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            if httpx.get(f"{server.url}/health").json()["draft"]["version"] == "2":
-                break
-            await asyncio.sleep(0.5)
-        second = await asyncio.gather(*(one(client, p) for p in PROMPTS))
-        await client.close()
-        return first, second
+    async def wait_for(http, condition, what: str) -> dict:
+        """The first /health answer that meets ``condition``."""
+        deadline = time.monotonic() + 120
+        while True:
+            state = (await http.get(f"{server.url}/health")).json()
+            if condition(state):
+                return state
+            assert time.monotonic() < deadline, f"no {what} in 120 s; last /health: {state}"
+            await asyncio.sleep(0.05)
 
-    first, second = asyncio.run(load())
+    async def swap_under_load():
+        client = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+        async with httpx.AsyncClient(timeout=10) as http:
+            tasks = [asyncio.create_task(one(client, p)) for p in load]
+            # Every request admitted (queued or decoding, or already answered) before the
+            # promotion: each was given draft 1.
+            await wait_for(
+                http,
+                lambda h: h["requests_running"] + h["requests_waiting"]
+                + sum(t.done() for t in tasks) >= len(load),
+                "the load to be admitted",
+            )  # fmt: skip
+            point(pointer, packages["ngram"], "2")  # promotion, mid-load
+            swapped = await wait_for(http, lambda h: h["draft"]["version"] == "2", "the swap")
+            first = await asyncio.gather(*tasks)
+            second = await asyncio.gather(*(one(client, p) for p in PROMPTS))
+        await client.close()
+        return swapped, first, second
+
+    swapped, first, second = asyncio.run(swap_under_load())
+    in_flight = swapped["requests_running"] + swapped["requests_waiting"]
+    assert in_flight > 0, (
+        f"the load had finished before the swap (poll every {CHAMPION_POLL_S} s); "
+        "nothing was in flight to drop"
+    )
     for prompt, response in [*first, *second]:
         assert response.choices[0].message.content == references[prompt]
+    assert {r.usage.model_extra["speculative"]["draft_version"] for _, r in first} == {"1"}
     assert {r.usage.model_extra["speculative"]["draft_version"] for _, r in second} == {"2"}
     health = httpx.get(f"{server.url}/health").json()
     drafter = health["draft"]["drafter"]
