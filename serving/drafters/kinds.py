@@ -57,7 +57,7 @@ Builder = Callable[[DrafterSpec, Any, Any], "Drafter | None"]
 
 @dataclass(frozen=True)
 class DrafterKind:
-    name: str  # the spec's word, e.g. "pld"; the ``kind`` of the drafters it builds
+    name: str  # the spec's word, e.g. "pld": the ``kind`` its drafter class names
     usage: str  # its full syntax, e.g. "pld[:MAX_NGRAM]"
     brief: str  # its short syntax for one-line helps, e.g. "pld[:N]"
     about: str  # what it drafts from ("" when the name says it)
@@ -288,17 +288,11 @@ KINDS: tuple[str, ...] = tuple(KIND_BY_NAME)
 PATH_KINDS: tuple[str, ...] = tuple(k.name for k in DRAFTER_KINDS if k.files)
 BUILTIN_KINDS: tuple[str, ...] = tuple(k.name for k in DRAFTER_KINDS if k.builtin)
 HTTP_KINDS: tuple[str, ...] = tuple(k.name for k in DRAFTER_KINDS if k.http)
+# Kinds that draft with a causal LM of their own (a model export, a client-side draft model).
+MODEL_KINDS: tuple[str, ...] = tuple(k.name for k in DRAFTER_KINDS if k.stage == "model")
 EAGER_STAGES: tuple[StageName, ...] = tuple(
     dict.fromkeys(k.stage for k in DRAFTER_KINDS if k.eager and k.stage is not None)
 )
-
-
-def kind_of(name: str) -> DrafterKind:
-    """The registered kind ``name`` (a :class:`BadInputError` listing them otherwise)."""
-    try:
-        return KIND_BY_NAME[name]
-    except KeyError:
-        raise BadInputError(f"unknown drafter kind {name!r}; kinds: {', '.join(KINDS)}") from None
 
 
 def stage_of(kind: str) -> StageName:

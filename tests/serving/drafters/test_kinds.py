@@ -22,6 +22,7 @@ from serving.drafters.kinds import (
     HTTP_KINDS,
     KIND_BY_NAME,
     KINDS,
+    MODEL_KINDS,
     PATH_KINDS,
     SPEC_HELP,
     SPEC_SYNTAX,
@@ -94,6 +95,7 @@ def test_the_lists_of_kinds_derive_from_the_registry():
     assert PATH_KINDS == ("suffix", "model", "head")
     assert BUILTIN_KINDS == ("pld", "ngram", "layers")
     assert HTTP_KINDS == ("none", "pld", "ngram", "layers")
+    assert MODEL_KINDS == ("layers", "model")
     assert ("champion", *HTTP_KINDS, "cascade") == HTTP_DRAFTERS
     assert STAGES == ("suffix", "pld", "ngram", "head", "model")
     assert FEATURE_NAMES[-len(STAGES) :] == tuple(f"stage_{stage}" for stage in STAGES)
