@@ -1,6 +1,12 @@
 """Detailed-mode records: every draft/target disagreement of a request, JSON-ready.
 
 The collection pipeline reads these. Bump ``SCHEMA_VERSION`` on any change of fields.
+
+A rejected draft is declared once, from the step to the store: the step reports a
+:class:`Rejection`; the record keeps it as a :class:`Disagreement`, the same fields placed
+in the output (``position``) with the tokens before it (``context``); the stored record
+(:class:`serving.records.schema.RequestRecord`) holds these very dataclasses and checks their
+values. Likewise a drafted token is :class:`serving.features.DraftedToken` throughout.
 """
 
 from __future__ import annotations
@@ -15,16 +21,34 @@ SCHEMA_VERSION = 2  # 2: per-drafted-token features (`drafted`) and `unverified`
 
 
 @dataclass(frozen=True)
-class Disagreement:
-    position: int  # index in the generated output where the draft was rejected
-    draft_index: int  # position inside the draft block (0-based)
+class Rejection:
+    """The first rejected draft of a step (later drafts were conditioned on it: moot)."""
+
+    draft_index: int  # 0-based position in the draft block
     draft_token: int
     target_token: int  # the token the target produced there instead
     target_prob_of_draft: float
     target_prob_of_target: float
     draft_prob_of_draft: float
     draft_prob_of_target: float
+
+
+@dataclass(frozen=True)
+class _InOutput:
+    position: int  # index in the generated output where the draft was rejected
+
+
+@dataclass(frozen=True)
+class Disagreement(Rejection, _InOutput):
+    """A rejection where the record keeps it. Its fields, in the stored order: ``position``
+    (``_InOutput``'s: dataclasses lay out the bases' fields last base first), the
+    rejection's, then ``context``."""
+
     context: list[int]  # the tokens right before `position` (prompt included)
+
+    @classmethod
+    def of(cls, rejection: Rejection, *, position: int, context: list[int]) -> Disagreement:
+        return cls(position=position, context=context, **vars(rejection))
 
 
 @dataclass

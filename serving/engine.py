@@ -14,10 +14,11 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from serving.constrained import Constraint, ConstraintState
-from serving.detailed import DetailedRecord, Disagreement, new_request_id
+from serving.detailed import DetailedRecord, Disagreement, Rejection, new_request_id
 from serving.drafters.base import Drafter
+from serving.drafters.kinds import DEFAULT_STAGE, stage_of
 from serving.errors import BadInputError
-from serving.features import ContextStats, DraftedToken, stage_kind
+from serving.features import ContextStats, DraftedToken
 from serving.kv import new_cache
 from serving.metrics import RequestStats, StepRecord, summarize
 from serving.policy import DraftLengthPolicy, NoDraft
@@ -123,7 +124,7 @@ class SpeculativeDecoder:
         )
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
         self.max_context = int(max_context or target.config.max_position_embeddings)
-        self.stage = stage_kind(drafter.describe()) if drafter is not None else "model"
+        self.stage = stage_of(drafter.kind) if drafter is not None else DEFAULT_STAGE
 
     @property
     def relaxed(self) -> bool:
@@ -275,21 +276,15 @@ class SpeculativeDecoder:
                 )
             )
 
-    def _record_rejection(self, request: _Request, tokens: list[int], rejection) -> None:
+    def _record_rejection(self, request: _Request, tokens: list[int], rejection: Rejection) -> None:
         generated_before = len(tokens) - len(request.prompt)
         prefix = (
             tokens + request.output[generated_before : generated_before + rejection.draft_index]
         )
         request.disagreements.append(
-            Disagreement(
+            Disagreement.of(
+                rejection,
                 position=generated_before + rejection.draft_index,
-                draft_index=rejection.draft_index,
-                draft_token=rejection.draft_token,
-                target_token=rejection.target_token,
-                target_prob_of_draft=rejection.target_prob_of_draft,
-                target_prob_of_target=rejection.target_prob_of_target,
-                draft_prob_of_draft=rejection.draft_prob_of_draft,
-                draft_prob_of_target=rejection.draft_prob_of_target,
                 context=prefix[-CONTEXT_WINDOW:],
             )
         )
@@ -394,7 +389,7 @@ class Decoding:
         decoder.policy.begin()
         # The target statistics the acceptance features need: kept for detailed records and
         # for drafters that decide with the predictor (the cascade).
-        if self.request.detailed or getattr(drafter, "needs_context", False):
+        if self.request.detailed or (drafter is not None and drafter.needs_context):
             self.context = ContextStats(len(tokens))
 
     @property

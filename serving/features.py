@@ -22,25 +22,11 @@ import torch
 
 FEATURE_SET = "specops-features/1"
 CONTEXT_WINDOW = 32  # output tokens the target statistics average over
-# Drafter kinds as stages (the ``kind`` a drafter's ``describe()`` reports, shortened).
-STAGE_KINDS = ("suffix", "pld", "ngram", "head", "model")
-_KIND_OF_DESCRIBED = {
-    "suffix": "suffix",
-    "prompt_lookup": "pld",
-    "ngram_store": "ngram",
-    "head": "head",
-    "model": "model",
-}
-
-
-def stage_kind(described: dict[str, object]) -> str:
-    """The stage kind of a drafter from its ``describe()`` (``model`` when unknown)."""
-    return _KIND_OF_DESCRIBED.get(str(described.get("kind", "model")), "model")
 
 
 @dataclass(frozen=True)
 class TokenFeatures:
-    stage: str  # one of STAGE_KINDS
+    stage: str  # one of serving.drafters.kinds.STAGES
     stage_index: int  # the stage's place in the cascade (0 for a single drafter)
     position: int  # 0-based place in the draft block
     draft_confidence: float | None  # the drafter's probability / relative frequency
@@ -53,12 +39,14 @@ class TokenFeatures:
 
 @dataclass(frozen=True)
 class DraftedToken(TokenFeatures):
-    """A drafted token as records keep it: its features, the step, and the verdict."""
+    """A drafted token as the detailed record and the stored record keep it (one type from
+    the engine to the store; the record checks its values, serving.records.schema): its
+    features, the step, and the verdict. Ranges are checked by validation."""
 
-    step: int = 0  # index of the verification step
-    token: int = 0
-    accepted: bool = False  # the target's own choice agreed (greedy) / the sampler kept it
-    kept: bool = False  # in the output: accepted, or kept unverified by relaxed mode
+    step: int  # index of the verification step (< the record's checks)
+    token: int  # the drafted token id
+    accepted: bool  # the target's own choice agreed (greedy) / the sampler kept it
+    kept: bool  # in the output: accepted, or kept unverified by relaxed mode
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)

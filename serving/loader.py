@@ -13,7 +13,7 @@ from serving.engine import SpeculativeDecoder
 from serving.errors import BadInputError, ModelSourceError
 from serving.hardware import engine_target
 from serving.models.kernels import CPU_ONLY, KERNELS, apply_kernels, check_kernels
-from serving.policy import POLICIES, DraftLengthPolicy, check_k, make_policy
+from serving.policy import DraftLengthPolicy, check_k, check_policy, make_policy
 from serving.relaxed import check_lambda
 
 DEFAULT_TARGET = "smollm2"
@@ -161,8 +161,7 @@ class DecoderOptions:
             return DrafterSpec("none")
         if self.predictor is not None:
             raise BadInputError("an acceptance predictor needs a cascade (--cascade STAGES)")
-        if self.policy not in POLICIES:
-            raise BadInputError(f"unknown policy {self.policy!r}; choose one of {POLICIES}")
+        check_policy(self.policy)
         engine_target(self.hardware)
         spec = parse_drafter_spec(self.drafter)
         if spec.kind != "none":

@@ -11,8 +11,14 @@ same methods.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import Literal, get_args
 
 from serving.errors import BadInputError
+
+# The draft-length policies by name, declared once: configs and request bodies type their
+# field with PolicyName, everything else checks against POLICIES (check_policy).
+PolicyName = Literal["fixed", "adaptive", "cost"]
+POLICIES: tuple[PolicyName, ...] = get_args(PolicyName)
 
 MAX_DRAFT_TOKENS = 64  # a block longer than this costs more to verify than it can pay
 
@@ -270,7 +276,12 @@ class CostAwareK(DraftLengthPolicy):
         }
 
 
-POLICIES = ("fixed", "adaptive", "cost")
+def check_policy(name: object) -> PolicyName:
+    """``name`` if it names a policy; :class:`BadInputError` listing them otherwise."""
+    for policy in POLICIES:
+        if name == policy:
+            return policy
+    raise BadInputError(f"unknown policy {name!r}; choose one of {POLICIES}")
 
 
 def make_policy(
@@ -279,10 +290,9 @@ def make_policy(
     """``k`` is the fixed k, the adaptive start, or the cost policy's largest k;
     ``verify_curve`` is the hardware target's measured pass-cost curve (cost policy only)."""
     check_k(k)
-    if name == "fixed":
+    policy = check_policy(name)
+    if policy == "fixed":
         return FixedK(k)
-    if name == "adaptive":
+    if policy == "adaptive":
         return AdaptiveK(k)
-    if name == "cost":
-        return CostAwareK(k_max=k, verify_curve=verify_curve or DEFAULT_VERIFY_CURVE)
-    raise BadInputError(f"unknown policy {name!r}; choose one of {POLICIES}")
+    return CostAwareK(k_max=k, verify_curve=verify_curve or DEFAULT_VERIFY_CURVE)

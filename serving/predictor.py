@@ -31,8 +31,9 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from serving.atomic import write_text_atomic
+from serving.drafters.kinds import STAGES
 from serving.errors import BadInputError
-from serving.features import FEATURE_SET, STAGE_KINDS, TokenFeatures
+from serving.features import FEATURE_SET, TokenFeatures
 
 PREDICTOR_FILE = "predictor.json"
 WEIGHTS_FILE = "predictor.safetensors"
@@ -50,7 +51,7 @@ FEATURE_NAMES = (
     "target_entropy",
     "recent_logprob",
     "log_length_ratio",
-    *(f"stage_{kind}" for kind in STAGE_KINDS),
+    *(f"stage_{kind}" for kind in STAGES),
 )
 
 
@@ -62,8 +63,8 @@ def vectorize(rows: Sequence[TokenFeatures]) -> torch.Tensor:
     """``[len(rows), len(FEATURE_NAMES)]`` float32, missing values as 0 plus an indicator."""
     table = []
     for row in rows:
-        if row.stage not in STAGE_KINDS:
-            raise BadInputError(f"unknown stage {row.stage!r}; stages are {STAGE_KINDS}")
+        if row.stage not in STAGES:
+            raise BadInputError(f"unknown stage {row.stage!r}; stages are {STAGES}")
         confidence, entropy, matched = row.draft_confidence, row.draft_entropy, row.match_len
         table.append(
             [
@@ -78,7 +79,7 @@ def vectorize(rows: Sequence[TokenFeatures]) -> torch.Tensor:
                 row.target_entropy,
                 max(row.recent_logprob, -20.0),
                 math.log1p(max(row.length_ratio, 0.0)),
-                *(row.stage == kind for kind in STAGE_KINDS),
+                *(row.stage == kind for kind in STAGES),
             ]
         )
     if not table:
@@ -169,7 +170,7 @@ class AcceptancePredictor:
         std: torch.Tensor,
         shrinkage: Shrinkage,
         hardware: str,
-        stages: Sequence[str] = STAGE_KINDS,
+        stages: Sequence[str] = STAGES,
         metrics: dict[str, object] | None = None,
         hidden: int = 32,
     ) -> None:
@@ -285,7 +286,7 @@ def load_predictor(folder: str | Path, *, hardware: str | None = None) -> Accept
             std=torch.tensor(meta["std"], dtype=torch.float32),
             shrinkage=shrinkage,
             hardware=str(meta["hardware"]),
-            stages=meta.get("stages", STAGE_KINDS),
+            stages=meta.get("stages", STAGES),
             metrics=meta.get("metrics", {}),
             hidden=hidden,
         )

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from serving.constrained import ConstraintState, constrain_block
+from serving.detailed import Rejection
 from serving.drafters.base import Drafter, DraftProposal, DraftRequest, StepFeedback
 from serving.errors import BadInputError
 from serving.features import ContextStats, TokenFeatures, target_statistics, token_features
@@ -20,19 +21,6 @@ from serving.kv import cache_length, rewind
 from serving.relaxed import verify_relaxed
 from serving.sampling import Sampler
 from serving.verify import verify
-
-
-@dataclass(frozen=True)
-class Rejection:
-    """The first rejected draft of a step (later drafts were conditioned on it: moot)."""
-
-    draft_index: int  # 0-based position in the draft block
-    draft_token: int
-    target_token: int
-    target_prob_of_draft: float
-    target_prob_of_target: float
-    draft_prob_of_draft: float
-    draft_prob_of_target: float
 
 
 @dataclass(frozen=True)

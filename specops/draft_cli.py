@@ -35,11 +35,9 @@ def _validation_message(error) -> str:
 
 def _manifest(kind: str, k: int, policy: str, drafter: str, description: str = ""):
     from serving.drafters.package import DraftManifest
-    from serving.errors import BadInputError
-    from serving.policy import POLICIES, make_policy
+    from serving.policy import check_policy, make_policy
 
-    if policy not in POLICIES:
-        raise BadInputError(f"unknown policy {policy!r}; choose one of {POLICIES}")
+    check_policy(policy)
     make_policy(policy, k)  # checks k
     return DraftManifest(drafter=drafter, policy=policy, k=k, family=kind, description=description)
 

@@ -11,6 +11,7 @@ from typing import Annotated, Any
 
 import typer
 
+from serving.drafters.kinds import BUILTIN_KINDS, spec_syntax
 from specops.exit import fail
 
 loop_app = typer.Typer(help="The closed loop: drift demo, flows, scheduled deployments.")
@@ -133,7 +134,7 @@ def _num(value: float | None) -> str:
 def bootstrap(
     hardware: Annotated[str, typer.Option(help="Hardware target.")] = "cpu",
     drafter: Annotated[
-        str, typer.Option(help="A built-in drafter: pld[:N], ngram[:N] or layers:N.")
+        str, typer.Option(help=f"A built-in drafter: {spec_syntax(BUILTIN_KINDS, sep=', ')}.")
     ] = "pld:3",
     family: Annotated[str, typer.Option(help="Registered-model family.")] = "ngram",
     k: Annotated[int, typer.Option(help="Largest draft block.")] = 10,
@@ -149,12 +150,11 @@ def bootstrap(
     from serving.drafters.factory import parse_drafter_spec
     from serving.errors import SpecOpsError
     from serving.hardware import engine_target
-    from tasks.loop.steps import BUILTIN_DRAFTERS
 
     try:  # bad options fail here, before Prefect or any model starts
         engine_target(hardware)  # bootstrapping evaluates on the specops engine
-        if parse_drafter_spec(drafter).kind not in BUILTIN_DRAFTERS:
-            fail(f"--drafter {drafter!r} needs files; use one of {', '.join(BUILTIN_DRAFTERS)}")
+        if parse_drafter_spec(drafter).kind not in BUILTIN_KINDS:
+            fail(f"--drafter {drafter!r} needs files; use one of {', '.join(BUILTIN_KINDS)}")
     except SpecOpsError as error:
         fail(str(error))
     _prefect_env()

@@ -12,20 +12,9 @@ from pathlib import Path
 
 from serving.cascade.drafter import CascadeDrafter, CascadePolicy, Stage
 from serving.drafters.factory import DrafterSpec, build_drafter, parse_drafter_spec
+from serving.drafters.kinds import StageName, stage_of
 from serving.errors import BadInputError
-from serving.features import STAGE_KINDS
 from serving.predictor import AcceptancePredictor, PredictorError, check_predictor, load_predictor
-
-# Drafter spec kinds and the stage kind each becomes.
-_STAGE_OF_SPEC = {
-    "suffix": "suffix",
-    "pld": "pld",
-    "ngram": "ngram",
-    "head": "head",
-    "model": "model",
-    "layers": "model",
-}
-assert set(_STAGE_OF_SPEC.values()) <= set(STAGE_KINDS)
 
 
 def parse_stages(stages: str | Sequence[str]) -> list[DrafterSpec]:
@@ -51,8 +40,8 @@ def parse_stages(stages: str | Sequence[str]) -> list[DrafterSpec]:
     return specs
 
 
-def stage_kinds(specs: Sequence[DrafterSpec]) -> list[str]:
-    return [_STAGE_OF_SPEC[spec.kind] for spec in specs]
+def stage_kinds(specs: Sequence[DrafterSpec]) -> list[StageName]:
+    return [stage_of(spec.kind) for spec in specs]
 
 
 def check_predictor_for(

@@ -31,24 +31,24 @@ import torch
 
 from serving.cascade.plan import Choice, StageOption, plan
 from serving.drafters.base import Drafter, DraftProposal, DraftRequest, StepFeedback
+from serving.drafters.kinds import EAGER_STAGES
 from serving.errors import BadInputError
 from serving.features import ContextStats, TokenFeatures, token_features
 from serving.policy import DraftLengthPolicy, check_k, curve_cost, normalise_curve
 from serving.predictor import AcceptancePredictor
 
-EAGER_KINDS = ("suffix", "pld", "ngram")
 TARGET_STAGE = "target"  # the stopping stage of a step that verifies no draft
 
 
 @dataclass
 class Stage:
     name: str  # the drafter spec it was built from (e.g. "pld:3")
-    kind: str  # a serving.features.STAGE_KINDS entry
+    kind: str  # its stage: a serving.drafters.kinds.STAGES entry
     drafter: Drafter
 
     @property
     def eager(self) -> bool:
-        return self.kind in EAGER_KINDS
+        return self.kind in EAGER_STAGES
 
 
 class RunningAcceptance:
@@ -108,6 +108,7 @@ class CascadeCosts:
 
 
 class CascadeDrafter(Drafter):
+    kind = "cascade"  # no spec kind: built from its stages' specs (serving.cascade.build)
     needs_context = True
     deterministic = False  # a model stage's proposals carry draft_probs under sampling
 

@@ -28,7 +28,7 @@ from serving.distributed.sessions import ClientBlock, Session, SessionError, Ses
 from serving.drafters.factory import build_drafter, parse_drafter_spec
 from serving.engine import SpeculativeDecoder
 from serving.errors import BadInputError, SpecOpsError
-from serving.policy import POLICIES, FixedK, check_k, make_policy
+from serving.policy import FixedK, check_k, check_policy, make_policy
 from serving.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -201,9 +201,7 @@ class TargetService(pb_grpc.TargetServiceServicer):
         fused = bool(request.server_drafter)
         if fused:
             spec = parse_drafter_spec(request.server_drafter)
-            policy_name = request.policy or "fixed"
-            if policy_name not in POLICIES:
-                raise BadInputError(f"unknown policy {policy_name!r}; choose one of {POLICIES}")
+            policy_name = check_policy(request.policy or "fixed")
             k = check_k(request.k or 4)
             drafter = build_drafter(spec, self.target, self.tokenizer)
             policy = (

@@ -43,6 +43,7 @@ class ClientBlock(Drafter):
     a sampling client only loses some acceptance against sending its probabilities."""
 
     name = "client"
+    kind = "client"  # no spec kind: the drafts a remote client sent
 
     def __init__(self) -> None:
         self.tokens: list[int] = []

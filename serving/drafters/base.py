@@ -116,7 +116,13 @@ class Drafter(ABC):
     """Proposes draft tokens for one request at a time."""
 
     name: str = "drafter"
+    # Its kind (serving.drafters.kinds), which says the stage its drafted tokens are
+    # recorded and predicted under; a drafter of no registered kind drafts as "model".
+    kind: str = "drafter"
     needs_target_hidden: bool = False
+    # It reads DraftRequest.context (the target's recent statistics; the cascade does): the
+    # engine keeps them up to date for it even outside detailed mode.
+    needs_context: bool = False
     needs_target_guesses: bool = False  # StepFeedback.target_guesses
     deterministic: bool = True  # False: proposals carry draft_probs under sampling
 

@@ -40,6 +40,7 @@ from serving.models.kernels import apply_kernels, kernels_of
 
 
 class HeadDrafter(Drafter):
+    kind = "head"
     needs_target_hidden = True
     deterministic = False
 

@@ -5,8 +5,8 @@ then drafts autoregressively; ``commit`` rewinds the cache to the longest prefix
 kept. The cache never holds the last drafted token (it was sampled, not fed), so after a
 fully accepted block the next ``propose`` feeds that token together with the bonus token.
 
-It runs on its model's device; ``build_drafter`` loads a ``model:PATH`` draft onto its
-target's, so its drafts and probabilities meet the target's logits without a copy.
+It runs on its model's device; :func:`load_model_drafter` loads a ``model:PATH`` draft onto
+its target's, so its drafts and probabilities meet the target's logits without a copy.
 """
 
 from __future__ import annotations
@@ -23,9 +23,11 @@ from serving.drafters.base import (
 )
 from serving.errors import BadInputError, IncompatibleDraftError
 from serving.kv import cache_length, new_cache, rewind
+from serving.models.kernels import apply_kernels, kernels_of
 
 
 class ModelDrafter(Drafter):
+    kind = "model"  # also a ``layers:N`` draft: a model cut from the target
     deterministic = False
 
     def __init__(self, model, *, name: str = "model", confidence_threshold: float = 0.0) -> None:
@@ -109,3 +111,35 @@ class ModelDrafter(Drafter):
             "layers": self.model.config.num_hidden_layers,
             "confidence_threshold": self.confidence_threshold,
         }
+
+
+def check_same_tokenizer(path: str, target_tokenizer) -> None:
+    """Refuse the draft at ``path`` when the tokenizer it ships differs from the target's."""
+    from transformers import AutoTokenizer
+
+    try:
+        draft_tokenizer = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError):
+        return  # no tokenizer shipped with the draft: the vocabulary-size check still runs
+    if draft_tokenizer.get_vocab() != target_tokenizer.get_vocab():
+        raise IncompatibleDraftError(
+            f"the draft at {path!r} uses a different tokenizer from the target's; a draft "
+            "must share the target's tokenizer token for token"
+        )
+
+
+def load_model_drafter(path: str, target, target_tokenizer=None, *, name: str) -> ModelDrafter:
+    """The ``model:PATH`` drafter: the causal LM at ``path``, on its target's device, in its
+    target's dtype and with its target's kernels."""
+    from transformers import AutoModelForCausalLM
+
+    if target_tokenizer is not None:
+        check_same_tokenizer(path, target_tokenizer)
+    weight = next(target.parameters())
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=weight.dtype).eval()
+    if weight.device.type != "cpu":
+        model = model.to(weight.device)
+    apply_kernels(model, kernels_of(target), exact=False)  # its target's kernels
+    drafter = ModelDrafter(model, name=name)
+    drafter.check_compatible(int(target.config.vocab_size))
+    return drafter

@@ -28,10 +28,9 @@ from pathlib import Path
 
 import torch
 
+from serving.drafters.args import NGRAM_FALLBACKS
 from serving.drafters.base import Drafter, DraftProposal, DraftRequest, StepFeedback
 from serving.errors import BadInputError
-
-FALLBACKS = ("stop", "shared", "target")
 
 
 @dataclass(slots=True)
@@ -99,6 +98,7 @@ def load_shared_store(path: str | Path, n: int) -> NGramStore:
 
 
 class NGramDrafter(Drafter):
+    kind = "ngram"
     deterministic = True
 
     def __init__(
@@ -110,8 +110,10 @@ class NGramDrafter(Drafter):
         min_confidence: float = 0.0,
         store_source: str | None = None,
     ) -> None:
-        if fallback not in FALLBACKS:
-            raise BadInputError(f"unknown n-gram fallback {fallback!r}; choose one of {FALLBACKS}")
+        if fallback not in NGRAM_FALLBACKS:
+            raise BadInputError(
+                f"unknown n-gram fallback {fallback!r}; choose one of {NGRAM_FALLBACKS}"
+            )
         if fallback == "shared" and shared is None:
             raise BadInputError("fallback='shared' needs a shared NGramStore")
         if not 0.0 <= min_confidence <= 1.0:

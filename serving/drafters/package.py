@@ -25,12 +25,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from serving.atomic import atomic_dir
 from serving.drafters.base import Drafter
 from serving.drafters.factory import DrafterSpec, build_drafter, parse_drafter_spec
+from serving.drafters.kinds import KIND_BY_NAME
 from serving.errors import BadInputError, ModelSourceError
 from serving.policy import MAX_DRAFT_TOKENS, POLICIES
 
 MANIFEST = "draft.json"
-# Drafter kinds whose spec argument is a path inside the package.
-PATH_KINDS = ("model", "head", "suffix")
 
 
 class DraftManifest(BaseModel):
@@ -44,20 +43,13 @@ class DraftManifest(BaseModel):
     description: str = ""
 
     def spec(self, folder: Path) -> DrafterSpec:
-        """The drafter spec with its path (if any, an n-gram store's included) resolved
+        """The drafter spec with its paths (a path argument, an n-gram store) resolved
         against ``folder``."""
-        kind, _, arg = self.drafter.partition(":")
-        if kind.lower() in PATH_KINDS and arg:
-            return parse_drafter_spec(f"{kind}:{_inside(folder, arg)}")
-        if kind.lower() == "ngram" and arg and "store=" in arg:
-            parts = [p.strip() for p in arg.split(",")]
-            resolved = [
-                f"store={_inside(folder, p.partition('=')[2].strip())}"
-                if p.lower().startswith("store=")
-                else p
-                for p in parts
-            ]
-            return parse_drafter_spec(f"{kind}:{','.join(resolved)}")
+        name, _, arg = self.drafter.partition(":")
+        kind = KIND_BY_NAME.get(name.lower())
+        if kind is not None and kind.relocate is not None and arg:
+            inside = kind.relocate(arg, lambda path: str(_inside(folder, path)))
+            return parse_drafter_spec(f"{name}:{inside}")
         return parse_drafter_spec(self.drafter)
 
 

@@ -15,6 +15,7 @@ from serving.errors import BadInputError
 
 
 class PromptLookupDrafter(Drafter):
+    kind = "pld"
     deterministic = True
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:

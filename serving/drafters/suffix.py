@@ -317,6 +317,7 @@ def load_suffix_corpus(path: str | Path) -> SuffixCorpus:
 
 
 class SuffixDrafter(Drafter):
+    kind = "suffix"
     deterministic = True
 
     def __init__(

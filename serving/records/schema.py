@@ -12,7 +12,9 @@ drafted tokens as their own flat record types. The workload and split names live
 the lowest layer that needs them.
 
 ``RequestRecord`` is the structural contract: pydantic rejects missing fields, wrong types
-and NaN/inf at parse time, with the field named in the reason. Every reader goes through
+and NaN/inf at parse time, with the field named in the reason. Its disagreements and drafted
+tokens are the engine's own dataclasses (:class:`serving.detailed.Disagreement`,
+:class:`serving.features.DraftedToken`), held to the same rules. Every reader goes through
 :func:`parse_record`, which also reads the older versions still in users' stores and DVC
 remotes (:func:`migrate_record`: version 1 had no ``drafted``/``unverified``); writers
 always write the current version.
@@ -25,12 +27,15 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from typing import Literal, get_args
+from typing import Annotated, Any, Literal, cast, get_args
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, GetPydanticSchema
+from pydantic_core import CoreSchema
+from pydantic_core.core_schema import DataclassSchema
 
-from serving.detailed import DetailedRecord
+from serving.detailed import DetailedRecord, Disagreement
 from serving.errors import BadInputError
+from serving.features import DraftedToken
 
 SCHEMA_VERSION: Literal[2] = 2
 READABLE_VERSIONS = (1, SCHEMA_VERSION)  # what parse_record reads; it returns SCHEMA_VERSION
@@ -60,35 +65,23 @@ class Sampling(_Strict):
     seed: int | None
 
 
-class DisagreementRow(_Strict):
-    position: int  # index in the output where the draft was rejected
-    draft_index: int  # position inside the draft block
-    draft_token: int
-    target_token: int
-    target_prob_of_draft: float
-    target_prob_of_target: float
-    draft_prob_of_draft: float
-    draft_prob_of_target: float
-    context: list[int]  # tokens right before `position`
+def _row(source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+    """An engine dataclass as a record's nested row, with the record's rules (a stdlib
+    dataclass inside a model takes the model's config: strict, no extra keys, no NaN).
+    Pydantic's strict mode takes a dataclass only as an instance, never as the JSON object a
+    stored row is read from, so that one check is relaxed; an instance (the engine's, in
+    :func:`from_detailed`) has its fields checked again."""
+    schema = handler(source)
+    resolved = handler.resolve_ref_schema(schema)
+    if resolved["type"] != "dataclass":
+        raise TypeError(f"{source!r} is not a dataclass: its schema is {resolved['type']!r}")
+    dataclass_schema = cast(DataclassSchema, resolved)
+    dataclass_schema["strict"] = False
+    dataclass_schema["revalidate_instances"] = "always"
+    return schema
 
 
-class DraftedTokenRow(_Strict):
-    """A drafted token the target ruled on: :class:`serving.features.DraftedToken`'s fields,
-    in its order (a test keeps the two equal). The ranges are checked by validation."""
-
-    stage: str  # one of serving.features.STAGE_KINDS
-    stage_index: int  # the stage's place in the cascade (0 for a single drafter)
-    position: int  # 0-based place in the draft block
-    draft_confidence: float | None  # in [0, 1]; None when the drafter gives none
-    draft_entropy: float | None  # nats; model drafters only
-    match_len: int | None  # n-gram drafters only
-    target_entropy: float  # nats, mean over the recent output tokens
-    recent_logprob: float  # <= 0, mean target log-probability of those tokens
-    length_ratio: float  # output tokens so far / prompt tokens
-    step: int  # index of the verification step (< the record's checks)
-    token: int  # the drafted token id
-    accepted: bool  # the target agreed
-    kept: bool  # in the output (accepted, or kept unverified in relaxed mode)
+_AS_ROW = GetPydanticSchema(_row)
 
 
 class RequestRecord(_Strict):
@@ -117,8 +110,9 @@ class RequestRecord(_Strict):
     sampling: Sampling
     timestamp: float  # unix seconds
     run_id: str
-    disagreements: list[DisagreementRow]
-    drafted: list[DraftedTokenRow]  # per drafted token the target ruled on, in order
+    disagreements: list[Annotated[Disagreement, _AS_ROW]]
+    # Per drafted token the target ruled on, in order (ranges are checked by validation).
+    drafted: list[Annotated[DraftedToken, _AS_ROW]]
     unverified: list[int]  # output positions kept although the target disagreed (relaxed)
 
 
@@ -217,8 +211,8 @@ def from_detailed(
         sampling=Sampling.model_validate(sampling),
         timestamp=time.time() if timestamp is None else timestamp,
         run_id=run_id,
-        disagreements=[DisagreementRow(**vars(d)) for d in detailed.disagreements],
-        drafted=[DraftedTokenRow(**vars(d)) for d in detailed.drafted],
+        disagreements=list(detailed.disagreements),
+        drafted=list(detailed.drafted),
         unverified=list(detailed.unverified),
     )
     return record.model_dump(mode="json")

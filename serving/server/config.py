@@ -17,7 +17,7 @@ from pydantic import (
 
 from serving.errors import BadInputError
 from serving.paths import CONFIG_DIR
-from serving.policy import MAX_DRAFT_TOKENS
+from serving.policy import MAX_DRAFT_TOKENS, PolicyName
 from serving.security.keys import DEFAULT_KEY_ENV
 from serving.security.redact import RedactionPatternError, Redactor
 
@@ -34,7 +34,7 @@ class _Section(BaseModel):
 class ChampionConfig(_Section):
     source: Literal["static", "local", "registry"] = "static"
     drafter: str = "pld"  # static: the drafter spec
-    policy: Literal["cost", "fixed", "adaptive"] = "cost"
+    policy: PolicyName = "cost"
     k: int = Field(10, ge=1, le=MAX_DRAFT_TOKENS)
     path: Path | None = None  # local: the champion pointer file
     poll_s: float = Field(5.0, gt=0)

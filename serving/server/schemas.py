@@ -5,11 +5,12 @@ Standard fields follow the OpenAI API (and its defaults: ``temperature`` 1, comp
 ``openai`` client):
 
 - ``drafter``: ``champion`` (default: the promoted draft of this hardware target),
-  ``none`` (speculation off), ``pld[:N]``, ``ngram[:N][,fallback=stop|target]
-  [,min_conf=X]``, ``layers:N``; drafters that
-  load files (``model:``, ``head:``, ``suffix:``) are not accepted over HTTP: promote them;
+  ``cascade`` (the server's configured cascade), or the spec of a drafter kind without
+  files (:data:`serving.drafters.kinds.HTTP_KINDS`: ``none`` turns speculation off; an
+  n-gram spec without a shared store); drafters that load files are not accepted over
+  HTTP: promote them;
 - ``num_speculative_tokens``: k (1..64) for the draft-length policy;
-- ``draft_policy``: ``cost`` | ``fixed`` | ``adaptive``;
+- ``draft_policy``: one of :data:`serving.policy.POLICIES`;
 - ``capture``: ``false`` opts this request out of capture (so does OpenAI's ``store``
   set to ``false``, and the header ``X-SpecOps-Capture: off``), always honoured.
 
@@ -25,12 +26,13 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from serving.drafters.kinds import HTTP_KINDS
 from serving.errors import BadInputError
-from serving.policy import MAX_DRAFT_TOKENS
+from serving.policy import MAX_DRAFT_TOKENS, PolicyName
 from serving.relaxed import check_lambda
 from serving.security.asgi import error_body as error_body  # one error shape for all
 
-HTTP_DRAFTERS = ("champion", "none", "pld", "ngram", "layers", "cascade")
+HTTP_DRAFTERS = ("champion", *HTTP_KINDS, "cascade")
 
 
 class StreamOptions(BaseModel):
@@ -58,7 +60,7 @@ class SpecOpsFields(BaseModel):
     # specops's own
     drafter: str = "champion"
     num_speculative_tokens: int | None = Field(None, ge=1, le=MAX_DRAFT_TOKENS)
-    draft_policy: Literal["cost", "fixed", "adaptive"] | None = None
+    draft_policy: PolicyName | None = None
     # Opt-in relaxed verification (greedy only): keep a disagreeing draft when λ times its
     # log-probability gap is below the passes it saves; None (default) is lossless.
     relax_lambda: float | None = None

@@ -13,7 +13,8 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from serving.drafters.factory import KINDS, parse_drafter_spec
+from serving.drafters.factory import parse_drafter_spec
+from serving.drafters.kinds import KINDS, SPEC_SYNTAX
 from serving.engine import MODES
 from serving.errors import BadInputError
 from serving.hardware import hardware_target
@@ -140,8 +141,7 @@ COMMANDS: tuple[CommandHelp, ...] = (
     CommandHelp(
         "drafter",
         "/drafter SPEC",
-        "draft with SPEC: none | pld[:N] | ngram[:N][,fallback=...] | suffix[:PATH] | "
-        "layers:N | model:PATH | head:PATH",
+        f"draft with SPEC: {SPEC_SYNTAX}",
     ),
     CommandHelp("k", "/k N", f"draft block 1..{MAX_DRAFT_TOKENS} (the cost policy's largest)"),
     CommandHelp("policy", "/policy NAME", f"draft-length policy: {' | '.join(POLICIES)}"),

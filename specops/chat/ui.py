@@ -23,6 +23,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from serving.drafters.kinds import DRAFTER_KINDS, PATH_KINDS
 from serving.errors import BadInputError, SpecOpsError
 from specops.chat.commands import (
     COMMANDS,
@@ -97,7 +98,7 @@ def status_line(turn: Turn) -> str:
 def prompt_label(spec: str) -> str:
     """The draft in the prompt: its spec, a folder or file shortened to its last part."""
     kind, _, arg = spec.partition(":")
-    return f"{kind}:{Path(arg).name}" if kind in ("model", "head", "suffix") and arg else spec
+    return f"{kind}:{Path(arg).name}" if kind in PATH_KINDS and arg else spec
 
 
 def compare_table(rows: list[CompareRow], *, prompt: str, rounds: int) -> Table:
@@ -203,8 +204,7 @@ def completer(hardware_names: list[str]):
     from serving.engine import MODES
     from serving.policy import POLICIES
 
-    specs = ["none", "pld", "pld:3", "ngram:4", "ngram:4,fallback=target", "suffix", "layers:4"]
-    specs += ["model:", "head:"]
+    specs = [spec for kind in DRAFTER_KINDS for spec in kind.completions]
     values: dict[str, list[str]] = {
         "/drafter": specs,
         "/compare": specs,

@@ -18,7 +18,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from serving.features import STAGE_KINDS
+from serving.drafters.kinds import STAGES
 from serving.records.schema import SPLITS, RequestRecord, is_failure
 
 if TYPE_CHECKING:
@@ -140,7 +140,7 @@ def drafted_expectations() -> list[_Expectation]:
     """The drafted suite: one row per drafted token, with its request's check count.
     Nullable features (confidence, entropy, match length) are checked where present."""
     return [
-        _in_set("stage", STAGE_KINDS),
+        _in_set("stage", STAGES),
         _between("stage_index", 0),
         _between("position", 0),
         _between("step", 0),

@@ -7,12 +7,12 @@ its section through here, so a bad value fails at load time with the key in the 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from serving.errors import BadInputError
+from serving.policy import PolicyName
 from serving.records.schema import WORKLOADS, Workload
 from tasks.data.dataset import DEFAULT_HELDOUT_SHARE
 
@@ -39,7 +39,7 @@ class CollectParams(_Section):
     drafter: str = "pld"
     drafter_version: str = "builtin"
     k: int = Field(10, ge=1, le=64)
-    policy: Literal["cost", "fixed", "adaptive"] = "cost"
+    policy: PolicyName = "cost"
     hardware: str = "cpu"
     threads: int = Field(2, ge=1)
     max_new_tokens: int = Field(64, ge=1)

@@ -115,12 +115,12 @@ def _predicted(drafter, contender: Contender, k: int, curve, hardware: str):
     """The package's drafter as the single stage of a cascade driven by the contender's
     predictor (refused, naming it, when the predictor never saw that kind of drafter)."""
     from serving.cascade.drafter import CascadeDrafter, CascadePolicy, Stage
-    from serving.features import stage_kind
+    from serving.drafters.kinds import stage_of
     from serving.predictor import PredictorError, load_predictor
 
     assert contender.predictor is not None
     predictor = load_predictor(contender.predictor, hardware=hardware)
-    kind = stage_kind(drafter.describe())
+    kind = stage_of(drafter.kind)
     if kind not in predictor.stages:
         raise PredictorError(
             f"contender {contender.name!r}: its predictor was trained on stages "

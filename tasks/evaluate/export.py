@@ -25,6 +25,7 @@ from pathlib import Path
 from serving.atomic import atomic_dir
 from serving.backends import Speculation, UnsupportedDraftError, backend_info, check_supported
 from serving.backends.exports import DRAFT_FOLDER, EXPORT_MANIFEST, load_export, read_export
+from serving.drafters.kinds import MODEL_KINDS
 from serving.drafters.package import read_manifest
 from serving.errors import ModelSourceError
 from tasks.train.distill_model import save_causal_lm
@@ -40,7 +41,7 @@ def speculation_for(drafter: str, backend: str, k: int) -> Speculation:
         speculation = Speculation()
     elif kind == "pld":
         speculation = Speculation("ngram", k, prompt_lookup_max=int(arg or 3))
-    elif kind in ("layers", "model"):
+    elif kind in MODEL_KINDS:
         speculation = Speculation("draft_model", k, draft_path=DRAFT_FOLDER)
     elif kind == "suffix":
         # specops's suffix drafter defaults: no cap on the draft per matched token (a factor

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from serving.errors import BadInputError
 from serving.paths import CONFIG_DIR
+from serving.policy import PolicyName
 
 RETRAIN_CONFIG = CONFIG_DIR / "retrain.yaml"
 
@@ -24,7 +25,7 @@ class FamilySettings(BaseModel):
 
     budget_seconds: float = Field(gt=0)  # in optimiser steps, over every run of one retrain
     k: int = Field(default=5, ge=1, le=16)  # the package's largest draft block
-    policy: Literal["cost", "fixed", "adaptive"] = "cost"
+    policy: PolicyName = "cost"
     settings: dict[str, Any] = Field(default_factory=dict)  # the trainer's config fields
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from registry.client import DraftVersion, Registry
 from serving.drafters.factory import parse_drafter_spec
+from serving.drafters.kinds import BUILTIN_KINDS
 from serving.drafters.package import DraftManifest, load_package, write_package
 from serving.engine import SpeculativeDecoder
 from serving.errors import BadInputError
@@ -128,10 +129,6 @@ def retention_step(
     return apply_retention(store_root, [dataset_dir], max_age_days=days, now=now).to_dict()
 
 
-# Drafters that need no files: a package of one is just its manifest.
-BUILTIN_DRAFTERS = ("pld", "ngram", "layers")
-
-
 def builtin_package(
     drafter: str, folder: Path, *, k: int = 10, policy: str = "cost", family: str = "ngram"
 ) -> Path:
@@ -139,10 +136,10 @@ def builtin_package(
     the target's first layers), ready to register: how a fresh registry gets its first
     champion."""
     spec = parse_drafter_spec(drafter)
-    if spec.kind not in BUILTIN_DRAFTERS:
+    if spec.kind not in BUILTIN_KINDS:
         raise BadInputError(
             f"drafter {drafter!r} needs files; bootstrap with one of "
-            f"{', '.join(BUILTIN_DRAFTERS)} (e.g. pld:3), or train a draft package "
+            f"{', '.join(BUILTIN_KINDS)} (e.g. pld:3), or train a draft package "
             "(`specops train-draft`) and register it"
         )
     manifest = DraftManifest(

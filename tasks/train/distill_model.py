@@ -98,9 +98,9 @@ def base_draft(target, *, layers: int | None, draft_model: Path | None, tokenize
         if not folder.is_dir():
             raise ModelSourceError(f"draft_model {str(folder)!r} is not a model folder")
         if tokenizer is not None:
-            from serving.drafters.factory import _check_same_tokenizer
+            from serving.drafters.model import check_same_tokenizer
 
-            _check_same_tokenizer(str(folder), tokenizer)
+            check_same_tokenizer(str(folder), tokenizer)
         try:
             model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
         except (OSError, ValueError) as exc:

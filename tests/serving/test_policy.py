@@ -1,9 +1,19 @@
 from __future__ import annotations
 
+from typing import get_args
+
 import pytest
 
 from serving.errors import BadInputError
-from serving.policy import AdaptiveK, CostAwareK, FixedK, make_policy
+from serving.policy import (
+    POLICIES,
+    AdaptiveK,
+    CostAwareK,
+    FixedK,
+    PolicyName,
+    check_policy,
+    make_policy,
+)
 
 FLAT = (1.0, 1.05, 1.1, 1.12, 1.15, 1.2, 1.25, 1.3, 1.35)
 
@@ -74,3 +84,39 @@ def test_make_policy():
     assert isinstance(make_policy("cost", 3, verify_curve=FLAT), CostAwareK)
     with pytest.raises(BadInputError, match="unknown policy 'greedy'"):
         make_policy("greedy", 3)
+
+
+def test_policy_names_are_declared_once():
+    assert POLICIES == get_args(PolicyName) == ("fixed", "adaptive", "cost")
+    for name in POLICIES:
+        assert check_policy(name) == name
+        assert make_policy(name, 3, verify_curve=FLAT).describe()["name"] == name
+
+
+@pytest.mark.parametrize("name", ["greedy", "Cost", "", None, 1])
+def test_check_policy_names_the_bad_value_and_the_choices(name):
+    with pytest.raises(BadInputError) as raised:
+        check_policy(name)
+    assert str(raised.value) == f"unknown policy {name!r}; choose one of {POLICIES}"
+
+
+def test_every_config_and_request_field_of_a_policy_is_the_one_literal():
+    from pydantic import ValidationError
+
+    from serving.server.config import ChampionConfig
+    from serving.server.schemas import SpecOpsFields
+    from tasks.data.params import CollectParams
+    from tasks.loop.retrain_config import FamilySettings
+
+    fields = {
+        ChampionConfig: "policy",
+        SpecOpsFields: "draft_policy",
+        CollectParams: "policy",
+        FamilySettings: "policy",
+    }
+    for model, field in fields.items():
+        annotation = model.model_fields[field].annotation
+        assert annotation == PolicyName or annotation == PolicyName | None, (model, field)
+    assert ChampionConfig(policy="adaptive").policy == "adaptive"
+    with pytest.raises(ValidationError, match="'fixed', 'adaptive' or 'cost'"):
+        ChampionConfig(policy="greedy")

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from serving.features import STAGE_KINDS
+from serving.drafters.kinds import STAGES
 from serving.predictor import FEATURE_NAMES, AcceptancePredictor, Shrinkage, make_mlp
 
 
-def tiny_predictor(hardware: str = "cpu", stages=STAGE_KINDS, seed: int = 0):
+def tiny_predictor(hardware: str = "cpu", stages=STAGES, seed: int = 0):
     torch.manual_seed(seed)
     return AcceptancePredictor(
         make_mlp(),

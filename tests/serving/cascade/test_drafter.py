@@ -99,10 +99,26 @@ def test_a_predictor_for_another_target_or_feature_set_is_refused(target, tmp_pa
         build_cascade("pld", target, verify_curve=DEFAULT_VERIFY_CURVE, predictor=folder)
 
 
+class _Trusts:
+    """A predictor that gives one stage's tokens certain acceptance and every other stage's
+    none: the plan then never verifies another stage's block (which still drafts: both
+    stages here are eager)."""
+
+    def __init__(self, stage: str) -> None:
+        self.stage = stage
+
+    def predict(self, rows):
+        import torch
+
+        return torch.tensor([1.0 if row.stage == self.stage else 0.0 for row in rows])
+
+
 def test_stages_not_chosen_still_learn_where_the_target_ruled(target, prompt):
     decoder, cascade = _decoder(target, ["pld:2", "ngram:3"], None)
+    cascade.predictor = _Trusts("ngram")
     decoder.generate(prompt * 3, max_new_tokens=NEW_TOKENS)
     chosen = {name for name in cascade.stops if name != TARGET_STAGE}
+    assert chosen == {"ngram:3"}, cascade.stops  # pld:2 never verified, ngram:3 was
     for index, stage in enumerate(cascade.stages):
         assert sum(cascade.running[index].seen) > 0, (stage.name, chosen)
 

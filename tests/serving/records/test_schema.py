@@ -1,20 +1,23 @@
 """The record schema: a real engine record survives JSON unchanged, drafted tokens included;
-an old (version 1) record is read as the current version; ids and failure flags."""
+records written before (committed under fixtures/) read and write back byte for byte; the
+engine's own dataclasses are the nested rows, held to the record's rules; an old (version 1)
+record is read as the current version; ids and failure flags."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import math
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
+from serving.detailed import Disagreement
 from serving.errors import BadInputError
 from serving.features import DraftedToken
 from serving.records.schema import (
     SCHEMA_VERSION,
-    DraftedTokenRow,
     RequestRecord,
     UnknownSchemaVersionError,
     from_detailed,
@@ -26,6 +29,10 @@ from serving.records.schema import (
 from serving.sampling import SamplingParams
 
 NOW = 1_750_000_000.0
+# Records main's code wrote (schema version 2) before the record's nested rows became the
+# engine's dataclasses: prompt lookup, a relaxed layers:1 draft (confidence, entropy,
+# unverified positions), a sampled n-gram drafter, and plain decoding.
+FIXTURE = Path(__file__).parent / "fixtures" / "records-v2.jsonl"
 
 
 @pytest.fixture(scope="module")
@@ -114,8 +121,18 @@ def test_record_carries_the_engine_fields_and_the_collection_context(detailed):
     assert row["is_failure"] == is_failure(detailed.acceptance_rate, 0.5)
 
 
-def test_drafted_row_has_exactly_the_engine_fields():
-    assert list(DraftedTokenRow.model_fields) == [f.name for f in dataclasses.fields(DraftedToken)]
+def test_drafted_row_has_exactly_the_engine_fields(detailed):
+    """The record's nested rows are the engine's dataclasses: one declaration, no copy to
+    keep equal."""
+    row = _build(detailed)
+    parsed = parse_record(json.loads(json.dumps(row)))
+    assert parsed.drafted and all(type(d) is DraftedToken for d in parsed.drafted)
+    assert parsed.disagreements and all(type(d) is Disagreement for d in parsed.disagreements)
+    assert parsed.drafted == detailed.drafted
+    assert parsed.disagreements == detailed.disagreements
+    assert [list(d) for d in row["drafted"]] == [
+        [f.name for f in dataclasses.fields(DraftedToken)]
+    ] * len(row["drafted"])
 
 
 def test_drafted_tokens_are_recorded_and_consistent(detailed):
@@ -180,6 +197,90 @@ def test_extra_fields_are_refused(detailed):
     row = {**_build(detailed), "note": "hi"}
     with pytest.raises(ValidationError, match="note"):
         RequestRecord.model_validate(row)
+
+
+# --------------------------------------------------------- records written before, nested rows
+
+
+def _fixture_lines() -> list[str]:
+    return FIXTURE.read_text().splitlines()
+
+
+def test_records_written_before_read_and_write_back_byte_for_byte():
+    lines = _fixture_lines()
+    assert len(lines) == 4
+    for line in lines:
+        assert json.dumps(parse_record(json.loads(line)).model_dump(mode="json")) == line
+        assert RequestRecord.model_validate_json(line).model_dump_json() == (
+            RequestRecord.model_validate(json.loads(line)).model_dump_json()
+        )
+    rows = [json.loads(line) for line in lines]
+    assert any(r["disagreements"] for r in rows) and any(r["unverified"] for r in rows)
+    assert any(d["draft_entropy"] is not None for r in rows for d in r["drafted"])
+
+
+def test_the_engine_writes_the_fields_of_records_written_before(detailed, relaxed):
+    """Names and order, at every level (the values depend on the CPU's arithmetic)."""
+    before = json.loads(_fixture_lines()[0])
+    for record in (detailed, relaxed):
+        row = _build(record)
+        assert list(row) == list(before)
+        assert list(row["sampling"]) == list(before["sampling"])
+        assert {tuple(d) for d in row["disagreements"]} == {tuple(before["disagreements"][0])}
+        assert {tuple(d) for d in row["drafted"]} == {tuple(before["drafted"][0])}
+
+
+def _first_nested(key: str) -> tuple[dict, dict]:
+    row = json.loads(_fixture_lines()[0])
+    return row, row[key][0]
+
+
+@pytest.mark.parametrize(
+    "key, field, value",
+    [
+        ("drafted", "step", "1"),  # no coercion from strings
+        ("drafted", "token", 7.0),  # nor from floats to integers
+        ("drafted", "accepted", 1),  # nor from integers to booleans
+        ("drafted", "stage_index", True),  # nor from booleans to integers
+        ("drafted", "target_entropy", math.nan),  # no NaN
+        ("drafted", "draft_confidence", math.inf),  # nor infinity
+        ("drafted", "kept", None),  # a required field is not nullable
+        ("disagreements", "target_prob_of_draft", -math.inf),
+        ("disagreements", "context", "1, 2"),
+        ("disagreements", "position", "3"),
+    ],
+)
+def test_nested_rows_are_as_strict_as_the_record(key, field, value):
+    row, nested = _first_nested(key)
+    nested[field] = value
+    with pytest.raises(ValidationError, match=rf"{key}\.0\.{field}"):
+        parse_record(row)
+
+
+@pytest.mark.parametrize("key", ["drafted", "disagreements"])
+def test_nested_rows_refuse_extra_and_missing_fields(key):
+    row, nested = _first_nested(key)
+    nested["note"] = "hi"
+    with pytest.raises(ValidationError, match=rf"{key}\.0\.note"):
+        parse_record(row)
+    row, nested = _first_nested(key)
+    del nested["position"]
+    with pytest.raises(ValidationError, match=rf"{key}\.0\.position"):
+        parse_record(row)
+    row, _ = _first_nested(key)
+    row[key][0] = [1, 2, 3]  # not an object
+    with pytest.raises(ValidationError, match=rf"{key}\.0"):
+        parse_record(row)
+
+
+def test_non_finite_engine_rows_are_refused(detailed):
+    """The engine's own instances are checked again when a record is built from them."""
+    drafted = [dataclasses.replace(detailed.drafted[0], target_entropy=math.nan)]
+    with pytest.raises(ValidationError, match=r"drafted\.0\.target_entropy"):
+        _build(dataclasses.replace(detailed, drafted=drafted))
+    disagreements = [dataclasses.replace(detailed.disagreements[0], draft_prob_of_draft=math.inf)]
+    with pytest.raises(ValidationError, match=r"disagreements\.0\.draft_prob_of_draft"):
+        _build(dataclasses.replace(detailed, disagreements=disagreements))
 
 
 # ------------------------------------------------------------------------------ old versions

@@ -10,8 +10,10 @@ from collections import Counter
 import pytest
 
 from serving.atomic import write_jsonl_atomic
+from serving.detailed import Disagreement
 from serving.errors import BadInputError
-from serving.records.schema import DisagreementRow, DraftedTokenRow, RequestRecord, Sampling
+from serving.features import DraftedToken
+from serving.records.schema import RequestRecord, Sampling
 from serving.records.store import partition_dir, read_raw
 from tasks.data.validate import (
     quarantine_path,
@@ -25,8 +27,8 @@ NOW = 1_750_000_000.0
 HARDWARE = ("cpu", "cuda")
 
 
-def drafted_row(step: int, position: int, token: int, accepted: bool) -> DraftedTokenRow:
-    return DraftedTokenRow(
+def drafted_row(step: int, position: int, token: int, accepted: bool) -> DraftedToken:
+    return DraftedToken(
         stage="pld",
         stage_index=0,
         position=position,
@@ -74,7 +76,7 @@ def make_record(index: int, **fields) -> dict:
         timestamp=NOW - 3600.0,
         run_id="run-1",
         disagreements=[
-            DisagreementRow(
+            Disagreement(
                 position=position,
                 draft_index=1,
                 draft_token=99,
