@@ -100,13 +100,15 @@ def main(argv: list[str] | None = None) -> int:
         ((name, overrides),) = args.run
         run_one(args, name, json.loads(overrides))
         return 0
-    args.out.mkdir(parents=True, exist_ok=True)
-    children = []
     for name, overrides in args.run:  # a bad run fails before any starts
         try:
-            json.loads(overrides)
+            if not isinstance(json.loads(overrides), dict):
+                raise ValueError("not an object")
         except ValueError as error:
-            parser.error(f"--run {name}: {overrides!r} is not JSON ({error})")
+            parser.error(f"--run {name}: {overrides!r} is not a JSON object of settings ({error})")
+    args.out.mkdir(parents=True, exist_ok=True)
+    children = []
+    for name, overrides in args.run:
         command = [sys.executable, "-m", "benchmarks.head_sweep", "--child"]
         command += ["--run", name, overrides]
         for key in ("teacher", "heldout", "out", "model"):
