@@ -119,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
             command += ["--gguf-file", args.gguf_file]
         log = (args.out / f"{name}.jsonl").open("w")
         children.append((name, subprocess.Popen(command, stdout=log), log))
+        print(f"run {name}: started, one JSON line per mark in {log.name}", flush=True)
     failed = 0
     for name, child, log in children:
         failed += child.wait() != 0
