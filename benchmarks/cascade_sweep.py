@@ -368,8 +368,9 @@ def log_to_mlflow(payload: dict[str, Any], out: Path, hardware: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.cascade_sweep",
         description="λ × seeds on held-out HumanEval (pass@1) and ShareGPT (ROUGE-L), with "
-        "ablations."
+        "ablations.",
     )
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="targets + sweep")
     parser.add_argument("--out", type=Path, default=Path("results/cascade/sweep"))

@@ -538,7 +538,9 @@ def format_table(report: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.constraint_compare", description=(__doc__ or "").split("\n\n")[0]
+    )
     parser.add_argument("--out", type=Path, default=Path("results/constraint_compare.json"))
     parser.add_argument("--libraries", nargs="+", default=list(LIBRARIES), choices=LIBRARIES)
     parser.add_argument("--random-walks", type=int, default=10)

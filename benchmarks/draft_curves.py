@@ -316,9 +316,10 @@ def speed(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.draft_curves",
         description="Learning curves of the draft designs (mean accepted length and agreement "
         "against training minutes and tokens), then a wall-clock check of each design's last "
-        "draft through the engine; writes curves.json, curves.md and curves.png under --out."
+        "draft through the engine; writes curves.json, curves.md and curves.png under --out.",
     )
     parser.add_argument("--teacher", type=Path, default=Path("results/teacher/train"))
     parser.add_argument(

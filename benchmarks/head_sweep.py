@@ -80,7 +80,9 @@ def run_one(args: argparse.Namespace, name: str, overrides: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.head_sweep", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--teacher", type=Path, required=True)
     parser.add_argument("--heldout", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)

@@ -29,7 +29,9 @@ def _median_s(run, repeats: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.qlora_cpu_speed", description=__doc__
+    )
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)

@@ -323,7 +323,9 @@ def format_summary(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     defaults = SuffixEvalConfig()
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.suffix_eval", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--out-dir", type=Path, default=Path("results/suffix_eval"))
     parser.add_argument("--train-prompts", type=int, default=defaults.train_prompts)
     parser.add_argument("--heldout-prompts", type=int, default=defaults.heldout_prompts)
