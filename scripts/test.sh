@@ -11,7 +11,7 @@ source scripts/env.sh
 .venv/bin/ruff format --check .
 # Types of every package (not a hand-kept file list), then the import layers
 # (pyproject.toml's import-linter contracts; docs/architecture.md draws them).
-.venv/bin/mypy serving registry tasks flows specops scripts
+.venv/bin/mypy serving registry tasks flows specops scripts benchmarks
 .venv/bin/lint-imports
 .venv/bin/python -m pytest -q "$@"
 bash scripts/test_py312.sh

@@ -1,5 +1,7 @@
-"""``specops cascade``: collect per-stage training data for the acceptance predictor, and
-sweep the cascade's λ (speed against quality)."""
+"""``specops cascade``: collect per-stage training data for the acceptance predictor.
+
+The λ sweep (speed against quality) is a study outside the product:
+``python -m benchmarks.cascade_sweep`` (docs/cascade.md)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import typer
 
 from specops.exit import fail
 
-cascade_app = typer.Typer(help="The draft cascade: per-stage data collection and the λ sweep.")
+cascade_app = typer.Typer(help="The draft cascade: per-stage data collection.")
 
 
 @cascade_app.command()
@@ -76,68 +78,3 @@ def collect(
             f"{stage:>12}: {summary.written} records written, {summary.skipped_existing} "
             f"already there; acceptance {'n/a' if rate is None else f'{rate:.3f}'}"
         )
-
-
-@cascade_app.command()
-def sweep(
-    config: Annotated[Path, typer.Option(help="The cascade config (targets + sweep).")] = Path(
-        "configs/cascade.yaml"
-    ),
-    out: Annotated[Path, typer.Option(help="Folder for sweep.json and frontier.png.")] = Path(
-        "results/cascade/sweep"
-    ),
-    hardware: Annotated[str | None, typer.Option(help="Override sweep.hardware.")] = None,
-    predictor: Annotated[str | None, typer.Option(help="Override sweep.predictor.")] = None,
-    seeds: Annotated[str | None, typer.Option(help="Override sweep.seeds, e.g. 0,1,2.")] = None,
-    prompts: Annotated[
-        int | None, typer.Option(help="Override the prompts per seed of both workloads.")
-    ] = None,
-    mlflow: Annotated[bool, typer.Option(help="Log the results as an MLflow run.")] = True,
-    target: Annotated[str, typer.Option(help="smollm2 (shipped) or a model folder.")] = ("smollm2"),
-) -> None:
-    """λ × seeds on held-out HumanEval (pass@1) and ShareGPT (ROUGE-L), with ablations."""
-    from serving.errors import SpecOpsError
-    from tasks.bench.cascade_sweep import load_cascade_config, run_sweep
-
-    try:
-        loaded = load_cascade_config(config)
-        overrides: dict[str, object] = {}
-        if hardware is not None:
-            overrides["hardware"] = hardware
-        if predictor is not None:
-            overrides["predictor"] = predictor
-        if seeds is not None:
-            overrides["seeds"] = [int(s) for s in seeds.split(",") if s.strip()]
-        if prompts is not None:
-            overrides["humaneval_prompts"] = overrides["sharegpt_prompts"] = prompts
-        if overrides:
-            merged = {**loaded.sweep.model_dump(), **overrides}
-            loaded = loaded.model_copy(update={"sweep": type(loaded.sweep).model_validate(merged)})
-        payload = run_sweep(loaded, out, target_source=target)
-    except ValueError as error:  # a bad override (pydantic), named
-        fail(f"bad sweep setting: {error}")
-    except SpecOpsError as error:
-        fail(str(error))
-    typer.echo(payload["table"])
-    typer.echo(f"wrote {out / 'sweep.json'} and {out / 'frontier.png'}")
-    if mlflow:
-        from registry.client import Registry
-
-        summary = payload["summary"]
-        metrics = {
-            f"{name.replace('=', '_').replace('λ', 'lambda')}/{key}": float(value)
-            for name, row in summary.items()
-            for key, value in (
-                ("speedup", row["speedup"]["mean"]),
-                ("pass_at_1", row["pass_at_1"]),
-                ("rouge_l", row["rouge_l"]["mean"]),
-            )
-            if value is not None
-        }
-        run_id = Registry().log_report(
-            f"cascade-sweep-{loaded.sweep.hardware}",
-            [out / "sweep.json", out / "frontier.png"],
-            metrics=metrics,
-            tags={"hardware": loaded.sweep.hardware},
-        )
-        typer.echo(f"logged to MLflow run {run_id}")

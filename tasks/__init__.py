@@ -4,9 +4,10 @@ Each subpackage may import the ones below it and ``serving`` and ``registry``; n
 ones above it, nor ``flows`` or ``specops`` (the import-linter contracts in
 ``pyproject.toml`` enforce this in the test command)::
 
-    loop · bench · ops      the loop's steps and their Prefect wrappers · benchmarks and
-                            research measurements · operating a server (load test)
-    evaluate                interleaved evaluation, gates, per-target evaluation, exports
+    loop · bench · ops      the loop's steps and their Prefect wrappers · the measurement
+                            commands (bench, profile, quality) · operating a server (load test)
+    evaluate                interleaved evaluation and its timing loop, gates, per-target
+                            evaluation, exports
     train                   teacher data, the trainers and their shared loop, suffix index
     data                    workloads, collection, validation, dataset, versioning
 """

@@ -21,6 +21,7 @@ from serving.metrics import pool, position_counts
 from serving.sampling import SamplingParams
 from serving.server.text import TextAssembler
 from specops.chat.commands import DRAFT_SETTINGS, Settings
+from tasks.evaluate.interleave import interleave
 
 OnText = Callable[[str, bool], None]  # (text, from_draft)
 Cancelled = Callable[[], bool]
@@ -176,8 +177,9 @@ class ChatSession:
     ) -> list[CompareRow]:
         """``prompt`` (default: the last one) through plain decoding and each drafter in
         ``specs`` (default: the session's), greedy and in fast mode, ``rounds`` rounds in
-        alternating order (so that neither warm caches nor a noisy neighbour favour whoever
-        runs first). ``on_run(name, round)`` is called before each run."""
+        alternating order (:func:`tasks.evaluate.interleave.interleave`, so that neither warm
+        caches nor a noisy neighbour favour whoever runs first). ``on_run(name, round)`` is
+        called before each run."""
         prompt = prompt or self.last_prompt
         if prompt is None:
             raise BadInputError(
@@ -191,12 +193,10 @@ class ChatSession:
             spec = "none" if name == PLAIN else name
             decoders[name] = self._decoder(self.settings.with_value("drafter", spec))
         ids = self.encode(prompt)
-        runs: dict[str, list[GenerationResult]] = {name: [] for name in names}
-        for round_index in range(rounds):
-            for name in names if round_index % 2 == 0 else names[::-1]:
-                if on_run is not None:
-                    on_run(name, round_index)
-                generation = decoders[name].stream(
+
+        def call(decoder: SpeculativeDecoder) -> Callable[[int], GenerationResult]:
+            def run(_round: int) -> GenerationResult:
+                generation = decoder.stream(
                     ids, max_new_tokens=self.settings.max_tokens, mode="fast"
                 )
                 _stream(generation, self.tokenizer, None, cancelled)
@@ -204,7 +204,15 @@ class ChatSession:
                 assert result is not None
                 if result.stop_reason == "cancelled":
                     raise Interrupted("/compare interrupted")
-                runs[name].append(result)
+                return result
+
+            return run
+
+        runs: dict[str, list[GenerationResult]] = {name: [] for name in names}
+        calls = {name: call(decoders[name]) for name in names}
+        for timed in interleave(calls, rounds, order="alternate", on_start=on_run):
+            for name, run in timed.items():
+                runs[name].append(run.value)
         return compare_rows(runs)
 
     # --- /stats --------------------------------------------------------------------------

@@ -51,6 +51,7 @@ from tasks.bench.limits import (
     weight_bytes_per_token,
 )
 from tasks.bench.llamacpp import LlamaCppProcess, LlamaCppUnavailable, llamacpp_python
+from tasks.evaluate.interleave import interleave
 
 log = logging.getLogger(__name__)
 
@@ -635,21 +636,28 @@ def _interleave(
     *,
     progress: bool,
 ) -> list[dict]:
-    """One warm-up each, then every method once per prompt in a rotating order."""
+    """One warm-up each, then every method once per prompt in a rotating order
+    (:func:`tasks.evaluate.interleave.interleave`). A row's ``seconds`` are its runner's own
+    (llama.cpp times itself, without the pipe)."""
     from tqdm.auto import tqdm
 
     names = list(runners)
-    for name in tqdm(names, desc="warm-up", disable=not progress):
-        runners[name](encoded[0][:64])
-    runs: list[dict] = []
     bar = tqdm(total=len(prompts) * len(names), desc="bench", disable=not progress)
-    for index, (prompt, prompt_ids) in enumerate(zip(prompts, encoded, strict=True)):
-        order = names[index % len(names) :] + names[: index % len(names)]
-        outcomes: dict[str, Outcome] = {}
-        for name in order:
-            bar.set_postfix_str(f"{prompt.workload}:{name}")
-            outcomes[name] = runners[name](prompt_ids)
-            bar.update()
+
+    def warm_up(name: str) -> None:
+        bar.set_postfix_str(f"warm-up:{name}")
+        runners[name](encoded[0][:64])
+
+    def show(name: str, index: int) -> None:
+        bar.set_postfix_str(f"{prompts[index].workload}:{name}")
+
+    calls = {name: (lambda index, name=name: runners[name](encoded[index])) for name in names}
+    rounds = interleave(
+        calls, len(prompts), warm_up=warm_up, on_start=show, on_end=lambda *_: bar.update()
+    )
+    runs: list[dict] = []
+    for prompt, prompt_ids, timed in zip(prompts, encoded, rounds, strict=True):
+        outcomes = {name: run.value for name, run in timed.items()}
         for name in names:
             outcome = outcomes[name]
             reference = references.get(name)

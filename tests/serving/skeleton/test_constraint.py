@@ -19,9 +19,8 @@ from serving.errors import BadInputError
 from serving.skeleton.constraint import ConstraintState, SkeletonConstraint
 from serving.skeleton.grammar import DEFAULT_FORMAT, SkeletonFormat
 from serving.skeleton.parse import parse_skeleton
-from tasks.bench.constraint_compare import INVALID_SKELETONS, VALID_SKELETONS
+from tests.serving.skeleton.skeletons import INVALID_SKELETONS, VALID_SKELETONS
 
-# The comparison benchmark checks every library against the same cases.
 VALID = VALID_SKELETONS
 INVALID = INVALID_SKELETONS
 

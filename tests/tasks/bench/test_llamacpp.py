@@ -110,9 +110,19 @@ def test_greedy_decoding_is_repeatable_across_modes(llama):
     plain = llama.generate(PROMPT, max_new_tokens=12)
     assert 1 <= len(plain.token_ids) <= 12 and plain.seconds > 0
     assert plain.stop in ("eos", "length")
-    # No cache state leaks between requests or between the two models.
     lookup = llama.generate(PROMPT, max_new_tokens=12, mode="prompt_lookup", num_pred_tokens=10)
-    assert len(lookup.token_ids) <= 12
+    # Prompt lookup reproduces plain decoding here, though not always: it verifies drafts
+    # in batched passes, and llama.cpp's batched evaluation differs from its one-token one
+    # (by up to 0.94 logits on these 12 positions; docs/quantised.md saw the two part on
+    # longer outputs). It holds for this prompt because the first token comes from the same
+    # prefill in both modes (identical logits), and every later greedy choice wins by at
+    # least 1.12 logits while batching moved a margin by at most 0.23 (measured with
+    # llama-cpp-python 0.3.36 on the shipped Q4_1 GGUF). The continuation repeats the
+    # prompt's phrase, so lookup drafts and accepts: its batched passes are exercised.
+    assert lookup.token_ids == plain.token_ids
+    # No cache state leaks between requests or between the two models.
+    again = llama.generate(PROMPT, max_new_tokens=12, mode="prompt_lookup", num_pred_tokens=10)
+    assert again.token_ids == lookup.token_ids
     assert llama.generate(PROMPT, max_new_tokens=12).token_ids == plain.token_ids
     assert llama.generate(PROMPT[:-3], max_new_tokens=12).token_ids != []
     assert llama.generate(PROMPT, max_new_tokens=12).token_ids == plain.token_ids

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from benchmarks.suffix_eval import BASELINE, _summary, replay_greedy
 from serving.drafters.prompt_lookup import PromptLookupDrafter
 from serving.drafters.suffix import SuffixDrafter, SuffixIndex
 from serving.engine import SpeculativeDecoder
 from serving.policy import FixedK
-from tasks.bench.suffix_eval import BASELINE, _summary, replay_greedy
 
 
 def corpus_of(*sequences: list[int]) -> SuffixIndex:

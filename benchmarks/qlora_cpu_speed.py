@@ -1,9 +1,10 @@
 """CPU speed of LoRA training steps and one-token forward passes on a tiny random Llama with
 an fp32, bitsandbytes 8-bit or nf4 base (writes results/qlora_cpu_speed.json).
 
-    .venv/bin/python scripts/qlora_cpu_speed.py --threads 1
+    .venv/bin/python -m benchmarks.qlora_cpu_speed --threads 1
 
-Needs bitsandbytes (`pip install bitsandbytes==0.50.2`); the weights are random (speed only).
+Needs bitsandbytes (the ``qlora`` extra); the weights are random (speed only). Its result is
+kept in docs/training.md.
 """
 
 from __future__ import annotations
@@ -27,8 +28,10 @@ def _median_s(run, repeats: int) -> float:
     return statistics.median(times)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.qlora_cpu_speed", description=__doc__
+    )
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
@@ -37,11 +40,12 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--out", type=Path, default=Path("results/qlora_cpu_speed.json"))
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
 
     import bitsandbytes
 
+    from serving.atomic import write_json_atomic
     from serving.models.tiny import tiny_llama
     from tasks.train.distill_model import quantized, with_lora
 
@@ -76,6 +80,7 @@ def main() -> None:
         def forward(model=model, token=token) -> None:
             model(input_ids=token)
 
+        print(f"{mode}: timing {args.repeats} training steps ...", flush=True)
         train_step()  # warm-up
         forward()
         results[mode] = {
@@ -88,15 +93,14 @@ def main() -> None:
                 results[mode][key] / results["none"][key]
             )
     payload = {
-        "command": "scripts/qlora_cpu_speed.py "
+        "command": "python -m benchmarks.qlora_cpu_speed "
         + " ".join(f"--{k}={v}" for k, v in vars(args).items()),
         "bitsandbytes": bitsandbytes.__version__,
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "results": results,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(payload, indent=2, default=str))
+    write_json_atomic(args.out, payload)
     print(json.dumps(payload, indent=2, default=str))
 
 

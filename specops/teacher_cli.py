@@ -1,13 +1,13 @@
-"""``specops teacher ...`` (teacher caches) and ``specops draft-curves`` (learning curves).
+"""``specops teacher ...``: teacher caches, the target's own answers that drafts train on.
 
 Thin: options are checked before any model loads; the work is in
-:mod:`tasks.train.teacher_build`, :mod:`tasks.train.teacher_answers`,
-:mod:`tasks.bench.draft_curves` and :mod:`tasks.bench.curves_report`.
+:mod:`tasks.train.teacher_build` and :mod:`tasks.train.teacher_answers`. The learning curves
+of the draft designs, which train on these caches, are a study outside the product:
+``python -m benchmarks.draft_curves`` (docs/learning-curves.md).
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
@@ -146,90 +146,3 @@ def _rows(path: Path, keys: tuple[str, ...]) -> list[dict]:
         return read_jsonl(path, keys)
     except ValueError as error:
         raise _bad(str(error)) from None
-
-
-def draft_curves(
-    teacher: Annotated[Path, typer.Option(help="Training teacher cache.")] = Path(
-        "results/teacher/train"
-    ),
-    heldout: Annotated[Path, typer.Option(help="Held-out teacher cache (scoring).")] = Path(
-        "results/teacher/heldout"
-    ),
-    out: Annotated[Path, typer.Option(help="Results folder.")] = Path("results/draft-curves"),
-    config: Annotated[Path, typer.Option(help="Designs and marks.")] = Path(
-        "configs/draft_curves.yaml"
-    ),
-    designs: Annotated[
-        str | None, typer.Option(help="Comma-separated designs to run (default: all).")
-    ] = None,
-    max_minutes: Annotated[
-        float | None, typer.Option(help="Stop every curve at this mark (default: all marks).")
-    ] = None,
-    speed_prompts: Annotated[
-        int, typer.Option(help="Held-out prompts for the wall-clock check (0: skip it).")
-    ] = 8,
-    speed_tokens: Annotated[int, typer.Option(help="Tokens per prompt in that check.")] = 128,
-    speed_threads: Annotated[int, typer.Option(help="torch threads in that check.")] = 2,
-    report_only: Annotated[
-        bool, typer.Option("--report-only", help="Only redraw the table and plot.")
-    ] = False,
-    speed_only: Annotated[
-        bool,
-        typer.Option("--speed-only", help="Train nothing: only the wall-clock check and report."),
-    ] = False,
-    goal: Annotated[float, typer.Option(help="Mean accepted length drawn as the goal.")] = 1.6,
-    target: Annotated[str, typer.Option(help="smollm2 or a local HF model folder.")] = "smollm2",
-) -> None:
-    """Learning curves of the draft designs (mean accepted length and agreement against
-    training minutes and tokens), then a wall-clock check of each design's last draft
-    through the engine; writes curves.json, curves.md and curves.png under OUT."""
-    from serving.errors import SpecOpsError
-    from serving.loader import load_target, set_threads
-    from tasks.bench.curves_report import write_report
-    from tasks.bench.draft_curves import answer_sequences, load_curves_config, run_design, speed
-
-    try:
-        settings = load_curves_config(config)
-        chosen = list(settings.designs)
-        if designs is not None:
-            chosen = [d.strip() for d in designs.split(",") if d.strip()]
-            unknown = [d for d in chosen if d not in settings.designs]
-            if unknown or not chosen:
-                raise _bad(f"unknown designs {unknown}; {config} has {list(settings.designs)}")
-        if speed_prompts < 0 or speed_tokens < 1:
-            raise _bad("--speed-prompts must be >= 0 and --speed-tokens >= 1")
-        if not (report_only or speed_only):
-            set_threads(settings.threads)
-            # Stock kernels: layers drafts copy the target's weights, which packed layers lack.
-            model, tokenizer = load_target(target, kernels="stock")
-            sequences = answer_sequences(heldout, model)
-            for name in chosen:
-                run_design(
-                    name,
-                    settings.designs[name],
-                    settings,
-                    target=model,
-                    tokenizer=tokenizer,
-                    teacher_dir=teacher,
-                    heldout=sequences,
-                    out_dir=out,
-                    max_minutes=max_minutes,
-                    log=typer.echo,
-                )
-        if speed_prompts and not report_only:
-            set_threads(speed_threads)
-            engine, tokenizer = load_target(target)
-            speed(
-                out,
-                target=engine,
-                tokenizer=tokenizer,
-                k=settings.k,
-                prompts=speed_prompts,
-                max_new_tokens=speed_tokens,
-                threads=speed_threads,
-            )
-        written = write_report(out, goal=goal)
-    except SpecOpsError as error:
-        fail(str(error))
-    typer.echo(written["table"].read_text())
-    typer.echo(json.dumps({k: str(v) for k, v in written.items()}))

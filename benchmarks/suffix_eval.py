@@ -7,12 +7,13 @@ other.
 2. Build the suffix corpus from that store
    (:func:`tasks.train.suffix_index.build_suffix_index_from_store`).
 3. On held-out prompts, interleaved per prompt (the order rotates, after one warm-up
-   generation per method): plain greedy, prompt lookup, the suffix drafter without and with
-   the corpus. Every output must equal plain greedy's token for token.
+   generation per method: :func:`tasks.evaluate.interleave.interleave`): plain greedy,
+   prompt lookup, the suffix drafter without and with the corpus. Every output must equal
+   plain greedy's token for token.
 
 The result (per-method pooled acceptance, mean accepted length, tokens/s and its ratio to
-plain greedy; every run) is written atomically as JSON. Run it as
-``python -m tasks.bench.suffix_eval --help``.
+plain greedy; every run) is written atomically as JSON; docs/training.md keeps it. Run it
+from the repository root as ``python -m benchmarks.suffix_eval --help``.
 """
 
 from __future__ import annotations
@@ -22,18 +23,21 @@ import json
 import logging
 import os
 import platform
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
+from benchmarks.cli import run_study
 from serving.atomic import write_json_atomic
 from serving.drafters.base import Drafter, DraftProposal, DraftRequest, StepFeedback
 from serving.errors import BadInputError
 from serving.hardware import engine_target
 from serving.loader import DecoderOptions, build_decoder, encode_messages, set_threads
 from serving.metrics import RequestStats, pool
+from tasks.evaluate.interleave import interleave
 
 log = logging.getLogger(__name__)
 
@@ -208,31 +212,36 @@ def compare_on_heldout(
     }
     names = list(decoders)
     encoded = [encode_messages(tokenizer, p.messages) for p in prompts]
-    for name in names:  # warm-up: first-call overheads land on nobody's numbers
-        decoders[name].generate(encoded[0][:64], max_new_tokens=16)
     runs: list[dict] = []
     bar = tqdm(total=len(prompts) * len(names), desc="held-out", disable=not progress)
-    for index, (prompt, prompt_ids) in enumerate(zip(prompts, encoded, strict=True)):
-        order = names[index % len(names) :] + names[: index % len(names)]
-        outputs: dict[str, tuple[list[int], float, dict]] = {}
-        for name in order:
-            started = time.perf_counter()
-            result = decoders[name].generate(prompt_ids, max_new_tokens=config.max_new_tokens)
-            seconds = time.perf_counter() - started
-            outputs[name] = (result.token_ids, seconds, result.stats.to_dict())
-            bar.update()
-        reference = outputs[BASELINE][0]
+    calls = {
+        name: (
+            lambda index, decoder=decoder: decoder.generate(
+                encoded[index], max_new_tokens=config.max_new_tokens
+            )
+        )
+        for name, decoder in decoders.items()
+    }
+    rounds = interleave(
+        calls,
+        len(prompts),
+        # first-call overheads land on nobody's numbers
+        warm_up=lambda name: decoders[name].generate(encoded[0][:64], max_new_tokens=16),
+        on_end=lambda *_: bar.update(),
+    )
+    for prompt, prompt_ids, timed in zip(prompts, encoded, rounds, strict=True):
+        reference = timed[BASELINE].value.token_ids
         for name in names:
-            token_ids, seconds, stats = outputs[name]
+            result, seconds = timed[name].value, timed[name].seconds
             runs.append(
                 {
                     "prompt_id": prompt.id,
                     "method": name,
                     "prompt_tokens": len(prompt_ids),
-                    "tokens": len(token_ids),
+                    "tokens": len(result.token_ids),
                     "seconds": seconds,
-                    "identical": token_ids == reference,
-                    "stats": stats,
+                    "identical": result.token_ids == reference,
+                    "stats": result.stats.to_dict(),
                 }
             )
     bar.close()
@@ -312,9 +321,11 @@ def format_summary(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     defaults = SuffixEvalConfig()
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.suffix_eval", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--out-dir", type=Path, default=Path("results/suffix_eval"))
     parser.add_argument("--train-prompts", type=int, default=defaults.train_prompts)
     parser.add_argument("--heldout-prompts", type=int, default=defaults.heldout_prompts)
@@ -338,11 +349,15 @@ def main(argv: list[str] | None = None) -> None:
         collect_budget_s=args.collect_budget_s,
         include_prompts=args.include_prompts,
     )
-    results = run_suffix_eval(config, out_dir=args.out_dir)
-    print(format_summary(results["summary"]))  # type: ignore[arg-type]
-    print(f"written: {args.out_dir / 'suffix_eval.json'}")
-    print(json.dumps(results["corpus"]))
+
+    def study() -> None:
+        results = run_suffix_eval(config, out_dir=args.out_dir)
+        print(format_summary(results["summary"]))  # type: ignore[arg-type]
+        print(f"written: {args.out_dir / 'suffix_eval.json'}")
+        print(json.dumps(results["corpus"]))
+
+    return run_study(study)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

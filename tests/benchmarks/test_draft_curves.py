@@ -1,5 +1,6 @@
-"""The learning-curve harness on the tiny target: each design trains to each mark, is
-scored on held-out answers, resumes where it stopped, and the report draws it."""
+"""The learning-curve study on the tiny target: each design trains to each mark, is scored
+on held-out answers, resumes where it stopped, and the report draws it; its command
+(``python -m benchmarks.draft_curves``) end to end on a tiny target folder."""
 
 from __future__ import annotations
 
@@ -7,18 +8,20 @@ import json
 
 import pytest
 import torch
+from typer.testing import CliRunner
 
-from serving.drafters.package import load_package
-from serving.errors import BadInputError
-from tasks.bench.curves_report import POINTS_FILE, write_report
-from tasks.bench.draft_curves import (
+from benchmarks.curves_report import POINTS_FILE, write_report
+from benchmarks.draft_curves import (
     CurvesConfig,
     Design,
     answer_sequences,
     load_curves_config,
+    main,
     package_design,
     run_design,
 )
+from serving.drafters.package import load_package
+from serving.errors import BadInputError
 from tasks.train.teacher import TeacherConfig
 from tasks.train.teacher_build import TeacherPrompt, build_teacher_cache
 
@@ -110,9 +113,9 @@ def test_the_shipped_config_loads_and_marks_must_increase(tmp_path):
 
 def test_the_wall_clock_check_runs_every_design_and_prompt_lookup(model_folder, tmp_path):
     """A tiny target with the real tokenizer: the check decodes real held-out prompts."""
+    from benchmarks.curves_report import SPEED_FILE
+    from benchmarks.draft_curves import speed
     from serving.loader import load_target
-    from tasks.bench.curves_report import SPEED_FILE
-    from tasks.bench.draft_curves import speed
 
     target, tokenizer = load_target(str(model_folder), kernels="stock")
     generator = torch.Generator().manual_seed(0)
@@ -143,3 +146,55 @@ def test_the_wall_clock_check_runs_every_design_and_prompt_lookup(model_folder, 
     assert all(result["lossless"] for result in report["results"].values())
     assert (tmp_path / "curves" / SPEED_FILE).is_file()
     assert "Wall clock through the engine" in write_report(tmp_path / "curves")["table"].read_text()
+
+
+CURVES = """
+marks_minutes: [0.005]
+threads: 1
+designs:
+  head: {kind: head, settings: {intermediate_size: 48, learning_rate: 0.01, eval_fraction: 0}}
+"""
+
+
+def test_draft_curves_trains_scores_and_draws(target_dir, tmp_path, capsys):
+    """Was ``specops draft-curves`` (tests/specops/test_curves_cli.py); the teacher cache
+    is built by ``specops teacher build`` as there."""
+    from specops.teacher_cli import teacher_app
+
+    generator = torch.Generator().manual_seed(5)
+    rows = [
+        {"id": f"q{i}", "token_ids": torch.randint(3, 96, (6,), generator=generator).tolist()}
+        for i in range(12)
+    ]
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    built = CliRunner().invoke(
+        teacher_app,
+        ["build", "--prompts", str(prompts), "--out", str(tmp_path / "teacher"),
+         "--target", str(target_dir), "--max-new-tokens", "12", "--threads", "1"],
+    )  # fmt: skip
+    assert built.exit_code == 0, built.output
+    config = tmp_path / "curves.yaml"
+    config.write_text(CURVES)
+    out = tmp_path / "curves"
+    common = ["--config", config, "--teacher", tmp_path / "teacher", "--heldout",
+              tmp_path / "teacher", "--out", out, "--target", target_dir]  # fmt: skip
+
+    def run(*args: object) -> tuple[int, str]:
+        code = main([str(a) for a in (*common, *args)])
+        captured = capsys.readouterr()
+        return code, captured.out + captured.err
+
+    def assert_fails(result: tuple[int, str], fragment: str) -> None:
+        code, output = result
+        assert code == 2, output
+        assert fragment in output and "Traceback" not in output
+
+    code, output = run("--speed-prompts", 0)
+    assert code == 0, output
+    assert "| head | " in output
+    assert {p.name for p in out.iterdir()} >= {"head", "curves.md", "curves.json", "curves.png"}
+    assert_fails(run("--designs", "medusa"), "unknown designs")
+    assert_fails(run("--speed-prompts", -1), "--speed-prompts")
+    config.write_text("marks_minutes: []\ndesigns: {}\n")
+    assert_fails(run(), "invalid draft-curves config")

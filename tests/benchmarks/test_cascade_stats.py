@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tasks.bench.cascade_stats import mean_ci, rouge_l
+from benchmarks.cascade_stats import mean_ci, rouge_l
 
 
 def test_rouge_l_by_hand():

@@ -1,6 +1,7 @@
-"""`specops cascade sweep` end to end on a tiny model with the real tokenizer: every
-method's rows, lossless methods equal to plain, pass@1 executed; bad settings refused
-before a model loads."""
+"""The cascade λ sweep (``python -m benchmarks.cascade_sweep``) end to end on a tiny model
+with the real tokenizer: every method's rows, lossless methods equal to plain, pass@1
+executed; bad settings, from the config or the command line, refused before a model
+loads."""
 
 from __future__ import annotations
 
@@ -8,8 +9,7 @@ import json
 
 import pytest
 
-from serving.errors import BadInputError
-from tasks.bench.cascade_sweep import (
+from benchmarks.cascade_sweep import (
     ABLATIONS,
     BASELINE,
     LOSSLESS,
@@ -17,8 +17,13 @@ from tasks.bench.cascade_sweep import (
     CascadeFile,
     SweepConfig,
     TargetCascade,
+    load_cascade_config,
+    main,
     run_sweep,
+    sweep_metrics,
+    with_overrides,
 )
+from serving.errors import BadInputError
 from tests.serving.cascade.conftest import tiny_predictor
 
 
@@ -95,3 +100,41 @@ def test_bad_settings_are_refused_before_a_model_loads(tmp_path, change, message
     predictor = tiny_predictor().save(tmp_path / "predictor")
     with pytest.raises((BadInputError, ValueError), match=message):
         run_sweep(_config(predictor, **change), tmp_path / "out", target_source="/nonexistent")
+
+
+def test_the_shipped_config_loads_and_the_command_line_overrides_it():
+    shipped = load_cascade_config()
+    assert shipped.sweep.hardware in shipped.targets
+    changed = with_overrides(shipped, hardware="cpu-int4", seeds="3, 4", prompts=2)
+    assert changed.sweep.hardware == "cpu-int4" and changed.sweep.seeds == [3, 4]
+    assert changed.sweep.humaneval_prompts == changed.sweep.sharegpt_prompts == 2
+    assert changed.targets == shipped.targets and with_overrides(shipped) is shipped
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--seeds", "0,x"], "--seeds takes integers such as 0,1,2, got '0,x'"),
+        (["--prompts", "-1"], "bad sweep setting"),
+        (["--hardware", "tpu-v9"], "no cascade for hardware target 'tpu-v9'"),
+        (["--config", "/nonexistent.yaml"], "cannot read cascade config"),
+    ],
+)
+def test_the_command_refuses_bad_settings_before_a_model_loads(args, message, capsys):
+    assert main([*args, "--target", "/nonexistent", "--no-mlflow"]) == 2
+    error = capsys.readouterr().err
+    assert message in error and "Traceback" not in error
+
+
+def test_sweep_metrics_name_each_method_and_skip_what_it_lacks():
+    def row(speedup, passed, rouge):
+        return {"speedup": {"mean": speedup}, "pass_at_1": passed, "rouge_l": {"mean": rouge}}
+
+    summary = {"λ=0.5": row(1.4, 0.5, 0.9), "plain": row(1.0, None, 1.0)}
+    assert sweep_metrics(summary) == {
+        "lambda_0.5/speedup": 1.4,
+        "lambda_0.5/pass_at_1": 0.5,
+        "lambda_0.5/rouge_l": 0.9,
+        "plain/speedup": 1.0,
+        "plain/rouge_l": 1.0,
+    }

