@@ -12,7 +12,6 @@ import typer
 
 from specops.cascade_cli import cascade_app
 from specops.chat_cli import chat
-from specops.curves_cli import draft_curves, teacher_app
 from specops.data_cli import data_app
 from specops.deploy_cli import deploy_app
 from specops.distributed_cli import distributed_app
@@ -24,6 +23,7 @@ from specops.quality_cli import quality
 from specops.registry_cli import registry_app
 from specops.stack_cli import stack_app
 from specops.targets_cli import targets_app
+from specops.teacher_cli import teacher_app
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
@@ -88,7 +88,6 @@ app.add_typer(loop_app, name="loop")
 app.add_typer(predictor_app, name="predictor")
 app.add_typer(targets_app, name="targets")
 app.add_typer(teacher_app, name="teacher")
-app.command("draft-curves")(draft_curves)
 app.command("quality")(quality)
 app.command("chat")(chat)
 

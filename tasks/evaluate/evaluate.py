@@ -15,7 +15,6 @@ not forget.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +28,7 @@ from serving.loader import encode_messages, eos_ids
 from serving.metrics import RequestStats, StepRecord, acceptance_by_position, pool
 from serving.policy import DraftLengthPolicy, make_policy
 from tasks.data.prompts import Prompt
+from tasks.evaluate.interleave import interleave
 
 REFERENCE = "plain"
 
@@ -177,31 +177,38 @@ def evaluate(
     if any(not ids for ids in encoded):
         empty = [p.id for p, ids in zip(prompts, encoded, strict=True) if not ids]
         raise BadInputError(f"evaluation prompts without tokens: {empty[:3]}")
-    for run in runs:  # warm-up: first-call costs (kernels, allocations) stay out of timings
-        run.decoder.generate(encoded[0], max_new_tokens=min(8, max_new_tokens))
     rows: dict[str, list[dict[str, Any]]] = {run.name: [] for run in runs}
     bar = tqdm(
         total=len(prompts) * len(runs), desc=f"evaluating on {hardware}", disable=not progress
     )
-    for index, (prompt, ids) in enumerate(zip(prompts, encoded, strict=True)):
-        order = runs[index % len(runs) :] + runs[: index % len(runs)]
-        outputs: dict[str, dict[str, Any]] = {}
-        for run in order:
-            started = time.perf_counter()
-            result = run.decoder.generate(ids, max_new_tokens=max_new_tokens)
-            outputs[run.name] = {
-                "prompt_id": prompt.id,
-                "workload": prompt.workload,
-                "seconds": time.perf_counter() - started,
-                "token_ids": result.token_ids,
-                "stats": result.stats.to_dict(),
-                "steps": [[s.proposed, s.accepted] for s in result.steps],
-            }
-            bar.update()
-        reference = outputs[REFERENCE]["token_ids"]
-        for name, row in outputs.items():
-            row["lossless"] = row["token_ids"] == reference
-            rows[name].append(row)
+    decoders = {run.name: run.decoder for run in runs}
+    calls = {
+        name: (lambda index, d=decoder: d.generate(encoded[index], max_new_tokens=max_new_tokens))
+        for name, decoder in decoders.items()
+    }
+    rounds = interleave(
+        calls,
+        len(prompts),
+        # warm-up: first-call costs (kernels, allocations) stay out of timings
+        warm_up=lambda name: decoders[name].generate(
+            encoded[0], max_new_tokens=min(8, max_new_tokens)
+        ),
+        on_end=lambda *_: bar.update(),
+    )
+    for prompt, timed in zip(prompts, rounds, strict=True):
+        reference = timed[REFERENCE].value.token_ids
+        for name, run in timed.items():
+            rows[name].append(
+                {
+                    "prompt_id": prompt.id,
+                    "workload": prompt.workload,
+                    "seconds": run.seconds,
+                    "token_ids": run.value.token_ids,
+                    "stats": run.value.stats.to_dict(),
+                    "steps": [[s.proposed, s.accepted] for s in run.value.steps],
+                    "lossless": run.value.token_ids == reference,
+                }
+            )
     bar.close()
     reference_tps = _summary(rows[REFERENCE], None)["tokens_per_s"]
     report: dict[str, Any] = {

@@ -362,7 +362,7 @@ def test_factory_rejects_bad_head_specs(spec, fragment):
 @pytest.mark.parametrize("draft_vocab", [None, 8192])
 def test_head_drafter_is_lossless_on_the_real_model(real_packed, real_prompts, draft_vocab):
     """The hidden-state plumbing on the packed real target (an untrained head: it only
-    exercises rejections; trained-head numbers come from `specops draft-curves`)."""
+    exercises rejections; trained-head numbers come from `python -m benchmarks.draft_curves`)."""
     model, _ = real_packed
     torch.manual_seed(0)
     vocab_ids = None if draft_vocab is None else torch.randperm(49152)[:draft_vocab]
