@@ -5,14 +5,16 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from specops.exit import failing
 from specops.load import load_engine_target
-from specops.options import Threads
+from specops.options import Policy, Threads
 
 
 def bench(
@@ -56,7 +58,7 @@ def bench_skeleton(
     max_tokens: Annotated[int, typer.Option(help="Token budget per point.")] = 64,
     plain_max_tokens: Annotated[int, typer.Option(help="Budget of the plain answer.")] = 256,
     drafter: Annotated[str, typer.Option(help="Drafter of every request.")] = "pld",
-    policy: Annotated[str, typer.Option(help="cost | fixed | adaptive.")] = "cost",
+    policy: Policy = "cost",
     k: Annotated[int, typer.Option("--k", help="The policy's k.")] = 8,
     threads: Threads = 2,
     hardware: Annotated[str, typer.Option(help="Hardware target.")] = "cpu",
@@ -140,32 +142,24 @@ def profile(
     from tasks.bench.profile import plot_batch, profile_batch_hardware, profile_hardware
     from tasks.bench.profile_report import batch_report, pass_report
 
+    measure: Callable[..., Any]
     if batch:
         out = out or Path("results/profile-batch.json")
-        with failing():
-            batched = profile_batch_hardware(
-                hardware,
-                kernels=kernels,
-                threads=threads,
-                context=context if context is not None else 200,
-                repeats=repeats,
-            )
-        write_json_atomic(out, {"hardware": hardware, **batched})
-        title = f"packed pass cost on {hardware} ({batched['threads']} threads)"
-        plot = plot_batch(batched, out.with_suffix(".png"), title=title)
-        typer.echo(batch_report(hardware, batched))
-        typer.echo(f"results: {out}, plot: {plot}")
-        return
-    out = out or Path("results/profile.json")
-    with failing():
-        result = profile_hardware(
-            hardware,
-            kernels=kernels,
-            threads=threads,
-            max_n=max_n,
-            context=context if context is not None else 256,
-            repeats=repeats,
+        measure = partial(profile_batch_hardware, context=200 if context is None else context)
+    else:
+        out = out or Path("results/profile.json")
+        measure = partial(
+            profile_hardware, max_n=max_n, context=256 if context is None else context
         )
+    with failing():
+        # a PassProfile, or with --batch a BatchProfile
+        result: Any = measure(hardware, kernels=kernels, threads=threads, repeats=repeats)
     write_json_atomic(out, {"hardware": hardware, **result})
-    typer.echo(pass_report(hardware, result))
-    typer.echo(f"results: {out}")
+    if not batch:
+        typer.echo(pass_report(hardware, result))
+        typer.echo(f"results: {out}")
+        return
+    title = f"packed pass cost on {hardware} ({result['threads']} threads)"
+    plot = plot_batch(result, out.with_suffix(".png"), title=title)
+    typer.echo(batch_report(hardware, result))
+    typer.echo(f"results: {out}, plot: {plot}")

@@ -97,14 +97,9 @@ def generate(
             fail(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
         options = DecoderOptions(
-            drafter=drafter,
-            k=k,
-            policy=policy,
-            hardware=hardware,
-            cascade=cascade,
-            predictor=predictor,
-            relax_lambda=relax_lambda,
-        )
+            drafter=drafter, k=k, policy=policy, hardware=hardware, cascade=cascade,
+            predictor=predictor, relax_lambda=relax_lambda,
+        )  # fmt: skip
         options.check()
         if skeleton and not chat:
             fail("--skeleton needs the chat template (drop --no-chat)")

@@ -142,13 +142,9 @@ def loadtest(
     from tasks.ops.server_process import ServerProcess
 
     settings = LoadTestSettings(
-        requests=requests,
-        max_tokens=max_tokens,
-        temperature=temperature,
-        workload=workload,
-        drafter=drafter,
-        skeleton=skeleton,
-    )
+        requests=requests, max_tokens=max_tokens, temperature=temperature, workload=workload,
+        drafter=drafter, skeleton=skeleton,
+    )  # fmt: skip
     server = None
     try:
         with failing():

@@ -16,6 +16,11 @@ if TYPE_CHECKING:
 
 simulate_app = typer.Typer(invoke_without_command=True)  # the callback's docstring is its help
 
+Records = Annotated[
+    list[Path],
+    typer.Option(help="A capture store, a folder of JSONL parts or a file; repeatable."),
+]
+
 
 def _log_report() -> ReportLogger:
     """The registry's report logger (one MLflow run with files and metrics)."""
@@ -98,10 +103,7 @@ def simulate(
 
 @simulate_app.command("acceptance")
 def acceptance(
-    records: Annotated[
-        list[Path],
-        typer.Option(help="A capture store, a folder of JSONL parts or a file; repeatable."),
-    ],
+    records: Records,
     out: Annotated[
         Path | None, typer.Option(help="Write drafters and evidence here (.yaml, else JSON).")
     ] = None,
@@ -140,10 +142,7 @@ def acceptance(
 
 @simulate_app.command("trace")
 def trace(
-    records: Annotated[
-        list[Path],
-        typer.Option(help="A capture store, a folder of JSONL parts or a file (repeatable)."),
-    ],
+    records: Records,
     workload: Annotated[str | None, typer.Option(help="Only this workload's records.")] = None,
     hardware: Annotated[str | None, typer.Option(help="Only this target's records.")] = None,
     out: Annotated[Path | None, typer.Option(help="Write the arrivals section here.")] = None,
