@@ -67,6 +67,7 @@ def vllm(
     from serving.server.config import load_server_config
     from serving.server.state import server_keys
     from tasks.loop.vllm_deploy import deployment_for
+    from tasks.loop.vllm_target import vllm_target
 
     _log_progress()
     with failing():
@@ -74,6 +75,7 @@ def vllm(
             config, **{"host": host, **security_overrides(api_key_file, allow_unauthenticated)}
         )
         keys = server_keys(settings)
+        vllm_target(hardware)  # before the registry is opened
     logs.install(keys.secrets)
     front = Front(
         hardware=hardware,
@@ -125,6 +127,7 @@ def cycle(
     `deploy vllm`'s machinery under a steady load, promote the second, roll back; report
     every request's outcome and each switch's times (uses the configured registry)."""
     from tasks.loop.vllm_cycle import run_cycle
+    from tasks.loop.vllm_target import vllm_target
 
     _log_progress()
 
@@ -133,6 +136,7 @@ def cycle(
 
     signal.signal(signal.SIGTERM, interrupt)
     with failing():
+        vllm_target(hardware)  # before anything is registered or promoted
         report = run_cycle(
             hardware=hardware, target=target, work=work, store=store,
             drafters=(first, second), workers=workers, max_tokens=max_tokens,

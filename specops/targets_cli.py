@@ -141,15 +141,18 @@ def bundle(
     (a GPU box with only torch, transformers, peft and accelerate). There:
     ``python -m tasks.evaluate.remote OUT --out evaluation.json``; back here:
     ``specops registry log-evaluation evaluation.json --promote``."""
+    from registry.client import Registry
+    from serving.hardware import hardware_target
     from serving.loader import load_target
+    from serving.models.real import cache_root
     from tasks.data.traffic import build_workload
     from tasks.evaluate.evaluate import traffic_prompts as held_out_traffic
-    from tasks.loop.prefect_tasks import open_registry
     from tasks.loop.remote_bundle import prepare_bundle
     from tasks.loop.steps import read_jsonl
 
     with failing():
-        registry = open_registry()
+        hardware_target(hardware)  # before the registry and the model
+        registry = Registry()  # the bundle's champion, challengers and their packages
         drafts = [registry.resolve(ref) for ref in challenger]
         chosen: list = [
             p
@@ -160,8 +163,6 @@ def bundle(
             held = read_jsonl(traffic / "heldout_traffic.jsonl")
             chosen += held_out_traffic(held, per_workload=traffic_prompts)
         _, tokenizer = load_target("smollm2", kernels="stock")
-        from serving.models.real import cache_root
-
         folder = prepare_bundle(
             registry, hardware, drafts, chosen, out, tokenizer=tokenizer,
             cache=cache_root() / "registry", max_new_tokens=max_new_tokens,
