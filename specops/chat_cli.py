@@ -8,9 +8,8 @@ from typing import Annotated
 
 import typer
 
-from serving.drafters.factory import SPEC_HELP
 from specops.exit import failing
-from specops.options import Hardware, Policy, Target, Threads
+from specops.options import SPEC_HELP, Hardware, Policy, Target, Threads
 
 
 def chat(

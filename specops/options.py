@@ -8,6 +8,9 @@ from typing import Annotated
 
 import typer
 
+# The engine's own lists. (serving.drafters.factory imports torch; once the drafter kinds
+# are declared in a module without it, import SPEC_HELP from there: `specops --help` should
+# not pay for torch, docs/architecture.md.)
 from serving.drafters.factory import SPEC_HELP
 from serving.policy import POLICIES
 
