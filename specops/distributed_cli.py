@@ -22,6 +22,7 @@ distributed_app = typer.Typer(
 
 # A drafter spec, run on the client (distributed) or on the server (--fused).
 RemoteDrafter = Annotated[str, typer.Option(help="Drafter spec (here, or the server).")]
+DraftLength = Annotated[int, typer.Option(help="Draft length (the cost policy's largest).")]
 
 
 @distributed_app.command("serve-target")
@@ -99,7 +100,7 @@ def client(
     address: Annotated[str, typer.Option(help="The target server.")] = "127.0.0.1:50051",
     drafter: RemoteDrafter = "pld",
     policy: Policy = "fixed",
-    k: Annotated[int, typer.Option(help="Draft length (the cost policy's largest).")] = 4,
+    k: DraftLength = 4,
     max_new_tokens: Annotated[int, typer.Option(help="Tokens to generate.")] = 128,
     temperature: Annotated[float, typer.Option(help="0: greedy.")] = 0.0,
     seed: Annotated[int | None, typer.Option(help="Sampling seed.")] = None,
@@ -158,7 +159,7 @@ def bench(
     sessions: Annotated[str, typer.Option(help="Concurrent sessions.")] = "1,2,4,8",
     drafter: RemoteDrafter = "pld",
     policy: Policy = "fixed",
-    k: Annotated[int, typer.Option(help="Draft length.")] = 4,
+    k: DraftLength = 4,
     requests: Annotated[int, typer.Option(help="Requests per point (>= 2 per session).")] = 8,
     max_new_tokens: Annotated[int, typer.Option(help="Tokens per request.")] = 64,
     workload: Annotated[str, typer.Option(help="Prompts (held-out split).")] = "sharegpt",
