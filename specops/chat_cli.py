@@ -8,26 +8,19 @@ from typing import Annotated
 
 import typer
 
-from specops.exit import fail
+from specops.exit import failing
+from specops.options import SPEC_HELP, Hardware, Policy, Target, Threads
 
 
 def chat(
-    target: Annotated[str, typer.Option(help="smollm2 or a local model folder.")] = "smollm2",
-    hardware: Annotated[str, typer.Option(help="Hardware target (configs/hardware.yaml).")] = "cpu",
-    threads: Annotated[int, typer.Option(help="torch threads.")] = 2,
-    drafter: Annotated[
-        str,
-        typer.Option(
-            help="none | pld[:N] | ngram[:N][,...] | suffix[:PATH] | layers:N | model:PATH | "
-            "head:PATH (/drafter changes it)."
-        ),
-    ] = "pld",
+    target: Target = "smollm2",
+    hardware: Hardware = "cpu",
+    threads: Threads = 2,
+    drafter: Annotated[str, typer.Option(help=f"{SPEC_HELP} (/drafter changes it).")] = "pld",
     k: Annotated[
         int, typer.Option("--k", help="Draft block: fixed k, adaptive start, cost policy's max.")
     ] = 10,
-    policy: Annotated[str, typer.Option(help="Draft-length policy: cost | fixed | adaptive.")] = (
-        "cost"
-    ),
+    policy: Policy = "cost",
     temperature: Annotated[float, typer.Option(help="0 = greedy.")] = 0.0,
     max_tokens: Annotated[int, typer.Option(help="Token budget of an answer.")] = 256,
     mode: Annotated[
@@ -46,25 +39,18 @@ def chat(
 ) -> None:
     """An interactive session: type prompts, switch drafters, /compare, /stats, /save,
     /eval, /train (/help inside lists every command)."""
-    from serving.errors import SpecOpsError
     from serving.hardware import engine_target, load_hardware
     from serving.loader import load_target, set_threads
     from serving.models.real import cache_root
     from specops.chat.commands import Settings
 
-    try:  # every option checked before the model loads
+    with failing():  # every option checked before the model loads
         settings = Settings(
-            drafter=drafter,
-            k=k,
-            policy=policy,
-            temperature=temperature,
-            max_tokens=max_tokens,
+            drafter=drafter, k=k, policy=policy, temperature=temperature, max_tokens=max_tokens,
             mode=mode,
-        ).check()
+        ).check()  # fmt: skip
         engine = engine_target(hardware)
         set_threads(threads)
-    except SpecOpsError as error:
-        fail(str(error))
     from rich.console import Console
     from transformers.utils import logging as transformers_logging
 
@@ -74,11 +60,9 @@ def chat(
     transformers_logging.disable_progress_bar()  # the session's own status says it loads
     console = Console(highlight=False)
     try:
-        with console.status(f"loading {target} for {hardware}"):
+        with failing(), console.status(f"loading {target} for {hardware}"):
             model, tokenizer = load_target(target, **engine.load_options())
             session = ChatSession(model, tokenizer, hardware=hardware, settings=settings)
-    except SpecOpsError as error:
-        fail(str(error))
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
     read_line = line_reader(

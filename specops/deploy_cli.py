@@ -11,17 +11,24 @@ from typing import Annotated
 
 import typer
 
-from specops.exit import fail
+from specops.exit import failing
+from specops.options import AllowUnauthenticated, ApiKeyFile, Target, security_overrides
 
 deploy_app = typer.Typer(
     help="Deploy a hardware target's champion on an inference server.", no_args_is_help=True
 )
 
 
+def _log_progress() -> None:
+    """The deployment's progress lines on stderr; httpx's per-request lines left out."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+
+
 @deploy_app.command("vllm")
 def vllm(
     hardware: Annotated[str, typer.Option(help="A vLLM hardware target (cpu-vllm, cuda-vllm).")],
-    target: Annotated[str, typer.Option(help="smollm2 or a local HF model folder.")] = "smollm2",
+    target: Target = "smollm2",
     host: Annotated[str, typer.Option(help="The front's address.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="The front's port (clients call this one).")] = 8100,
     store: Annotated[
@@ -47,41 +54,28 @@ def vllm(
             "and capture redaction apply to the front too."
         ),
     ] = Path("configs/serving.yaml"),
-    api_key_file: Annotated[
-        Path | None,
-        typer.Option(help="API keys, one per line (mode 600); also read: $SPECOPS_API_KEYS."),
-    ] = None,
-    allow_unauthenticated: Annotated[
-        bool,
-        typer.Option("--allow-unauthenticated", help="Serve beyond loopback with no API key."),
-    ] = False,
+    api_key_file: ApiKeyFile = None,
+    allow_unauthenticated: AllowUnauthenticated = False,
 ) -> None:
     """Run the front on HOST:PORT and keep the champion's vLLM server behind it: on a
     promotion or rollback, start the new configuration beside the old, wait for it to
     answer, move traffic, stop the old. /health says what serves and why not."""
     import uvicorn
 
-    from serving.errors import SpecOpsError
     from serving.gateway.front import Front
     from serving.security import logs
     from serving.server.config import load_server_config
     from serving.server.state import server_keys
     from tasks.loop.vllm_deploy import deployment_for
+    from tasks.loop.vllm_target import vllm_target
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    try:
+    _log_progress()
+    with failing():
         settings = load_server_config(
-            config,
-            **{
-                "host": host,
-                "security.api_key_file": str(api_key_file) if api_key_file else None,
-                "security.allow_unauthenticated": allow_unauthenticated or None,
-            },
+            config, **{"host": host, **security_overrides(api_key_file, allow_unauthenticated)}
         )
         keys = server_keys(settings)
-    except SpecOpsError as error:
-        fail(str(error))
+        vllm_target(hardware)  # before the registry is opened
     logs.install(keys.secrets)
     front = Front(
         hardware=hardware,
@@ -90,7 +84,7 @@ def vllm(
         metrics_open=settings.security.metrics_open,
     )
     capture = settings.capture
-    try:
+    with failing():
         deployment = deployment_for(
             hardware,
             target=target,
@@ -103,8 +97,6 @@ def vllm(
             drain_s=drain_s,
             redact_patterns=list(capture.redact_patterns) if capture.redact else None,
         )
-    except SpecOpsError as error:
-        fail(str(error))
     deployment.start()
     server = uvicorn.Server(uvicorn.Config(front.app(), host=host, port=port, log_level="warning"))
     signal.signal(signal.SIGTERM, lambda *_: setattr(server, "should_exit", True))
@@ -117,7 +109,7 @@ def vllm(
 @deploy_app.command("cycle")
 def cycle(
     hardware: Annotated[str, typer.Option(help="A vLLM hardware target.")] = "cpu-vllm",
-    target: Annotated[str, typer.Option(help="smollm2 or a local HF model folder.")] = "smollm2",
+    target: Target = "smollm2",
     first: Annotated[str, typer.Option(help="The first champion's drafter spec.")] = "pld:1",
     second: Annotated[str, typer.Option(help="The drafter promoted over it.")] = "pld:3",
     work: Annotated[Path, typer.Option(help="Packages, exports, logs.")] = Path(
@@ -134,23 +126,21 @@ def cycle(
     """Register two drafts, evaluate them through vLLM, promote the first, serve it with
     `deploy vllm`'s machinery under a steady load, promote the second, roll back; report
     every request's outcome and each switch's times (uses the configured registry)."""
-    from serving.errors import SpecOpsError
     from tasks.loop.vllm_cycle import run_cycle
+    from tasks.loop.vllm_target import vllm_target
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    _log_progress()
 
     def interrupt(*_):  # SIGTERM stops the servers as Ctrl-C does
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, interrupt)
-    try:
+    with failing():
+        vllm_target(hardware)  # before anything is registered or promoted
         report = run_cycle(
             hardware=hardware, target=target, work=work, store=store,
             drafters=(first, second), workers=workers, max_tokens=max_tokens,
             pause_s=pause_s, out=out,
         )  # fmt: skip
-    except SpecOpsError as error:
-        fail(str(error))
     typer.echo(json.dumps({k: report[k] for k in ("requests", "failed", "timeline")}, indent=2))
     typer.echo(f"report: {out}")

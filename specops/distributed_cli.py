@@ -6,11 +6,13 @@ import json
 import signal
 import threading
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-from specops.exit import fail
+from specops.exit import fail, failing
+from specops.load import load_engine_target
+from specops.options import Policy, Target
 
 distributed_app = typer.Typer(
     help="Distributed speculative decoding over gRPC: the target on a server, the drafter "
@@ -18,11 +20,16 @@ distributed_app = typer.Typer(
 )
 
 
+# A drafter spec, run on the client (distributed) or on the server (--fused).
+RemoteDrafter = Annotated[str, typer.Option(help="Drafter spec (here, or the server).")]
+DraftLength = Annotated[int, typer.Option(help="Draft length (the cost policy's largest).")]
+
+
 @distributed_app.command("serve-target")
 def serve_target(
     host: Annotated[str, typer.Option(help="Bind address.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port (0: any free port).")] = 50051,
-    target: Annotated[str, typer.Option(help="smollm2 or a local model folder.")] = "smollm2",
+    target: Target = "smollm2",
     hardware: Annotated[str, typer.Option(help="Hardware target (its kernels and costs).")] = "cpu",
     threads: Annotated[int, typer.Option(help="torch threads for the target.")] = 1,
     max_sessions: Annotated[int, typer.Option(help="Sessions held at once.")] = 64,
@@ -41,21 +48,17 @@ def serve_target(
     from serving.atomic import write_text_atomic
     from serving.distributed.server import TargetLimits, TargetService
     from serving.distributed.server import serve_target as start
-    from serving.errors import SpecOpsError
-    from serving.hardware import engine_target
-    from serving.loader import eos_ids, load_target, set_threads
+    from serving.loader import eos_ids
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    try:
+    with failing():
         limits = TargetLimits(
             max_sessions=max_sessions,
             idle_timeout_s=idle_timeout,
             max_block=max_block,
             batch_window_s=batch_window_ms / 1000.0,
         )
-        hw = engine_target(hardware)
-        set_threads(threads)
-        model, tokenizer = load_target(target, **hw.load_options())
+        hw, model, tokenizer = load_engine_target(target, hardware, threads)
         service = TargetService(
             model,
             eos_token_ids=eos_ids(model, tokenizer),
@@ -67,8 +70,6 @@ def serve_target(
             verify_curve=hw.curve,
         )
         running = start(service, host=host, port=port)
-    except SpecOpsError as error:
-        fail(str(error))
     if ready_file is not None:
         write_text_atomic(ready_file, f"{running.port}\n")
     typer.echo(f"target server on {host}:{running.port}", err=True)
@@ -79,13 +80,27 @@ def serve_target(
     running.stop()
 
 
+def _client_side(kind: str | None) -> tuple[Any, Any]:
+    """``(model, tokenizer)`` a client needs for a drafter of ``kind``: the shipped model's
+    tokenizer, and the target itself only for a draft built from it (``layers``, ``model``)."""
+    from serving.loader import load_target
+
+    if kind in ("layers", "model"):
+        return load_target("smollm2")
+    from transformers import AutoTokenizer
+
+    from serving.models.real import real_model_dir
+
+    return None, AutoTokenizer.from_pretrained(real_model_dir(progress=False))
+
+
 @distributed_app.command("client")
 def client(
     prompt: Annotated[str, typer.Argument(help="The user's message (chat template applied).")],
     address: Annotated[str, typer.Option(help="The target server.")] = "127.0.0.1:50051",
-    drafter: Annotated[str, typer.Option(help="Drafter spec (here, or the server).")] = "pld",
-    policy: Annotated[str, typer.Option(help="Draft-length policy.")] = "fixed",
-    k: Annotated[int, typer.Option(help="Draft length (the cost policy's largest).")] = 4,
+    drafter: RemoteDrafter = "pld",
+    policy: Policy = "fixed",
+    k: DraftLength = 4,
     max_new_tokens: Annotated[int, typer.Option(help="Tokens to generate.")] = 128,
     temperature: Annotated[float, typer.Option(help="0: greedy.")] = 0.0,
     seed: Annotated[int | None, typer.Option(help="Sampling seed.")] = None,
@@ -93,43 +108,31 @@ def client(
     rtt_ms: Annotated[float, typer.Option(help="Inject this round-trip time (ms).")] = 0.0,
 ) -> None:
     """Decode one prompt against a target server; print the answer and the statistics."""
-    from transformers import AutoTokenizer
-
     from serving.distributed.client import TargetClient, run_distributed, run_fused
     from serving.drafters.factory import build_drafter, parse_drafter_spec
-    from serving.errors import SpecOpsError
-    from serving.loader import encode_prompt, load_target
-    from serving.models.real import real_model_dir
+    from serving.loader import encode_prompt
     from serving.policy import make_policy
     from serving.sampling import SamplingParams
 
-    try:
+    with failing():
         spec = parse_drafter_spec(drafter)
         sampling = SamplingParams(temperature=temperature, seed=seed)
         with TargetClient(address, rtt_s=rtt_ms / 1000.0) as remote:
             remote.wait_ready(10.0)
+            model, tokenizer = _client_side(None if fused else spec.kind)
+            ids = encode_prompt(tokenizer, prompt)
             if fused:
-                tokenizer = AutoTokenizer.from_pretrained(real_model_dir(progress=False))
-                ids = encode_prompt(tokenizer, prompt)
                 result = run_fused(
                     remote, ids, server_drafter=drafter, policy=policy, k=k,
                     max_new_tokens=max_new_tokens, sampling=sampling,
                 )  # fmt: skip
             else:
-                model = None
-                if spec.kind in ("layers", "model"):
-                    model, tokenizer = load_target("smollm2")
-                else:
-                    tokenizer = AutoTokenizer.from_pretrained(real_model_dir(progress=False))
-                ids = encode_prompt(tokenizer, prompt)
                 made = build_drafter(spec, model, tokenizer)
                 result = run_distributed(
                     remote, ids, drafter=made,
                     policy=make_policy(policy, k) if made is not None else None,
                     max_new_tokens=max_new_tokens, sampling=sampling,
                 )  # fmt: skip
-    except SpecOpsError as error:
-        fail(str(error))
     typer.echo(tokenizer.decode(result.token_ids, skip_special_tokens=True))
     drafted = result.draft_tokens
     typer.echo(
@@ -154,9 +157,9 @@ def client(
 def bench(
     rtt_ms: Annotated[str, typer.Option(help="Round-trip times to inject (ms).")] = "0,1,5,20",
     sessions: Annotated[str, typer.Option(help="Concurrent sessions.")] = "1,2,4,8",
-    drafter: Annotated[str, typer.Option(help="Drafter spec (client or server).")] = "pld",
-    policy: Annotated[str, typer.Option(help="Draft-length policy.")] = "fixed",
-    k: Annotated[int, typer.Option(help="Draft length.")] = 4,
+    drafter: RemoteDrafter = "pld",
+    policy: Policy = "fixed",
+    k: DraftLength = 4,
     requests: Annotated[int, typer.Option(help="Requests per point (>= 2 per session).")] = 8,
     max_new_tokens: Annotated[int, typer.Option(help="Tokens per request.")] = 64,
     workload: Annotated[str, typer.Option(help="Prompts (held-out split).")] = "sharegpt",
@@ -170,8 +173,7 @@ def bench(
     """Distributed vs fused vs plain on loopback: a target server process, clients here."""
     import torch
 
-    from serving.errors import SpecOpsError
-    from serving.loader import encode_prompt, load_target
+    from serving.loader import encode_prompt
     from tasks.bench.distributed import (
         DistributedBenchSettings,
         run_distributed_bench,
@@ -192,18 +194,11 @@ def bench(
         workload=workload, seed=seed,
     )  # fmt: skip
     torch.set_num_threads(1)  # the client side; the server process has its own
-    try:
+    with failing():
         settings.check()
-        from transformers import AutoTokenizer
-
         from serving.drafters.factory import parse_drafter_spec
-        from serving.models.real import real_model_dir
 
-        draft_target = None
-        if parse_drafter_spec(drafter).kind in ("layers", "model"):
-            draft_target, tokenizer = load_target("smollm2")
-        else:
-            tokenizer = AutoTokenizer.from_pretrained(real_model_dir(progress=False))
+        draft_target, tokenizer = _client_side(parse_drafter_spec(drafter).kind)
         count = max(settings.requests_at(s) for s in settings.sessions)
         prompts = [
             encode_prompt(tokenizer, p.user_text)
@@ -213,8 +208,6 @@ def bench(
             results = run_distributed_bench(
                 remote, prompts, settings, tokenizer=tokenizer, draft_target=draft_target
             )
-    except SpecOpsError as error:
-        fail(str(error))
     results["settings"] |= {"server_threads": threads, "client_threads": 1, "hardware": hardware}
     paths = write_report(results, out)
     typer.echo((out.with_suffix(".md")).read_text())

@@ -13,7 +13,8 @@ from typing import Annotated, Any
 
 import typer
 
-from specops.exit import fail
+from specops.exit import fail, failing
+from specops.options import POLICY_NAMES, Hardware, Target, Threads
 
 DRAFT_KINDS = ("head", "lora", "full", "suffix", "ngram")
 
@@ -22,15 +23,6 @@ def register_draft_commands(app: typer.Typer) -> None:
     """Add ``train-draft`` and ``eval-draft`` to ``app``."""
     app.command("train-draft")(train_draft)
     app.command("eval-draft")(eval_draft)
-
-
-def _validation_message(error) -> str:
-    """One line naming each bad setting (a pydantic ValidationError)."""
-    parts = []
-    for item in error.errors():
-        key = ".".join(str(part) for part in item["loc"]) or "settings"
-        parts.append(f"{key}: {item['msg']}")
-    return "bad settings: " + "; ".join(parts)
 
 
 def _manifest(kind: str, k: int, policy: str, drafter: str, description: str = ""):
@@ -49,7 +41,7 @@ def _fmt(value: float | None, spec: str = ".3f") -> str:
 def train_draft(
     kind: Annotated[str, typer.Option(help="head | lora | full | suffix | ngram.")],
     out: Annotated[Path, typer.Option(help="The draft package folder to write.")],
-    target: Annotated[str, typer.Option(help="smollm2 or a local HF model folder.")] = "smollm2",
+    target: Target = "smollm2",
     teacher: Annotated[
         Path, typer.Option(help="Teacher cache (head/lora/full): the target's own responses.")
     ] = Path("results/teacher/train"),
@@ -123,20 +115,15 @@ def train_draft(
     ] = "shared",
     min_conf: Annotated[float, typer.Option(help="ngram: the least frequency drafted.")] = 0.0,
     k: Annotated[int, typer.Option("--k", help="The package's (maximum) draft length.")] = 5,
-    policy: Annotated[str, typer.Option(help="The package's policy: cost | fixed | adaptive.")] = (
-        "cost"
-    ),
-    threads: Annotated[int, typer.Option(help="torch threads.")] = 2,
+    policy: Annotated[str, typer.Option(help=f"The package's policy: {POLICY_NAMES}.")] = "cost",
+    threads: Threads = 2,
 ) -> None:
     """Train a draft and write it as a draft package to OUT."""
-    from pydantic import ValidationError
-
-    from serving.errors import SpecOpsError
     from serving.loader import load_target, set_threads
 
     if kind not in DRAFT_KINDS:
         fail(f"unknown kind {kind!r}; choose one of {', '.join(DRAFT_KINDS)}")
-    try:
+    with failing(settings=True):
         if kind == "suffix":
             typer.echo(_train_suffix(out, store, include_prompts, hardware, k, policy))
             return
@@ -202,10 +189,6 @@ def train_draft(
             summary = _finish_head(config, model, manifest, out, budget)
         else:
             summary = _finish_distill(config, model, tokenizer, manifest, out, budget)
-    except ValidationError as error:
-        fail(_validation_message(error))
-    except SpecOpsError as error:
-        fail(str(error))
     typer.echo(summary)
 
 
@@ -324,10 +307,10 @@ def eval_draft(
     workload: Annotated[str, typer.Option(help="sharegpt | humaneval | grounded.")] = "sharegpt",
     prompts: Annotated[int, typer.Option(help="Held-out prompts.")] = 8,
     max_new_tokens: Annotated[int, typer.Option(help="Token budget per prompt.")] = 64,
-    threads: Annotated[int, typer.Option(help="torch threads.")] = 2,
+    threads: Threads = 2,
     seed: Annotated[int, typer.Option(help="Prompt-selection seed.")] = 0,
-    target: Annotated[str, typer.Option(help="smollm2 or a local HF model folder.")] = "smollm2",
-    hardware: Annotated[str, typer.Option(help="Hardware target (configs/hardware.yaml).")] = "cpu",
+    target: Target = "smollm2",
+    hardware: Hardware = "cpu",
     out: Annotated[Path, typer.Option(help="Results file.")] = Path("results/eval-draft.json"),
 ) -> None:
     """Evaluate a draft package against plain decoding on held-out prompts.
@@ -336,13 +319,12 @@ def eval_draft(
     whether the output equals plain decoding's (lossless); writes the JSON report."""
     from serving.atomic import write_json_atomic
     from serving.drafters.package import read_manifest
-    from serving.errors import SpecOpsError
     from serving.hardware import engine_target
     from serving.loader import load_target, set_threads
     from tasks.data.traffic import build_workload
     from tasks.evaluate.evaluate import Contender, evaluate
 
-    try:
+    with failing():
         if prompts < 1:
             fail(f"--prompts must be >= 1, got {prompts}")
         if max_new_tokens < 1:
@@ -364,8 +346,6 @@ def eval_draft(
             hardware=hardware,
             max_new_tokens=max_new_tokens,
         )
-    except SpecOpsError as error:
-        fail(str(error))
     options = [str(package)]
     if baseline_package is not None:
         options += ["--baseline-package", str(baseline_package)]

@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from specops.exit import fail
+from specops.exit import failing
 
 predictor_app = typer.Typer(help="The acceptance predictor: train, evaluate.")
 
@@ -47,24 +47,16 @@ def train(
 ) -> None:
     """Train the acceptance predictor for one hardware target, score it on the held-out
     parts, save it to OUT."""
-    from pydantic import ValidationError
-
-    from serving.errors import SpecOpsError
     from tasks.data.params import PredictorParams, load_params
     from tasks.train.predictor import train_predictor
 
-    try:
+    with failing(settings=True):
         base = load_params(params).predictor if params is not None else PredictorParams()
         overrides = {"seed": seed, "epochs": epochs, "minutes": minutes}
         settings = PredictorParams.model_validate(
             {**base.model_dump(), **{k: v for k, v in overrides.items() if v is not None}}
         )
-    except ValidationError as error:
-        bad = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
-        fail(f"bad settings: {bad}")
-    except SpecOpsError as error:
-        fail(str(error))
-    try:
+    with failing():
         trained = train_predictor(
             dataset,
             out,
@@ -75,8 +67,6 @@ def train(
             plot_data=plot_data,
         )
         label = _register(trained, dataset, hardware) if register else None
-    except SpecOpsError as error:
-        fail(str(error))
     typer.echo(trained.evaluation.table())
     written = [f"predictor: {out}"] + [
         f"{name}: {path}"
@@ -122,14 +112,11 @@ def evaluate(
 ) -> None:
     """Score a saved predictor on the held-out parts of a dataset (shrunk and raw)."""
     from serving.atomic import write_json_atomic
-    from serving.errors import SpecOpsError
     from tasks.train.predictor import evaluate_saved_predictor
     from tasks.train.predictor_plot import write_reliability_plot
 
-    try:
+    with failing():
         evaluation = evaluate_saved_predictor(predictor, dataset, hardware=hardware)
-    except SpecOpsError as error:
-        fail(str(error))
     if metrics is not None:
         write_json_atomic(metrics, evaluation.to_dict())
     if plot is not None:

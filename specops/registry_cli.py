@@ -9,12 +9,14 @@ line says why, and nothing was changed.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any
 
 import typer
 
-from specops.exit import fail
+from specops.exit import fail, failing
 
 registry_app = typer.Typer(help="The MLflow draft registry: drafts, champions, rollback.")
 
@@ -25,19 +27,13 @@ def _registry():
     return Registry()
 
 
-def _refuse(message: str) -> NoReturn:
-    """Print the registry's refusal on one line and exit 1 (the input was well formed)."""
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code=1)
-
-
-def _end(error: Exception) -> NoReturn:
-    """Exit on a SpecOpsError: 1 for a registry refusal, 2 for bad input."""
+@contextmanager
+def _refusing() -> Iterator[None]:
+    """Inside, a SpecOpsError ends the command: 1 for a registry refusal, 2 for bad input."""
     from registry.client import RegistryError
 
-    if isinstance(error, RegistryError):
-        _refuse(str(error))
-    fail(str(error))
+    with failing(refusals=(RegistryError,)):
+        yield
 
 
 @registry_app.command("show")
@@ -60,13 +56,12 @@ def show(
     With VERSION, that version's lineage instead: the data version and git commit it was
     made from, the run that produced it, its evaluation runs per hardware target (with
     theirs), the aliases it holds and its promotions."""
-    from serving.errors import SpecOpsError
     from serving.hardware import load_hardware
 
     if version is not None:
         _show_version(version, as_json=as_json)
         return
-    try:
+    with failing():
         registry = _registry()
         targets = [hardware] if hardware else sorted(load_hardware().targets)
         champions = {hw: registry.champion(hw) for hw in targets}
@@ -80,8 +75,6 @@ def show(
                 "versions": sorted(int(v.version) for v in versions),
                 "aliases": dict(model.aliases or {}),
             }
-    except SpecOpsError as error:
-        fail(str(error))
     payload = {
         **_stores(registry),
         "champions": {hw: d.label if d else None for hw, d in champions.items()},
@@ -123,13 +116,9 @@ def _run_line(run: dict[str, Any] | None) -> str:
 
 
 def _show_version(label: str, *, as_json: bool) -> None:
-    from serving.errors import SpecOpsError
-
-    try:
+    with _refusing():
         registry = _registry()
         lineage = registry.lineage(registry.resolve(label))
-    except SpecOpsError as error:
-        _end(error)
     if as_json:
         typer.echo(json.dumps({**_stores(registry), **lineage}, indent=2))
         return
@@ -161,12 +150,8 @@ def register(
     family: Annotated[str, typer.Option(help="Draft family (ngram, suffix, head, lora...).")],
 ) -> None:
     """Register a draft package as a new version of its family (not promoted)."""
-    from serving.errors import SpecOpsError
-
-    try:
+    with failing():
         draft = _registry().log_draft(package, family=family)
-    except SpecOpsError as error:
-        fail(str(error))
     typer.echo(f"registered {draft.label} (run {draft.run_id})")
 
 
@@ -176,12 +161,8 @@ def rollback(
     reason: Annotated[str, typer.Option(help="Why (kept in the audit run).")] = "manual rollback",
 ) -> None:
     """Give the champion alias back to the version the last promotion displaced."""
-    from serving.errors import SpecOpsError
-
-    try:
+    with failing():
         draft = _registry().rollback(hardware, reason=reason)
-    except SpecOpsError as error:
-        fail(str(error))
     typer.echo(f"champion-{hardware} -> {draft.label}")
 
 
@@ -191,15 +172,11 @@ def describe(
 ) -> None:
     """Print one version: its tags (lineage, evaluations, exports), its run's parameters
     and final metrics, and the aliases it holds."""
-    from serving.errors import SpecOpsError
-
-    try:
+    with _refusing():
         registry = _registry()
         draft = registry.resolve(version)
         run = registry.client.get_run(draft.run_id)
         model = registry.client.get_registered_model(draft.name)
-    except SpecOpsError as error:
-        _end(error)
     payload = {
         "label": draft.label,
         "family": draft.family,
@@ -223,10 +200,9 @@ def promote(
 ) -> None:
     """Make a version the champion of a hardware target. Refused unless it was evaluated
     there (and, off the specops engine, exported for that target's backend)."""
-    from serving.errors import SpecOpsError
     from serving.hardware import hardware_target
 
-    try:
+    with _refusing():
         hardware_target(hardware)
         registry = _registry()
         draft = registry.resolve(version)
@@ -237,8 +213,6 @@ def promote(
             if record.get("previous_family")
             else "none (plain decoding)"
         )
-    except SpecOpsError as error:
-        _end(error)
     typer.echo(f"champion-{hardware} -> {draft.label} (was {was}; audit run {run_id})")
 
 
@@ -260,17 +234,14 @@ def log_evaluation(
     each contender's numbers go to its version, which is then marked evaluated on that
     hardware target, and the gates judge each challenger. The file is checked first, and
     every version it names must exist; otherwise nothing is logged."""
-    from serving.errors import SpecOpsError
     from serving.models.real import cache_root
     from tasks.evaluate.evaluation_file import read_evaluation_file
     from tasks.loop.steps import decide
 
-    try:
+    with _refusing():
         evaluation = read_evaluation_file(file)
         registry = _registry()
         drafts = {name: registry.resolve(label) for name, label in evaluation.contenders.items()}
-    except SpecOpsError as error:
-        _end(error)
     hardware = evaluation.hardware
     params = {
         "prompts": evaluation.prompts,
@@ -279,13 +250,11 @@ def log_evaluation(
         **{f"produced_by.{k}": v for k, v in evaluation.produced_by.items()},
     }
     report = evaluation.report.model_dump(mode="json")
-    try:
+    with _refusing():
         decision = decide(
             registry, report, drafts, hardware=hardware, cache=cache_root() / "registry",
             promote=promote, params=params, artifacts=[file],
         )  # fmt: skip
-    except SpecOpsError as error:
-        _end(error)
     for name, draft in drafts.items():
         shown = ", ".join(f"{k} {v:.3f}" for k, v in evaluation.metrics_of(name).items())
         typer.echo(f"{name}: {draft.label} evaluated on {hardware}: {shown}")
@@ -315,11 +284,10 @@ def export(
     from serving.atomic import atomic_dir, write_json_atomic
     from serving.backends.exports import load_export
     from serving.backends.vllm_config import speculative_config
-    from serving.errors import SpecOpsError
     from serving.hardware import hardware_target
     from tasks.loop.target_promotion import ensure_export
 
-    try:
+    with _refusing():
         spec = hardware_target(hardware)
         if spec.backend == "transformers":
             fail(
@@ -338,8 +306,6 @@ def export(
         )
         if spec.backend == "vllm":
             write_json_atomic(out / "speculative_config.json", config)
-    except SpecOpsError as error:
-        _end(error)
     typer.echo(json.dumps(config))
     typer.echo(f"# {draft.label} for {hardware} ({spec.backend}) in {out}", err=True)
     if spec.backend == "vllm" and config is not None:

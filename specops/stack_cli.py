@@ -9,7 +9,8 @@ from typing import Annotated
 
 import typer
 
-from specops.exit import fail
+from specops.exit import fail, failing
+from specops.options import Target
 
 stack_app = typer.Typer(
     help="A local team stack on loopback: PostgreSQL, an MLflow server with proxied "
@@ -44,13 +45,9 @@ def up(
 ) -> None:
     """Start every service that is not running (idempotent); print start-up times, memory
     and the settings a client needs (also in <stack>/stack.env)."""
-    from serving.errors import SpecOpsError
-
     stack = _stack()
-    try:
+    with failing():
         started = stack.up(repo=repo)
-    except SpecOpsError as error:
-        fail(str(error))
     status = stack.status()
     for item in started:
         state = "was running" if item.already else f"started in {item.seconds:.1f} s"
@@ -115,7 +112,7 @@ def loop(
         Path,
         typer.Option(help="The checkout the worker runs the flows in (its data/ is the store)."),
     ] = Path("."),
-    target: Annotated[str, typer.Option(help="smollm2 or a local model folder.")] = "smollm2",
+    target: Target = "smollm2",
     tiny: Annotated[
         bool, typer.Option(help="Use a tiny random target instead (the plumbing, in minutes).")
     ] = False,
@@ -149,7 +146,6 @@ def loop(
     replicas that capture into one store, collect -> retrain on the worker -> evaluate ->
     promote; check that nothing was registered twice, that lineage was recorded and that
     every replica serves the champion."""
-    from serving.errors import SpecOpsError
     from tasks.ops.team_loop import TeamLoopOptions, dump, run_team_loop
 
     stack = _stack()
@@ -172,10 +168,8 @@ def loop(
         kill_worker_after_s=kill_worker_after,
         report=report,
     )
-    try:
+    with failing():
         result = run_team_loop(stack, options)
-    except SpecOpsError as error:
-        fail(str(error))
     typer.echo(dump({k: result[k] for k in ("timings_s", "retrain", "checks", "ok")}))
     if not result["ok"]:
         raise typer.Exit(code=1)

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from specops.exit import fail
+from specops.exit import failing
 
 targets_app = typer.Typer(
     help="Hardware targets: evaluate drafts on each backend (vLLM, MLX, the specops engine)."
@@ -56,12 +56,11 @@ def evaluate(
 
     from serving.atomic import write_json_atomic
     from serving.drafters.package import DraftManifest, write_package
-    from serving.errors import SpecOpsError
     from tasks.data.traffic import build_workload
     from tasks.evaluate.targets import evaluate_target, table
 
     reports = []
-    try:
+    with failing():
         chosen = build_workload(workload, prompts, seed=seed, split="heldout")
         with tempfile.TemporaryDirectory(prefix="specops-targets-") as scratch:
             drafts = {
@@ -87,8 +86,6 @@ def evaluate(
                             k=k,
                         )
                     )
-    except SpecOpsError as error:
-        fail(str(error))
     typer.echo(table(reports))
     for report in reports:
         if "decision" in report:
@@ -144,16 +141,18 @@ def bundle(
     (a GPU box with only torch, transformers, peft and accelerate). There:
     ``python -m tasks.evaluate.remote OUT --out evaluation.json``; back here:
     ``specops registry log-evaluation evaluation.json --promote``."""
-    from serving.errors import SpecOpsError
+    from registry.client import Registry
+    from serving.hardware import hardware_target
     from serving.loader import load_target
+    from serving.models.real import cache_root
     from tasks.data.traffic import build_workload
     from tasks.evaluate.evaluate import traffic_prompts as held_out_traffic
-    from tasks.loop.prefect_tasks import open_registry
     from tasks.loop.remote_bundle import prepare_bundle
     from tasks.loop.steps import read_jsonl
 
-    try:
-        registry = open_registry()
+    with failing():
+        hardware_target(hardware)  # before the registry and the model
+        registry = Registry()  # the bundle's champion, challengers and their packages
         drafts = [registry.resolve(ref) for ref in challenger]
         chosen: list = [
             p
@@ -164,14 +163,10 @@ def bundle(
             held = read_jsonl(traffic / "heldout_traffic.jsonl")
             chosen += held_out_traffic(held, per_workload=traffic_prompts)
         _, tokenizer = load_target("smollm2", kernels="stock")
-        from serving.models.real import cache_root
-
         folder = prepare_bundle(
             registry, hardware, drafts, chosen, out, tokenizer=tokenizer,
             cache=cache_root() / "registry", max_new_tokens=max_new_tokens,
         )  # fmt: skip
-    except SpecOpsError as error:
-        fail(str(error))
     typer.echo(
         f"bundle for {hardware}: {len(drafts)} challenger(s), {len(chosen)} prompts -> {folder}\n"
         f"there: python -m tasks.evaluate.remote {folder} --out evaluation.json\n"

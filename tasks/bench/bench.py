@@ -150,6 +150,16 @@ def load_bench_config(path: Path = DEFAULT_CONFIG, **overrides: object) -> Bench
         raise BadInputError(f"invalid bench config {str(path)!r}:\n{error}") from None
 
 
+def select_methods(config: BenchConfig, names: list[str]) -> BenchConfig:
+    """Keep only the methods ``names`` and the baseline (every speedup is over it)."""
+    known = [m.name for m in config.methods]
+    unknown = sorted(set(names) - set(known))
+    if unknown:
+        raise BadInputError(f"unknown methods {unknown}; the config has {known}")
+    config.methods = [m for m in config.methods if m.name in names or m.name == BASELINE]
+    return config
+
+
 @dataclass
 class Outcome:
     token_ids: list[int]

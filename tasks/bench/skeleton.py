@@ -23,13 +23,64 @@ from typing import Any
 
 from serving.atomic import write_json_atomic
 from serving.engine import SpeculativeDecoder
-from serving.loader import encode_messages
+from serving.hardware import HardwareTarget
+from serving.loader import encode_messages, eos_ids
 from serving.sampling import SamplingParams
 from serving.skeleton.constraint import SkeletonConstraint
-from serving.skeleton.decode import answer_with_skeleton, skeleton_budget
+from serving.skeleton.decode import SkeletonAnswer, answer_with_skeleton, skeleton_budget
 from serving.skeleton.parse import parse_skeleton
 from serving.skeleton.prompts import branch_messages, skeleton_messages
 from tasks.data.planning import planning_prompts
+
+
+def skeleton_constraint(model, tokenizer) -> SkeletonConstraint:
+    """The skeleton grammar over the target's vocabulary, ended by the target's EOS ids."""
+    return SkeletonConstraint(
+        tokenizer, vocab_size=int(model.config.vocab_size), eos_token_ids=eos_ids(model, tokenizer)
+    )
+
+
+def answer_question(
+    model,
+    tokenizer,
+    new_decoder: Callable[[], SpeculativeDecoder],
+    question: str,
+    *,
+    hardware: HardwareTarget,
+    max_tokens: int,
+    sampling: SamplingParams,
+) -> SkeletonAnswer:
+    """One question answered skeleton-of-thought on ``hardware`` (its batch limits and pass
+    cost): ``specops generate --skeleton``."""
+    return answer_with_skeleton(
+        new_decoder,
+        tokenizer,
+        question,
+        skeleton_constraint(model, tokenizer),
+        max_tokens=max_tokens,
+        sampling=sampling,
+        limits=hardware.batch_limits(),
+        cost=hardware.pass_cost(),
+    )
+
+
+def answer_summary(answer: SkeletonAnswer) -> dict[str, Any]:
+    """An answer as ``specops generate --skeleton --json`` prints it."""
+    return {
+        "text": answer.text,
+        "skeleton": answer.skeleton_text,
+        "direct": answer.skeleton.direct,
+        "branches": [vars(b) for b in answer.branches],
+        "truncated": answer.truncated,
+        "completion_tokens": answer.completion_tokens,
+        "skeleton_s": round(answer.skeleton_s, 3),
+        "answer_s": round(answer.answer_s, 3),
+    }
+
+
+def truncated_points(answer: SkeletonAnswer) -> list[int]:
+    """The points (1-based) whose branch hit its token budget."""
+    return [i + 1 for i, branch in enumerate(answer.branches) if branch.truncated]
 
 
 def _sequential(

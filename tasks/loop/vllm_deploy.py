@@ -41,6 +41,7 @@ from serving.gateway.vllm_process import ServerSpec, ServerStartError, VLLMServe
 from serving.server.capture import capture_run_id
 from tasks.evaluate.targets import backend_python, runnable_target, target_folder
 from tasks.loop.target_promotion import ensure_export
+from tasks.loop.vllm_target import vllm_target
 
 log = logging.getLogger(__name__)
 
@@ -65,12 +66,7 @@ class ChampionReleases:
 
     def __init__(self, hardware: str, *, cache: Path, registry: Registry | None = None) -> None:
         self.hardware = hardware
-        self.target = runnable_target(hardware)
-        if self.target.backend != "vllm":
-            raise SpecOpsError(
-                f"hardware target {hardware!r} runs on {self.target.backend!r}, not vLLM; "
-                "`specops deploy vllm` serves vLLM targets (cpu-vllm, cuda-vllm)"
-            )
+        self.target = vllm_target(hardware, installed=False)
         self.cache = Path(cache)
         self.registry = registry or Registry()
         self._known: dict[tuple[str, str | None], Release] = {}

@@ -38,6 +38,7 @@ from serving.errors import BadInputError
 from tasks.simulate.acceptance import estimate_steps
 from tasks.simulate.config import parse_scenario, read_prefill, read_profile
 from tasks.simulate.model import simulate
+from tasks.simulate.report import ReportLogger
 
 THROUGHPUT_TARGET = 0.10  # |error| the issue asks for, on throughput
 LATENCY_TARGET = 0.15  # and on p50 latency
@@ -292,3 +293,15 @@ def write_calibration(result: dict[str, Any], out: Path) -> dict[str, Path]:
     table = out.with_suffix(".md")
     write_text_atomic(table, markdown_table(result))
     return {"json": out, "table": table, "plot": plot(result, out.with_suffix(".png"))}
+
+
+def log_calibration(
+    log_report: ReportLogger, result: dict[str, Any], paths: dict[str, Path], bench: Path
+) -> str:
+    """One run holding the calibration's files, its summary as metrics; its id."""
+    return log_report(
+        "simulator-calibration",
+        list(paths.values()),
+        metrics={key: float(value) for key, value in result["summary"].items()},
+        tags={"report": "simulator-calibration", "bench": str(bench)},
+    )

@@ -21,7 +21,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -199,3 +199,37 @@ def plot_report(report: dict[str, Any], path: str | Path) -> Path:
         fig.savefig(tmp, format="png", dpi=110)
     plt.close(fig)
     return out
+
+
+class ReportLogger(Protocol):
+    """``registry.client.Registry.log_report``: one MLflow run with files and metrics."""
+
+    def __call__(
+        self,
+        name: str,
+        files: list[Path],
+        *,
+        metrics: dict[str, float] | None = None,
+        tags: dict[str, str] | None = None,
+    ) -> str: ...
+
+
+def headline(report: dict[str, Any]) -> dict[str, float]:
+    """The report's own numbers (not its per-server or time-series sections), as metrics."""
+    return {
+        key: float(value)
+        for key, value in report.items()
+        if isinstance(value, int | float) and not isinstance(value, bool)
+    }
+
+
+def log_scenario(
+    log_report: ReportLogger, report: dict[str, Any], files: list[Path], config: Path
+) -> str:
+    """One run holding a scenario's report files and its headline numbers; its id."""
+    return log_report(
+        f"simulate-{config.stem}",
+        files,
+        metrics=headline(report),
+        tags={"report": "simulate", "config": str(config)},
+    )

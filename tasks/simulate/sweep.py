@@ -25,13 +25,13 @@ import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from serving.atomic import atomic_path, write_json_atomic, write_text_atomic
 from serving.errors import BadInputError
 from tasks.simulate.config import ClosedArrivals, PoissonArrivals, Scenario
 from tasks.simulate.model import simulate
-from tasks.simulate.report import summarise
+from tasks.simulate.report import ReportLogger, summarise
 
 SWEEP_KEYS = ("drafts",)
 # the table's columns: (key, heading, format)
@@ -232,19 +232,6 @@ def plot(payload: dict[str, Any], path: Path) -> Path:
         figure.savefig(temporary, dpi=100, format="png")
     plt.close(figure)
     return path
-
-
-class ReportLogger(Protocol):
-    """``registry.client.Registry.log_report``: one MLflow run with files and metrics."""
-
-    def __call__(
-        self,
-        name: str,
-        files: list[Path],
-        *,
-        metrics: dict[str, float] | None = None,
-        tags: dict[str, str] | None = None,
-    ) -> str: ...
 
 
 METRICS = (*(key for key, _, _ in COLUMNS[2:]), "tpot_p50_s", "rows_utilisation")

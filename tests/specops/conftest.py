@@ -1,8 +1,10 @@
 """Fixtures for the command-line tests: a tiny target saved as a local model folder with a
-character tokenizer (both made here, for tests only)."""
+character tokenizer (both made here, for tests only), and an MLflow store for the commands
+that open the registry."""
 
 from __future__ import annotations
 
+import shutil
 import string
 from pathlib import Path
 
@@ -39,3 +41,31 @@ def target_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def hf_char_tokenizer():
     return make_char_tokenizer()
+
+
+def point_registry_at(monkeypatch, folder: Path) -> None:
+    """The environment every ``specops`` command's registry reads: a store in ``folder``."""
+    monkeypatch.setenv("SPECOPS_MLFLOW_URI", f"sqlite:///{folder}/mlflow.db")
+    monkeypatch.setenv("SPECOPS_MLFLOW_ARTIFACTS", str(folder / "artifacts"))
+
+
+@pytest.fixture(scope="session")
+def migrated_store(tmp_path_factory) -> Path:
+    """A migrated, empty MLflow store made once (migrating takes seconds); tests copy it."""
+    from registry.client import Registry
+    from registry.config import load_registry_config
+
+    folder = tmp_path_factory.mktemp("store")
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        point_registry_at(monkeypatch, folder)
+        Registry(load_registry_config())
+    return folder / "mlflow.db"
+
+
+@pytest.fixture
+def registry_env(tmp_path, monkeypatch, migrated_store) -> Path:
+    """A copy of the migrated store in the test's folder, where the commands' registry
+    opens it; returns the folder."""
+    shutil.copy(migrated_store, tmp_path / "mlflow.db")
+    point_registry_at(monkeypatch, tmp_path)
+    return tmp_path

@@ -1,12 +1,20 @@
-"""``specops distributed``: bad input ends in one line naming it, not a traceback."""
+"""``specops distributed``: bad input ends in one line naming it, not a traceback; the
+target server started on the tiny target serves one request and stops on SIGTERM."""
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
+import time
+
+import pytest
 from typer.testing import CliRunner
 
 from specops.cli import app
 
 runner = CliRunner()
+PROMPT = [3, 4, 5, 6, 3, 4, 5, 6, 3, 4]
 
 
 def test_bench_refuses_bad_sessions():
@@ -27,3 +35,81 @@ def test_client_without_a_server_names_the_address():
     )
     assert result.exit_code == 2
     assert "no target server at 127.0.0.1:9" in result.output
+
+
+def _talk_then_stop(ready, handler, done: threading.Event, seen: dict) -> None:
+    """Wait for the port, ask the server once, then send SIGTERM as an operator would:
+    only once the command's own handler is installed (else it would reach pytest's)."""
+    from serving.distributed.client import TargetClient, run_distributed
+
+    try:
+        deadline = time.monotonic() + 300
+        while not ready.is_file() and not done.is_set() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not ready.is_file():
+            return
+        seen["port"] = int(ready.read_text())
+        with TargetClient(f"127.0.0.1:{seen['port']}", timeout_s=60) as remote:
+            remote.wait_ready(10.0)
+            seen["info"] = remote.info()
+            seen["result"] = run_distributed(
+                remote, PROMPT, drafter=None, policy=None, max_new_tokens=6
+            )
+    finally:
+        while signal.getsignal(signal.SIGTERM) is handler and not done.is_set():
+            time.sleep(0.01)
+        if not done.is_set():
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "0.0.0.0"])
+def test_serve_target_serves_the_tiny_target_until_sigterm(target_dir, tmp_path, host):
+    """Beyond loopback too: the gRPC link has no keys yet and serve-target binds whatever
+    it is given, unlike `specops serve` (docs/distributed.md, "Not here")."""
+    from serving.engine import SpeculativeDecoder
+    from serving.loader import eos_ids, load_target
+
+    ready = tmp_path / "port"
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    done, seen = threading.Event(), {}
+    client = threading.Thread(
+        target=_talk_then_stop, args=(ready, handlers[signal.SIGTERM], done, seen)
+    )
+    client.start()
+    args = ["--host", host, "--port", "0", "--target", str(target_dir), "--hardware", "cpu-stock",
+            "--threads", "1", "--max-block", "5", "--max-sessions", "3",
+            "--ready-file", str(ready)]  # fmt: skip
+    try:
+        result = runner.invoke(app, ["distributed", "serve-target", *args])
+    finally:
+        done.set()
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+        client.join()
+    assert result.exit_code == 0, result.output
+    assert f"target server on {host}:{seen['port']}" in result.output
+    info = seen["info"]
+    assert (info.model, info.vocab_size) == (str(target_dir), 96)
+    assert (info.max_block, info.max_sessions) == (5, 3)  # the options reached the server
+    model, tokenizer = load_target(str(target_dir), kernels="stock")
+    plain = SpeculativeDecoder(model, eos_token_ids=eos_ids(model, tokenizer)).generate(
+        PROMPT, max_new_tokens=6
+    )
+    assert seen["result"].token_ids == plain.token_ids  # the target's own greedy output
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="serving.distributed.server.serve_target expects add_insecure_port to return 0 on "
+    "a failed bind; grpcio raises RuntimeError instead, so the command ends in a traceback",
+)
+def test_serve_target_refuses_an_address_it_cannot_bind(target_dir, tmp_path):
+    """An address that is not this machine's: one line naming it, exit 2."""
+    ready = tmp_path / "port"
+    args = ["--host", "192.0.2.1", "--port", "0", "--target", str(target_dir),
+            "--hardware", "cpu-stock", "--ready-file", str(ready)]  # fmt: skip
+    result = runner.invoke(app, ["distributed", "serve-target", *args])
+    assert result.exit_code == 2, result.output
+    assert "cannot bind the target server to 192.0.2.1:0" in result.output
+    assert not ready.exists()

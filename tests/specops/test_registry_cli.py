@@ -1,10 +1,10 @@
-"""``specops registry promote`` and ``log-evaluation`` through the Typer app, against a
-real MLflow SQLite store in a temporary folder (``SPECOPS_MLFLOW_URI``)."""
+"""``specops registry ...`` through the Typer app (promote, log-evaluation, show, describe,
+register, rollback, export), against a real MLflow SQLite store in a temporary folder
+(``SPECOPS_MLFLOW_URI``)."""
 
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 from typer.testing import CliRunner
@@ -19,26 +19,9 @@ from tasks.evaluate.evaluation_file import evaluation_of, machine_info, write_ev
 runner = CliRunner()
 
 
-def _point_at(monkeypatch, folder) -> None:
-    monkeypatch.setenv("SPECOPS_MLFLOW_URI", f"sqlite:///{folder}/mlflow.db")
-    monkeypatch.setenv("SPECOPS_MLFLOW_ARTIFACTS", str(folder / "artifacts"))
-
-
-@pytest.fixture(scope="module")
-def empty_store(tmp_path_factory):
-    """A migrated, empty store made once (migrating takes seconds); each test copies it."""
-    folder = tmp_path_factory.mktemp("store")
-    with pytest.MonkeyPatch.context() as monkeypatch:
-        _point_at(monkeypatch, folder)
-        Registry(load_registry_config())
-    return folder / "mlflow.db"
-
-
 @pytest.fixture
-def registry(tmp_path, monkeypatch, empty_store):
+def registry(registry_env):
     """The registry the commands open (the environment points them at it)."""
-    shutil.copy(empty_store, tmp_path / "mlflow.db")
-    _point_at(monkeypatch, tmp_path)
     return Registry(load_registry_config())
 
 
@@ -149,6 +132,89 @@ def test_describe_shows_a_versions_lineage(registry, tmp_path):
     shown = json.loads(result.output)
     assert shown["label"] == head.label and shown["tags"]["data_version"] == "d1"
     assert shown["metrics"] == {"loss": 1.0} and shown["params"]["drafter"] == "pld:3"
+
+
+# --- register, rollback --------------------------------------------------------------------
+def test_register_adds_a_version_and_promotes_nothing(registry, tmp_path):
+    package = write_package(tmp_path / "pkg", DraftManifest(drafter="ngram:3", k=4))
+    result = _invoke("register", package, "--family", "ngram")
+    assert result.exit_code == 0, result.output
+    (version,) = registry.client.search_model_versions(f"name = '{registry.model_name('ngram')}'")
+    draft = registry.get("ngram", version.version)
+    assert result.output == f"registered {draft.label} (run {draft.run_id})\n"
+    assert registry.champion("cpu") is None
+    second = _invoke("register", package, "--family", "ngram")
+    assert second.exit_code == 0 and second.output.startswith("registered specops-draft-ngram/2")
+
+
+def test_register_refuses_a_folder_that_is_not_a_package(registry, tmp_path):
+    (tmp_path / "empty").mkdir()
+    result = _invoke("register", tmp_path / "empty", "--family", "ngram")
+    _refused(result, 2, "is not a draft package: draft.json is missing")
+    assert registry.families() == []
+
+
+def test_rollback_gives_the_champion_back(registry, draft):
+    first, second = draft("pld:3", family="ngram"), draft("ngram:3", family="head")
+    for version in (first, second):
+        registry.log_evaluation(version, "cpu", {"speedup": 1.2})
+        registry.promote(registry.get(version.family, version.version), "cpu", reason="setup")
+    result = _invoke("rollback", "--hardware", "cpu", "--reason", "too slow")
+    assert result.exit_code == 0, result.output
+    assert result.output == f"champion-cpu -> {first.label}\n"
+    assert registry.champion("cpu").label == first.label
+    (audit,) = [
+        r
+        for r in registry.client.search_runs([registry.promotions_id])
+        if r.data.tags.get("reason") == "too slow"
+    ]
+    assert audit.data.tags["hardware"] == "cpu"
+
+
+def test_rollback_without_a_promotion_is_refused(registry, draft):
+    draft()
+    # exit 2 (specops.exit.fail), unlike promote's refusals (exit 1): as the command does today
+    _refused(_invoke("rollback", "--hardware", "cpu"), 2, "no promotion on 'cpu' to roll back")
+    assert registry.champion("cpu") is None
+
+
+# --- export ---------------------------------------------------------------------------------
+def test_export_writes_the_vllm_speculative_config(registry, draft, tmp_path):
+    version = draft("pld:3", family="ngram")
+    out = tmp_path / "export"
+    result = runner.invoke(
+        app,
+        ["registry", "export", f"ngram/{version.version}", "--hardware", "cpu-vllm",
+         "--out", str(out), "--cache", str(tmp_path / "cache")],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    config = json.loads(result.stdout)
+    assert config == {
+        "method": "ngram",
+        "num_speculative_tokens": 3,  # cpu-vllm's num_speculative_tokens
+        "prompt_lookup_max": 3,
+        "prompt_lookup_min": 1,
+    }
+    assert json.loads((out / "speculative_config.json").read_text()) == config
+    assert f"# {version.label} for cpu-vllm (vllm) in {out}" in result.stderr
+    assert "export.vllm" in registry.get("ngram", version.version).tags  # logged once
+
+
+def test_export_refuses_the_engines_own_targets_and_unknown_versions(registry, draft, tmp_path):
+    version = draft("pld:3", family="ngram")
+    out = tmp_path / "export"
+    _refused(
+        _invoke("export", version.label, "--hardware", "cpu", "--out", out),
+        2,
+        "hardware target 'cpu' runs on the specops engine",
+    )
+    _refused(
+        _invoke("export", "ngram/9", "--hardware", "cpu-vllm", "--out", out),
+        1,
+        "specops-draft-ngram has no version '9'",
+    )
+    _refused(_invoke("export", "ngram/1", "--hardware", "tpu"), 2, "unknown hardware target 'tpu'")
+    assert not out.exists()
 
 
 # --- log-evaluation ------------------------------------------------------------------------

@@ -5,13 +5,27 @@ import json
 import pytest
 
 from serving.errors import BadInputError
-from tasks.bench.bench import DEFAULT_CONFIG, format_table, load_bench_config, run_bench, summarize
+from tasks.bench.bench import (
+    DEFAULT_CONFIG,
+    format_table,
+    load_bench_config,
+    run_bench,
+    select_methods,
+    summarize,
+)
 
 
 def test_shipped_config_loads_with_overrides():
     config = load_bench_config(DEFAULT_CONFIG, prompts_per_workload=1, threads=1)
     assert config.prompts_per_workload == 1 and config.threads == 1
     assert "hf-greedy" in [m.name for m in config.methods]
+
+
+def test_selected_methods_keep_the_baseline_and_unknown_ones_are_named():
+    config = select_methods(load_bench_config(DEFAULT_CONFIG), ["specops-pld"])
+    assert [m.name for m in config.methods] == ["hf-greedy", "specops-pld"]
+    with pytest.raises(BadInputError, match=r"unknown methods \['nope'\]; the config has"):
+        select_methods(config, ["specops-pld", "nope"])
 
 
 def test_config_without_the_baseline_is_refused(tmp_path):

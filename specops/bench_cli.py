@@ -1,0 +1,165 @@
+"""``specops bench``, ``bench-skeleton`` and ``profile``: what decoding costs here, measured
+(the work is in :mod:`tasks.bench.bench`, :mod:`tasks.bench.skeleton` and
+:mod:`tasks.bench.profile`)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from specops.exit import failing
+from specops.load import load_engine_target
+from specops.options import Policy, Threads
+
+
+def bench(
+    config: Annotated[Path, typer.Option(help="Bench config (YAML).")] = Path("configs/bench.yaml"),
+    prompts: Annotated[int | None, typer.Option(help="Prompts per workload.")] = None,
+    max_new_tokens: Annotated[int | None, typer.Option(help="Token budget per prompt.")] = None,
+    threads: Annotated[int | None, typer.Option(help="torch threads (recorded).")] = None,
+    workloads: Annotated[str | None, typer.Option(help="Comma-separated workloads.")] = None,
+    methods: Annotated[str | None, typer.Option(help="Comma-separated method names.")] = None,
+    seed: Annotated[int | None, typer.Option(help="Prompt-selection seed.")] = None,
+    out: Annotated[Path, typer.Option(help="Folder for bench.json and bench.png.")] = Path(
+        "results"
+    ),
+) -> None:
+    """Benchmark specops against HF greedy, HF assisted generation, HF prompt lookup and
+    llama.cpp (plain and prompt lookup, when .venv-llamacpp exists)."""
+    from tasks.bench.bench import format_table, load_bench_config, run_bench, select_methods
+
+    with failing():
+        overrides: dict[str, object] = {
+            "prompts_per_workload": prompts,
+            "max_new_tokens": max_new_tokens,
+            "threads": threads,
+            "seed": seed,
+            "workloads": workloads.split(",") if workloads else None,
+        }
+        settings = load_bench_config(config, **overrides)
+        if methods:
+            select_methods(settings, methods.split(","))
+        results = run_bench(settings, out_dir=out)
+    typer.echo(format_table(results["summary"], results["skipped"]))
+    bandwidth = results["environment"]["memory_bandwidth"]["gb_per_s"]
+    typer.echo(
+        f"threads={results['environment']['threads']}  memory bandwidth={bandwidth:.1f} GB/s  "
+        f"results: {out / 'bench.json'}  plot: {out / 'bench.png'}"
+    )
+
+
+def bench_skeleton(
+    prompts: Annotated[int, typer.Option(help="Planning prompts (held-out ShareGPT).")] = 12,
+    max_tokens: Annotated[int, typer.Option(help="Token budget per point.")] = 64,
+    plain_max_tokens: Annotated[int, typer.Option(help="Budget of the plain answer.")] = 256,
+    drafter: Annotated[str, typer.Option(help="Drafter of every request.")] = "pld",
+    policy: Policy = "cost",
+    k: Annotated[int, typer.Option("--k", help="The policy's k.")] = 8,
+    threads: Threads = 2,
+    hardware: Annotated[str, typer.Option(help="Hardware target.")] = "cpu",
+    seed: Annotated[int, typer.Option(help="Prompt-selection seed.")] = 0,
+    out: Annotated[Path, typer.Option(help="Results file.")] = Path("results/skeleton.json"),
+) -> None:
+    """Skeleton-of-thought against the same requests one at a time and a plain answer, on
+    the planning workload; write a results file."""
+    from serving.loader import DecoderOptions, build_decoder
+    from tasks.bench.skeleton import run_skeleton_bench, skeleton_constraint, write_results
+
+    with failing():
+        options = DecoderOptions(drafter=drafter, k=k, policy=policy, hardware=hardware)
+        options.check()
+        target, model, tokenizer = load_engine_target("smollm2", hardware, threads)
+        results = run_skeleton_bench(
+            model,
+            tokenizer,
+            lambda: build_decoder(model, tokenizer, options),
+            skeleton_constraint(model, tokenizer),
+            prompts=prompts,
+            max_tokens=max_tokens,
+            plain_max_tokens=plain_max_tokens,
+            limits=target.batch_limits(),
+            cost=target.pass_cost(),
+            seed=seed,
+        )
+    results["settings"] = {
+        "prompts": prompts, "max_tokens": max_tokens, "plain_max_tokens": plain_max_tokens,
+        "drafter": drafter, "policy": policy, "k": k, "threads": threads, "hardware": hardware,
+    }  # fmt: skip
+    write_results(results, out)
+    typer.echo(json.dumps(results["summary"], indent=2))
+    typer.echo(f"wrote {out}", err=True)
+
+
+def profile(
+    hardware: Annotated[
+        str,
+        typer.Option(
+            help="Hardware target to measure on: its device, dtype, kernels and threads "
+            "(configs/hardware.yaml). Its verify curve need not exist yet."
+        ),
+    ] = "cpu",
+    threads: Annotated[
+        int | None, typer.Option(help="torch threads (recorded); default: the target's.")
+    ] = None,
+    max_n: Annotated[int, typer.Option(help="Largest block to time (not with --batch).")] = 16,
+    context: Annotated[
+        int | None,
+        typer.Option(
+            help="Tokens already in the KV cache; default 256, or 200 with --batch (each "
+            "sequence's within ±25%)."
+        ),
+    ] = None,
+    repeats: Annotated[int, typer.Option(help="Timings per size (medians kept).")] = 15,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            help="Results file; default results/profile.json, or results/profile-batch.json "
+            "with --batch (its plot beside it as .png)."
+        ),
+    ] = None,
+    kernels: Annotated[
+        str | None,
+        typer.Option(help="onednn | int8 | int4 (CPU) | stock; default: the target's."),
+    ] = None,
+    batch: Annotated[
+        bool,
+        typer.Option(
+            "--batch",
+            help="Measure packed passes instead: n rows shared by B sequences, each with its "
+            "own cache, and print the batch_curve configs/hardware.yaml takes.",
+        ),
+    ] = False,
+) -> None:
+    """Measure target-pass cost by block size, and first-N-layer draft costs, on a hardware
+    target, and print its verify curve as configs/hardware.yaml takes it (with --batch: the
+    cost of packed passes over several sequences, and its batch curve)."""
+    from serving.atomic import write_json_atomic
+    from tasks.bench.profile import plot_batch, profile_batch_hardware, profile_hardware
+    from tasks.bench.profile_report import batch_report, pass_report
+
+    measure: Callable[..., Any]
+    if batch:
+        out = out or Path("results/profile-batch.json")
+        measure = partial(profile_batch_hardware, context=200 if context is None else context)
+    else:
+        out = out or Path("results/profile.json")
+        measure = partial(
+            profile_hardware, max_n=max_n, context=256 if context is None else context
+        )
+    with failing():
+        # a PassProfile, or with --batch a BatchProfile
+        result: Any = measure(hardware, kernels=kernels, threads=threads, repeats=repeats)
+    write_json_atomic(out, {"hardware": hardware, **result})
+    if not batch:
+        typer.echo(pass_report(hardware, result))
+        typer.echo(f"results: {out}")
+        return
+    title = f"packed pass cost on {hardware} ({result['threads']} threads)"
+    plot = plot_batch(result, out.with_suffix(".png"), title=title)
+    typer.echo(batch_report(hardware, result))
+    typer.echo(f"results: {out}, plot: {plot}")

@@ -1,0 +1,48 @@
+"""Option types that several ``specops`` commands share, each declared once with its help;
+the drafter-spec and policy help come from the engine's own lists, so they cannot drift."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+# The engine's own lists, from modules that do not import torch (`specops --help` should not
+# pay for it, docs/architecture.md).
+from serving.drafters.kinds import SPEC_HELP
+from serving.policy import POLICIES
+
+POLICY_NAMES = " | ".join(POLICIES)
+
+Drafter = Annotated[str, typer.Option(help=SPEC_HELP)]
+Policy = Annotated[str, typer.Option(help=f"Draft-length policy: {POLICY_NAMES}.")]
+Threads = Annotated[int, typer.Option(help="torch threads.")]
+Target = Annotated[str, typer.Option(help="smollm2 or a local model folder.")]
+Hardware = Annotated[str, typer.Option(help="Hardware target (configs/hardware.yaml).")]
+
+# The server's and the vLLM front's access settings (serving.server.config's security).
+ApiKeyFile = Annotated[
+    Path | None,
+    typer.Option(
+        help="API keys, one per line (mode 600); also read: $SPECOPS_API_KEYS. Keys are "
+        "never taken as command-line values."
+    ),
+]
+AllowUnauthenticated = Annotated[
+    bool,
+    typer.Option(
+        "--allow-unauthenticated",
+        help="Serve beyond loopback with no API key (refused otherwise).",
+    ),
+]
+
+
+def security_overrides(
+    api_key_file: Path | None, allow_unauthenticated: bool
+) -> dict[str, str | bool | None]:
+    """The serving config's keys these two options override (``None``: the file's value)."""
+    return {
+        "security.api_key_file": str(api_key_file) if api_key_file else None,
+        "security.allow_unauthenticated": allow_unauthenticated or None,
+    }

@@ -1,0 +1,35 @@
+"""``specops bench-skeleton``, ``bench`` and ``profile``: bad input ends in one line naming
+it, exit 2, before any model is loaded or a results file is written (their measurements
+take minutes on the shipped model; :mod:`tasks.bench` is tested on the tiny target)."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from specops.cli import app
+
+runner = CliRunner()
+
+
+@pytest.mark.parametrize(
+    ("command", "args", "fragment"),
+    [
+        ("bench-skeleton", ["--drafter", "magic"], "unknown drafter 'magic'"),
+        ("bench-skeleton", ["--policy", "magic"], "unknown policy 'magic'"),
+        ("bench-skeleton", ["--k", "0"], "k must be between 1 and 64, got 0"),
+        ("bench-skeleton", ["--hardware", "tpu"], "unknown hardware target 'tpu'"),
+        ("bench-skeleton", ["--hardware", "cpu-vllm"], "runs on the 'vllm' backend"),
+        ("bench-skeleton", ["--threads", "0"], "threads must be an integer >= 1"),
+        ("bench", ["--methods", "nope,hf-greedy"], "unknown methods ['nope']; the config has"),
+        ("profile", ["--hardware", "tpu"], "unknown hardware target 'tpu'"),
+        ("profile", ["--hardware", "cpu-vllm", "--batch"], "runs on the 'vllm' backend"),
+        ("profile", ["--kernels", "int3"], "unknown kernels 'int3'"),
+    ],
+)
+def test_bad_options_fail_before_any_measurement(command, args, fragment, tmp_path):
+    out = tmp_path / "results"  # bench's folder, the others' file
+    result = runner.invoke(app, [command, *args, "--out", str(out)])
+    assert result.exit_code == 2, result.output
+    assert fragment in result.output and "Traceback" not in result.output
+    assert not out.exists()
