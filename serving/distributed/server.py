@@ -364,7 +364,12 @@ def serve_target(
         maximum_concurrent_rpcs=workers,
     )
     pb_grpc.add_TargetServiceServicer_to_server(service, server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    # Older grpcio returns 0 for an address it cannot bind; newer raises RuntimeError.
+    try:
+        bound = server.add_insecure_port(f"{host}:{port}")
+    except RuntimeError as error:
+        service.close()
+        raise BadInputError(f"cannot bind the target server to {host}:{port}: {error}") from None
     if bound == 0:
         service.close()
         raise BadInputError(f"cannot bind the target server to {host}:{port}")
