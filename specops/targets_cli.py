@@ -146,11 +146,11 @@ def bundle(
     ``specops registry log-evaluation evaluation.json --promote``."""
     from serving.errors import SpecOpsError
     from serving.loader import load_target
+    from tasks.data.dataset import read_part
     from tasks.data.traffic import build_workload
     from tasks.evaluate.evaluate import traffic_prompts as held_out_traffic
     from tasks.loop.prefect_tasks import open_registry
     from tasks.loop.remote_bundle import prepare_bundle
-    from tasks.loop.steps import read_jsonl
 
     try:
         registry = open_registry()
@@ -161,7 +161,7 @@ def bundle(
             for p in build_workload(name, prompts, seed=seed, split="heldout")
         ]
         if traffic is not None:
-            held = read_jsonl(traffic / "heldout_traffic.jsonl")
+            held = read_part(traffic, "heldout_traffic")
             chosen += held_out_traffic(held, per_workload=traffic_prompts)
         _, tokenizer = load_target("smollm2", kernels="stock")
         from serving.models.real import cache_root
