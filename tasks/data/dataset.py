@@ -182,9 +182,14 @@ def read_part(dataset_dir: str | Path, part: str) -> list[RequestRecord]:
             records.append(parse_record(json.loads(line)))
         except json.JSONDecodeError as error:
             raise BadInputError(f"{path}:{number} is not JSON ({error})") from None
-        except (ValidationError, UnknownSchemaVersionError) as error:
+        except ValidationError as error:
+            fields = "; ".join(
+                f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors()
+            )
             raise BadInputError(
-                f"{path}:{number} is not a request record ({error}); rebuild the dataset "
+                f"{path}:{number} is not a request record ({fields}); rebuild the dataset "
                 "with `specops data validate`"
             ) from None
+        except UnknownSchemaVersionError as error:
+            raise BadInputError(f"{path}:{number}: {error}") from None
     return records

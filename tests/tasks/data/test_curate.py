@@ -18,10 +18,10 @@ from tasks.data.curate import curate
 from tasks.data.dataset import PARTS
 
 
-
 def _summary(*args, **kwargs) -> dict:
     """:func:`curate`'s summary as the JSON it is written as (``summary.json``)."""
     return curate(*args, **kwargs).model_dump(mode="json")
+
 
 def _read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]

@@ -16,6 +16,7 @@ from tasks.data.dataset import (
     build_dataset,
     heldout_traffic_records,
     holdout_by_time,
+    read_part,
     write_dataset,
 )
 from tests.tasks.data.test_validate import make_record
@@ -61,9 +62,7 @@ def test_mix_has_the_configured_failure_share():
     assert tuple(dataset.parts()) == PARTS  # in the order the files are written
     assert _ids(dataset.failures) == [f"fail-{i}" for i in range(8)]
     assert len(dataset.replay) == 2  # 8 failures at 80% -> 2 replay at 20%
-    assert sorted(_ids(dataset.train_mix)) == sorted(
-        _ids(dataset.failures) + _ids(dataset.replay)
-    )
+    assert sorted(_ids(dataset.train_mix)) == sorted(_ids(dataset.failures) + _ids(dataset.replay))
     share = 8 / len(dataset.train_mix)
     assert share == pytest.approx(0.8)
 
@@ -71,8 +70,7 @@ def test_mix_has_the_configured_failure_share():
 @pytest.mark.parametrize("share, replay", [(1.0, 0), (0.8, 2), (0.5, 8), (0.25, 20), (0.1, 20)])
 def test_replay_size_follows_the_share_up_to_the_successes_available(share, replay):
     assert (
-        len(build_dataset(RECORDS, failure_share=share, heldout_share=NO_HOLDOUT).replay)
-        == replay
+        len(build_dataset(RECORDS, failure_share=share, heldout_share=NO_HOLDOUT).replay) == replay
     )
 
 
@@ -120,6 +118,20 @@ def test_write_dataset_writes_every_split(tmp_path):
         assert [json.loads(line) for line in lines] == [
             r.model_dump(mode="json") for r in parts[name]
         ]
+
+
+def test_a_written_part_reads_back_as_the_same_records(tmp_path):
+    dataset = build_dataset(RECORDS)
+    write_dataset(dataset, tmp_path)
+    for name, records in dataset.parts().items():
+        assert read_part(tmp_path, name) == records
+    with pytest.raises(BadInputError, match="no dataset part 'train'"):
+        read_part(tmp_path, "train")
+    with pytest.raises(BadInputError, match="build the dataset first"):
+        read_part(tmp_path / "nowhere", "eval")
+    (tmp_path / "eval.jsonl").write_text('{"id": "x"}\n')
+    with pytest.raises(BadInputError, match=r"eval.jsonl:1 is not a request record \(.*prompt"):
+        read_part(tmp_path, "eval")
 
 
 # ------------------------------------------------------------------ held out by time
@@ -214,9 +226,7 @@ def test_heldout_split_records_are_eval_whatever_the_share():
     for share in (0.0, 0.2, 0.9):
         dataset = build_dataset(RECORDS, heldout_share=share)
         assert dataset.eval == [r for r in RECORDS if r.split == "heldout"]
-        assert not {r.id for r in dataset.heldout_traffic} & {
-            r.id for r in dataset.eval
-        }
+        assert not {r.id for r in dataset.heldout_traffic} & {r.id for r in dataset.eval}
 
 
 @pytest.mark.parametrize("share", [-0.1, 1.0, 1.5, float("nan")])

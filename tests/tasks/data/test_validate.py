@@ -43,10 +43,10 @@ def drafted_row(step: int, position: int, token: int, accepted: bool) -> Drafted
     )
 
 
-
 def _json(records: list[RequestRecord]) -> list[dict]:
     """Parsed records as they are stored."""
     return [r.model_dump(mode="json") for r in records]
+
 
 def make_record(index: int, **fields) -> dict:
     """A valid record: 4 output tokens from 2 checks, each proposing 2 drafts and keeping 1;
@@ -514,9 +514,7 @@ def test_records_from_the_engine_pass(target, prompt):
     assert rows[1][1]["unverified"], "the relaxed record should keep unverified drafts"
     result = validate_records(rows, known_hardware=HARDWARE, now=NOW)
     assert result.quarantined == []
-    assert result.summary.suites["drafted"].rows == sum(
-        len(row["drafted"]) for _, row in rows
-    )
+    assert result.summary.suites["drafted"].rows == sum(len(row["drafted"]) for _, row in rows)
 
 
 # ---------------------------------------------------------------------------- old versions
