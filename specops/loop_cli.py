@@ -259,6 +259,13 @@ def run(
 @loop_app.command()
 def serve(hardware: Annotated[str, typer.Option(help="Hardware target.")] = "cpu") -> None:
     """Serve the scheduled deployments (collect hourly, retrain daily, evaluate on demand)."""
+    from serving.errors import SpecOpsError
+    from serving.hardware import hardware_target
+
+    try:  # a bad target fails here, not at the first scheduled run an hour later
+        hardware_target(hardware)
+    except SpecOpsError as error:
+        fail(str(error))
     _prefect_env()
     from flows.deployments import main
 
