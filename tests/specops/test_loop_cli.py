@@ -203,10 +203,10 @@ def test_head_curve_continues_the_demos_head(demo, loop_world):
 
 def test_head_curve_refuses_a_workspace_without_a_head(loop_world):
     result = _invoke("head-curve", "--work", loop_world / "empty", "--minutes", 0.02)
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert "no head is registered" in result.output and "specops loop demo" in result.output
     result = _invoke("head-curve", "--minutes", 0)
-    assert result.exit_code == 1 and "--minutes must be > 0, got 0.0" in result.output
+    assert result.exit_code == 2 and "--minutes must be > 0, got 0.0" in result.output
 
 
 def test_run_evaluates_a_registered_version_and_prints_the_decision(demo, loop_world):
@@ -248,18 +248,18 @@ def test_run_collect_validates_versions_and_weighs_a_retrain(demo, loop_world):
 
 def test_run_refuses_what_it_cannot_run(loop_world):
     result = _invoke("run", "nonsense")
-    assert result.exit_code == 1 and "unknown flow 'nonsense'" in result.output
+    assert result.exit_code == 2 and "unknown flow 'nonsense'" in result.output
     result = _invoke("run", "collect", "--hardware", "tpu-v9")
-    assert result.exit_code == 1 and "tpu-v9" in result.output
+    assert result.exit_code == 2 and "tpu-v9" in result.output
     result = _invoke(
         "run", "evaluate-and-promote", "--workload", "grounded", "--work", loop_world / "none"
     )
-    assert result.exit_code == 1 and "no held-out traffic" in result.output
+    assert result.exit_code == 2 and "no held-out traffic" in result.output
 
 
 def test_serve_refuses_an_unknown_target_before_prefect_starts():
     result = _invoke("serve", "--hardware", "tpu-v9")
-    assert result.exit_code == 1 and "unknown hardware target 'tpu-v9'" in result.output
+    assert result.exit_code == 2 and "unknown hardware target 'tpu-v9'" in result.output
 
 
 def test_serve_registers_its_scheduled_deployments_and_stops(harness, tmp_path):
