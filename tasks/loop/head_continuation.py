@@ -118,8 +118,11 @@ def head_continuation_curve(
     if not held:
         raise BadInputError(f"no held-out {drifted} traffic in {store}: collect some first")
     eos = eos_ids(model, tokenizer)
+    # The mix the loop would train on, and the minimums it would train it with.
+    retrain = load_retrain_config().target("cpu")
     build_store_teacher(
         dataset.train_mix, model, out_dir / "teacher-mix", eos_token_ids=eos,
+        min_sequences=retrain.min_sequences, min_answer_tokens=retrain.min_answer_tokens,
         progress=progress,
     )  # fmt: skip
     build_store_teacher(
@@ -127,7 +130,7 @@ def head_continuation_curve(
         min_answer_tokens=1, progress=progress,
     )  # fmt: skip
     _, sequences = load_teacher_data(out_dir / "teacher-heldout")
-    settings = load_retrain_config().target("cpu").family("head").settings
+    settings = retrain.family("head").settings
     before = replayed_length(Path(pre_drift_head), sequences, model, k)
     runs: dict[str, list[CurvePoint]] = {}
     for name, init in (("continued", Path(pre_drift_head)), ("fresh", None)):

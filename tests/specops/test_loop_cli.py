@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from typer.testing import CliRunner
 
 import tasks.loop.retrain_config as retrain_config
@@ -209,41 +210,40 @@ def test_head_curve_refuses_a_workspace_without_a_head(loop_world):
     assert result.exit_code == 2 and "--minutes must be > 0, got 0.0" in result.output
 
 
-def test_run_evaluates_a_registered_version_and_prints_the_decision(demo, loop_world):
+def test_run_evaluates_a_registered_version_and_prints_the_decision(demo, loop_world, monkeypatch):
     _, work = demo
-    env = {"SPECOPS_MLFLOW_URI": f"sqlite:///{work}/mlflow.db",
-           "SPECOPS_MLFLOW_ARTIFACTS": str(work / "mlartifacts")}  # fmt: skip
+    registry = _registry(work, monkeypatch)
+    champion = registry.champion("cpu").label
     result = _invoke(
         "run", "evaluate-and-promote", "--challenger", "suffix/1", "--workload", "grounded",
         "--prompts", 4, "--no-traffic", "--no-promote", "--work", loop_world / "run",
-        env=env,
     )  # fmt: skip
     assert result.exit_code == 0, result.output
-    decision = json.loads(result.output[result.output.index("{") :])
-    assert list(decision["gates"]) == ["specops-draft-suffix/1"]
-    assert decision["promoted"] is None  # --no-promote
-    assert decision["labels"]["challenger-0"] == "specops-draft-suffix/1"
-    assert decision["results"]["plain"]["requests"] == 4
+    printed = result.stdout  # the decision's JSON (its first 4,000 characters)
+    assert printed.startswith('{\n  "hardware": "cpu",\n  "labels": {')
+    assert '"challenger-0": "specops-draft-suffix/1"' in printed
+    assert f'"champion": "{champion}",\n  "promoted": null,' in printed  # --no-promote
+    assert '"gates": {\n    "specops-draft-suffix/1": {\n      "passed": ' in printed
+    assert registry.by_alias("suffix", "challenger-cpu").label == "specops-draft-suffix/1"
+    assert registry.champion("cpu").label == champion
 
 
-def test_run_collect_validates_versions_and_weighs_a_retrain(demo, loop_world):
+def test_run_collect_validates_versions_and_weighs_a_retrain(demo, loop_world, monkeypatch):
     _, work = demo
-    env = {"SPECOPS_MLFLOW_URI": f"sqlite:///{work}/mlflow.db",
-           "SPECOPS_MLFLOW_ARTIFACTS": str(work / "mlartifacts")}  # fmt: skip
+    _registry(work, monkeypatch)  # the demo's registry, through the environment
     store = work.relative_to(loop_world) / "store"  # inside the project, as `data` is
     # The demo's retrains were just recorded: a trigger now is held back by the cool-down
     # (360 minutes), so collect validates, versions and decides without retraining.
-    result = _invoke("run", "collect", "--store", store, "--work", loop_world / "collect", env=env)
+    result = _invoke("run", "collect", "--store", store, "--work", loop_world / "collect")
     assert result.exit_code == 0, result.output
-    collected = json.loads(result.output[result.output.index("{") :])
-    valid = collected["validation"]["validation"]["valid"]
-    assert valid == DEMO["before_prompts"] + DEMO["after_prompts"]
-    assert collected["data_version"].endswith(".dir")
-    assert (loop_world / f"{store}.dvc").is_file()  # `git add` it to record the version
-    assert collected["replayed"] is None and collected["retrained"] is None
-    trigger = collected["trigger"]
-    assert trigger["retrain"] is False and trigger["champion"].startswith("specops-draft-")
-    assert not trigger["wanted"] or "cool-down" in trigger["held_back"]
+    printed = result.stdout  # the flow's result as JSON (its first 4,000 characters)
+    assert printed.startswith('{\n  "replayed": null,\n  "retention": {')
+    assert '"removed": []' in printed  # nothing is 30 days old
+    valid = DEMO["before_prompts"] + DEMO["after_prompts"]
+    assert '"validation": {\n    "validation": {\n      "schema_version": 2,' in printed
+    assert f'"total": {valid},\n      "valid": {valid},' in printed
+    meta = yaml.safe_load((loop_world / f"{store}.dvc").read_text())  # `git add` records it
+    assert meta["outs"][0]["md5"].endswith(".dir")
 
 
 def test_run_refuses_what_it_cannot_run(loop_world):
