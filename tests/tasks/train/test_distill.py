@@ -246,11 +246,21 @@ def nf4_kernel_refusal(target, scratch) -> str | None:
     return None
 
 
-@pytest.mark.parametrize("quantize", ["8bit", "4bit"])
+@pytest.mark.parametrize(
+    "quantize, cpu",
+    [("8bit", "as it is"), ("4bit", "as it is"), ("4bit", "without AVX-512 BF16")],
+    ids=["8bit", "4bit", "4bit-without-avx512-bf16"],
+)
 def test_qlora_trains_against_a_quantized_base_and_merges_into_fp32(
-    target, teacher_dir, tmp_path, quantize, monkeypatch, record_property
+    target, teacher_dir, tmp_path, quantize, cpu, monkeypatch, record_property
 ):
     bnb = pytest.importorskip("bitsandbytes")
+    if cpu == "without AVX-512 BF16":
+        # bitsandbytes' own nf4 path for a CPU without AVX-512 BF16 (an AVX2-only AMD EPYC
+        # took it), chosen here whatever this CPU has: both branches below get exercised.
+        import bitsandbytes.nn.modules
+
+        monkeypatch.setattr(bitsandbytes.nn.modules, "has_avx512bf16", lambda: False)
     # The tiny draft's close top logits flip under int8 (and far more under nf4) more often
     # than a real model's (see test_distill_checks.py): its agreement is not what this test
     # checks; the floor itself is tested there.
