@@ -41,7 +41,7 @@ from serving.atomic import write_json_atomic
 from serving.errors import BadInputError
 from serving.hardware import hardware_target
 from tasks.evaluate.evaluate import REFERENCE
-from tasks.evaluate.report import ContenderResult, EvaluationReport, Group  # noqa: F401
+from tasks.evaluate.report import EvaluationReport, Group
 
 FORMAT = 1
 PRODUCED_BY_KEYS = ("host", "device", "started", "finished")
