@@ -28,6 +28,7 @@ from prefect import flow, get_run_logger
 
 from flows.loop import bootstrap, collect, retrain
 from tasks.loop import prefect_tasks as steps
+from tasks.loop.results import Collected, DemoResult, Retrained
 
 
 @flow(name="drift-demo")
@@ -41,7 +42,7 @@ def drift_demo(
     eval_prompts: int = 4,
     max_new_tokens: int = 96,
     budgets: dict[str, float] | None = None,
-) -> dict[str, Any]:
+) -> DemoResult:
     logger = get_run_logger()
     store = f"{work}/store"
     bootstrapped = bootstrap(
@@ -50,7 +51,7 @@ def drift_demo(
         prompts_per_workload=4,
         max_new_tokens=max_new_tokens,
         work=work,
-    )["bootstrapped"]
+    ).bootstrapped
     logger.info("champion before drift: %s", steps.champion(hardware))
     budgets = budgets if budgets is not None else {"head": 60.0, "lora": 60.0}
     retrain_options: dict[str, Any] = {
@@ -59,7 +60,8 @@ def drift_demo(
         "max_new_tokens": max_new_tokens,
         "budgets": budgets,
     }
-    phases, scheduled = [], None
+    phases: list[Collected] = []
+    scheduled: Retrained | None = None
     for index, (workload, n) in enumerate(
         [(before_workload, before_prompts), (after_workload, after_prompts)], start=1
     ):
@@ -84,7 +86,7 @@ def drift_demo(
                 **retrain_options,
             )  # fmt: skip
             logger.info("daily retrain: champion %s", steps.champion(hardware))
-    retrained = phases[-1]["retrained"]
+    retrained = phases[-1].retrained
     if retrained is None:
         # The champion accepts what its evaluation predicted: no drift alarm. The daily
         # retrain still runs at its hour, on the traffic collected since.
@@ -92,11 +94,15 @@ def drift_demo(
         retrained = retrain(
             hardware=hardware, store=store, work=work, run_slot="demo-daily-2",
             **retrain_options,
-        )  # fmt: skip
-        retrained["scheduled"] = True
-    return {
-        "bootstrap": bootstrapped,
-        "phases": phases,
-        "daily_retrain": scheduled,
-        "retrained": retrained,
-    }
+        ).model_copy(update={"scheduled": True})  # fmt: skip
+    if not isinstance(retrained, Retrained):
+        raise RuntimeError(
+            f"the retrain went to deployment {retrained.deployment}; the main job runs its "
+            "retrains in this process: unset SPECOPS_RETRAIN_DEPLOYMENT"
+        )
+    return DemoResult(
+        bootstrap=bootstrapped,
+        phases=phases,
+        daily_retrain=scheduled,
+        retrained=retrained,
+    )

@@ -27,11 +27,21 @@ records it already wrote and resumes training from its checkpoints.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from prefect import flow, get_run_logger
 
 from tasks.loop import prefect_tasks as steps
+from tasks.loop.results import (
+    Bootstrapped,
+    Collected,
+    DeploymentRun,
+    DraftRef,
+    RegisteredDraft,
+    Retrained,
+)
+from tasks.loop.steps import Decision
 from tasks.settings import loop_settings
 
 # A flow run rescheduled after crashes (its worker died: tasks/ops/prefect_setup.py) this
@@ -74,7 +84,7 @@ def scheduled_timestamp() -> float:
 
 @flow(name="evaluate-and-promote", timeout_seconds=TIMEOUTS_S["evaluate"])
 def evaluate_and_promote(
-    challengers: list[dict[str, str]],
+    challengers: Sequence[DraftRef],
     hardware: str = "cpu",
     workloads: list[str] | None = None,
     prompts_per_workload: int = 8,
@@ -85,7 +95,7 @@ def evaluate_and_promote(
     traffic_per_workload: int = 8,
     store: str = "data",
     lineage: dict[str, str] | None = None,
-) -> dict[str, Any]:
+) -> Decision:
     """``lineage`` (default: the data version of ``store`` and the git commit) tags every
     evaluation run."""
     lineage = lineage or steps.lineage(store)
@@ -102,11 +112,9 @@ def evaluate_and_promote(
         lineage=lineage,
     )
     logger = get_run_logger()
-    for label, result in decision["gates"].items():
-        logger.info("%s: %s", label, result["reason"])
-    logger.info(
-        "champion on %s: %s", hardware, decision["promoted"] or f"kept {decision['champion']}"
-    )
+    for label, result in decision.gates.items():
+        logger.info("%s: %s", label, result.reason)
+    logger.info("champion on %s: %s", hardware, decision.promoted or f"kept {decision.champion}")
     return decision
 
 
@@ -122,13 +130,13 @@ def bootstrap(
     max_new_tokens: int = 96,
     work: str = ".specops/work",
     store: str = "data",
-) -> dict[str, Any]:
+) -> Bootstrapped:
     logger = get_run_logger()
     _check_run_count()
     current = steps.champion(hardware)
     if current is not None:
         logger.info("%s already has a champion (%s): nothing to bootstrap", hardware, current)
-        return {"champion": current, "bootstrapped": None}
+        return Bootstrapped(champion=current, bootstrapped=None)
     package = steps.builtin_package(drafter, f"{work}/bootstrap", k=k, policy=policy, family=family)
     # Keyed: a bootstrap run again (it failed its gates, or crashed) reuses the version.
     draft = steps.register(
@@ -146,7 +154,7 @@ def bootstrap(
         cache=f"{work}/packages",
         store=store,
     )
-    return {"champion": decision["promoted"], "bootstrapped": decision}
+    return Bootstrapped(champion=decision.promoted, bootstrapped=decision)
 
 
 @flow(name="retrain", timeout_seconds=TIMEOUTS_S["retrain"])
@@ -159,7 +167,7 @@ def retrain(
     max_new_tokens: int = 96,
     budgets: dict[str, float] | None = None,
     run_slot: str | None = None,
-) -> dict[str, Any]:
+) -> Retrained:
     """``budgets`` overrides ``configs/retrain.yaml``'s time budgets (seconds per family);
     ``run_slot`` names the work folder (default: this run's scheduled start)."""
     logger = get_run_logger()
@@ -169,35 +177,35 @@ def retrain(
     out = f"{work}/challengers/{hardware}/{run_slot}"
     summary = steps.validate(store, dataset)
     tags = steps.lineage(store)
-    challengers = []
+    challengers: list[RegisteredDraft] = []
     package = steps.train_suffix(store, dataset, out, hardware=hardware)
     challengers.append(
         steps.register(
             package,
             "suffix",
-            params={"records": summary["validation"]["valid"]},
+            params={"records": summary.validation.valid},
             tags=tags,
             key=f"{hardware}/{run_slot}/suffix",
         )
     )
     trained = steps.train_learned(dataset, out, hardware=hardware, budgets=budgets, store=store)
     for result in trained:
-        if result["skipped"]:
-            logger.warning("%s challenger skipped: %s", result["family"], result["skipped"])
+        if result.skipped or result.package is None:
+            logger.warning("%s challenger skipped: %s", result.family, result.skipped)
             continue
-        logger.info("%s", result["summary"])
+        logger.info("%s", result.summary)
         challengers.append(
             steps.register(
-                result["package"],
-                result["family"],
-                params=result["params"],
+                str(result.package),
+                result.family,
+                params=result.params,
                 tags=tags,
-                curves=result["curves"],
-                key=f"{hardware}/{run_slot}/{result['family']}",
+                curves=result.curves,
+                key=f"{hardware}/{run_slot}/{result.family}",
             )
         )
     steps.record_retrain(
-        hardware, run_slot, {"challengers": [c["label"] for c in challengers], **tags}
+        hardware, run_slot, {"challengers": [c.label for c in challengers], **tags}
     )
     decision = evaluate_and_promote(
         challengers,
@@ -222,23 +230,24 @@ def retrain(
         tags=tags,
         key=f"{hardware}/{run_slot}/predictor",
     )
-    if predictor["skipped"]:
-        logger.warning("predictor: %s", predictor["skipped"])
+    if predictor.skipped:
+        logger.warning("predictor: %s", predictor.skipped)
     else:
-        logger.info(
-            "predictor %s: %s", predictor["challenger"], (predictor["gate"] or {}).get("reason")
-        )
-    return {
-        "validation": summary,
-        "slot": run_slot,
-        "challengers": challengers,
-        "trained": trained,
-        "decision": decision,
-        "predictor": predictor,
-    }
+        reason = None if predictor.gate is None else predictor.gate.reason
+        logger.info("predictor %s: %s", predictor.challenger, reason)
+    return Retrained(
+        validation=summary,
+        slot=run_slot,
+        challengers=challengers,
+        trained=trained,
+        decision=decision,
+        predictor=predictor,
+    )
 
 
-def _retrain_through(deployment: str, parameters: dict[str, Any], *, wait_s: float) -> dict:
+def _retrain_through(
+    deployment: str, parameters: dict[str, Any], *, wait_s: float
+) -> DeploymentRun:
     """A run of the retrain deployment for this slot (one per slot: a re-run of this
     collect gets the same run back), as this flow's subflow."""
     from typing import cast
@@ -268,7 +277,7 @@ def _retrain_through(deployment: str, parameters: dict[str, Any], *, wait_s: flo
         and not run.state.is_completed()
     ):
         raise RuntimeError(f"retrain flow run {run.name} ({run.id}) ended {state}")
-    return {"deployment": deployment, "flow_run": str(run.id), "name": run.name, "state": state}
+    return DeploymentRun(deployment=deployment, flow_run=str(run.id), name=run.name, state=state)
 
 
 @flow(name="collect", timeout_seconds=TIMEOUTS_S["collect"])
@@ -290,7 +299,7 @@ def collect(
     retrain_wait_s: float = 0.0,
     force_retrain: bool = False,
     retention_days: float | None = None,
-) -> dict[str, Any]:
+) -> Collected:
     """``threshold`` is the absolute one, for a champion never evaluated; otherwise
     ``configs/retrain.yaml``'s relative threshold decides. ``retrain_options`` go to
     :func:`retrain`; ``cooldown_minutes`` overrides the config's cool-down.
@@ -321,12 +330,12 @@ def collect(
         )
     dataset = f"{work}/dataset"
     retention = steps.retention(store, dataset, days=retention_days, now=scheduled_timestamp())
-    if retention["removed"]:
+    if retention.removed:
         logger.info(
             "retention: removed %d parts older than %s (%s)",
-            len(retention["removed"]),
-            retention["cutoff_utc"],
-            ", ".join(f"{area} {n}" for area, n in retention["parts"].items()),
+            len(retention.removed),
+            retention.cutoff_utc,
+            ", ".join(f"{area} {n}" for area, n in retention.parts.items()),
         )
     summary = steps.validate(store, dataset, window=window, threshold=threshold)
     data_version = steps.version(store) if version else None
@@ -338,31 +347,32 @@ def collect(
         window=window,
         cooldown_minutes=cooldown_minutes,
     )
-    for line in trigger["reasons"]:
+    for line in trigger.reasons:
         logger.info("%s", line)
-    retrained = None
+    retrained: Retrained | DeploymentRun | None = None
     deployment = retrain_deployment or loop_settings().retrain_deployment
-    if force_retrain or (trigger["retrain"] and trigger_retrain):
+    if force_retrain or (trigger.retrain and trigger_retrain):
         logger.info(
             "retrain forced" if force_retrain else "acceptance fell below its threshold: retraining"
         )
         options = {"run_slot": slot(), **(retrain_options or {})}
         if deployment:
-            retrained = _retrain_through(
+            handed = _retrain_through(
                 deployment,
                 {"hardware": hardware, "store": store, "work": work, **options},
                 wait_s=retrain_wait_s,
             )
-            logger.info("retrain: flow run %s (%s)", retrained["flow_run"], retrained["state"])
+            logger.info("retrain: flow run %s (%s)", handed.flow_run, handed.state)
+            retrained = handed
         else:
             retrained = retrain(hardware=hardware, store=store, work=work, **options)
-    elif trigger["held_back"]:
-        logger.info("retrain wanted but held back: %s", trigger["held_back"])
-    return {
-        "replayed": replayed,
-        "retention": retention,
-        "validation": summary,
-        "data_version": data_version,
-        "trigger": trigger,
-        "retrained": retrained,
-    }
+    elif trigger.held_back:
+        logger.info("retrain wanted but held back: %s", trigger.held_back)
+    return Collected(
+        replayed=replayed,
+        retention=retention,
+        validation=summary,
+        data_version=data_version,
+        trigger=trigger,
+        retrained=retrained,
+    )

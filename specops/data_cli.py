@@ -131,7 +131,7 @@ def collect(
     except SpecOpsError as error:
         fail(str(error))
     if summary is not None:
-        write_json_atomic(summary, result.to_dict())
+        write_json_atomic(summary, result.model_dump(mode="json"))
     rate = result.acceptance_rate
     typer.echo(
         f"collected {result.written} records ({result.failures} failure cases, "
@@ -176,14 +176,14 @@ def validate(
         )
     except SpecOpsError as error:
         fail(str(error))
-    write_json_atomic(summary or out / "summary.json", result)
-    checked = result["validation"]
+    write_json_atomic(summary or out / "summary.json", result.model_dump(mode="json"))
+    checked = result.validation
     typer.echo(
-        f"validated {checked['total']} records: {checked['valid']} valid, "
-        f"{checked['quarantined']} quarantined -> {out / 'quarantine.jsonl'}"
+        f"validated {checked.total} records: {checked.valid} valid, "
+        f"{checked.quarantined} quarantined -> {out / 'quarantine.jsonl'}"
     )
-    typer.echo("dataset: " + ", ".join(f"{k}={v}" for k, v in result["dataset"].items()))
-    if result["retrain_wanted"]:
+    typer.echo("dataset: " + ", ".join(f"{k}={v}" for k, v in result.dataset.items()))
+    if result.retrain_wanted:
         typer.echo("rolling acceptance is below the threshold: a retrain is wanted")
 
 
@@ -207,7 +207,7 @@ def acceptance(
         rows, malformed = [], 0
         for _, row in read_raw(store_root):
             try:
-                rows.append(parse_record(row).model_dump(mode="json"))
+                rows.append(parse_record(row))
             except (ValidationError, UnknownSchemaVersionError):
                 malformed += 1
         groups = rolling_acceptance(rows, window=settings.window, threshold=settings.threshold)
@@ -216,7 +216,7 @@ def acceptance(
     if malformed:
         typer.echo(f"skipped {malformed} malformed records (see `specops data validate`)", err=True)
     if as_json:
-        typer.echo(json.dumps([g.to_dict() for g in groups]))
+        typer.echo(json.dumps([g.model_dump(mode="json") for g in groups]))
         return
     for g in groups:
         value = "n/a" if g.acceptance is None else f"{g.acceptance:.3f}"
@@ -284,9 +284,8 @@ def retention(
         report = apply_retention(store_root, folders, max_age_days=days, dry_run=dry_run)
     except SpecOpsError as error:
         fail(str(error))
-    summary = report.to_dict()
     if as_json:
-        typer.echo(json.dumps(summary))
+        typer.echo(json.dumps(report.model_dump(mode="json")))
         return
     if report.max_age_days is None:
         typer.echo(
@@ -294,7 +293,7 @@ def retention(
         )
         return
     verb = "would remove" if dry_run else "removed"
-    age = f"older than {report.max_age_days:g} days (before {summary['cutoff_utc']})"
+    age = f"older than {report.max_age_days:g} days (before {report.cutoff_utc})"
     if not report.removed:
         typer.echo(f"nothing in {store_root} is {age}")
     else:

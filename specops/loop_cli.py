@@ -7,12 +7,15 @@ import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from serving.drafters.kinds import BUILTIN_KINDS, spec_syntax
 from specops.exit import fail
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
 
 loop_app = typer.Typer(help="The closed loop: drift demo, flows, scheduled deployments.")
 
@@ -69,13 +72,14 @@ def demo(
             budgets={"head": head_seconds, "lora": lora_seconds},
         )
         summary = write_report(result, work / "store", Path("results/main"))
-        ba = summary["before_after"]
+        ba = summary.before_after
         headline = {}
         if ba is not None:
-            for role in ("before", "challenger"):
+            for role, row in (("before", ba.before), ("challenger", ba.challenger)):
                 for key in ("mean_accepted_length", "speedup"):
-                    if ba[role] and ba[role][key] is not None:
-                        headline[f"{hardware}/{role}_{key}"] = float(ba[role][key])
+                    value = None if row is None else getattr(row, key)
+                    if value is not None:
+                        headline[f"{hardware}/{role}_{key}"] = float(value)
         from tasks.loop.prefect_tasks import open_registry
 
         open_registry().log_report(
@@ -87,30 +91,30 @@ def demo(
     except SpecOpsError as error:
         fail(str(error))
     typer.echo("")
-    typer.echo(f"bootstrap champion: {summary['bootstrap']}")
+    typer.echo(f"bootstrap champion: {summary.bootstrap}")
     if ba is None:
         typer.echo("no retrain happened (acceptance stayed above the threshold)")
     else:
         typer.echo("after the drift (overall | held-out drifted traffic):")
-        for row in [ba["plain"], ba["before"], *ba["challengers"]]:
-            traffic = row.get("traffic") or {}
+        for row in [ba.plain, *([ba.before] if ba.before else []), *ba.challengers]:
+            on = row.traffic
             typer.echo(
-                f"  {row['label']:>28}: mean accepted length {_num(row['mean_accepted_length'])}"
-                f" | {_num(traffic.get('mean_accepted_length'))}, speedup "
-                f"{_num(row['speedup'])}x | {_num(traffic.get('speedup'))}x, "
-                f"lossless {row['lossless']}"
+                f"  {row.label:>28}: mean accepted length {_num(row.mean_accepted_length)}"
+                f" | {_num(None if on is None else on.mean_accepted_length)}, speedup "
+                f"{_num(row.speedup)}x | {_num(None if on is None else on.speedup)}x, "
+                f"lossless {row.lossless}"
             )
-        typer.echo(f"{'promoted ' + ba['promoted'] if ba['promoted'] else 'champion kept'}")
-        for label, gate in ba["gates"].items():
-            typer.echo(f"gate {label}: {gate['reason']}")
-        back = summary["regained"]
+        typer.echo(f"{'promoted ' + ba.promoted if ba.promoted else 'champion kept'}")
+        for label, gate in ba.gates.items():
+            typer.echo(f"gate {label}: {gate.reason}")
+        back = summary.regained
         if back is not None:
-            share = back["regained_share"]
+            share = back.regained_share
             typer.echo(
-                f"held-out traffic: the champion at the drift, {back['champion']}, had a mean "
-                f"accepted length of {back['champion_before_drift']:.2f} before it and "
-                f"{back['champion_after_drift']:.2f} on {back['workload']}; "
-                f"{back['loop_draft']} gets {back['loop_draft_after_drift']:.2f} there"
+                f"held-out traffic: the champion at the drift, {back.champion}, had a mean "
+                f"accepted length of {back.champion_before_drift:.2f} before it and "
+                f"{back.champion_after_drift:.2f} on {back.workload}; "
+                f"{back.loop_draft} gets {back.loop_draft_after_drift:.2f} there"
                 + (
                     f": {share:.0%} of the loss regained"
                     if share is not None
@@ -126,8 +130,8 @@ def demo(
     )
 
 
-def _num(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.2f}"
+def _num(value: float | None, digits: int = 2) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
 
 
 @loop_app.command()
@@ -167,12 +171,12 @@ def bootstrap(
         )  # fmt: skip
     except SpecOpsError as error:
         fail(str(error))
-    if result["bootstrapped"] is None:
-        typer.echo(f"{hardware} already has a champion: {result['champion']}")
+    if result.bootstrapped is None:
+        typer.echo(f"{hardware} already has a champion: {result.champion}")
         return
-    for label, gate in result["bootstrapped"]["gates"].items():
-        typer.echo(f"gate {label}: {gate['reason']}")
-    champion = result["champion"]
+    for label, gate in result.bootstrapped.gates.items():
+        typer.echo(f"gate {label}: {gate.reason}")
+    champion = result.champion
     typer.echo(f"champion-{hardware}: {champion}" if champion else "not promoted: no champion")
     if not champion:
         raise typer.Exit(1)
@@ -209,18 +213,19 @@ def run(
     """Run one flow now against the configured registry and store."""
     from serving.errors import SpecOpsError
     from serving.hardware import hardware_target
+    from tasks.loop.results import DraftRef
 
     if flow_name not in FLOWS:
         fail(f"unknown flow {flow_name!r}; choose one of {', '.join(FLOWS)}")
     try:
         hardware_target(hardware)
-        versions = []
+        versions: list[DraftRef] = []
         if challenger:  # checked to exist before Prefect starts
             from tasks.loop.prefect_tasks import open_registry
 
             registry = open_registry()
             drafts = [registry.resolve(ref) for ref in challenger]
-            versions = [{"family": d.family, "version": d.version} for d in drafts]
+            versions = [DraftRef(family=d.family, version=d.version) for d in drafts]
     except SpecOpsError as error:
         fail(str(error))
     _prefect_env()
@@ -234,7 +239,7 @@ def run(
                     f"no held-out traffic at {dataset}: run `specops loop run collect` first, "
                     "or pass --no-traffic"
                 )
-            result = evaluate_and_promote(
+            result: BaseModel = evaluate_and_promote(
                 versions,
                 hardware=hardware,
                 workloads=workload or ["humaneval"],
@@ -244,19 +249,23 @@ def run(
                 traffic=str(dataset) if traffic else None,
             )
         else:
-            flows: dict[str, Callable[..., dict[str, Any]]] = {
-                "collect": collect,
-                "retrain": retrain,
-            }
+            flows: dict[str, Callable[..., BaseModel]] = {"collect": collect, "retrain": retrain}
             result = flows[flow_name](hardware=hardware, store=store, work=work)
     except SpecOpsError as error:
         fail(str(error))
-    typer.echo(json.dumps(result, indent=2, default=str)[:4000])
+    typer.echo(json.dumps(result.model_dump(mode="json"), indent=2)[:4000])
 
 
 @loop_app.command()
 def serve(hardware: Annotated[str, typer.Option(help="Hardware target.")] = "cpu") -> None:
     """Serve the scheduled deployments (collect hourly, retrain daily, evaluate on demand)."""
+    from serving.errors import SpecOpsError
+    from serving.hardware import hardware_target
+
+    try:  # a bad target fails here, not at the first scheduled run an hour later
+        hardware_target(hardware)
+    except SpecOpsError as error:
+        fail(str(error))
     _prefect_env()
     from flows.deployments import main
 
@@ -298,13 +307,13 @@ def head_curve(
         )  # fmt: skip
     except SpecOpsError as error:
         fail(str(error))
-    before = payload["pre_drift"]["mean_accepted_length"]
-    typer.echo(f"pre-drift head {head}: {before:.3f} on held-out {drifted} traffic (k = 2)")
-    for name, points in payload["runs"].items():
+    before = payload.pre_drift.mean_accepted_length
+    typer.echo(f"pre-drift head {head}: {_num(before, 3)} on held-out {drifted} traffic (k = 2)")
+    for name, points in payload.runs.items():
         for point in points[1:] if name == "continued" else points:
             typer.echo(
-                f"  {name:>9} after {point['seconds'] / 60:5.1f} min ({point['steps']} steps): "
-                f"{point['mean_accepted_length']:.3f}"
+                f"  {name:>9} after {point.seconds / 60:5.1f} min ({point.steps} steps): "
+                f"{_num(point.mean_accepted_length, 3)}"
             )
     typer.echo(f"results: {out / 'head-continuation.json'}, plot {out / 'head-continuation.png'}")
 

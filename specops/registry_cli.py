@@ -249,17 +249,16 @@ def log_evaluation(
         "source": "evaluation-file",
         **{f"produced_by.{k}": v for k, v in evaluation.produced_by.items()},
     }
-    report = evaluation.report.model_dump(mode="json")
     with _refusing():
         decision = decide(
-            registry, report, drafts, hardware=hardware, cache=cache_root() / "registry",
+            registry, evaluation.report, drafts, hardware=hardware, cache=cache_root() / "registry",
             promote=promote, params=params, artifacts=[file],
         )  # fmt: skip
     for name, draft in drafts.items():
         shown = ", ".join(f"{k} {v:.3f}" for k, v in evaluation.metrics_of(name).items())
         typer.echo(f"{name}: {draft.label} evaluated on {hardware}: {shown}")
     for label, result in decision.gates.items():
-        typer.echo(f"gate {label}: {result['reason']}")
+        typer.echo(f"gate {label}: {result.reason}")
     if decision.promoted:
         typer.echo(f"champion-{hardware} -> {decision.promoted}")
     elif promote:

@@ -145,10 +145,10 @@ def bundle(
     from serving.hardware import hardware_target
     from serving.loader import load_target
     from serving.models.real import cache_root
+    from tasks.data.dataset import read_part
     from tasks.data.traffic import build_workload
     from tasks.evaluate.evaluate import traffic_prompts as held_out_traffic
     from tasks.loop.remote_bundle import prepare_bundle
-    from tasks.loop.steps import read_jsonl
 
     with failing():
         hardware_target(hardware)  # before the registry and the model
@@ -160,7 +160,7 @@ def bundle(
             for p in build_workload(name, prompts, seed=seed, split="heldout")
         ]
         if traffic is not None:
-            held = read_jsonl(traffic / "heldout_traffic.jsonl")
+            held = read_part(traffic, "heldout_traffic")
             chosen += held_out_traffic(held, per_workload=traffic_prompts)
         _, tokenizer = load_target("smollm2", kernels="stock")
         folder = prepare_bundle(

@@ -13,8 +13,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Iterable, Sequence
+
+from pydantic import BaseModel, ConfigDict
 
 from serving import metrics
 from serving.engine import SpeculativeDecoder
@@ -28,8 +29,11 @@ from tasks.data.prompts import Prompt
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class CollectSummary:
+class CollectSummary(BaseModel):
+    """What one collection wrote (``specops data collect --summary``, the loop's replay)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
     run_id: str
     prompts: int
     skipped_existing: int
@@ -41,9 +45,6 @@ class CollectSummary:
     acceptance_rate: float | None
     acceptance_by_position: list[float | None]
     acceptance_by_workload: dict[str, float | None]
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def _request_seed(seed: int | None, prompt_id: str) -> int | None:
@@ -146,14 +147,15 @@ def collect(
     return summarize_collection(run_id, len(prompts), len(prompts) - len(todo), written, parts)
 
 
-def acceptance_by_position(records: Sequence[dict]) -> list[float | None]:
-    """Pooled over every check of every record (``steps``), as serving.metrics defines it."""
-    steps = [
+def acceptance_by_position(steps: Iterable[Sequence[Sequence[int]]]) -> list[float | None]:
+    """Pooled over every check of every record (each record's ``steps``, its
+    ``[proposed, accepted]`` per check), as serving.metrics defines it."""
+    pooled = [
         StepRecord(proposed, accepted, 0, 0.0, 0.0)
-        for record in records
-        for proposed, accepted in record["steps"]
+        for record_steps in steps
+        for proposed, accepted in record_steps
     ]
-    return metrics.acceptance_by_position(steps)
+    return metrics.acceptance_by_position(pooled)
 
 
 def summarize_collection(
@@ -176,6 +178,6 @@ def summarize_collection(
         draft_tokens=drafted,
         accepted_tokens=accepted,
         acceptance_rate=accepted / drafted if drafted else None,
-        acceptance_by_position=acceptance_by_position(written),
+        acceptance_by_position=acceptance_by_position(r["steps"] for r in written),
         acceptance_by_workload=by_workload,
     )

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pydantic import BaseModel, ConfigDict
+
 from serving.atomic import write_json_atomic, write_jsonl_atomic
 from serving.hardware import load_hardware
 from tasks.data import ledger
-from tasks.data.acceptance import rolling_acceptance
+from tasks.data.acceptance import GroupAcceptance, GroupWindow, rolling_acceptance
 from tasks.data.collect import acceptance_by_position
 from tasks.data.dataset import (
     DEFAULT_HELDOUT_SHARE,
@@ -29,6 +31,21 @@ from tasks.data.dataset import (
     write_dataset,
 )
 from tasks.data.incremental import validate_incrementally
+from tasks.data.validation_summary import IncrementalSummary
+
+
+class CurateSummary(BaseModel):
+    """What one validate step did (``summary.json`` of ``specops data validate``, the
+    ``validation`` of the loop's flow results)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    validation: IncrementalSummary
+    dataset: dict[str, int]  # part -> records
+    acceptance_rate: float | None  # pooled over every valid record
+    acceptance_by_position: list[float | None]
+    rolling_acceptance: list[GroupWindow]  # per (workload, hardware target)
+    retrain_wanted: bool  # some group is below the absolute threshold
 
 
 def curate(
@@ -42,7 +59,7 @@ def curate(
     threshold: float = 0.5,
     plots_dir: Path | None = None,
     full: bool = False,
-) -> dict:
+) -> CurateSummary:
     check_heldout_share(heldout_share)  # before anything is read or written
     store_root, out_dir = Path(store_root), Path(out_dir)
     known_hardware = sorted(load_hardware().targets)
@@ -56,25 +73,25 @@ def curate(
         )
         sizes = write_dataset(dataset, out_dir)
     tracker = rolling_acceptance(result.valid, window=window, threshold=threshold)
-    drafted = sum(r["draft_tokens"] for r in result.valid)
-    accepted = sum(r["accepted_tokens"] for r in result.valid)
-    by_position = acceptance_by_position(result.valid)
-    summary = {
-        "validation": result.summary,
-        "dataset": sizes,
-        "acceptance_rate": accepted / drafted if drafted else None,
-        "acceptance_by_position": by_position,
-        "rolling_acceptance": [
-            {k: v for k, v in g.to_dict().items() if k != "series"} for g in tracker
-        ],
-        "retrain_wanted": any(g.retrain_wanted for g in tracker),
-    }
+    drafted = sum(r.draft_tokens for r in result.valid)
+    accepted = sum(r.accepted_tokens for r in result.valid)
+    by_position = acceptance_by_position([r.steps for r in result.valid])
+    summary = CurateSummary(
+        validation=result.summary,
+        dataset=sizes,
+        acceptance_rate=accepted / drafted if drafted else None,
+        acceptance_by_position=by_position,
+        rolling_acceptance=[g.window() for g in tracker],
+        retrain_wanted=any(g.retrain_wanted for g in tracker),
+    )
     if plots_dir is not None:
         _write_plot_data(Path(plots_dir), by_position, tracker)
     return summary
 
 
-def _write_plot_data(plots_dir: Path, by_position, tracker) -> None:
+def _write_plot_data(
+    plots_dir: Path, by_position: list[float | None], tracker: list[GroupAcceptance]
+) -> None:
     write_json_atomic(
         plots_dir / "acceptance_by_position.json",
         [

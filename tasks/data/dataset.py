@@ -17,18 +17,24 @@ for good (built-in workloads only), while ``heldout_traffic`` is the most recent
 including captured ``live`` traffic, which has no hash split: a draft is judged on the
 traffic that came after what it learned from, as it will be once it serves.
 
-Derived data: rebuilt whole from the validated records each run, written atomically.
+Derived data: rebuilt whole from the validated records each run, written atomically;
+read back as records by :func:`read_part`.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass, fields
 from pathlib import Path
+
+from pydantic import ValidationError
 
 from serving.atomic import write_jsonl_atomic
 from serving.errors import BadInputError
+from serving.records.schema import RequestRecord, UnknownSchemaVersionError, parse_record
 
 # The dataset's parts, one JSONL file each (not to be confused with the train/held-out splits
 # of traffic, serving.records.schema.SPLITS: `failures`, `replay` and `train_mix` come from
@@ -62,7 +68,9 @@ def check_heldout_share(share: float) -> None:
         )
 
 
-def holdout_by_time(records: Sequence[dict], share: float) -> tuple[list[dict], list[dict]]:
+def holdout_by_time(
+    records: Sequence[RequestRecord], share: float
+) -> tuple[list[RequestRecord], list[RequestRecord]]:
     """``(trainable, heldout_traffic)``: the train-split ``records`` split by time.
 
     Per workload, the train-split records are ordered by ``(timestamp, id)`` (the id breaks
@@ -75,24 +83,24 @@ def holdout_by_time(records: Sequence[dict], share: float) -> tuple[list[dict], 
     ``trainable`` keeps the input order; ``heldout_traffic`` is in time order.
     """
     check_heldout_share(share)
-    train = [r for r in records if r["split"] == "train"]
+    train = [r for r in records if r.split == "train"]
     by_workload: dict[str, list[int]] = {}
     for index, record in enumerate(train):
-        by_workload.setdefault(record["workload"], []).append(index)
+        by_workload.setdefault(record.workload, []).append(index)
     held: set[int] = set()
     for indices in by_workload.values():
         count = _held_out_count(len(indices), share)
         if count:
-            newest_last = sorted(indices, key=lambda i: (train[i]["timestamp"], train[i]["id"]))
+            newest_last = sorted(indices, key=lambda i: (train[i].timestamp, train[i].id))
             held.update(newest_last[-count:])
     trainable = [r for i, r in enumerate(train) if i not in held]
-    heldout = sorted((train[i] for i in held), key=lambda r: (r["timestamp"], r["id"]))
+    heldout = sorted((train[i] for i in held), key=lambda r: (r.timestamp, r.id))
     return trainable, heldout
 
 
 def heldout_traffic_records(
-    records: Sequence[dict], share: float = DEFAULT_HELDOUT_SHARE
-) -> list[dict]:
+    records: Sequence[RequestRecord], share: float = DEFAULT_HELDOUT_SHARE
+) -> list[RequestRecord]:
     """The held-out slice of ``records`` (validated records): the newest ``share`` of each
     workload's train-split traffic, in time order - what a draft is evaluated on and was
     never trained on (:func:`holdout_by_time`, which ``build_dataset`` uses with the same
@@ -100,36 +108,88 @@ def heldout_traffic_records(
     return holdout_by_time(records, share)[1]
 
 
+@dataclass(frozen=True)
+class Dataset:
+    """The parts of :data:`PARTS`, in that order (see the module docstring)."""
+
+    failures: list[RequestRecord]
+    replay: list[RequestRecord]
+    train_mix: list[RequestRecord]
+    trainable: list[RequestRecord]
+    eval: list[RequestRecord]
+    heldout_traffic: list[RequestRecord]
+
+    def parts(self) -> dict[str, list[RequestRecord]]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
 def build_dataset(
-    records: Sequence[dict],
+    records: Sequence[RequestRecord],
     *,
     failure_share: float = 0.8,
     seed: int = 0,
     heldout_share: float = DEFAULT_HELDOUT_SHARE,
-) -> dict[str, list[dict]]:
+) -> Dataset:
     """Every part of :data:`PARTS` from validated ``records`` (see the module docstring)."""
     if not 0.0 < failure_share <= 1.0:
         raise ValueError(f"failure_share must be in (0, 1], got {failure_share!r}")
     trainable, heldout_traffic = holdout_by_time(records, heldout_share)
-    failures = [r for r in trainable if r["is_failure"]]
-    successes = sorted(
-        (r for r in trainable if not r["is_failure"]), key=lambda r: _rank(seed, r["id"])
-    )
+    failures = [r for r in trainable if r.is_failure]
+    successes = sorted((r for r in trainable if not r.is_failure), key=lambda r: _rank(seed, r.id))
     wanted = round(len(failures) * (1.0 - failure_share) / failure_share)
     replay = successes[:wanted]
-    mix = sorted(failures + replay, key=lambda r: _rank(seed + 1, r["id"]))
+    mix = sorted(failures + replay, key=lambda r: _rank(seed + 1, r.id))
+    return Dataset(
+        failures=failures,
+        replay=replay,
+        train_mix=mix,
+        trainable=list(trainable),
+        eval=[r for r in records if r.split == "heldout"],
+        heldout_traffic=heldout_traffic,
+    )
+
+
+def write_dataset(dataset: Dataset, out_dir: Path) -> dict[str, int]:
+    """Each part as ``<part>.jsonl`` (the records' JSON), atomically; the row counts."""
     return {
-        "failures": failures,
-        "replay": replay,
-        "train_mix": mix,
-        "trainable": list(trainable),
-        "eval": [r for r in records if r["split"] == "heldout"],
-        "heldout_traffic": heldout_traffic,
+        name: write_jsonl_atomic(
+            Path(out_dir) / f"{name}.jsonl", (r.model_dump(mode="json") for r in records)
+        )
+        for name, records in dataset.parts().items()
     }
 
 
-def write_dataset(dataset: dict[str, list[dict]], out_dir: Path) -> dict[str, int]:
-    counts = {}
-    for name in PARTS:
-        counts[name] = write_jsonl_atomic(Path(out_dir) / f"{name}.jsonl", dataset[name])
-    return counts
+def part_path(dataset_dir: str | Path, part: str) -> Path:
+    return Path(dataset_dir) / f"{part}.jsonl"
+
+
+def read_part(dataset_dir: str | Path, part: str) -> list[RequestRecord]:
+    """The records of one dataset part (one of :data:`PARTS`), as written by
+    :func:`write_dataset`; :class:`BadInputError` names a missing file or a bad line."""
+    if part not in PARTS:
+        raise BadInputError(f"no dataset part {part!r}: the parts are {', '.join(PARTS)}")
+    path = part_path(dataset_dir, part)
+    if not path.is_file():
+        raise BadInputError(
+            f"no dataset part at {str(path)!r}: build the dataset first (`specops data "
+            "validate --out DIR`, `dvc repro validate`, or the loop's validate step)"
+        )
+    records = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(parse_record(json.loads(line)))
+        except json.JSONDecodeError as error:
+            raise BadInputError(f"{path}:{number} is not JSON ({error})") from None
+        except ValidationError as error:
+            fields = "; ".join(
+                f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors()
+            )
+            raise BadInputError(
+                f"{path}:{number} is not a request record ({fields}); rebuild the dataset "
+                "with `specops data validate`"
+            ) from None
+        except UnknownSchemaVersionError as error:
+            raise BadInputError(f"{path}:{number}: {error}") from None
+    return records

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from serving.drafters.kinds import STAGES
 from serving.records.schema import SPLITS, RequestRecord, is_failure
+from tasks.data.validation_summary import SuiteReport
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -286,15 +287,17 @@ def _drafted_frame(records: Sequence[RequestRecord]) -> pd.DataFrame:
     return frame.astype({column: "float64" for column in _NULLABLE})
 
 
-def _suite_report(success: bool, frame: pd.DataFrame, unexpected: dict[str, list[dict]]) -> dict:
+def _suite_report(
+    success: bool, frame: pd.DataFrame, unexpected: dict[str, list[dict]]
+) -> SuiteReport:
     """``unexpected`` counts the suite's rows (requests, disagreements or drafted tokens) per
     expectation."""
-    return {
-        "ran": True,
-        "success": success,
-        "rows": len(frame),
-        "unexpected": {label: len(keys) for label, keys in unexpected.items()},
-    }
+    return SuiteReport(
+        ran=True,
+        success=success,
+        rows=len(frame),
+        unexpected={label: len(keys) for label, keys in unexpected.items()},
+    )
 
 
 def _run_suite(
@@ -347,7 +350,7 @@ def expectation_reasons(
     known_hardware: Collection[str],
     known_workloads: Collection[str],
     now: float,
-) -> tuple[dict[int, list[str]], dict[str, dict]]:
+) -> tuple[dict[int, list[str]], dict[str, SuiteReport]]:
     """Run the three suites; return the reasons per failing request (by index) and the
     reports (keyed by the names in ``SUITES``)."""
     import great_expectations as gx
@@ -366,7 +369,7 @@ def expectation_reasons(
         ),
     )
     reasons: dict[int, list[str]] = {}
-    reports: dict[str, dict] = {}
+    reports: dict[str, SuiteReport] = {}
 
     requests = _request_frame(records)
     suite = request_expectations(known_hardware, known_workloads, now)
@@ -409,9 +412,9 @@ def _add_nested_reasons(
         reasons.setdefault(row, []).append(f"{noun} {index}: {label}")
 
 
-def skipped_suite() -> dict:
+def skipped_suite() -> SuiteReport:
     """The report of a suite that did not run (no row survived stages 1-2)."""
-    return {"ran": False, "success": None, "rows": 0, "unexpected": {}}
+    return SuiteReport(ran=False, success=None, rows=0, unexpected={})
 
 
 # A reason of a nested row, as _add_nested_reasons words it, and the suite it comes from.
@@ -422,8 +425,8 @@ _NESTED_SUITE = {"disagreement": "disagreements", "drafted": "drafted"}
 def reports_from_reasons(
     records: Sequence[Mapping[str, Any]],
     reasons: Sequence[Sequence[str]],
-    earlier: Mapping[str, dict],
-) -> dict[str, dict]:
+    earlier: Mapping[str, SuiteReport],
+) -> dict[str, SuiteReport]:
     """The reports :func:`expectation_reasons` gives for ``records``, some of the requests
     one run of it checked (as dicts), without running the suites again: from the reasons
     that run gave each (``[]`` for one that passed) and its reports ``earlier`` (for the
@@ -447,13 +450,10 @@ def reports_from_reasons(
     }
     reports = {}
     for name in SUITES:
-        labels = dict.fromkeys([*earlier[name]["unexpected"], *failing[name]])
+        labels = dict.fromkeys([*earlier[name].unexpected, *failing[name]])
         unexpected = {label: failing[name][label] for label in labels}
         success = not any(unexpected.values())
-        reports[name] = {
-            "ran": True,
-            "success": success,
-            "rows": rows[name],
-            "unexpected": unexpected,
-        }
+        reports[name] = SuiteReport(
+            ran=True, success=success, rows=rows[name], unexpected=unexpected
+        )
     return reports

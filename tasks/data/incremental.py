@@ -27,21 +27,24 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from serving.atomic import write_jsonl_atomic
 from serving.errors import BadInputError
 from serving.records import schema, store
-from serving.records.schema import RECORD_WORKLOADS, SCHEMA_VERSION
+from serving.records.schema import RECORD_WORKLOADS, SCHEMA_VERSION, RequestRecord, parse_record
 from tasks.data import expectations, ledger, validate
 from tasks.data.ledger import Ledger
+from tasks.data.validation_summary import IncrementalSummary
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
+@dataclass(frozen=True)
 class IncrementalResult:
-    valid: list[dict]  # every valid record (earlier runs' and this one's), in store order
+    valid: list[RequestRecord]  # every valid record (earlier runs' and this one's), store order
     quarantined: list[dict]  # every quarantined row with its stage and reasons, in store order
-    summary: dict  # totals over all batches, plus this run's (see validate_incrementally)
+    summary: IncrementalSummary  # totals over all batches, plus this run's
 
 
 def validation_rules(known_hardware: Collection[str], known_workloads: Collection[str]) -> dict:
@@ -81,6 +84,17 @@ def _read_batches(folder: Path, base: Ledger) -> tuple[list[dict], list[dict]]:
         valid += ledger.read_batch_file(valid_file)
         quarantined += ledger.read_batch_file(quarantine_file)
     return valid, quarantined
+
+
+def _earlier_record(entry: dict, folder: Path) -> tuple[str, RequestRecord]:
+    """A valid entry of an earlier batch, read back as the record it was validated as."""
+    try:
+        return entry["source"], parse_record(entry["record"])
+    except (KeyError, TypeError, ValidationError, BadInputError) as error:
+        raise BadInputError(
+            f"a valid entry in {folder} no longer reads as a record ({error}): re-validate "
+            "everything (`specops data validate --full`, or delete the ledger)"
+        ) from None
 
 
 def _parsed_ids(valid: list[dict], quarantined: list[dict]) -> dict[str, str]:
@@ -123,7 +137,8 @@ def validate_incrementally(
     The summary is :func:`tasks.data.validate.combine_summaries` over all batches (so
     ``total``, ``valid``, ``quarantined``, ``by_stage``, ``by_reason``, ``suites`` are
     totals) plus ``mode`` (``incremental`` or ``full``), ``full_reason``, ``parts`` (all
-    validated parts), ``new_parts``, ``new_rows`` and ``new`` (this run's own summary).
+    validated parts), ``new_parts``, ``new_rows`` and ``new`` (this run's own summary):
+    :class:`~tasks.data.validation_summary.IncrementalSummary`.
     """
     root, folder = Path(store_root), ledger.folder_of(out_dir)
     known_hardware, known_workloads = validate.check_known(known_hardware, known_workloads)
@@ -146,9 +161,10 @@ def validate_incrementally(
         now=now,
         known_ids=_parsed_ids(earlier_valid, earlier_quarantined),
     )
+    new_records = list(zip(result.valid_sources, result.valid, strict=True))
     new_valid = [
-        {"source": source, "record": record}
-        for source, record in zip(result.valid_sources, result.valid, strict=True)
+        {"source": source, "record": record.model_dump(mode="json")}
+        for source, record in new_records
     ]
     updated = base
     if new_paths:
@@ -163,22 +179,23 @@ def validate_incrementally(
     log.info(
         "validated %d new parts (%d rows, %s); %d parts in all",
         len(new_paths),
-        result.summary["total"],
+        result.summary.total,
         "full" if reason else "incremental",
         len(updated.parts()),
     )
 
-    summary = {
-        **validate.combine_summaries([batch.summary for batch in updated.batches]),
-        "mode": "full" if reason else "incremental",
-        "full_reason": reason,
-        "parts": len(updated.parts()),
-        "new_parts": len(new_paths),
-        "new_rows": result.summary["total"],
-        "new": result.summary,
-    }
+    summary = IncrementalSummary(
+        **dict(validate.combine_summaries([batch.summary for batch in updated.batches])),
+        mode="full" if reason else "incremental",
+        full_reason=reason,
+        parts=len(updated.parts()),
+        new_parts=len(new_paths),
+        new_rows=result.summary.total,
+        new=result.summary,
+    )
+    records = [_earlier_record(entry, folder) for entry in earlier_valid] + new_records
     return IncrementalResult(
-        valid=[e["record"] for e in _in_store_order(earlier_valid + new_valid)],
+        valid=[record for _, record in sorted(records, key=lambda r: ledger.source_order(r[0]))],
         quarantined=_in_store_order(earlier_quarantined + result.quarantined),
         summary=summary,
     )

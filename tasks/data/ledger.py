@@ -40,6 +40,7 @@ from pathlib import Path
 from serving.atomic import write_json_atomic
 from serving.errors import BadInputError
 from serving.records import store
+from tasks.data.validation_summary import ValidationSummary
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +72,7 @@ class Batch:
 
     number: int
     parts: dict[str, PartStamp]  # store-relative path -> stamp
-    summary: dict
+    summary: ValidationSummary
 
     @property
     def name(self) -> str:
@@ -97,7 +98,7 @@ class Ledger:
                 {
                     "number": b.number,
                     "parts": {key: asdict(stamp) for key, stamp in sorted(b.parts.items())},
-                    "summary": b.summary,
+                    "summary": b.summary.model_dump(mode="json"),
                 }
                 for b in self.batches
             ],
@@ -142,7 +143,7 @@ def load_ledger(folder: Path) -> Ledger | None:
                 Batch(
                     number=b["number"],
                     parts={key: PartStamp(**stamp) for key, stamp in b["parts"].items()},
-                    summary=b["summary"],
+                    summary=ValidationSummary.model_validate(b["summary"]),
                 )
                 for b in raw["batches"]
             ),
@@ -258,7 +259,11 @@ def unvalidated_parts(root: Path, ledger: Ledger) -> list[Path]:
 
 
 def with_batch(
-    ledger: Ledger, parts: Sequence[tuple[str, PartStamp]], summary: dict, *, number: int
+    ledger: Ledger,
+    parts: Sequence[tuple[str, PartStamp]],
+    summary: ValidationSummary,
+    *,
+    number: int,
 ) -> Ledger:
     """``ledger`` and one more batch, numbered ``number`` (past every batch whose files may
     still be committed, so that writing it never touches them)."""

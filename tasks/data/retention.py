@@ -59,13 +59,12 @@ import time
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import UTC, date, datetime
 from pathlib import Path
-from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from serving.atomic import write_jsonl_atomic
 from serving.errors import BadInputError
@@ -138,9 +137,10 @@ def check_days(days: object) -> float | None:
 # --- the report -------------------------------------------------------------------------------
 
 
-@dataclass
-class DatasetReport:
+class DatasetReport(BaseModel):
     """What one dataset folder lost: its batches' copies, and rows of its dataset files."""
+
+    model_config = ConfigDict(extra="forbid")  # filled in as retention goes
 
     folder: str
     batches_rewritten: int = 0
@@ -149,31 +149,27 @@ class DatasetReport:
     dataset_rows: int = 0  # rows of quarantine.jsonl and the dataset parts
 
 
-@dataclass
-class RetentionReport:
+class RetentionReport(BaseModel):
+    """What retention removed (``specops data retention --json``, the collect flow's
+    ``retention``)."""
+
+    model_config = ConfigDict(extra="forbid")  # filled in as retention goes
+
     max_age_days: float | None  # None: retention off, nothing removed
     cutoff: float | None  # unix seconds: a part whose newest row is older goes
+    cutoff_utc: str | None = None  # the cutoff, readable (set from it)
     dry_run: bool = False
-    parts: dict[str, int] = field(default_factory=dict)  # area -> parts removed
-    rows: dict[str, int] = field(default_factory=dict)  # area -> rows in them
-    removed: list[str] = field(default_factory=list)  # the parts, store-relative
+    parts: dict[str, int] = Field(default_factory=dict)  # area -> parts removed
+    rows: dict[str, int] = Field(default_factory=dict)  # area -> rows in them
+    removed: list[str] = Field(default_factory=list)  # the parts, store-relative
     folders: int = 0  # empty partition folders removed
     temporaries: int = 0  # stale hidden temporaries removed
-    datasets: list[DatasetReport] = field(default_factory=list)
+    datasets: list[DatasetReport] = Field(default_factory=list)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "max_age_days": self.max_age_days,
-            "cutoff": self.cutoff,
-            "cutoff_utc": None if self.cutoff is None else _utc(self.cutoff),
-            "dry_run": self.dry_run,
-            "parts": dict(self.parts),
-            "rows": dict(self.rows),
-            "removed": list(self.removed),
-            "folders": self.folders,
-            "temporaries": self.temporaries,
-            "datasets": [vars(d).copy() for d in self.datasets],
-        }
+    @model_validator(mode="after")
+    def _readable_cutoff(self) -> RetentionReport:
+        self.cutoff_utc = None if self.cutoff is None else _utc(self.cutoff)
+        return self
 
 
 def _utc(moment: float) -> str:
@@ -276,7 +272,7 @@ def _without(
         for e in quarantined
         if e["stage"] in _PARSED and _part_of(e["source"]) in expired
     ]
-    versions_read = Counter({int(v): n for v, n in batch.summary["versions_read"].items()})
+    versions_read = Counter({int(v): n for v, n in batch.summary.versions_read.items()})
     versions_read -= Counter(versions[s] for s in removed_parsed if s in versions)
     records = [e["record"] for e in kept_valid]
     summary = validate.summary_of_subset(batch.summary, records, kept_quarantined, versions_read)

@@ -30,7 +30,7 @@ import re
 import time
 from collections import Counter
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -52,18 +52,24 @@ from tasks.data.expectations import (
     reports_from_reasons,
     skipped_suite,
 )
+from tasks.data.validation_summary import StoreValidation, SuiteReport, ValidationSummary
 
 log = logging.getLogger(__name__)
 
 STAGES = ("parse", "duplicate", "expectations")
 
 
-@dataclass
+@dataclass(frozen=True)
 class ValidationResult:
-    valid: list[dict]  # parsed records (``model_dump(mode="json")``), in input order
+    valid: list[RequestRecord]  # parsed records (the current version), in input order
     quarantined: list[dict]  # {"source", "record" (the raw row), "stage", "reasons"}
-    summary: dict  # JSON-serialisable counts; see ``_summarise``
+    summary: ValidationSummary  # counts; see ``_summarise``
     valid_sources: list[str] = field(default_factory=list)  # where each valid record was
+
+
+@dataclass(frozen=True)
+class StoreValidationResult(ValidationResult):
+    summary: StoreValidation
 
 
 # --- Stages 1 and 2 --------------------------------------------------------------------------
@@ -109,70 +115,70 @@ def _summarise(
     total: int,
     valid: int,
     quarantined: list[dict],
-    suites: dict[str, dict],
+    suites: dict[str, SuiteReport],
     versions_read: Counter[int],
-) -> dict:
+) -> ValidationSummary:
     by_stage = Counter(entry["stage"] for entry in quarantined)
     by_reason = Counter(
         key for entry in quarantined for key in dict.fromkeys(map(_reason_key, entry["reasons"]))
     )
-    return {
-        "schema_version": SCHEMA_VERSION,  # of the valid records as returned
-        "versions_read": {str(v): versions_read[v] for v in sorted(versions_read)},
-        "total": total,
-        "valid": valid,
-        "quarantined": len(quarantined),
-        "by_stage": {stage: by_stage.get(stage, 0) for stage in STAGES},
-        "by_reason": dict(sorted(by_reason.items())),
-        "suites": suites,
-    }
+    return ValidationSummary(
+        schema_version=SCHEMA_VERSION,  # of the valid records as returned
+        versions_read={str(v): versions_read[v] for v in sorted(versions_read)},
+        total=total,
+        valid=valid,
+        quarantined=len(quarantined),
+        by_stage={stage: by_stage.get(stage, 0) for stage in STAGES},
+        by_reason=dict(sorted(by_reason.items())),
+        suites=suites,
+    )
 
 
-def _combine_suites(reports: Sequence[dict]) -> dict:
-    ran = [report for report in reports if report["ran"]]
+def _combine_suites(reports: Sequence[SuiteReport]) -> SuiteReport:
+    ran = [report for report in reports if report.ran]
     if not ran:
         return skipped_suite()
     unexpected: Counter[str] = Counter()
     for report in ran:
-        unexpected.update(report["unexpected"])
-    return {
-        "ran": True,
-        "success": all(report["success"] for report in ran),
-        "rows": sum(report["rows"] for report in ran),
-        "unexpected": dict(unexpected),
-    }
+        unexpected.update(report.unexpected)
+    return SuiteReport(
+        ran=True,
+        success=all(report.success for report in ran),
+        rows=sum(report.rows for report in ran),
+        unexpected=dict(unexpected),
+    )
 
 
-def combine_summaries(summaries: Sequence[dict]) -> dict:
+def combine_summaries(summaries: Sequence[ValidationSummary]) -> ValidationSummary:
     """One summary for rows validated in several runs (each a :func:`validate_records`
     summary of disjoint rows): counts add up; a suite ran if it ran in any run and
     succeeded if it succeeded in every run where it ran."""
     added: dict[str, Counter] = {key: Counter() for key in ("versions", "stage", "reason")}
     for summary in summaries:
-        added["versions"].update({int(v): n for v, n in summary["versions_read"].items()})
-        added["stage"].update(summary["by_stage"])
-        added["reason"].update(summary["by_reason"])
+        added["versions"].update({int(v): n for v, n in summary.versions_read.items()})
+        added["stage"].update(summary.by_stage)
+        added["reason"].update(summary.by_reason)
     versions = added["versions"]
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "versions_read": {str(v): versions[v] for v in sorted(versions)},
-        **{key: sum(s[key] for s in summaries) for key in ("total", "valid", "quarantined")},
-        "by_stage": {stage: added["stage"].get(stage, 0) for stage in STAGES},
-        "by_reason": dict(sorted(added["reason"].items())),
-        "suites": {
-            name: _combine_suites([s["suites"][name] for s in summaries]) for name in SUITES
-        },
-    }
+    return ValidationSummary(
+        schema_version=SCHEMA_VERSION,
+        versions_read={str(v): versions[v] for v in sorted(versions)},
+        total=sum(s.total for s in summaries),
+        valid=sum(s.valid for s in summaries),
+        quarantined=sum(s.quarantined for s in summaries),
+        by_stage={stage: added["stage"].get(stage, 0) for stage in STAGES},
+        by_reason=dict(sorted(added["reason"].items())),
+        suites={name: _combine_suites([s.suites[name] for s in summaries]) for name in SUITES},
+    )
 
 
 def summary_of_subset(
-    earlier: Mapping,
-    valid: Sequence[dict],
+    earlier: ValidationSummary,
+    valid: Sequence[Mapping],
     quarantined: Sequence[dict],
     versions_read: Counter[int],
-) -> dict:
+) -> ValidationSummary:
     """The summary :func:`validate_records` gives for some of the rows one run of it
-    validated, without validating them again: ``valid`` (records) and ``quarantined``
+    validated, without validating them again: ``valid`` (records, as stored) and ``quarantined``
     (entries) are that run's verdicts on the rows kept, ``versions_read`` the stored schema
     versions of those of them that parsed, ``earlier`` that run's summary. The suites'
     reports follow from the run's reasons (:func:`reports_from_reasons`). How
@@ -181,7 +187,7 @@ def summary_of_subset(
     suites = reports_from_reasons(
         [*valid, *(entry["record"] for entry in checked)],
         [*([] for _ in valid), *(entry["reasons"] for entry in checked)],
-        earlier["suites"],
+        earlier.suites,
     )
     total = len(valid) + len(quarantined)
     return _summarise(total, len(valid), list(quarantined), suites, versions_read)
@@ -258,13 +264,13 @@ def validate_records(
         reasons_by_row = {}
         suites = {name: skipped_suite() for name in SUITES}
 
-    valid: list[dict] = []
+    valid: list[RequestRecord] = []
     valid_sources: list[str] = []
     for index, (position, source, row, record) in enumerate(parsed):
         if index in reasons_by_row:
             quarantine[position] = _entry(source, row, "expectations", reasons_by_row[index])
         else:
-            valid.append(record.model_dump(mode="json"))
+            valid.append(record)
             valid_sources.append(source)
     quarantined = [quarantine[position] for position in sorted(quarantine)]
 
@@ -278,7 +284,7 @@ def validate_records(
         total,
         len(valid),
         len(quarantined),
-        summary["by_stage"],
+        summary.by_stage,
     )
     return ValidationResult(
         valid=valid, quarantined=quarantined, summary=summary, valid_sources=valid_sources
@@ -301,7 +307,7 @@ def validate_store(
     report_dir: Path | None = None,
     known_workloads: Collection[str] = RECORD_WORKLOADS,
     now: float | None = None,
-) -> ValidationResult:
+) -> StoreValidationResult:
     """Validate every committed record part under ``root`` and write, atomically,
     ``root/quarantine/part-<run_id>.jsonl`` (removed when nothing is quarantined) and
     ``report_dir/validation-<run_id>.json`` (the summary; default ``root/reports``).
@@ -326,10 +332,15 @@ def validate_store(
         log.warning("quarantined %d rows into %s", len(result.quarantined), path)
     else:
         path.unlink(missing_ok=True)
-    summary = {
-        **result.summary,
-        "run_id": run_id,
-        "quarantine_file": str(path.relative_to(root)) if result.quarantined else None,
-    }
-    write_json_atomic(report_dir / f"validation-{run_id}.json", summary)
-    return replace(result, summary=summary)
+    summary = StoreValidation(
+        **dict(result.summary),
+        run_id=run_id,
+        quarantine_file=str(path.relative_to(root)) if result.quarantined else None,
+    )
+    write_json_atomic(report_dir / f"validation-{run_id}.json", summary.model_dump(mode="json"))
+    return StoreValidationResult(
+        valid=result.valid,
+        quarantined=result.quarantined,
+        summary=summary,
+        valid_sources=result.valid_sources,
+    )

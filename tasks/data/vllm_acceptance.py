@@ -12,10 +12,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from serving.gateway.sink import ACCEPTANCE, area_parts
 from serving.records.schema import LIVE_WORKLOAD
+from tasks.data.acceptance import PooledAcceptance
+
+
+class ScrapedAcceptance(PooledAcceptance):
+    """A vLLM target's ``live`` group, pooled from its scraped windows."""
+
+    source: Literal["vllm-metrics"] = "vllm-metrics"
 
 
 def read_windows(store: Path, hardware: str) -> list[dict[str, Any]]:
@@ -35,7 +42,7 @@ def read_windows(store: Path, hardware: str) -> list[dict[str, Any]]:
 
 def vllm_groups(
     store: Path, hardware: str, *, champion: str | None, window: int = 50
-) -> list[dict[str, Any]]:
+) -> list[ScrapedAcceptance]:
     """The ``live`` group of ``hardware``'s newest windows served by ``champion`` (all
     champions when None) covering at least ``window`` requests; [] without windows."""
     rows = [
@@ -51,13 +58,12 @@ def vllm_groups(
     drafted = sum(int(r["draft_tokens"]) for r in taken)
     accepted = sum(int(r["accepted_tokens"]) for r in taken)
     return [
-        {
-            "workload": LIVE_WORKLOAD,
-            "hardware": hardware,
-            "requests": sum(int(r.get("requests", 0)) for r in taken),
-            "draft_tokens": drafted,
-            "accepted_tokens": accepted,
-            "acceptance": accepted / drafted if drafted else None,
-            "source": "vllm-metrics",
-        }
+        ScrapedAcceptance(
+            workload=LIVE_WORKLOAD,
+            hardware=hardware,
+            requests=sum(int(r.get("requests", 0)) for r in taken),
+            draft_tokens=drafted,
+            accepted_tokens=accepted,
+            acceptance=accepted / drafted if drafted else None,
+        )
     ]

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -23,7 +22,9 @@ log = logging.getLogger(__name__)
 
 
 class Pair(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    """One completion captured in front of vLLM (the front writes more fields; they are kept)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
 
     id: str = Field(min_length=1)
     timestamp: float
@@ -33,10 +34,10 @@ class Pair(BaseModel):
     output_token_ids: list[int] = Field(min_length=1)
 
 
-def read_pairs(store: Path, hardware: str) -> tuple[list[dict[str, Any]], list[str]]:
+def read_pairs(store: Path, hardware: str) -> tuple[list[Pair], list[str]]:
     """The valid pairs of ``hardware`` (oldest first, each id once) and one reason per line
     that was not one (the line is left where it is and never trained on)."""
-    pairs: dict[str, dict[str, Any]] = {}
+    pairs: dict[str, Pair] = {}
     rejected: list[str] = []
     for part in area_parts(store, PAIRS, hardware):
         for number, line in enumerate(part.read_text(errors="replace").splitlines(), start=1):
@@ -54,7 +55,7 @@ def read_pairs(store: Path, hardware: str) -> tuple[list[dict[str, Any]], list[s
             if any(t < 0 for t in pair.prompt_token_ids + pair.output_token_ids):
                 rejected.append(f"{part.name}:{number}: negative token id")
                 continue
-            pairs.setdefault(pair.id, pair.model_dump())
+            pairs.setdefault(pair.id, pair)
     for reason in rejected[:5]:
         log.warning("skipped captured pair %s", reason)
-    return sorted(pairs.values(), key=lambda p: (p["timestamp"], p["id"])), rejected
+    return sorted(pairs.values(), key=lambda p: (p.timestamp, p.id)), rejected

@@ -15,7 +15,7 @@ not forget.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,8 +27,10 @@ from serving.hardware import engine_target
 from serving.loader import encode_messages, eos_ids
 from serving.metrics import RequestStats, StepRecord, acceptance_by_position, pool
 from serving.policy import DraftLengthPolicy, make_policy
+from serving.records.schema import RequestRecord
 from tasks.data.prompts import Prompt
 from tasks.evaluate.interleave import interleave
+from tasks.evaluate.report import ContenderResult, EvaluationReport, Group, PromptRun
 
 REFERENCE = "plain"
 
@@ -48,24 +50,24 @@ class EncodedPrompt:
 
 
 def traffic_prompts(
-    records: Sequence[dict[str, Any]], *, per_workload: int | None = None
+    records: Sequence[RequestRecord], *, per_workload: int | None = None
 ) -> list[EncodedPrompt]:
     """Evaluation prompts from held-out traffic records (validated; see
     :func:`tasks.data.dataset.holdout_by_time`): at most ``per_workload`` of each recorded
     workload, the newest first, in a stable order (a repeated prompt is evaluated once)."""
     if per_workload is not None and per_workload < 1:
         raise BadInputError(f"per_workload must be >= 1, got {per_workload!r}")
-    newest = sorted(records, key=lambda r: (r["timestamp"], r["id"]), reverse=True)
+    newest = sorted(records, key=lambda r: (r.timestamp, r.id), reverse=True)
     picked: list[EncodedPrompt] = []
     seen: set[tuple[int, ...]] = set()
     taken: dict[str, int] = {}
     for record in newest:
-        workload, ids = record["workload"], tuple(record["prompt_token_ids"])
+        workload, ids = record.workload, tuple(record.prompt_token_ids)
         if not ids or ids in seen or taken.get(workload, 0) == (per_workload or len(records)):
             continue
         seen.add(ids)
         taken[workload] = taken.get(workload, 0) + 1
-        picked.append(EncodedPrompt(record["id"], f"{TRAFFIC_PREFIX}{workload}", list(ids)))
+        picked.append(EncodedPrompt(record.id, f"{TRAFFIC_PREFIX}{workload}", list(ids)))
     return sorted(picked, key=lambda p: (p.workload, p.id))
 
 
@@ -135,24 +137,48 @@ def _predicted(drafter, contender: Contender, k: int, curve, hardware: str):
     return cascade, CascadePolicy(cascade)
 
 
-def _summary(rows: list[dict[str, Any]], reference_tps: float | None) -> dict[str, Any]:
-    stats = [RequestStats(**row["stats"]) for row in rows]
-    pooled = pool(stats)
-    seconds = sum(row["seconds"] for row in rows)
-    tokens = sum(len(row["token_ids"]) for row in rows)
-    steps = [StepRecord(p, a, 0, 0.0, 0.0) for row in rows for p, a in row["steps"]]
+@dataclass(frozen=True)
+class _Generation:
+    """One contender's generation of one prompt."""
+
+    prompt_id: str
+    workload: str
+    seconds: float
+    token_ids: list[int]
+    stats: RequestStats
+    steps: list[list[int]]  # [proposed, accepted] per check
+    lossless: bool = False  # set once plain decoding's output is known
+
+    def run(self) -> PromptRun:
+        return PromptRun(
+            prompt_id=self.prompt_id,
+            workload=self.workload,
+            seconds=self.seconds,
+            stats=self.stats.to_dict(),
+            steps=self.steps,
+            lossless=self.lossless,
+        )
+
+
+def _summary(rows: Sequence[_Generation], reference_tps: float | None) -> ContenderResult:
+    pooled = pool(row.stats for row in rows)
+    seconds = sum(row.seconds for row in rows)
+    tokens = sum(len(row.token_ids) for row in rows)
+    steps = [StepRecord(p, a, 0, 0.0, 0.0) for row in rows for p, a in row.steps]
     tps = tokens / seconds if seconds else None
-    return {
-        **pooled,
-        "tokens_per_s": tps,
-        "speedup": tps / reference_tps if tps and reference_tps else None,
-        "acceptance_by_position": acceptance_by_position(steps),
-        "lossless": all(row["lossless"] for row in rows),
-        "mismatched_prompts": [row["prompt_id"] for row in rows if not row["lossless"]],
-    }
+    return ContenderResult.model_validate(
+        {
+            **pooled,
+            "tokens_per_s": tps,
+            "speedup": tps / reference_tps if tps and reference_tps else None,
+            "acceptance_by_position": acceptance_by_position(steps),
+            "lossless": all(row.lossless for row in rows),
+            "mismatched_prompts": [row.prompt_id for row in rows if not row.lossless],
+        }
+    )
 
 
-def evaluate(
+def evaluate_report(
     contenders: Sequence[Contender],
     prompts: Sequence[Prompt | EncodedPrompt],
     *,
@@ -161,8 +187,8 @@ def evaluate(
     hardware: str,
     max_new_tokens: int = 64,
     progress: bool = True,
-) -> dict[str, Any]:
-    """Run the interleaved evaluation; return a JSON-ready report."""
+) -> EvaluationReport:
+    """Run the interleaved evaluation (see the module docstring)."""
     from tqdm.auto import tqdm
 
     if not prompts:
@@ -177,7 +203,7 @@ def evaluate(
     if any(not ids for ids in encoded):
         empty = [p.id for p, ids in zip(prompts, encoded, strict=True) if not ids]
         raise BadInputError(f"evaluation prompts without tokens: {empty[:3]}")
-    rows: dict[str, list[dict[str, Any]]] = {run.name: [] for run in runs}
+    rows: dict[str, list[_Generation]] = {run.name: [] for run in runs}
     bar = tqdm(
         total=len(prompts) * len(runs), desc=f"evaluating on {hardware}", disable=not progress
     )
@@ -199,41 +225,58 @@ def evaluate(
         reference = timed[REFERENCE].value.token_ids
         for name, run in timed.items():
             rows[name].append(
-                {
-                    "prompt_id": prompt.id,
-                    "workload": prompt.workload,
-                    "seconds": run.seconds,
-                    "token_ids": run.value.token_ids,
-                    "stats": run.value.stats.to_dict(),
-                    "steps": [[s.proposed, s.accepted] for s in run.value.steps],
-                    "lossless": run.value.token_ids == reference,
-                }
+                _Generation(
+                    prompt_id=prompt.id,
+                    workload=prompt.workload,
+                    seconds=run.seconds,
+                    token_ids=run.value.token_ids,
+                    stats=run.value.stats,
+                    steps=[[s.proposed, s.accepted] for s in run.value.steps],
+                    lossless=run.value.token_ids == reference,
+                )
             )
     bar.close()
-    reference_tps = _summary(rows[REFERENCE], None)["tokens_per_s"]
-    report: dict[str, Any] = {
-        "hardware": hardware,
-        "prompts": len(prompts),
-        "max_new_tokens": max_new_tokens,
-        "contenders": {c.name: str(c.package) for c in contenders},
-        "results": {},
-        "by_workload": {},
-        "by_source": {},
-    }
-    for name, name_rows in rows.items():
-        report["results"][name] = _summary(name_rows, reference_tps)
-    for workload in sorted({p.workload for p in prompts}):
-        subset = {n: [r for r in rs if r["workload"] == workload] for n, rs in rows.items()}
-        base = _summary(subset[REFERENCE], None)["tokens_per_s"]
-        report["by_workload"][workload] = {n: _summary(rs, base) for n, rs in subset.items()}
-    for source in sorted({source_of(p.workload) for p in prompts}):
-        subset = {
-            n: [r for r in rs if source_of(r["workload"]) == source] for n, rs in rows.items()
-        }
-        base = _summary(subset[REFERENCE], None)["tokens_per_s"]
-        report["by_source"][source] = {n: _summary(rs, base) for n, rs in subset.items()}
-    report["per_prompt"] = {
-        name: [{k: v for k, v in row.items() if k != "token_ids"} for row in name_rows]
-        for name, name_rows in rows.items()
-    }
-    return report
+    reference_tps = _summary(rows[REFERENCE], None).tokens_per_s
+
+    def grouped(key: Callable[[str], str]) -> dict[str, Group]:
+        """Every contender's numbers over the prompts of each ``key(workload)``."""
+        groups: dict[str, Group] = {}
+        for value in sorted({key(p.workload) for p in prompts}):
+            subset = {n: [r for r in rs if key(r.workload) == value] for n, rs in rows.items()}
+            base = _summary(subset[REFERENCE], None).tokens_per_s
+            groups[value] = {n: _summary(rs, base) for n, rs in subset.items()}
+        return groups
+
+    return EvaluationReport(
+        hardware=hardware,
+        prompts=len(prompts),
+        max_new_tokens=max_new_tokens,
+        contenders={c.name: str(c.package) for c in contenders},
+        results={name: _summary(name_rows, reference_tps) for name, name_rows in rows.items()},
+        by_workload=grouped(lambda workload: workload),
+        by_source=grouped(source_of),
+        per_prompt={name: [row.run() for row in name_rows] for name, name_rows in rows.items()},
+    )
+
+
+def evaluate(
+    contenders: Sequence[Contender],
+    prompts: Sequence[Prompt | EncodedPrompt],
+    *,
+    target,
+    tokenizer,
+    hardware: str,
+    max_new_tokens: int = 64,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """:func:`evaluate_report` as the JSON that commands and studies write."""
+    report = evaluate_report(
+        contenders,
+        prompts,
+        target=target,
+        tokenizer=tokenizer,
+        hardware=hardware,
+        max_new_tokens=max_new_tokens,
+        progress=progress,
+    )
+    return report.model_dump(mode="json")

@@ -32,7 +32,7 @@ import re
 import socket
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -41,6 +41,7 @@ from serving.atomic import write_json_atomic
 from serving.errors import BadInputError
 from serving.hardware import hardware_target
 from tasks.evaluate.evaluate import REFERENCE
+from tasks.evaluate.report import EvaluationReport, Group
 
 FORMAT = 1
 PRODUCED_BY_KEYS = ("host", "device", "started", "finished")
@@ -48,55 +49,7 @@ PRODUCED_BY_KEYS = ("host", "device", "started", "finished")
 LOGGED_METRICS = ("acceptance_rate", "mean_accepted_length", "tokens_per_s", "speedup")
 SPEEDUP_TOLERANCE = 1e-6  # relative
 
-Count = Annotated[int, Field(ge=0)]
-Number = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 _STRICT = ConfigDict(extra="forbid", strict=True)
-
-
-class ContenderResult(BaseModel):
-    """One contender's pooled numbers, as ``evaluate()`` reports them."""
-
-    model_config = _STRICT
-
-    requests: Count
-    generated_tokens: Count
-    checks: Count
-    draft_tokens: Count
-    accepted_tokens: Count
-    acceptance_rate: Number | None
-    mean_accepted_length: Number | None
-    total_s: Number
-    tokens_per_s: Number | None
-    speedup: Number | None
-    acceptance_by_position: list[Number | None]
-    lossless: bool
-    mismatched_prompts: list[str]
-
-    @model_validator(mode="after")
-    def _lossless_agrees(self) -> ContenderResult:
-        if self.lossless == bool(self.mismatched_prompts):
-            raise ValueError(
-                f"lossless is {self.lossless} but mismatched_prompts is {self.mismatched_prompts}"
-            )
-        return self
-
-
-Group = dict[str, ContenderResult]  # contender name (plain included) -> its numbers
-
-
-class EvaluationReport(BaseModel):
-    """The report ``evaluate()`` returns."""
-
-    model_config = _STRICT
-
-    hardware: str
-    prompts: int = Field(ge=1)
-    max_new_tokens: int = Field(ge=1)
-    contenders: dict[str, str]  # name -> the package folder it was loaded from, there
-    results: Group
-    by_workload: dict[str, Group]
-    by_source: dict[str, Group] = Field(default_factory=dict)
-    per_prompt: dict[str, list[dict[str, Any]]] | None = None
 
 
 class EvaluationFile(BaseModel):

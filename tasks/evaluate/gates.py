@@ -8,21 +8,49 @@ When the evaluation held out collected traffic (``by_source["traffic"]``, see
 :mod:`tasks.evaluate.evaluate`), speed and acceptance are judged on that traffic, the one
 that drifted, and a separate check guards the built-in workloads against forgetting; without
 it they are judged on every prompt pooled.
+
+Speed is measured (tokens/s, interleaved) unless the config names a ``speed_profile``: then
+every speedup the gates and the choice of a winner read is priced by that fixed profile
+from what each contender accepted (:mod:`tasks.evaluate.priced`), so the same evaluation
+gets the same decision on any machine (:func:`judged_report`).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from serving.errors import BadInputError
 from serving.paths import CONFIG_DIR
+from tasks.evaluate.priced import Pricing, priced_report
+from tasks.evaluate.report import ContenderResult, EvaluationReport
 
 GATES_CONFIG = CONFIG_DIR / "gates.yaml"
+
+
+class SpeedProfile(BaseModel):
+    """A fixed cost profile that prices speed (see :mod:`tasks.evaluate.priced`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # A target pass over n tokens, relative to n = 1 (n = 1, 2, ...); None: the hardware
+    # target's measured verify_curve (configs/hardware.yaml).
+    verify_curve: list[float] | None = Field(None, min_length=1)
+    draft_cost: float = Field(0.0, ge=0.0)  # one drafted token, in one-token target passes
+
+    def pricing(self, hardware: str) -> Pricing:
+        """The profile on ``hardware``: its own curve, else that target's measured one."""
+        from serving.hardware import hardware_target
+
+        curve = self.verify_curve or hardware_target(hardware).verify_curve
+        if not curve:
+            raise BadInputError(
+                f"the gates' speed_profile has no verify_curve and hardware target "
+                f"{hardware!r} has none measured: give the profile one"
+            )
+        return Pricing(curve, self.draft_cost)
 
 
 class GateConfig(BaseModel):
@@ -32,6 +60,7 @@ class GateConfig(BaseModel):
     min_speedup_gain: float = Field(0.03, ge=0.0)
     max_mean_accepted_length_drop: float = Field(0.05, ge=0.0)
     max_workload_slowdown: float = Field(0.10, ge=0.0, le=1.0)
+    speed_profile: SpeedProfile | None = None  # None: measured speed decides
 
 
 def load_gates(path: str | Path = GATES_CONFIG) -> GateConfig:
@@ -42,117 +71,122 @@ def load_gates(path: str | Path = GATES_CONFIG) -> GateConfig:
         raise BadInputError(f"invalid gates config {str(path)!r}: {error}") from None
 
 
-@dataclass(frozen=True)
-class Check:
+class Check(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
     name: str
     passed: bool
     detail: str
 
 
-@dataclass(frozen=True)
-class GateResult:
+class GateResult(BaseModel):
+    """Every check with its measured values and threshold, and the verdict (kept with the
+    promotion in the registry and in the flow results)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
     passed: bool
+    reason: str
     checks: list[Check]
 
-    @property
-    def reason(self) -> str:
-        failed = [c for c in self.checks if not c.passed]
+    @classmethod
+    def of(cls, checks: list[Check]) -> GateResult:
+        failed = [c for c in checks if not c.passed]
         if not failed:
-            return "all gates passed: " + "; ".join(c.detail for c in self.checks)
-        return "refused: " + "; ".join(f"{c.name}: {c.detail}" for c in failed)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "passed": self.passed,
-            "reason": self.reason,
-            "checks": [asdict(c) for c in self.checks],
-        }
+            reason = "all gates passed: " + "; ".join(c.detail for c in checks)
+        else:
+            reason = "refused: " + "; ".join(f"{c.name}: {c.detail}" for c in failed)
+        return cls(passed=not failed, reason=reason, checks=checks)
 
 
-def _value(results: dict[str, Any], key: str) -> float | None:
-    value = results.get(key)
-    return None if value is None else float(value)
+def judged_report(report: EvaluationReport, config: GateConfig | None = None) -> EvaluationReport:
+    """The report the gates judge and a winner is chosen from: ``report`` itself, or with
+    every speedup priced by the config's ``speed_profile``."""
+    config = config or load_gates()
+    if config.speed_profile is None:
+        return report
+    return priced_report(report, config.speed_profile.pricing(report.hardware))
 
 
 def gate(
-    report: dict[str, Any],
+    report: EvaluationReport,
     *,
     challenger: str = "challenger",
     champion: str = "champion",
     config: GateConfig | None = None,
     check_acceptance: bool = True,
 ) -> GateResult:
-    """Apply the gates to an evaluation report (:func:`tasks.evaluate.evaluate.evaluate`).
+    """Apply the gates to an evaluation report (:func:`tasks.evaluate.evaluate.evaluate`),
+    as it is: price it first with :func:`judged_report` where the config says so.
 
     ``check_acceptance=False`` drops the acceptance-regression check: for a challenger that
     changes how far the same draft drafts (an acceptance predictor), fewer tokens per pass
     can be the faster choice, and speed (with losslessness) is what decides."""
     config = config or load_gates()
-    results = report["results"]
+    results = report.results
     if challenger not in results:
         raise BadInputError(f"the report has no contender {challenger!r}: {sorted(results)}")
     overall = new = results[challenger]
-    old = results.get(champion)
-    by_source = report.get("by_source") or {}
-    traffic, builtin = by_source.get("traffic"), by_source.get("builtin")
+    old: ContenderResult | None = results.get(champion)
+    traffic, builtin = report.by_source.get("traffic"), report.by_source.get("builtin")
     on = " on held-out traffic" if traffic else ""
     if traffic:  # judge speed and acceptance where the traffic drifted
         new, old = traffic[challenger], traffic.get(champion)
     checks = [
         Check(
-            "lossless",
-            bool(overall["lossless"]),
-            "greedy output equals plain decoding on every prompt"
-            if overall["lossless"]
-            else f"output differs from plain decoding on {overall['mismatched_prompts']}",
+            name="lossless",
+            passed=overall.lossless,
+            detail="greedy output equals plain decoding on every prompt"
+            if overall.lossless
+            else f"output differs from plain decoding on {overall.mismatched_prompts}",
         ),
         Check(
-            "enough prompts",
-            report["prompts"] >= config.min_prompts,
-            f"{report['prompts']} prompts (need {config.min_prompts})",
+            name="enough prompts",
+            passed=report.prompts >= config.min_prompts,
+            detail=f"{report.prompts} prompts (need {config.min_prompts})",
         ),
     ]
-    new_speed = _value(new, "speedup")
+    new_speed = new.speedup
     if old is None:
         # No champion yet: the challenger must at least beat plain decoding.
         checks.append(
             Check(
-                f"faster than plain decoding{on}",
-                new_speed is not None and new_speed >= 1.0 + config.min_speedup_gain,
-                f"speedup {new_speed} (need >= {1.0 + config.min_speedup_gain:.2f})",
+                name=f"faster than plain decoding{on}",
+                passed=new_speed is not None and new_speed >= 1.0 + config.min_speedup_gain,
+                detail=f"speedup {new_speed} (need >= {1.0 + config.min_speedup_gain:.2f})",
             )
         )
-        return GateResult(all(c.passed for c in checks), checks)
-    old_speed = _value(old, "speedup")
+        return GateResult.of(checks)
+    old_speed = old.speedup
     wanted = None if old_speed is None else old_speed * (1.0 + config.min_speedup_gain)
     checks.append(
         Check(
-            f"faster than the champion{on}",
-            new_speed is not None and wanted is not None and new_speed >= wanted,
-            f"speedup {new_speed:.3f} vs champion {old_speed:.3f} (need >= {wanted:.3f})"
+            name=f"faster than the champion{on}",
+            passed=new_speed is not None and wanted is not None and new_speed >= wanted,
+            detail=f"speedup {new_speed:.3f} vs champion {old_speed:.3f} (need >= {wanted:.3f})"
             if new_speed is not None and wanted is not None and old_speed is not None
             else f"speedup {new_speed} vs champion {old_speed}",
         )
     )
-    new_len = _value(new, "mean_accepted_length") or 1.0
-    old_len = _value(old, "mean_accepted_length") or 1.0
+    new_len = new.mean_accepted_length or 1.0
+    old_len = old.mean_accepted_length or 1.0
     if check_acceptance:
         checks.append(
             Check(
-                f"no acceptance regression{on}",
-                new_len >= old_len - config.max_mean_accepted_length_drop,
-                f"mean accepted length {new_len:.3f} vs champion {old_len:.3f} "
+                name=f"no acceptance regression{on}",
+                passed=new_len >= old_len - config.max_mean_accepted_length_drop,
+                detail=f"mean accepted length {new_len:.3f} vs champion {old_len:.3f} "
                 f"(may drop at most {config.max_mean_accepted_length_drop})",
             )
         )
     if traffic and builtin and champion in builtin:
-        a, b = _value(builtin[challenger], "speedup"), _value(builtin[champion], "speedup")
+        a, b = builtin[challenger].speedup, builtin[champion].speedup
         kept = a is not None and b is not None and a >= b * (1.0 - config.max_workload_slowdown)
         checks.append(
             Check(
-                "no forgetting on built-in workloads",
-                kept,
-                f"built-in speedup {a} vs champion {b} (may be at most "
+                name="no forgetting on built-in workloads",
+                passed=kept,
+                detail=f"built-in speedup {a} vs champion {b} (may be at most "
                 f"{config.max_workload_slowdown:.0%} lower)"
                 if a is None or b is None
                 else f"built-in speedup {a:.3f} vs champion {b:.3f} (may be at most "
@@ -160,16 +194,18 @@ def gate(
             )
         )
     slow = []
-    for workload, by_name in report.get("by_workload", {}).items():
-        a, b = by_name.get(challenger, {}).get("speedup"), by_name.get(champion, {}).get("speedup")
+    for workload, by_name in report.by_workload.items():
+        mine, theirs = by_name.get(challenger), by_name.get(champion)
+        a = None if mine is None else mine.speedup
+        b = None if theirs is None else theirs.speedup
         if a is not None and b is not None and a < b * (1.0 - config.max_workload_slowdown):
             slow.append(f"{workload} {a:.3f} vs {b:.3f}")
     checks.append(
         Check(
-            "no workload slowdown",
-            not slow,
-            "no workload slower than the champion by more than "
+            name="no workload slowdown",
+            passed=not slow,
+            detail="no workload slower than the champion by more than "
             f"{config.max_workload_slowdown:.0%}" + (f": {', '.join(slow)}" if slow else ""),
         )
     )
-    return GateResult(all(c.passed for c in checks), checks)
+    return GateResult.of(checks)

@@ -16,12 +16,14 @@ itself is worth. Writes ``head-continuation.json`` and ``.png`` in ``out_dir``.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
+from pydantic import BaseModel, ConfigDict, SerializationInfo, model_serializer
 
 from serving.atomic import write_json_atomic
 from serving.errors import BadInputError
@@ -40,11 +42,54 @@ from tasks.train.train_head import TrainHeadConfig, train_head
 DEFAULT_MARKS_S = (60.0, 120.0, 300.0, 600.0)
 
 
-def replayed_length(head_dir: Path, sequences: Sequence[Any], target, k: int) -> dict[str, Any]:
+class _Curve(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Replayed(_Curve):
+    """A head scored on the held-out drifted traffic (replayed, ``k`` drafts per step)."""
+
+    mean_accepted_length: float | None
+    agreement: float | None
+
+
+class CurvePoint(_Curve):
+    """A head after ``seconds`` of optimiser steps."""
+
+    seconds: float
+    steps: int
+    mean_accepted_length: float | None
+    agreement: float | None
+    wall_s: float | None = None  # training and scoring; None for the starting point
+
+    @model_serializer(mode="wrap")
+    def _wall_if_timed(self, handler: Any, info: SerializationInfo) -> dict[str, Any]:
+        data = handler(self)
+        if self.wall_s is None:
+            data.pop("wall_s", None)
+        return data
+
+
+class HeadContinuation(_Curve):
+    """``head-continuation.json``."""
+
+    store: str
+    pre_drift_head: str
+    drifted_workload: str
+    heldout_sequences: int
+    train_mix_records: int
+    k: int
+    threads: int
+    torch_threads: int
+    pre_drift: Replayed
+    runs: dict[str, list[CurvePoint]]  # "continued" (and "fresh") -> points
+
+
+def replayed_length(head_dir: Path, sequences: Sequence[Any], target, k: int) -> Replayed:
     head = load_head(head_dir, target)
     frozen = frozen_target(target, head.vocab_ids)
     total = replay_all(lambda s: head_hits(head, s, frozen), sequences, k)
-    return {"mean_accepted_length": total.mean_accepted_length, "agreement": total.agreement}
+    return Replayed(mean_accepted_length=total.mean_accepted_length, agreement=total.agreement)
 
 
 def head_continuation_curve(
@@ -59,7 +104,7 @@ def head_continuation_curve(
     heldout_share: float = 0.2,
     fresh: bool = False,
     progress: bool = True,
-) -> dict[str, Any]:
+) -> HeadContinuation:
     if not marks_s or any(b <= a for a, b in zip([0.0, *marks_s], marks_s, strict=False)):
         raise BadInputError(f"marks must be positive and increasing, got {list(marks_s)}")
     if not (Path(pre_drift_head) / "head_config.json").is_file():
@@ -69,12 +114,15 @@ def head_continuation_curve(
     model, tokenizer = training_target()
     records = read_valid_records(store)
     dataset = build_dataset(records, heldout_share=heldout_share)
-    held = [r for r in dataset["heldout_traffic"] if r["workload"] == drifted]
+    held = [r for r in dataset.heldout_traffic if r.workload == drifted]
     if not held:
         raise BadInputError(f"no held-out {drifted} traffic in {store}: collect some first")
     eos = eos_ids(model, tokenizer)
+    # The mix the loop would train on, and the minimums it would train it with.
+    retrain = load_retrain_config().target("cpu")
     build_store_teacher(
-        dataset["train_mix"], model, out_dir / "teacher-mix", eos_token_ids=eos,
+        dataset.train_mix, model, out_dir / "teacher-mix", eos_token_ids=eos,
+        min_sequences=retrain.min_sequences, min_answer_tokens=retrain.min_answer_tokens,
         progress=progress,
     )  # fmt: skip
     build_store_teacher(
@@ -82,9 +130,9 @@ def head_continuation_curve(
         min_answer_tokens=1, progress=progress,
     )  # fmt: skip
     _, sequences = load_teacher_data(out_dir / "teacher-heldout")
-    settings = load_retrain_config().target("cpu").family("head").settings
+    settings = retrain.family("head").settings
     before = replayed_length(Path(pre_drift_head), sequences, model, k)
-    runs: dict[str, list[dict[str, Any]]] = {}
+    runs: dict[str, list[CurvePoint]] = {}
     for name, init in (("continued", Path(pre_drift_head)), ("fresh", None)):
         if name == "fresh" and not fresh:
             continue
@@ -95,58 +143,62 @@ def head_continuation_curve(
             init_head=init,
             **settings,
         )
-        points = [{"seconds": 0.0, "steps": 0, **before}] if init is not None else []
+        points = [CurvePoint(seconds=0.0, steps=0, **dict(before))] if init is not None else []
         for mark in marks_s:
             started = time.perf_counter()
             result = train_head(config, model, progress=progress, max_train_seconds=mark)
             scored = replayed_length(result.head_dir, sequences, model, k)
             points.append(
-                {
-                    "seconds": result.train_seconds,
-                    "steps": result.steps,
-                    **scored,
-                    "wall_s": time.perf_counter() - started,
-                }
+                CurvePoint(
+                    seconds=result.train_seconds,
+                    steps=result.steps,
+                    **dict(scored),
+                    wall_s=time.perf_counter() - started,
+                )
             )
         runs[name] = points
-    payload = {
-        "store": str(store),
-        "pre_drift_head": str(pre_drift_head),
-        "drifted_workload": drifted,
-        "heldout_sequences": len(sequences),
-        "train_mix_records": len(dataset["train_mix"]),
-        "k": k,
-        "threads": threads,
-        "torch_threads": torch.get_num_threads(),
-        "pre_drift": before,
-        "runs": runs,
-    }
-    write_json_atomic(out_dir / "head-continuation.json", payload)
+    payload = HeadContinuation(
+        store=str(store),
+        pre_drift_head=str(pre_drift_head),
+        drifted_workload=drifted,
+        heldout_sequences=len(sequences),
+        train_mix_records=len(dataset.train_mix),
+        k=k,
+        threads=threads,
+        torch_threads=torch.get_num_threads(),
+        pre_drift=before,
+        runs=runs,
+    )
+    write_json_atomic(out_dir / "head-continuation.json", payload.model_dump(mode="json"))
     _plot(payload, out_dir / "head-continuation.png")
     return payload
 
 
-def _plot(payload: dict[str, Any], path: Path) -> None:
+def _plot(payload: HeadContinuation, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     figure, axis = plt.subplots(figsize=(6.5, 4))
-    for name, points in payload["runs"].items():
+    for name, points in payload.runs.items():
         axis.plot(
-            [p["seconds"] / 60 for p in points],
-            [p["mean_accepted_length"] for p in points],
+            [p.seconds / 60 for p in points],
+            [
+                math.nan if p.mean_accepted_length is None else p.mean_accepted_length
+                for p in points
+            ],
             "o-",
             label=f"{name} head",
         )
-    axis.axhline(
-        payload["pre_drift"]["mean_accepted_length"], color="grey", ls="--", label="pre-drift head"
-    )
+    if payload.pre_drift.mean_accepted_length is not None:
+        axis.axhline(
+            payload.pre_drift.mean_accepted_length, color="grey", ls="--", label="pre-drift head"
+        )
     axis.set(
-        xlabel=f"minutes of training ({payload['threads']} thread)",
-        ylabel=f"replayed mean accepted length (k = {payload['k']})",
-        title=f"held-out drifted traffic ({payload['drifted_workload']})",
+        xlabel=f"minutes of training ({payload.threads} thread)",
+        ylabel=f"replayed mean accepted length (k = {payload.k})",
+        title=f"held-out drifted traffic ({payload.drifted_workload})",
     )
     axis.legend()
     figure.tight_layout()

@@ -22,45 +22,41 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import torch
+from pydantic import BaseModel, ConfigDict, Field
 
 from serving.errors import BadInputError, IncompatibleDraftError, ModelSourceError
 from serving.loader import eos_ids, load_target, set_threads
 from tasks.loop.retrain_config import FamilySettings, LearnedFamily, TargetRetrain
 from tasks.settings import loop_settings
-from tasks.train.store_teacher import TooLittleDataError, build_store_teacher
+from tasks.train.store_teacher import Answered, TooLittleDataError, build_store_teacher
 
 log = logging.getLogger(__name__)
 
 TEACHER_DIR = "teacher"
 
 
-@dataclass(frozen=True)
-class Trained:
-    """One learned challenger: its package, or why it was skipped."""
+# An MLflow param of a trained version: what its run was (steps, seconds, init, ...).
+Param = str | int | float | None
+
+
+class Trained(BaseModel):
+    """One learned challenger: its package, or why it was skipped (the retrain flow's
+    ``trained``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     family: LearnedFamily
     package: Path | None
     skipped: str | None = None
-    params: dict[str, Any] = field(default_factory=dict)  # logged with the version
+    params: dict[str, Param] = Field(default_factory=dict)  # logged with the version
     # Training curves for MLflow, name -> [(optimiser step, value)].
-    curves: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    curves: dict[str, list[tuple[int, float]]] = Field(default_factory=dict)
     summary: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "family": self.family,
-            "package": None if self.package is None else str(self.package),
-            "skipped": self.skipped,
-            "params": self.params,
-            "curves": {k: [list(p) for p in v] for k, v in self.curves.items()},
-            "summary": self.summary,
-        }
 
 
 @lru_cache(maxsize=2)
@@ -82,7 +78,7 @@ def _curves(history: Sequence[Any]) -> dict[str, list[tuple[int, float]]]:
     return curves
 
 
-def _run_params(result: Any, settings: FamilySettings) -> dict[str, Any]:
+def _run_params(result: Any, settings: FamilySettings) -> dict[str, Param]:
     """What every family logs of its run (a head's TrainResult or a DistillResult)."""
     return {
         "steps": result.steps,
@@ -128,8 +124,8 @@ def train_head_challenger(
         description=summary,
     )  # fmt: skip
     return Trained(
-        "head",
-        package,
+        family="head",
+        package=package,
         params={
             **_run_params(result, settings),
             "init": str(init_head) if init_head else "fresh",
@@ -174,8 +170,8 @@ def train_lora_challenger(
         result, work / "lora-package", k=settings.k, policy=settings.policy, description=summary
     )
     return Trained(
-        "lora",
-        package,
+        family="lora",
+        package=package,
         params={
             **_run_params(result, settings),
             "loss": config.loss,
@@ -208,11 +204,13 @@ def _head(
         trained = train_head_challenger(
             work / TEACHER_DIR, work, settings, init_head=None, target=target, progress=progress
         )
-        return replace(trained, params={**trained.params, "init_refused": str(error)[:250]})
+        return trained.model_copy(
+            update={"params": {**trained.params, "init_refused": str(error)[:250]}}
+        )
 
 
 def train_learned_challengers(
-    records: Sequence[dict[str, Any]],
+    records: Sequence[Answered],
     work: Path,
     config: TargetRetrain,
     *,
@@ -220,8 +218,9 @@ def train_learned_challengers(
     target: str | None = None,
     progress: bool = True,
 ) -> list[Trained]:
-    """Train every family ``config`` lists on ``records`` (the training mix), under
-    ``work``; see the module docstring. Restores torch's thread count afterwards."""
+    """Train every family ``config`` lists on ``records`` (the training mix, and any pairs
+    captured in front of vLLM), under ``work``; see the module docstring. Restores torch's
+    thread count afterwards."""
     if not config.families:
         return []
     work = Path(work)
@@ -240,7 +239,7 @@ def train_learned_challengers(
                 progress=progress,
             )
         except TooLittleDataError as error:
-            return [Trained(f, None, skipped=str(error)) for f in config.families]
+            return [Trained(family=f, package=None, skipped=str(error)) for f in config.families]
         out: list[Trained] = []
         for family in config.families:
             settings = config.family(family)
@@ -254,11 +253,13 @@ def train_learned_challengers(
                 except ModelSourceError as error:
                     # The merge disagreed with the adapter, or the re-quantised merge does
                     # not load or agree: nothing that could serve, so nothing to register.
-                    trained = Trained(family, None, skipped=str(error))
+                    trained = Trained(family=family, package=None, skipped=str(error))
                 except BadInputError as error:
                     # Its settings do not fit this target (more draft layers than it has):
                     # said in the flow log; the other families still train.
-                    trained = Trained(family, None, skipped=f"settings do not fit: {error}")
+                    trained = Trained(
+                        family=family, package=None, skipped=f"settings do not fit: {error}"
+                    )
             log.info("%s", trained.summary)
             out.append(trained)
         return out

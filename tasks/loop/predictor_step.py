@@ -13,9 +13,9 @@ gated: drafting less can be the faster choice, which is what a predictor is for.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from registry.client import Registry
 from registry.predictor import (
@@ -29,24 +29,24 @@ from registry.predictor import (
 )
 from serving.errors import BadInputError
 from tasks.data.prompts import Prompt
-from tasks.evaluate.evaluate import Contender, EncodedPrompt, evaluate
-from tasks.evaluate.gates import gate
+from tasks.evaluate.evaluate import Contender, EncodedPrompt, evaluate_report
+from tasks.evaluate.gates import GateResult, gate, judged_report
 from tasks.loop import steps as loop_steps
 from tasks.train.predictor import train_predictor
 
 
-@dataclass
-class PredictorOutcome:
+class PredictorOutcome(BaseModel):
+    """What the predictor step did (the retrain flow's ``predictor``)."""
+
+    model_config = ConfigDict(extra="forbid")  # filled in as the step goes
+
     hardware: str
     skipped: str | None = None  # why no predictor was trained or judged
     challenger: str | None = None  # the registered version's label
     champion: str | None = None  # the predictor champion when judged (None: none)
     promoted: str | None = None
-    gate: dict[str, Any] | None = None
-    metrics: dict[str, float] = field(default_factory=dict)  # held-out AUC, Brier, ECE
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    gate: GateResult | None = None
+    metrics: dict[str, float] = Field(default_factory=dict)  # held-out AUC, Brier, ECE
 
 
 def retrain_predictor(
@@ -65,7 +65,7 @@ def retrain_predictor(
 ) -> PredictorOutcome:
     """``key`` (the retrain's ``<hw>/<slot>/predictor``): a version already registered
     under it is reused, so a re-run of a crashed retrain registers nothing twice."""
-    outcome = PredictorOutcome(hardware)
+    outcome = PredictorOutcome(hardware=hardware)
     try:
         trained = train_predictor(dataset, out / "predictor", hardware=hardware, progress=progress)
     except BadInputError as error:  # e.g. only v1 records, one label: said, not hidden
@@ -101,7 +101,7 @@ def retrain_predictor(
             Contender("challenger", package, predictor=trained.folder),
         ]
         model, tokenizer = loop_steps.target_for(hardware)
-        report = evaluate(
+        report = evaluate_report(
             contenders,
             prompts,
             target=model,
@@ -113,8 +113,9 @@ def retrain_predictor(
     except BadInputError as error:  # the predictor never saw the champion's kind of draft
         outcome.skipped = f"not judged: {error}"
         return outcome
-    result = gate(report, challenger="challenger", champion="champion", check_acceptance=False)
-    outcome.gate = result.to_dict()
+    judged = judged_report(report)
+    result = gate(judged, challenger="challenger", champion="champion", check_acceptance=False)
+    outcome.gate = result
     if result.passed and promote:
         promote_predictor(
             registry,
@@ -122,8 +123,8 @@ def retrain_predictor(
             hardware,
             reason=result.reason,
             metrics={
-                "speedup": float(report["results"]["challenger"]["speedup"] or 0.0),
-                "champion_speedup": float(report["results"]["champion"]["speedup"] or 0.0),
+                "speedup": float(judged.results["challenger"].speedup or 0.0),
+                "champion_speedup": float(judged.results["champion"].speedup or 0.0),
             },
             expected_champion=outcome.champion,
         )

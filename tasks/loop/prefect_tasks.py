@@ -4,18 +4,28 @@ without Prefect) with a name, retries where a retry can help, and no result cach
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from registry.client import Registry
+from tasks.data.curate import CurateSummary
+from tasks.data.dataset import read_part
 from tasks.data.prompts import Prompt
+from tasks.data.retention import RetentionReport
 from tasks.data.traffic import build_workload
+from tasks.data.vllm_pairs import Pair
 from tasks.evaluate.evaluate import EncodedPrompt, traffic_prompts
 from tasks.loop import steps as loop
+from tasks.loop.learned import Trained
+from tasks.loop.predictor_step import PredictorOutcome
+from tasks.loop.results import DraftRef, RegisteredDraft, Replayed
+from tasks.loop.steps import Decision
+from tasks.loop.triggers import ChampionTrigger
 from tasks.settings import loop_settings, promotion_limit
+from tasks.train.store_teacher import Answered
 
 # How long evaluate-gate-promote waits for its target's promotion slot (another flow holds
 # it while it evaluates and promotes on that target).
@@ -37,7 +47,7 @@ def replay_traffic(
     max_new_tokens: int,
     seed: int = 0,
     split: str = "train",
-) -> dict[str, Any]:
+) -> Replayed:
     """Serve ``n`` prompts of ``workload`` with the current champion, detailed mode."""
     registry = open_registry()
     from serving.models.real import cache_root
@@ -54,11 +64,11 @@ def replay_traffic(
         hardware=hardware,
         max_new_tokens=max_new_tokens,
     )
-    return {**summary.to_dict(), "champion": draft.label}
+    return Replayed(**dict(summary), champion=draft.label)
 
 
 @task(name="retention", cache_policy=NO_CACHE, retries=1)
-def retention(store: str, dataset: str, *, days: float | None, now: float) -> dict[str, Any]:
+def retention(store: str, dataset: str, *, days: float | None, now: float) -> RetentionReport:
     """Remove the store's traffic older than ``days`` (default: ``configs/store.yaml``) and
     the dataset's copies of it, before validation (a retry finishes a killed run)."""
     return loop.retention_step(Path(store), Path(dataset), days=days, now=now)
@@ -67,7 +77,7 @@ def retention(store: str, dataset: str, *, days: float | None, now: float) -> di
 @task(name="validate", cache_policy=NO_CACHE, retries=1)
 def validate(
     store: str, out: str, *, window: int = 50, threshold: float = 0.5, full: bool = False
-) -> dict[str, Any]:
+) -> CurateSummary:
     """Validate the parts new since the last run (all of them with ``full``) and rebuild
     the dataset from every valid record."""
     return loop.validate_store_step(
@@ -98,7 +108,7 @@ def retrain_trigger(
     now: float,
     window: int = 50,
     cooldown_minutes: float | None = None,
-) -> dict[str, Any]:
+) -> ChampionTrigger:
     """Whether the champion's rolling acceptance on ``hardware``'s traffic wants a retrain,
     relative to what it accepted when evaluated, outside the cool-down. Only the requests
     the current champion served count: after a promotion, the previous champion's records
@@ -106,7 +116,7 @@ def retrain_trigger(
     vLLM's counters count too (:mod:`tasks.data.vllm_acceptance`)."""
     from registry.history import last_retrain
     from serving.hardware import hardware_target
-    from tasks.data.acceptance import rolling_acceptance
+    from tasks.data.acceptance import PooledAcceptance, rolling_acceptance
     from tasks.data.vllm_acceptance import vllm_groups
     from tasks.loop.retrain_config import load_retrain_config
     from tasks.loop.triggers import decide_retrain
@@ -118,9 +128,9 @@ def retrain_trigger(
     served = [
         r
         for r in read_valid_records(Path(store), hardware=hardware)
-        if champion is None or r["drafter_version"] == champion.label
+        if champion is None or r.drafter_version == champion.label
     ]
-    groups = [g.to_dict() for g in rolling_acceptance(served, window=window)]
+    groups: list[PooledAcceptance] = list(rolling_acceptance(served, window=window))
     if hardware_target(hardware).backend == "vllm":  # vLLM's own counters, scraped
         label = None if champion is None else champion.label
         groups += vllm_groups(Path(store), hardware, champion=label, window=window)
@@ -135,19 +145,19 @@ def retrain_trigger(
         cooldown_s=60.0 * cooldown,
         now=now,
     )
-    return {**trigger.to_dict(), "champion": None if champion is None else champion.label}
+    return ChampionTrigger(**dict(trigger), champion=None if champion is None else champion.label)
 
 
 @task(name="train-suffix", cache_policy=NO_CACHE)
 def train_suffix(store: str, dataset: str, out: str, *, hardware: str) -> str:
     """The suffix challenger from ``hardware``'s trainable records (on a vLLM target, plus
     the answers captured in front of its servers)."""
-    items: list[Any] = loop.trainable_records(Path(store), Path(dataset), hardware=hardware)
-    items += [pair["output_token_ids"] for pair in _captured_pairs(store, hardware)]
-    return str(loop.train_suffix_challenger(items, Path(out), source=store))
+    records = loop.trainable_records(Path(store), Path(dataset), hardware=hardware)
+    answers = [pair.output_token_ids for pair in _captured_pairs(store, hardware)]
+    return str(loop.train_suffix_challenger([*records, *answers], Path(out), source=store))
 
 
-def _captured_pairs(store: str | None, hardware: str) -> list[dict[str, Any]]:
+def _captured_pairs(store: str | None, hardware: str) -> list[Pair]:
     """The request/response pairs captured in front of ``hardware``'s vLLM servers
     (:mod:`tasks.data.vllm_pairs`); none on other backends or without a store."""
     from prefect import get_run_logger
@@ -174,7 +184,7 @@ def train_learned(
     hardware: str,
     budgets: dict[str, float] | None = None,
     store: str | None = None,
-) -> list[dict[str, Any]]:
+) -> list[Trained]:
     """The learned challengers of ``configs/retrain.yaml`` for ``hardware``, trained on the
     dataset's training mix in ``out`` (a retry resumes each from its checkpoint). On a vLLM
     target the request/response pairs captured in front of its servers (``store``'s
@@ -190,14 +200,12 @@ def train_learned(
     from serving.models.real import cache_root
 
     init_head = loop.head_to_continue(open_registry(), hardware, cache_root() / "registry")
-    mix = loop.read_jsonl(Path(dataset) / "train_mix.jsonl")
-    mix += _captured_pairs(store, hardware)
-    trained = train_learned_challengers(mix, Path(out), config, init_head=init_head)
-    return [t.to_dict() for t in trained]
+    mix: list[Answered] = [*read_part(dataset, "train_mix"), *_captured_pairs(store, hardware)]
+    return train_learned_challengers(mix, Path(out), config, init_head=init_head)
 
 
 @task(name="retrain-record", cache_policy=NO_CACHE, retries=1)
-def record_retrain(hardware: str, slot: str, summary: dict[str, Any]) -> str:
+def record_retrain(hardware: str, slot: str, summary: dict[str, str | list[str]]) -> str:
     """Mark a retrain on ``hardware`` (the cool-down counts from it)."""
     from registry.history import log_retrain
 
@@ -228,11 +236,11 @@ def champion(hardware: str) -> str | None:
 def register(
     package: str,
     family: str,
-    params: dict[str, Any] | None = None,
+    params: dict[str, str | int | float | None] | None = None,
     tags: dict[str, str] | None = None,
-    curves: dict[str, list[list[float]]] | None = None,
+    curves: dict[str, list[tuple[int, float]]] | None = None,
     key: str | None = None,
-) -> dict[str, str]:
+) -> RegisteredDraft:
     """Register ``package`` as a new version of ``family``. With ``key`` (the retrain's
     ``<hw>/<slot>/<family>``), a version already registered under that key is returned
     instead: a re-run of a crashed retrain registers nothing twice."""
@@ -240,7 +248,7 @@ def register(
     if key is not None:
         found = registry.find_version(registry.model_name(family), family, run_key=key)
         if found is not None:
-            return {"family": found.family, "version": found.version, "label": found.label}
+            return RegisteredDraft(family=found.family, version=found.version, label=found.label)
         tags = {**(tags or {}), "run_key": key}
     draft = registry.log_draft(
         package,
@@ -249,7 +257,7 @@ def register(
         tags=tags,
         curves={k: [(int(s), float(v)) for s, v in points] for k, points in (curves or {}).items()},
     )
-    return {"family": draft.family, "version": draft.version, "label": draft.label}
+    return RegisteredDraft(family=draft.family, version=draft.version, label=draft.label)
 
 
 def _heldout_prompts(
@@ -263,14 +271,14 @@ def _heldout_prompts(
         for p in build_workload(workload, per_workload, seed=seed, split="heldout")
     ]
     if dataset is not None:
-        held = loop.read_jsonl(Path(dataset) / "heldout_traffic.jsonl")
+        held = read_part(dataset, "heldout_traffic")
         prompts += traffic_prompts(held, per_workload=traffic_per)
     return prompts
 
 
 @task(name="evaluate-gate-promote", cache_policy=NO_CACHE)
 def evaluate_gate_promote(
-    challengers: list[dict[str, str]],
+    challengers: Sequence[DraftRef],
     *,
     hardware: str,
     workloads: list[str],
@@ -282,14 +290,14 @@ def evaluate_gate_promote(
     traffic: str | None = None,
     traffic_per_workload: int = 8,
     lineage: dict[str, str] | None = None,
-) -> dict[str, Any]:
+) -> Decision:
     """Evaluate on ``workloads``' held-out prompts and, with ``traffic`` (a dataset folder),
     on its held-out traffic (``heldout_traffic.jsonl``): the newest collected requests,
     never trained on. ``lineage`` (data version, git commit) tags every evaluation run."""
     from prefect.concurrency.sync import concurrency
 
     registry = open_registry()
-    drafts = [registry.get(c["family"], c["version"]) for c in challengers]
+    drafts = [registry.get(c.family, c.version) for c in challengers]
     prompts = _heldout_prompts(workloads, prompts_per_workload, seed, traffic, traffic_per_workload)
     # One evaluate-and-promote per target at a time, across every machine: the second
     # evaluates against the champion the first left (tasks/ops/prefect_setup.py creates
@@ -308,7 +316,7 @@ def evaluate_gate_promote(
             promote=promote,
             tags=lineage,
         )
-    return decision.to_dict()
+    return decision
 
 
 @task(name="retrain-predictor", cache_policy=NO_CACHE)
@@ -326,14 +334,14 @@ def retrain_predictor(
     seed: int = 0,
     traffic_per_workload: int = 8,
     key: str | None = None,
-) -> dict[str, Any]:
+) -> PredictorOutcome:
     """Train the acceptance predictor on ``dataset``, register it, and promote it if it
     makes the champion draft faster than the current policy (interleaved, same prompts as
     the drafts' evaluation: built-in held-out and the dataset's held-out traffic)."""
     from tasks.loop.predictor_step import retrain_predictor as run
 
     prompts = _heldout_prompts(workloads, prompts_per_workload, seed, dataset, traffic_per_workload)
-    outcome = run(
+    return run(
         open_registry(),
         Path(dataset),
         Path(out),
@@ -345,4 +353,3 @@ def retrain_predictor(
         promote=promote,
         key=key,
     )
-    return outcome.to_dict()

@@ -10,11 +10,11 @@ hardware target -> gate -> promote the best passing challenger (or keep the cham
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from registry.client import DraftVersion, Registry
 from serving.drafters.factory import parse_drafter_spec
@@ -25,11 +25,15 @@ from serving.errors import BadInputError
 from serving.hardware import engine_target
 from serving.loader import eos_ids, load_target
 from serving.policy import make_policy
+from serving.records.schema import RequestRecord
 from tasks.data.collect import CollectSummary, collect
-from tasks.data.curate import curate
+from tasks.data.curate import CurateSummary, curate
+from tasks.data.dataset import read_part
 from tasks.data.prompts import Prompt
-from tasks.evaluate.evaluate import Contender, EncodedPrompt, evaluate
-from tasks.evaluate.gates import GateResult, gate
+from tasks.data.retention import RetentionReport
+from tasks.evaluate.evaluate import Contender, EncodedPrompt, evaluate_report
+from tasks.evaluate.gates import GateResult, gate, judged_report
+from tasks.evaluate.report import EvaluationReport, Group
 from tasks.settings import loop_settings
 
 log = logging.getLogger(__name__)
@@ -111,7 +115,7 @@ def validate_store_step(
     window: int = 50,
     threshold: float = 0.5,
     full: bool = False,
-) -> dict[str, Any]:
+) -> CurateSummary:
     """Great Expectations validation with quarantine, the dataset, rolling acceptance.
     Validates only the parts earlier runs into ``out_dir`` did not (``full``: all)."""
     return curate(store_root, out_dir, window=window, threshold=threshold, full=full)
@@ -119,14 +123,14 @@ def validate_store_step(
 
 def retention_step(
     store_root: Path, dataset_dir: Path, *, days: float | None = None, now: float
-) -> dict[str, Any]:
+) -> RetentionReport:
     """Remove the store's traffic older than ``days`` (default ``configs/store.yaml``'s
     ``retention.days``) and every copy the dataset folder's validation kept of it: run
     before validation (:mod:`tasks.data.retention`)."""
     from tasks.data.retention import apply_retention, check_days, load_store_config
 
     days = load_store_config().retention.days if days is None else check_days(days)
-    return apply_retention(store_root, [dataset_dir], max_age_days=days, now=now).to_dict()
+    return apply_retention(store_root, [dataset_dir], max_age_days=days, now=now)
 
 
 def builtin_package(
@@ -148,37 +152,31 @@ def builtin_package(
     return write_package(Path(folder) / drafter.replace(":", "-"), manifest)
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """A dataset part (:mod:`tasks.data.dataset`, written whole and atomically)."""
-    import json
-
-    path = Path(path)
-    if not path.is_file():
-        raise BadInputError(f"no dataset part at {path}: run the validate step first")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def trainable_records(
     store_root: Path, dataset_dir: Path, *, hardware: str | None = None
-) -> list[dict[str, Any]]:
+) -> list[RequestRecord]:
     """The store's train-split records less the held-out traffic (the newest share per
     workload, ``heldout_traffic.jsonl`` of the dataset): what a challenger may learn from."""
     from tasks.train.suffix_index import read_valid_records
 
-    held = {r["id"] for r in read_jsonl(Path(dataset_dir) / "heldout_traffic.jsonl")}
+    held = {r.id for r in read_part(dataset_dir, "heldout_traffic")}
     return [
         r
         for r in read_valid_records(store_root, hardware=hardware)
-        if r["split"] == "train" and r["id"] not in held
+        if r.split == "train" and r.id not in held
     ]
 
 
 def train_suffix_challenger(
-    records: Sequence[dict[str, Any]], out_dir: Path, *, k: int = 10, source: str = "the store"
+    records: Sequence[RequestRecord | Sequence[int]],
+    out_dir: Path,
+    *,
+    k: int = 10,
+    source: str = "the store",
 ) -> Path:
     """A suffix-decoding draft whose corpus is the target's outputs in the trainable
-    collected traffic (:func:`trainable_records`): rebuilt from scratch each time, so it
-    follows drift."""
+    collected traffic (:func:`trainable_records`; token id lists are taken as they come):
+    rebuilt from scratch each time, so it follows drift."""
     from tasks.train.suffix_index import build_suffix_index
 
     out_dir = Path(out_dir)
@@ -198,47 +196,45 @@ def train_suffix_challenger(
     )
 
 
-@dataclass(frozen=True)
-class Decision:
+class Decision(BaseModel):
+    """What one evaluate-and-promote decided on a hardware target (the flows' result).
+
+    ``results``, ``by_workload`` and ``by_source`` are the evaluation's measured numbers;
+    the gates judged the report :func:`~tasks.evaluate.gates.judged_report` gives (the
+    same, unless the gates' config prices speed by a fixed profile)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
     hardware: str
+    labels: dict[str, str] = Field(default_factory=dict)  # contender name -> registry label
     champion: str | None
     promoted: str | None  # the new champion's label, or None (champion kept)
-    gates: dict[str, dict[str, Any]]  # challenger label -> gate result
-    report: dict[str, Any]  # the evaluation report
     # Export on promotion: backend -> what happened (exported, or why the backend can't
     # load this draft). Each other target then evaluates it (`specops targets evaluate`).
-    exports: dict[str, str] = field(default_factory=dict)
-    labels: dict[str, str] = field(default_factory=dict)  # contender name -> registry label
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "hardware": self.hardware,
-            "labels": self.labels,
-            "champion": self.champion,
-            "promoted": self.promoted,
-            "exports": self.exports,
-            "gates": self.gates,
-            "results": self.report["results"],
-            "by_workload": self.report["by_workload"],
-            "by_source": self.report.get("by_source", {}),
-        }
+    exports: dict[str, str] = Field(default_factory=dict)
+    gates: dict[str, GateResult]  # challenger label -> gate result
+    results: Group
+    by_workload: dict[str, Group]
+    by_source: dict[str, Group] = Field(default_factory=dict)
 
 
 # What an evaluation records per contender (overall, and per workload with a prefix).
 METRIC_KEYS = ("acceptance_rate", "mean_accepted_length", "tokens_per_s", "speedup")
 
 
-def evaluation_metrics(report: dict[str, Any], name: str) -> dict[str, float]:
+def evaluation_metrics(report: EvaluationReport, name: str) -> dict[str, float]:
     """``name``'s metrics in ``report`` as the registry keeps them: overall, and per
     workload as ``<workload>/<metric>`` (the relative retrain trigger reads those)."""
-    result = report["results"][name]
-    metrics = {k: float(result[k]) for k in METRIC_KEYS if result.get(k) is not None}
-    metrics["lossless"] = float(bool(result["lossless"]))
-    for workload, by_name in (report.get("by_workload") or {}).items():
-        row = by_name.get(name) or {}
+    result = report.results[name]
+    metrics = {k: float(v) for k in METRIC_KEYS if (v := getattr(result, k)) is not None}
+    metrics["lossless"] = float(result.lossless)
+    for workload, by_name in report.by_workload.items():
+        row = by_name.get(name)
+        if row is None:
+            continue
         for key in ("acceptance_rate", "mean_accepted_length", "speedup"):
-            if row.get(key) is not None:
-                metrics[f"{workload}/{key}"] = float(row[key])
+            if (value := getattr(row, key)) is not None:
+                metrics[f"{workload}/{key}"] = float(value)
     return metrics
 
 
@@ -268,7 +264,7 @@ def evaluate_and_decide(
         name = f"challenger-{index}"
         contenders.append(Contender(name, registry.download(draft, cache)))
         by_name[name] = draft
-    report = evaluate(
+    report = evaluate_report(
         contenders,
         prompts,
         target=model,
@@ -284,13 +280,13 @@ def evaluate_and_decide(
 
 def decide(
     registry: Registry,
-    report: dict[str, Any],
+    report: EvaluationReport,
     by_name: dict[str, DraftVersion],
     *,
     hardware: str,
     cache: Path,
     promote: bool = True,
-    params: dict[str, Any] | None = None,
+    params: Mapping[str, object] | None = None,
     artifacts: Sequence[Path] = (),
     tags: dict[str, str] | None = None,
 ) -> Decision:
@@ -302,35 +298,38 @@ def decide(
     The evaluation may have run here or on another machine (``specops registry
     log-evaluation``)."""
     current = by_name.get("champion")
+    judged = judged_report(report)
+    kept = {"contender": None, **report.model_dump(mode="json", exclude={"per_prompt"})}
     gates: dict[str, GateResult] = {}
     for name, draft in by_name.items():
         registry.log_evaluation(
             draft,
             hardware,
             evaluation_metrics(report, name),
-            report={"contender": name, **{k: v for k, v in report.items() if k != "per_prompt"}},
-            params=params,
+            report={**kept, "contender": name},
+            params=None if params is None else dict(params),
             artifacts=list(artifacts),
             tags=tags,
         )
         if name != "champion":
-            gates[name] = gate(report, challenger=name, champion="champion")
+            gates[name] = gate(judged, challenger=name, champion="champion")
     passing = [n for n, g in gates.items() if g.passed]
     promoted = None
     exports: dict[str, str] = {}
     if passing and promote:
-        best = max(passing, key=lambda n: report["results"][n]["speedup"] or 0.0)
+        best = max(passing, key=lambda n: judged.results[n].speedup or 0.0)
         winner = registry.get(by_name[best].family, by_name[best].version)
+        chosen = judged.results[best]
         registry.promote(
             winner,
             hardware,
             reason=gates[best].reason,
             metrics={
                 k: float(v)
-                for k, v in report["results"][best].items()
-                if k in ("mean_accepted_length", "speedup", "acceptance_rate") and v is not None
+                for k in ("acceptance_rate", "mean_accepted_length", "speedup")
+                if (v := getattr(chosen, k)) is not None
             },
-            gates=gates[best].to_dict(),
+            gates=gates[best].model_dump(mode="json"),
             expected_champion=current.label if current else None,
         )
         promoted = winner.label
@@ -339,10 +338,12 @@ def decide(
         exports = export_for_targets(registry, winner, cache)
     return Decision(
         hardware=hardware,
+        labels={name: draft.label for name, draft in by_name.items()},
         champion=current.label if current else None,
         promoted=promoted,
-        gates={by_name[n].label: g.to_dict() for n, g in gates.items()},
-        report=report,
         exports=exports,
-        labels={name: draft.label for name, draft in by_name.items()},
+        gates={by_name[n].label: g for n, g in gates.items()},
+        results=report.results,
+        by_workload=report.by_workload,
+        by_source=report.by_source,
     )

@@ -22,8 +22,9 @@ from serving.backends import UnsupportedDraftError
 from serving.drafters.package import read_manifest
 from serving.hardware import load_hardware
 from tasks.data.prompts import Prompt
+from tasks.evaluate import gates
 from tasks.evaluate.export import export_draft, speculation_for
-from tasks.evaluate.gates import load_gates
+from tasks.evaluate.priced import priced_backend_speedups
 from tasks.evaluate.targets import evaluate_target, metrics_of, runnable_target
 from tasks.loop.lineage import git_commit
 
@@ -112,17 +113,24 @@ def _decide(
     *,
     promote: bool,
 ) -> dict[str, Any]:
-    gain = load_gates().min_speedup_gain
+    config = gates.load_gates()
+    gain = config.min_speedup_gain
     results = report["results"]
+    # The gates' speed: measured, or priced by their fixed profile.
+    speedups: dict[str, float | None] = (
+        {name: result["speedup"] for name, result in results.items()}
+        if config.speed_profile is None
+        else priced_backend_speedups(report, config.speed_profile.pricing(hardware))
+    )
     champion = registry.champion(hardware)
     bar = 1.0 + gain
     if champion is not None and champion.label in results:
-        bar = max(bar, (results[champion.label]["speedup"] or 0.0) * (1.0 + gain))
+        bar = max(bar, (speedups[champion.label] or 0.0) * (1.0 + gain))
     candidates = [
         d
         for d in drafts
         if results[d.label]["exact"]
-        and (results[d.label]["speedup"] or 0.0) >= bar
+        and (speedups[d.label] or 0.0) >= bar
         and (champion is None or d.label != champion.label)
     ]
     if not candidates:
@@ -131,9 +139,9 @@ def _decide(
             "reason": f"no exact draft reached {bar:.2f}x plain decoding on {hardware} "
             f"(champion: {champion.label if champion else 'none: plain decoding serves'})",
         }
-    best = max(candidates, key=lambda d: results[d.label]["speedup"])
+    best = max(candidates, key=lambda d: speedups[d.label] or 0.0)
     reason = (
-        f"{best.label}: {results[best.label]['speedup']:.2f}x plain on {hardware}, "
+        f"{best.label}: {speedups[best.label] or 0.0:.2f}x plain on {hardware}, "
         f"exact; bar {bar:.2f}x"
     )
     if promote:

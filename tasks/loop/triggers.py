@@ -13,25 +13,37 @@ retrain takes minutes to hours and a drifted workload keeps failing while it run
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
-from typing import Any
 
+from pydantic import BaseModel, ConfigDict, model_validator
+
+from tasks.data.acceptance import PooledAcceptance
 from tasks.evaluate.evaluate import TRAFFIC_PREFIX
 
 
-@dataclass(frozen=True)
-class Trigger:
+class Trigger(BaseModel):
+    """Whether ``collect`` retrains, and why (in its flow result as ``trigger``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
     wanted: bool  # some group fell below its threshold
     allowed: bool  # and no cool-down holds it back
     reasons: list[str]  # one line per group: acceptance, threshold, where it came from
     held_back: str | None = None  # why a wanted retrain does not start now
+    retrain: bool  # wanted and allowed
 
-    @property
-    def retrain(self) -> bool:
-        return self.wanted and self.allowed
+    @model_validator(mode="after")
+    def _retrain_is_wanted_and_allowed(self) -> Trigger:
+        if self.retrain != (self.wanted and self.allowed):
+            raise ValueError(
+                f"retrain is {self.retrain}, but wanted {self.wanted} and allowed {self.allowed}"
+            )
+        return self
 
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "retrain": self.retrain}
+
+class ChampionTrigger(Trigger):
+    """The trigger of the champion whose served traffic it weighed (the flow's result)."""
+
+    champion: str | None  # its label; None without a champion
 
 
 def champion_acceptance(
@@ -53,7 +65,7 @@ def champion_acceptance(
 
 
 def decide_retrain(
-    groups: Sequence[Mapping[str, Any]],
+    groups: Sequence[PooledAcceptance],
     *,
     hardware: str,
     champion_tags: Mapping[str, str] | None,
@@ -63,16 +75,17 @@ def decide_retrain(
     cooldown_s: float,
     now: float,
 ) -> Trigger:
-    """``groups``: rolling acceptance per (workload, hardware) as
-    :func:`tasks.data.acceptance.rolling_acceptance` gives it (``to_dict`` form)."""
+    """``groups``: rolling acceptance per (workload, hardware), as
+    :func:`tasks.data.acceptance.rolling_acceptance` (and, on a vLLM target,
+    :func:`tasks.data.vllm_acceptance.vllm_groups`) give it."""
     if not 0 < relative <= 1:
         raise ValueError(f"relative must be in (0, 1], got {relative!r}")
     reasons, wanted = [], False
     for group in groups:
-        acceptance = group.get("acceptance")
-        if group.get("hardware") != hardware or acceptance is None:
+        acceptance = group.acceptance
+        if group.hardware != hardware or acceptance is None:
             continue
-        workload = str(group["workload"])
+        workload = group.workload
         reference = champion_acceptance(champion_tags or {}, hardware, workload)
         if reference is None:
             threshold, basis = absolute, "the absolute threshold (champion never evaluated)"
@@ -92,4 +105,11 @@ def decide_retrain(
             f"cool-down: the last retrain on {hardware} was {(now - last_retrain_at) / 60:.0f} "
             f"min ago; the next may start in {left / 60:.0f} min"
         )
-    return Trigger(wanted=wanted, allowed=held_back is None, reasons=reasons, held_back=held_back)
+    allowed = held_back is None
+    return Trigger(
+        wanted=wanted,
+        allowed=allowed,
+        reasons=reasons,
+        held_back=held_back,
+        retrain=wanted and allowed,
+    )

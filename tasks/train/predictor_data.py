@@ -1,10 +1,11 @@
 """The acceptance predictor's rows: every drafted token of the validated records, labelled.
 
-A detailed-mode record (schema v2, :mod:`serving.records.schema`) carries ``drafted``: one
-dict per drafted token the target ruled on, with :class:`~serving.features.DraftedToken`'s
-fields. A row is its :class:`~serving.features.TokenFeatures` (the dict's entries of those
-names) and its label, ``accepted`` (the target agreed). A version-1 record has no
-``drafted`` (or the empty list the schema's migration gives it): it adds no rows.
+A detailed-mode record (schema v2, :class:`serving.records.schema.RequestRecord`) carries
+``drafted``: one row per drafted token the target ruled on, with
+:class:`~serving.features.DraftedToken`'s fields. A predictor row is its
+:class:`~serving.features.TokenFeatures` (the row's fields of those names) and its label,
+``accepted`` (the target agreed). A version-1 record has no ``drafted`` (the schema's
+migration gives it an empty list): it adds no rows.
 
 Which dataset parts (:mod:`tasks.data.dataset`) a predictor learns from and is judged on:
 
@@ -22,14 +23,14 @@ target's kernels (a quantised target disagrees more often), so each target has i
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
 
 from serving.errors import BadInputError
 from serving.features import TokenFeatures
+from serving.records.schema import RequestRecord
+from tasks.data.dataset import part_path, read_part
 
 TRAIN_PARTS = ("trainable",)
 HELDOUT_PARTS = ("eval", "heldout_traffic")
@@ -70,21 +71,13 @@ class LabelledRows:
         )
 
 
-def row_features(row: dict[str, Any], *, where: str = "a drafted row") -> TokenFeatures:
-    """A :class:`TokenFeatures` from a ``drafted`` row dict, picking its field names."""
-    if not isinstance(row, dict):
-        raise BadInputError(f"{where} is {type(row).__name__}, not a drafted-token object")
-    wanted = (*FEATURE_FIELDS, "accepted")
-    missing = [name for name in wanted if name not in row]
-    if missing:
-        raise BadInputError(
-            f"{where} lacks {missing}; drafted rows carry {list(wanted)} and more (schema "
-            "v2): rebuild the dataset with `specops data validate`"
-        )
-    return TokenFeatures(**{name: row[name] for name in FEATURE_FIELDS})
+def row_features(row: object) -> TokenFeatures:
+    """The :class:`TokenFeatures` of a drafted row (a record's ``drafted`` entry, or a
+    :class:`~serving.features.DraftedToken`): its fields of those names."""
+    return TokenFeatures(**{name: getattr(row, name) for name in FEATURE_FIELDS})
 
 
-def drafted_rows(records: Iterable[dict[str, Any]], *, hardware: str) -> LabelledRows:
+def drafted_rows(records: Iterable[RequestRecord], *, hardware: str) -> LabelledRows:
     """Every drafted row of the ``records`` collected on ``hardware``, labelled."""
     features: list[TokenFeatures] = []
     labels: list[bool] = []
@@ -92,47 +85,21 @@ def drafted_rows(records: Iterable[dict[str, Any]], *, hardware: str) -> Labelle
     read = here = unrecorded = 0
     for record in records:
         read += 1
-        if record.get("hardware") != hardware:
+        if record.hardware != hardware:
             continue
         here += 1
-        rows = record.get("drafted") or []
-        if not rows and int(record.get("draft_tokens") or 0) > 0:
+        if not record.drafted and record.draft_tokens > 0:
             unrecorded += 1
-        for index, row in enumerate(rows):
-            where = f"drafted row {index} of record {record.get('id')!r}"
-            features.append(row_features(row, where=where))
-            if not isinstance(row["accepted"], bool):
-                raise BadInputError(f"{where}: accepted is {row['accepted']!r}, not a bool")
-            labels.append(row["accepted"])
-            groups.append(str(record.get("id")))
+        for row in record.drafted:
+            features.append(row_features(row))
+            labels.append(row.accepted)
+            groups.append(record.id)
     return LabelledRows(features, labels, groups, read, here, unrecorded)
 
 
-def part_path(dataset_dir: str | Path, part: str) -> Path:
-    return Path(dataset_dir) / f"{part}.jsonl"
-
-
-def read_parts(dataset_dir: str | Path, parts: Sequence[str]) -> list[dict[str, Any]]:
-    """The records of the dataset ``parts`` (JSONL files written by ``specops data validate``)."""
-    records: list[dict[str, Any]] = []
-    for part in parts:
-        path = part_path(dataset_dir, part)
-        if not path.is_file():
-            raise BadInputError(
-                f"no dataset part at {str(path)!r}: build the dataset first "
-                "(`specops data validate --out DIR`, or `dvc repro validate`)"
-            )
-        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise BadInputError(f"{path}:{number} is not JSON ({error})") from None
-            if not isinstance(record, dict):
-                raise BadInputError(f"{path}:{number} is not a record object")
-            records.append(record)
-    return records
+def read_parts(dataset_dir: str | Path, parts: Sequence[str]) -> list[RequestRecord]:
+    """The records of the dataset ``parts`` (written by ``specops data validate``)."""
+    return [record for part in parts for record in read_part(dataset_dir, part)]
 
 
 def dataset_rows(dataset_dir: str | Path, parts: Sequence[str], *, hardware: str) -> LabelledRows:

@@ -17,10 +17,10 @@ runs: the retraining loop skips that challenger with the error's message as its 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Protocol
 
 from serving.errors import BadInputError
 from tasks.train.teacher import TeacherConfig
@@ -31,6 +31,21 @@ from tasks.train.teacher_build import TeacherPrompt, TeacherReport, build_teache
 # retrained draft would be judged on noise.
 MIN_SEQUENCES = 8
 MIN_ANSWER_TOKENS = 512
+
+
+class Answered(Protocol):
+    """A prompt and the target's answer to it: a collected request record
+    (:class:`serving.records.schema.RequestRecord`) or a pair captured in front of vLLM
+    (:class:`tasks.data.vllm_pairs.Pair`)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def prompt_token_ids(self) -> list[int]: ...
+
+    @property
+    def output_token_ids(self) -> list[int]: ...
 
 
 class TooLittleDataError(BadInputError):
@@ -58,16 +73,16 @@ class UsableRecords:
         return sum(map(len, self.answers.values()))
 
 
-def usable_records(records: Iterable[Mapping[str, Any]]) -> UsableRecords:
+def usable_records(records: Iterable[Answered]) -> UsableRecords:
     """The records' prompts and answers, sorted by id (a re-run over the same records, in any
     order, cuts the same shards and so resumes), without empty or repeated ones."""
     prompts: dict[str, TeacherPrompt] = {}
     answers: dict[str, list[int]] = {}
     empty = duplicate = 0
     for record in records:
-        record_id = str(record["id"])
-        prompt = [int(t) for t in record["prompt_token_ids"]]
-        answer = [int(t) for t in record["output_token_ids"]]
+        record_id = record.id
+        prompt = list(record.prompt_token_ids)
+        answer = list(record.output_token_ids)
         if not prompt or not answer:
             empty += 1
         elif record_id in prompts:
@@ -94,7 +109,7 @@ def check_enough(usable: UsableRecords, *, min_sequences: int, min_answer_tokens
 
 
 def build_store_teacher(
-    records: Iterable[Mapping[str, Any]],
+    records: Iterable[Answered],
     target,
     cache_dir: str | Path,
     *,
@@ -104,8 +119,9 @@ def build_store_teacher(
     min_answer_tokens: int = MIN_ANSWER_TOKENS,
     progress: bool = True,
 ) -> StoreTeacherReport:
-    """A teacher cache at ``cache_dir`` from collected ``records`` (dicts with ``id``,
-    ``prompt_token_ids`` and ``output_token_ids``), teacher-forcing each record's answer
+    """A teacher cache at ``cache_dir`` from collected ``records`` (request records or
+    captured pairs: ``id``, ``prompt_token_ids``, ``output_token_ids``), teacher-forcing each
+    answer
     (nothing is generated; see the module docstring). Resumable as
     :func:`~tasks.train.teacher_build.build_teacher_cache` is: a re-run over the same records
     skips the shards already written.

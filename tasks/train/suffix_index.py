@@ -22,18 +22,18 @@ from pydantic import ValidationError
 from serving.atomic import atomic_writer
 from serving.drafters.suffix import MAX_INDEX_TOKENS, SuffixCorpus, load_suffix_corpus
 from serving.errors import BadInputError
-from serving.records.schema import UnknownSchemaVersionError, parse_record
+from serving.records.schema import RequestRecord, UnknownSchemaVersionError, parse_record
 from serving.records.store import read_raw
 
 log = logging.getLogger(__name__)
 
 
-def read_valid_records(root: str | Path, *, hardware: str | None = None) -> list[dict]:
+def read_valid_records(root: str | Path, *, hardware: str | None = None) -> list[RequestRecord]:
     """The records under ``root`` that parse (:func:`serving.records.schema.parse_record`,
     older versions read as the current one; first copy of each id), optionally of one
     hardware target. Malformed rows are skipped here (and counted in the log);
     :mod:`tasks.data.validate` is where they are quarantined with their reasons."""
-    records: list[dict] = []
+    records: list[RequestRecord] = []
     seen: set[str] = set()
     skipped = 0
     for _, row in read_raw(Path(root)):
@@ -45,42 +45,42 @@ def read_valid_records(root: str | Path, *, hardware: str | None = None) -> list
         if record.id in seen or (hardware is not None and record.hardware != hardware):
             continue
         seen.add(record.id)
-        records.append(record.model_dump(mode="json"))
+        records.append(record)
     if skipped:
         log.warning("skipped %d malformed record rows under %s", skipped, root)
     return records
 
 
 def _sequences(
-    items: Iterable[dict | Sequence[int]],
+    items: Iterable[RequestRecord | Sequence[int]],
     *,
     include_prompts: bool,
     splits: Collection[str],
 ) -> tuple[list[list[int]], list[str]]:
     """Token sequences (oldest record first) and the run ids they came from."""
-    records: list[dict] = []
+    records: list[RequestRecord] = []
     sequences: list[list[int]] = []
     for item in items:
-        if isinstance(item, dict):
+        if isinstance(item, RequestRecord):
             records.append(item)
         elif isinstance(item, str | bytes) or not isinstance(item, Sequence):
             raise BadInputError(
-                f"expected records (dicts) or token id lists, got {type(item).__name__}"
+                f"expected request records or token id lists, got {type(item).__name__}"
             )
         else:
             sequences.append([int(t) for t in item])
     run_ids: set[str] = set()
-    for record in sorted(records, key=lambda r: r["timestamp"]):
-        if record["split"] not in splits:
+    for record in sorted(records, key=lambda r: r.timestamp):
+        if record.split not in splits:
             continue
-        prompt = list(record["prompt_token_ids"]) if include_prompts else []
-        sequences.append(prompt + list(record["output_token_ids"]))
-        run_ids.add(record["run_id"])
+        prompt = list(record.prompt_token_ids) if include_prompts else []
+        sequences.append(prompt + list(record.output_token_ids))
+        run_ids.add(record.run_id)
     return [s for s in sequences if s], sorted(run_ids)
 
 
 def build_suffix_index(
-    source: Iterable[dict | Sequence[int]],
+    source: Iterable[RequestRecord | Sequence[int]],
     path: str | Path,
     *,
     include_prompts: bool = False,
@@ -90,7 +90,7 @@ def build_suffix_index(
 ) -> SuffixCorpus:
     """Write the corpus of ``source`` to ``path`` atomically and return it.
 
-    ``source`` holds request records (dicts as :mod:`serving.records.schema` defines them: their
+    ``source`` holds request records (:class:`serving.records.schema.RequestRecord`: their
     ``output_token_ids``, of ``splits`` only, oldest first) and/or plain token id lists
     (taken as they come). When the corpus exceeds ``max_tokens`` the oldest sequences are
     dropped. An empty corpus raises :class:`BadInputError`.

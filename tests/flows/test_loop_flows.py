@@ -15,6 +15,8 @@ from registry.history import last_retrain
 from serving.drafters.package import DraftManifest, write_package
 from serving.models.tiny import tiny_llama
 from serving.records import store as record_store
+from tasks.loop.results import Bootstrapped, DeploymentRun, Retrained
+from tests.tasks.loop.priced_gates import use_priced_gates
 
 LOAD = retrain_config.load_retrain_config  # the real loader, before any test patches it
 
@@ -98,12 +100,12 @@ def test_a_randomly_initialised_draft_is_refused(harness, world):
         [challenger], hardware="cpu", workloads=["grounded"], prompts_per_workload=6,
         max_new_tokens=24, cache=str(world / "cache"),
     )  # fmt: skip
-    assert decision["promoted"] is None
-    (result,) = decision["gates"].values()
-    assert not result["passed"] and "faster than the champion" in result["reason"]
+    assert decision.promoted is None
+    (result,) = decision.gates.values()
+    assert not result.passed and "faster than the champion" in result.reason
     assert Registry().champion("cpu").label == f"{champion.name}/{champion.version}"
     # The evaluation is logged per hardware target on both versions.
-    assert Registry().get("lora", challenger["version"]).evaluated_on("cpu")
+    assert Registry().get("lora", challenger.version).evaluated_on("cpu")
 
 
 def test_collect_triggers_retrain_and_a_rerun_duplicates_nothing(harness, world, monkeypatch):
@@ -113,50 +115,51 @@ def test_collect_triggers_retrain_and_a_rerun_duplicates_nothing(harness, world,
     # target is a matter of timing, which this test is not about).
     first = register_pld(world)
     registry = Registry()
-    registry.log_evaluation(registry.get("ngram", first["version"]), "cpu", {"speedup": 1.0})
-    registry.promote(registry.get("ngram", first["version"]), "cpu", reason="test setup")
+    registry.log_evaluation(registry.get("ngram", first.version), "cpu", {"speedup": 1.0})
+    registry.promote(registry.get("ngram", first.version), "cpu", reason="test setup")
     store = str(world / "store")
     kwargs = dict(
         hardware="cpu", store=store, work=str(world / "work"), replay_workload="grounded",
         replay_prompts=6, run_id="t1", max_new_tokens=24, version=False, threshold=1.01,
     )  # fmt: skip
     first_run = collect(**{**kwargs, "trigger_retrain": False})
-    assert first_run["replayed"]["written"] == 6 and first_run["retrained"] is None
+    assert first_run.replayed.written == 6 and first_run.retrained is None
     records = len(list(record_store.read_raw(world / "store")))
     # A re-run of the same slot (a killed run started again) writes nothing twice.
     again = collect(**{**kwargs, "trigger_retrain": False})
-    assert again["replayed"]["written"] == 0 and again["replayed"]["skipped_existing"] == 6
+    assert again.replayed.written == 0 and again.replayed.skipped_existing == 6
     assert len(list(record_store.read_raw(world / "store"))) == records
     # Rolling acceptance below the threshold (the champion has no acceptance evaluated, so
     # the absolute one applies) triggers the retrain flow.
     result = collect(**{**kwargs, "replay_prompts": 0})
-    assert result["trigger"]["retrain"], result["trigger"]
-    retrained = result["retrained"]
-    families = [c["family"] for c in retrained["challengers"]]
-    assert families == ["suffix", "head", "lora"], retrained["trained"]
-    labels = {c["label"] for c in retrained["challengers"]}
-    assert set(retrained["decision"]["gates"]) == labels
+    assert result.trigger.retrain, result.trigger
+    retrained = result.retrained
+    assert isinstance(retrained, Retrained)  # in this process: no retrain deployment
+    families = [c.family for c in retrained.challengers]
+    assert families == ["suffix", "head", "lora"], retrained.trained
+    labels = {c.label for c in retrained.challengers}
+    assert set(retrained.decision.gates) == labels
     registry = Registry()
-    for challenger in retrained["challengers"]:
-        version = registry.get(challenger["family"], challenger["version"])
+    for challenger in retrained.challengers:
+        version = registry.get(challenger.family, challenger.version)
         assert version.evaluated_on("cpu")
         assert version.tags["git_commit"] and version.tags["data_version"]  # lineage
-    head = registry.get("head", retrained["challengers"][1]["version"])
+    head = registry.get("head", retrained.challengers[1].version)
     history = registry.client.get_metric_history(head.run_id, "train/loss")
     assert [m.step for m in history] == sorted(m.step for m in history) and history  # a curve
     # The held-out traffic was evaluated beside the built-in prompts, never trained on.
-    assert set(retrained["decision"]["by_source"]) == {"builtin", "traffic"}
+    assert set(retrained.decision.by_source) == {"builtin", "traffic"}
     # The acceptance predictor was retrained on the same data, registered as the target's
     # challenger with its held-out metrics, and judged by the gates on the champion draft.
     # (It learned from prompt-lookup records: when this run promoted another kind of draft,
     # it is not judged on it, and says so; tests/tasks/loop/test_predictor_step.py has the
     # gate itself.)
-    predictor = retrained["predictor"]
-    assert predictor["challenger"] and {"brier", "ece"} <= set(predictor["metrics"])
-    if predictor["gate"] is None:
-        assert "trained on stages ['pld']" in predictor["skipped"], predictor
+    predictor = retrained.predictor
+    assert predictor.challenger and {"brier", "ece"} <= set(predictor.metrics)
+    if predictor.gate is None:
+        assert "trained on stages ['pld']" in (predictor.skipped or ""), predictor
     else:
-        names = [check["name"] for check in predictor["gate"]["checks"]]
+        names = [check.name for check in predictor.gate.checks]
         assert "lossless" in names and not any("acceptance" in name for name in names)
     # The retrain is on record: a trigger right after it is held back by the cool-down.
     assert last_retrain(registry, "cpu") is not None
@@ -166,54 +169,90 @@ def test_collect_triggers_retrain_and_a_rerun_duplicates_nothing(harness, world,
         lambda path=None: LOAD(world / "retrain.yaml").model_copy(update={"cooldown_minutes": 60}),
     )  # fmt: skip
     trigger = steps.retrain_trigger.fn(store, hardware="cpu", absolute=1.01, now=time.time())
-    assert trigger["wanted"] and not trigger["retrain"] and "cool-down" in trigger["held_back"]
+    assert trigger.wanted and not trigger.retrain and "cool-down" in (trigger.held_back or "")
 
 
-def test_a_flow_killed_midway_moves_no_alias_and_reruns(harness, world, monkeypatch):
+@pytest.fixture
+def torch_threads():
+    """torch's thread count as the test found it, whatever the flows set meanwhile."""
+    threads = torch.get_num_threads()
+    yield threads
+    torch.set_num_threads(threads)
+
+
+def test_a_flow_killed_midway_moves_no_alias_and_reruns(harness, world, monkeypatch, torch_threads):
+    """Killed inside the promotion (the audit run written, the alias about to move): the
+    champion alias stays where it was, on every family, and a rerun promotes."""
+    from mlflow.tracking import MlflowClient
+
     from flows.loop import evaluate_and_promote
 
-    challenger = register_pld(world)
+    use_priced_gates(monkeypatch, world)  # the challenger must pass: see priced_gates.py
+    registry = Registry()
+    first = register_pld(world)
+    champion = registry.get("ngram", first.version)
+    registry.log_evaluation(champion, "cpu", {"speedup": 1.0})
+    registry.promote(champion, "cpu", reason="test setup")
+    # The same drafter in another family: identical checks, so under the priced gates it
+    # is as fast as the champion, which is enough with no gain required.
+    package = write_package(world / "lookup", DraftManifest(drafter="pld:3", k=4, policy="fixed"))
+    challenger = steps.register.fn(str(package), "lookup")
+    moves: list[str] = []
+    real_move = MlflowClient.set_registered_model_alias
 
-    def killed(*args, **kwargs):
-        raise KeyboardInterrupt("killed during evaluation")
+    def killed_at_the_alias_move(client, name, alias, version):
+        if alias != "champion-cpu":  # the challenger alias, set before the evaluation
+            return real_move(client, name, alias, version)
+        moves.append(f"{name}@{alias}={version}")
+        raise KeyboardInterrupt("killed inside the promotion, at the alias move")
 
-    original = loop.evaluate
-    monkeypatch.setattr(loop, "evaluate", killed)
-    with pytest.raises(BaseException, match="killed"):
-        evaluate_and_promote(
-            [challenger], hardware="cpu", workloads=["grounded"], prompts_per_workload=6,
-            max_new_tokens=16, cache=str(world / "cache"),
-        )  # fmt: skip
-    assert Registry().champion("cpu") is None  # nothing half-done was promoted
-    monkeypatch.setattr(loop, "evaluate", original)
-    decision = evaluate_and_promote(
-        [challenger], hardware="cpu", workloads=["grounded"], prompts_per_workload=6,
-        max_new_tokens=16, cache=str(world / "cache"),
+    monkeypatch.setattr(MlflowClient, "set_registered_model_alias", killed_at_the_alias_move)
+    kwargs = dict(
+        hardware="cpu", workloads=["grounded"], prompts_per_workload=6, max_new_tokens=16,
+        cache=str(world / "cache"),
     )  # fmt: skip
-    assert set(decision["gates"]) == {challenger["label"]}
-    torch.set_num_threads(2)
+    with pytest.raises(BaseException, match="killed inside the promotion"):
+        evaluate_and_promote([challenger], **kwargs)
+    assert moves == [f"{challenger.label.rsplit('/', 1)[0]}@champion-cpu={challenger.version}"]
+    # It got that far: the gates passed, the audit run and the promotion time are written ...
+    killed = registry.get("lookup", challenger.version)
+    assert "promoted_at.cpu" in killed.tags
+    audits = registry.client.search_runs(
+        [registry.promotions_id], filter_string="tags.family = 'lookup'"
+    )
+    assert len(audits) == 1
+    # ... and no alias moved: the champion serves on, nothing else holds its alias.
+    assert registry.champion("cpu").label == champion.label
+    assert registry.by_alias("lookup", "champion-cpu") is None
+    assert registry.by_alias("ngram", "champion-cpu").label == champion.label
+
+    monkeypatch.setattr(MlflowClient, "set_registered_model_alias", real_move)
+    decision = evaluate_and_promote([challenger], **kwargs)
+    assert set(decision.gates) == {challenger.label}
+    assert decision.champion == champion.label and decision.promoted == challenger.label
+    assert registry.champion("cpu").label == challenger.label
+    assert registry.by_alias("ngram", "champion-cpu") is None  # the old family let go
 
 
-def test_bootstrap_registers_a_builtin_drafter_once(harness, world):
+def test_bootstrap_registers_a_builtin_drafter_once(harness, world, monkeypatch):
     from flows.loop import bootstrap
 
+    use_priced_gates(monkeypatch, world)  # prompt lookup must pass: see priced_gates.py
     result = bootstrap(
         hardware="cpu", drafter="pld:3", k=4, policy="fixed", workloads=["grounded"],
         prompts_per_workload=6, max_new_tokens=16, work=str(world / "work"),
     )  # fmt: skip
-    decision = result["bootstrapped"]
-    (label,) = decision["gates"]
+    decision = result.bootstrapped
+    (label,) = decision.gates
     assert label == "specops-draft-ngram/1"
-    # With no champion the gate compares with plain decoding; on the tiny target whether
-    # prompt lookup wins is the machine's timing, so the promotion follows the gate.
-    passed = decision["gates"][label]["passed"]
-    assert result["champion"] == (label if passed else None)
-    assert (Registry().champion("cpu") is not None) == passed
+    # With no champion the gate compares with plain decoding, which prompt lookup cannot
+    # lose to under the priced gates: promoted.
+    assert decision.gates[label].passed, decision.gates[label].reason
+    assert result.champion == decision.promoted == label
     registry = Registry()
-    if not passed:  # promote it directly, to see a second bootstrap leave a champion be
-        registry.promote(registry.get("ngram", 1), "cpu", reason="test setup")
+    assert registry.champion("cpu").label == label
     again = bootstrap(hardware="cpu", work=str(world / "work"))
-    assert again == {"champion": label, "bootstrapped": None}
+    assert again == Bootstrapped(champion=label, bootstrapped=None)
     name = registry.model_name("ngram")
     assert len(registry.client.search_model_versions(f"name = '{name}'")) == 1
 
@@ -233,8 +272,8 @@ def test_collect_starts_the_retrain_through_its_deployment_once_per_slot(
 
     first = register_pld(world)
     registry = Registry()
-    registry.log_evaluation(registry.get("ngram", first["version"]), "cpu", {"speedup": 1.0})
-    registry.promote(registry.get("ngram", first["version"]), "cpu", reason="test setup")
+    registry.log_evaluation(registry.get("ngram", first.version), "cpu", {"speedup": 1.0})
+    registry.promote(registry.get("ngram", first.version), "cpu", reason="test setup")
     calls = []
 
     def run_deployment(name, **kwargs):
@@ -250,10 +289,9 @@ def test_collect_starts_the_retrain_through_its_deployment_once_per_slot(
     )  # fmt: skip
     result = collect(**kwargs)
     again = collect(**kwargs)
-    assert result["retrained"] == again["retrained"] == {
-        "deployment": "retrain/daily", "flow_run": "0000", "name": "retrain-run",
-        "state": "Scheduled",
-    }  # fmt: skip
+    assert result.retrained == again.retrained == DeploymentRun(
+        deployment="retrain/daily", flow_run="0000", name="retrain-run", state="Scheduled",
+    )  # fmt: skip
     assert len(calls) == 2 and calls[0] == calls[1]
     name, sent = calls[0]
     assert name == "retrain/daily" and sent["timeout"] == 0 and sent["as_subflow"]
@@ -280,13 +318,13 @@ def test_collect_removes_old_traffic_before_it_validates(harness, world):
     kwargs = dict(hardware="cpu", store=str(store), work=str(work), version=False,
                   trigger_retrain=False)  # fmt: skip
     first = collect(**kwargs, retention_days=365)
-    assert first["retention"]["removed"] == [] and first["validation"]["validation"]["valid"] == 4
+    assert first.retention.removed == [] and first.validation.validation.valid == 4
 
     result = collect(**kwargs, retention_days=30)
-    (old,) = result["retention"]["removed"]
+    (old,) = result.retention.removed
     assert "part-old-" in old and not (store / old).exists()
-    assert result["retention"]["datasets"][0]["batches_rewritten"] == 1
-    assert result["validation"]["validation"]["valid"] == 2
+    assert result.retention.datasets[0].batches_rewritten == 1
+    assert result.validation.validation.valid == 2
     dataset = work / "dataset"
     ids = {
         json.loads(line)["id"]

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from serving.atomic import write_jsonl_atomic
@@ -374,3 +378,43 @@ def test_retention_refuses_bad_input_with_one_line(tmp_path, args, message):
     assert result.exit_code == 2, result.output
     assert message in result.output and "Traceback" not in result.output
     assert len(result.output.strip().splitlines()) == 1
+
+
+# ------------------------------------------------------------------------------ version
+
+DVC = str(Path(sys.executable).with_name("dvc"))
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    """A git + DVC project with a store and a local default remote; the working directory."""
+    env = {**os.environ, "DVC_NO_ANALYTICS": "1"}
+    remote = tmp_path / "remote"
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    for command in (["git", "init", "-q"], [DVC, "init", "-q"],
+                    [DVC, "remote", "add", "-d", "local", str(remote)]):  # fmt: skip
+        subprocess.run(command, cwd=repo, check=True, env=env)
+    write_jsonl_atomic(partition_dir(repo / "data", "cpu", time.time()) / "part-r-00000.jsonl",
+                       [_record(0, 2)])  # fmt: skip
+    monkeypatch.chdir(repo)
+    return repo, remote
+
+
+def test_version_snapshots_the_store_and_pushes_it(project):
+    repo, remote = project
+    result = _invoke("version", "--store", "data", "--no-push")
+    assert result.exit_code == 0, result.output
+    digest = yaml.safe_load((repo / "data.dvc").read_text())["outs"][0]["md5"]
+    assert digest.endswith(".dir")
+    assert f"data versioned as {digest}; `git add data.dvc` to record it" in result.output
+    assert not remote.exists()  # --no-push
+    again = _invoke("version", "--store", "data")  # nothing new: the same version, pushed
+    assert again.exit_code == 0 and digest in again.output
+    assert any(p.is_file() for p in remote.rglob("*"))
+
+
+def test_version_refuses_a_store_that_is_not_there(project):
+    result = _invoke("version", "--store", "nowhere", "--no-push")
+    assert result.exit_code == 2
+    assert "error: nothing to version: 'nowhere' is not a folder" in result.output

@@ -4,20 +4,25 @@ from __future__ import annotations
 
 import pytest
 
+from serving.records.schema import RequestRecord, parse_record
 from tasks.data.acceptance import rolling_acceptance
+from tests.tasks.data.test_validate import make_record
 
 
 def _row(
     index: int, drafted: int, accepted: int, *, workload: str = "grounded", hardware: str = "cpu"
-) -> dict:
-    return {
-        "id": f"req-{index:03d}",
-        "timestamp": 1_750_000_000.0 + index,
-        "workload": workload,
-        "hardware": hardware,
-        "draft_tokens": drafted,
-        "accepted_tokens": accepted,
-    }
+) -> RequestRecord:
+    return parse_record(
+        make_record(
+            index,
+            id=f"req-{index:03d}",
+            timestamp=1_750_000_000.0 + index,
+            workload=workload,
+            hardware=hardware,
+            draft_tokens=drafted,
+            accepted_tokens=accepted,
+        )
+    )
 
 
 def test_window_pools_tokens_over_the_last_requests():
@@ -89,7 +94,7 @@ def test_to_dict_is_json_ready():
     import json
 
     (group,) = rolling_acceptance([_row(0, 4, 1)])
-    payload = json.loads(json.dumps(group.to_dict()))
+    payload = json.loads(json.dumps(group.model_dump(mode="json")))
     assert payload == {
         "workload": "grounded",
         "hardware": "cpu",

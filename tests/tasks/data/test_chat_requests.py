@@ -191,7 +191,7 @@ def test_collected_file_traffic_is_valid_live_train_data_held_out_by_time(
     assert first["prompt_token_ids"] == char_tokenizer(joined)["input_ids"]
 
     summary = curate(tmp_path / "store", tmp_path / "dataset")
-    assert summary["validation"]["valid"] == 5
-    assert summary["dataset"]["heldout_traffic"] == 1  # ceil(0.2 * 5), the newest
+    assert summary.validation.valid == 5
+    assert summary.dataset["heldout_traffic"] == 1  # ceil(0.2 * 5), the newest
     held = [json.loads(line) for line in (tmp_path / "dataset" / "heldout_traffic.jsonl").open()]
     assert held[0]["timestamp"] == max(r["timestamp"] for r in rows)

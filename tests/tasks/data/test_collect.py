@@ -200,10 +200,10 @@ def test_bad_hardware_fails_before_any_write(tmp_path, pld_decoder, char_tokeniz
 
 
 def test_acceptance_by_position_pools_every_check():
-    records = [{"steps": [[2, 1], [3, 3]]}, {"steps": [[1, 0], [0, 0]]}]
+    steps = [[[2, 1], [3, 3]], [[1, 0], [0, 0]]]  # two records' checks
     # position 1: reached by 3 checks, kept by 2; position 2: 2 and 1; position 3: 1 and 1.
-    assert acceptance_by_position(records) == pytest.approx([2 / 3, 1 / 2, 1.0])
-    assert acceptance_by_position([{"steps": [[0, 0]]}]) == []
+    assert acceptance_by_position(steps) == pytest.approx([2 / 3, 1 / 2, 1.0])
+    assert acceptance_by_position([[[0, 0]]]) == []
     assert acceptance_by_position([]) == []
 
 
@@ -221,7 +221,7 @@ def test_summary_pools_per_workload_and_keeps_none_for_no_drafts():
     assert (summary.prompts, summary.skipped_existing, summary.written) == (5, 2, 3)
     assert (summary.failures, summary.acceptance_rate) == (1, 0.5)
     assert summary.acceptance_by_position == [1.0, 0.5, 0.5, 0.0]
-    assert summary.to_dict()["parts"] == ["a"]
+    assert summary.model_dump(mode="json")["parts"] == ["a"]
 
 
 def test_a_new_token_budget_in_the_same_run_is_new_data(

@@ -18,6 +18,11 @@ from tasks.data.curate import curate
 from tasks.data.dataset import PARTS
 
 
+def _summary(*args, **kwargs) -> dict:
+    """:func:`curate`'s summary as the JSON it is written as (``summary.json``)."""
+    return curate(*args, **kwargs).model_dump(mode="json")
+
+
 def _read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
@@ -65,7 +70,7 @@ def store(tmp_path, pld_decoder, char_tokenizer, make_prompts) -> Path:
 
 def test_curate_writes_quarantine_dataset_plots_and_a_consistent_summary(tmp_path, store):
     out, plots = tmp_path / "dataset", tmp_path / "plots"
-    summary = curate(store, out, failure_share=0.8, seed=0, window=4, plots_dir=plots)
+    summary = _summary(store, out, failure_share=0.8, seed=0, window=4, plots_dir=plots)
 
     validation = summary["validation"]
     assert validation["total"] == 12 + 4
@@ -117,7 +122,7 @@ def test_curating_twice_gives_identical_files(tmp_path, store):
     outputs = []
     for attempt in ("a", "b"):
         out, plots = tmp_path / attempt / "dataset", tmp_path / attempt / "plots"
-        summary = curate(store, out, plots_dir=plots)
+        summary = _summary(store, out, plots_dir=plots)
         outputs.append((summary, _files(out), _files(plots)))
     assert outputs[0] == outputs[1]
     # Curating into the same folder again replaces its files with the same content.
@@ -127,7 +132,7 @@ def test_curating_twice_gives_identical_files(tmp_path, store):
 
 
 def test_curating_an_empty_store(tmp_path):
-    summary = curate(tmp_path / "empty", tmp_path / "out", plots_dir=tmp_path / "plots")
+    summary = _summary(tmp_path / "empty", tmp_path / "out", plots_dir=tmp_path / "plots")
     assert summary["validation"]["total"] == 0
     assert summary["dataset"] == dict.fromkeys(PARTS, 0)
     assert summary["acceptance_rate"] is None
@@ -139,9 +144,9 @@ def test_curating_an_empty_store(tmp_path):
 
 
 def test_curate_threads_heldout_share_and_refuses_a_bad_one(tmp_path, store):
-    summary = curate(store, tmp_path / "none", heldout_share=0.0)
+    summary = _summary(store, tmp_path / "none", heldout_share=0.0)
     assert summary["dataset"]["heldout_traffic"] == 0
-    summary = curate(store, tmp_path / "half", heldout_share=0.5)
+    summary = _summary(store, tmp_path / "half", heldout_share=0.5)
     assert summary["dataset"]["heldout_traffic"] == 4  # ceil(0.5 * 8)
     assert len(_read_jsonl(tmp_path / "half" / "heldout_traffic.jsonl")) == 4
     with pytest.raises(ValueError, match=r"heldout_share must be in \[0, 1\), got 1.0"):
@@ -163,7 +168,7 @@ def _totals(summary: dict) -> dict:
 
 
 def test_curating_new_parts_only_or_in_full_gives_the_fresh_dataset(tmp_path, store, monkeypatch):
-    fresh = curate(store, tmp_path / "fresh")
+    fresh = _summary(store, tmp_path / "fresh")
     # The same store, grown in two steps: the "ok" collection and the hand-made part later.
     later = [p for p in part_files(store) if not p.name.startswith("part-fail-")]
     aside = tmp_path / "aside"
@@ -171,7 +176,7 @@ def test_curating_new_parts_only_or_in_full_gives_the_fresh_dataset(tmp_path, st
         (aside / path.relative_to(store)).parent.mkdir(parents=True, exist_ok=True)
         path.rename(aside / path.relative_to(store))
     out = tmp_path / "grown"
-    first = curate(store, out)
+    first = _summary(store, out)
     assert first["validation"]["new_parts"] == first["validation"]["parts"] == 2
     for path in later:
         (aside / path.relative_to(store)).rename(path)
@@ -185,7 +190,7 @@ def test_curating_new_parts_only_or_in_full_gives_the_fresh_dataset(tmp_path, st
         with pytest.raises(KeyboardInterrupt):
             curate(store, out)
     # ... the next run has no new part to validate and writes the dataset in full.
-    repaired = curate(store, out)
+    repaired = _summary(store, out)
     assert (repaired["validation"]["mode"], repaired["validation"]["new_parts"]) == (
         "incremental",
         0,
@@ -197,7 +202,7 @@ def test_curating_new_parts_only_or_in_full_gives_the_fresh_dataset(tmp_path, st
         k: v for k, v in fresh.items() if k != "validation"
     }
 
-    revalidated = curate(store, out, full=True)
+    revalidated = _summary(store, out, full=True)
     assert revalidated["validation"]["mode"] == "full"
     assert revalidated["validation"]["new_rows"] == fresh["validation"]["total"]
     assert _dataset_files(out) == _dataset_files(tmp_path / "fresh")

@@ -16,11 +16,13 @@ import pytest
 
 from serving.errors import BadInputError
 from serving.records import store
+from serving.records.schema import RequestRecord
 from tasks.data import ledger
 from tasks.data import validate as validate_module
 from tasks.data.incremental import validate_incrementally
 from tasks.data.ledger import ChangedPartError
 from tasks.data.validate import validate_records
+from tasks.data.validation_summary import ValidationSummary
 from tests.tasks.data.test_validate import NOW, changed, make_record
 
 HARDWARE = ("cpu", "cuda")
@@ -58,8 +60,8 @@ def _one_pass(root: Path, hardware=HARDWARE):
     return validate_records(store.read_raw(root), known_hardware=hardware, now=NOW)
 
 
-def _ids(rows: list[dict]) -> list[str]:
-    return [row["id"] for row in rows]
+def _ids(rows: list[RequestRecord]) -> list[str]:
+    return [row.id for row in rows]
 
 
 def _folder_names(out: Path) -> list[str]:
@@ -79,19 +81,20 @@ def test_a_second_run_validates_only_the_new_parts(tmp_path, store_root, suite_i
     out = tmp_path / "out"
     first = _run(store_root, out)
     assert suite_ids == [["req-1", "req-2", "req-3", "req-4"]]
-    assert (first.summary["mode"], first.summary["full_reason"]) == ("full", "no ledger yet")
-    assert (first.summary["new_parts"], first.summary["new_rows"]) == (2, 5)
-    assert (first.summary["valid"], first.summary["quarantined"]) == (3, 2)
+    assert (first.summary.mode, first.summary.full_reason) == ("full", "no ledger yet")
+    assert (first.summary.new_parts, first.summary.new_rows) == (2, 5)
+    assert (first.summary.valid, first.summary.quarantined) == (3, 2)
 
     _put(store_root, "c", [make_record(5), make_record(0)])  # sorts after a and b
     second = _run(store_root, out)
     assert suite_ids[1:] == [["req-5", "req-0"]]  # only the new part's records
-    assert second.summary["mode"] == "incremental" and second.summary["full_reason"] is None
-    assert (second.summary["parts"], second.summary["new_parts"]) == (3, 1)
-    assert second.summary["new_rows"] == second.summary["new"]["total"] == 2
+    assert second.summary.mode == "incremental" and second.summary.full_reason is None
+    assert (second.summary.parts, second.summary.new_parts) == (3, 1)
+    assert second.summary.new_rows == second.summary.new.total == 2
     # Totals, rows and their order are those of one pass over the whole store.
     one_pass = _one_pass(store_root)
-    assert {key: second.summary[key] for key in one_pass.summary} == one_pass.summary
+    totals = second.summary.model_dump(include=set(ValidationSummary.model_fields))
+    assert totals == one_pass.summary.model_dump()
     assert second.valid == one_pass.valid
     assert second.quarantined == one_pass.quarantined
 
@@ -99,9 +102,9 @@ def test_a_second_run_validates_only_the_new_parts(tmp_path, store_root, suite_i
     runs = len(suite_ids)  # the one pass above ran the suites too
     third = _run(store_root, out)  # nothing new: no suite runs, the ledger is left as it was
     assert len(suite_ids) == runs
-    assert (third.summary["new_parts"], third.summary["new_rows"]) == (0, 0)
-    assert not any(suite["ran"] for suite in third.summary["new"]["suites"].values())
-    assert third.summary["total"] == 7 and third.valid == one_pass.valid
+    assert (third.summary.new_parts, third.summary.new_rows) == (0, 0)
+    assert not any(suite.ran for suite in third.summary.new.suites.values())
+    assert third.summary.total == 7 and third.valid == one_pass.valid
     assert (ledger.folder_of(out) / ledger.LEDGER).read_bytes() == committed
     assert _folder_names(out) == [
         ".lock",
@@ -119,8 +122,8 @@ def test_an_id_seen_in_an_earlier_run_is_a_duplicate_in_a_later_one(tmp_path, st
     # req-1 was accepted, req-4 parsed but failed its expectations: both count as seen.
     _put(store_root, "c", [make_record(1), changed(4, hardware="tpu"), make_record(6)])
     result = _run(store_root, out)
-    new = result.summary["new"]
-    assert (new["valid"], new["by_stage"]["duplicate"]) == (1, 2)
+    new = result.summary.new
+    assert (new.valid, new.by_stage["duplicate"]) == (1, 2)
     duplicates = [e for e in result.quarantined if e["stage"] == "duplicate"]
     a, b = (store.part_key(store_root, p) for p in store.part_files(store_root)[:2])
     assert [e["reasons"] for e in duplicates] == [
@@ -139,7 +142,7 @@ def test_a_changed_or_missing_part_is_an_error_naming_it(tmp_path, store_root, s
 
     later = part.stat().st_mtime_ns + 5_000_000_000
     os.utime(part, ns=(later, later))  # touched, same bytes: fine, and the ledger notes it
-    assert _run(store_root, out).summary["new_parts"] == 0
+    assert _run(store_root, out).summary.new_parts == 0
     recorded = ledger.load_ledger(ledger.folder_of(out)).batches[0].parts[key]  # type: ignore[union-attr]
     assert recorded.mtime_ns == later
 
@@ -159,8 +162,8 @@ def test_a_changed_or_missing_part_is_an_error_naming_it(tmp_path, store_root, s
     moved.rename(part)
     part.write_bytes(original.replace(b'"req-1"', b'"req-9"'))
     result = _run(store_root, out, full=True)
-    assert result.summary["mode"] == "full"
-    assert result.summary["full_reason"] == "asked for (full=True)"
+    assert result.summary.mode == "full"
+    assert result.summary.full_reason == "asked for (full=True)"
     assert "req-9" in _ids(result.valid) and "req-1" not in _ids(result.valid)
 
 
@@ -181,7 +184,7 @@ def test_a_run_killed_before_its_ledger_is_written_is_repaired(tmp_path, store_r
 
     _put(store_root, "d", [make_record(7)])  # more traffic arrived meanwhile
     result = _run(store_root, out)
-    assert (result.summary["new_parts"], result.summary["new_rows"]) == (2, 3)
+    assert (result.summary.new_parts, result.summary.new_rows) == (2, 3)
     assert _ids(result.valid) == _ids(_one_pass(store_root).valid)  # none lost, none twice
     assert len(set(_ids(result.valid))) == len(result.valid) == 6
     batch = ledger.folder_of(out) / "batch-00001-valid.jsonl"
@@ -192,8 +195,8 @@ def test_changed_rules_revalidate_everything(tmp_path, store_root, suite_ids):
     out = tmp_path / "out"
     assert _ids(_run(store_root, out, hardware=["cpu"]).valid) == ["req-1", "req-2", "req-3"]
     result = _run(store_root, out, hardware=["cpu", "tpu"])
-    assert result.summary["mode"] == "full"
-    assert result.summary["full_reason"] == "the validation rules changed (known_hardware)"
+    assert result.summary.mode == "full"
+    assert result.summary.full_reason == "the validation rules changed (known_hardware)"
     assert _ids(result.valid) == ["req-1", "req-2", "req-3", "req-4"]
     assert len(suite_ids) == 2 and len(suite_ids[1]) == 4
     # The superseded batch is gone once the new ledger is committed; numbering went on.
@@ -210,7 +213,7 @@ def test_an_unreadable_ledger_is_an_error_unless_revalidating(tmp_path, store_ro
     path.write_text("{not json")
     with pytest.raises(BadInputError, match=f"cannot read the validation ledger {path}.*full=True"):
         _run(store_root, out)
-    assert _run(store_root, out, full=True).summary["valid"] == 3
+    assert _run(store_root, out, full=True).summary.valid == 3
     assert json.loads(path.read_text())["format"] == ledger.LEDGER_FORMAT
 
 

@@ -54,7 +54,8 @@ def _window(timestamp: float) -> dict:
 
 
 def _validate(root: Path, out: Path) -> dict:
-    return curate(root, out)  # the loop's validate step: incremental, under the lock
+    """The loop's validate step (incremental, under the lock); its summary as JSON."""
+    return curate(root, out).model_dump(mode="json")
 
 
 def _one_pass(root: Path):
@@ -207,7 +208,8 @@ def test_incremental_validation_goes_on_after_retention(world, monkeypatch):
     assert (summary["mode"], summary["new_parts"], summary["new_rows"]) == ("incremental", 1, 2)
     assert summary["new"]["valid"] == 2  # req-1 is no duplicate: its first copy is gone
     one_pass = _one_pass(world.root)
-    assert {key: summary[key] for key in one_pass.summary} == one_pass.summary
+    expected = one_pass.summary.model_dump(mode="json")
+    assert {key: summary[key] for key in expected} == expected
     ids = {r["id"] for name in PARTS for r in _read(world.out / f"{name}.jsonl")}
     assert ids == {"req-1", "req-3", "req-6", "req-7", "v1-new", "req-13"}
     quarantined = _read(world.out / "quarantine.jsonl")

@@ -45,6 +45,11 @@ def drafted_row(step: int, position: int, token: int, accepted: bool) -> Drafted
     )
 
 
+def _json(records: list[RequestRecord]) -> list[dict]:
+    """Parsed records as they are stored."""
+    return [r.model_dump(mode="json") for r in records]
+
+
 def make_record(index: int, **fields) -> dict:
     """A valid record: 4 output tokens from 2 checks, each proposing 2 drafts and keeping 1;
     the two rejections are the disagreements at output positions 1 and 3, and the four
@@ -384,12 +389,12 @@ def test_single_problem_gives_only_its_reason(mixed):
 
 def test_valid_rows_kept_in_order_and_every_row_accounted_for(mixed):
     rows, result = mixed
-    assert result.valid == [*GOOD, make_record(4)]
+    assert _json(result.valid) == [*GOOD, make_record(4)]
     assert len(result.valid) + len(result.quarantined) == len(rows)
     assert [e["source"] for e in result.quarantined] == [
         source for source, _ in rows if source.startswith("bad-")
     ]
-    summary = result.summary
+    summary = result.summary.model_dump(mode="json")
     assert summary["total"] == len(rows)
     assert (summary["valid"], summary["quarantined"]) == (5, len(BAD))
     stages = [stage for _, stage, _ in BAD.values()]
@@ -436,7 +441,11 @@ def test_the_summary_of_a_subset_is_that_of_validating_it(mixed, kept):
     rows, result = mixed
     subset = [(s, r) for i, (s, r) in enumerate(rows) if i % 2 == kept and s != "bad-duplicate id"]
     sources = {source for source, _ in subset}
-    valid = [r for s, r in zip(result.valid_sources, result.valid, strict=True) if s in sources]
+    valid = [
+        r.model_dump(mode="json")  # as the ledger keeps them
+        for s, r in zip(result.valid_sources, result.valid, strict=True)
+        if s in sources
+    ]
     quarantined = [e for e in result.quarantined if e["source"] in sources]
     parsed = len(valid) + sum(e["stage"] != "parse" for e in quarantined)
     summary = summary_of_subset(result.summary, valid, quarantined, Counter({2: parsed}))
@@ -447,14 +456,14 @@ def test_valid_batch_passes_fully():
     rows = [(f"s{i}", r) for i, r in enumerate([*GOOD, make_record(9, hardware="cuda")])]
     result = validate_records(rows, known_hardware=HARDWARE, now=NOW)
     assert result.quarantined == []
-    assert result.valid == [row for _, row in rows]
-    suites = result.summary["suites"]
-    assert all(suites[name]["success"] for name in ("requests", "disagreements", "drafted"))
-    assert suites["requests"]["rows"] == 5
-    assert suites["disagreements"]["rows"] == 8
-    assert suites["drafted"]["rows"] == 16
-    assert set(suites["requests"]["unexpected"].values()) == {0}
-    assert set(suites["drafted"]["unexpected"].values()) == {0}
+    assert _json(result.valid) == [row for _, row in rows]
+    suites = result.summary.suites
+    assert all(suites[name].success for name in ("requests", "disagreements", "drafted"))
+    assert suites["requests"].rows == 5
+    assert suites["disagreements"].rows == 8
+    assert suites["drafted"].rows == 16
+    assert set(suites["requests"].unexpected.values()) == {0}
+    assert set(suites["drafted"].unexpected.values()) == {0}
 
 
 def test_relaxed_records_with_unverified_drafts_pass():
@@ -507,9 +516,7 @@ def test_records_from_the_engine_pass(target, prompt):
     assert rows[1][1]["unverified"], "the relaxed record should keep unverified drafts"
     result = validate_records(rows, known_hardware=HARDWARE, now=NOW)
     assert result.quarantined == []
-    assert result.summary["suites"]["drafted"]["rows"] == sum(
-        len(row["drafted"]) for _, row in rows
-    )
+    assert result.summary.suites["drafted"].rows == sum(len(row["drafted"]) for _, row in rows)
 
 
 # ---------------------------------------------------------------------------- old versions
@@ -520,12 +527,12 @@ def test_a_version_1_record_passes_after_migration():
     rows = [("old", copy.deepcopy(old)), ("new", make_record(0))]
     result = validate_records(rows, known_hardware=HARDWARE, now=NOW)
     assert result.quarantined == []
-    migrated, current = result.valid
+    migrated, current = _json(result.valid)
     assert current == make_record(0)
     assert migrated == {**old, "schema_version": 2, "drafted": [], "unverified": []}
     summary = result.summary
-    assert (summary["schema_version"], summary["versions_read"]) == (2, {"1": 1, "2": 1})
-    assert summary["suites"]["drafted"]["rows"] == 4  # the old record has none
+    assert (summary.schema_version, summary.versions_read) == (2, {"1": 1, "2": 1})
+    assert summary.suites["drafted"].rows == 4  # the old record has none
 
 
 def test_an_old_store_validates_and_only_version_1_rows_run_every_suite(tmp_path):
@@ -536,14 +543,14 @@ def test_an_old_store_validates_and_only_version_1_rows_run_every_suite(tmp_path
     root = tmp_path / "store"
     write_jsonl_atomic(partition_dir(root, "cpu", NOW) / "part-old-00000.jsonl", [old, broken])
     result = validate_store(root, known_hardware=HARDWARE, run_id="old", now=NOW)
-    assert [r["id"] for r in result.valid] == [old["id"]]
-    assert result.valid[0]["drafted"] == [] and result.valid[0]["schema_version"] == 2
+    assert [r.id for r in result.valid] == [old["id"]]
+    assert result.valid[0].drafted == [] and result.valid[0].schema_version == 2
     [entry] = result.quarantined
     assert entry["record"] == broken and entry["stage"] == "expectations"
     assert "expect_column_values_to_be_between(checks)" in entry["reasons"]
-    drafted = result.summary["suites"]["drafted"]
-    assert (drafted["ran"], drafted["success"], drafted["rows"]) == (True, True, 0)
-    assert result.summary["versions_read"] == {"1": 2}
+    drafted = result.summary.suites["drafted"]
+    assert (drafted.ran, drafted.success, drafted.rows) == (True, True, 0)
+    assert result.summary.versions_read == {"1": 2}
 
 
 def test_no_surviving_rows_skips_great_expectations():
@@ -552,13 +559,13 @@ def test_no_surviving_rows_skips_great_expectations():
     assert result.valid == []
     assert [e["stage"] for e in result.quarantined] == ["parse", "parse"]
     skipped = {"ran": False, "success": None, "rows": 0, "unexpected": {}}
-    assert result.summary["suites"] == {
+    assert result.summary.model_dump(mode="json")["suites"] == {
         "requests": skipped,
         "disagreements": skipped,
         "drafted": skipped,
     }
-    assert result.summary["versions_read"] == {}
-    assert validate_records([], known_hardware=HARDWARE).summary["total"] == 0
+    assert result.summary.versions_read == {}
+    assert validate_records([], known_hardware=HARDWARE).summary.total == 0
 
 
 def test_bad_arguments_fail_early():
@@ -589,7 +596,7 @@ def test_validate_store_round_trip_is_idempotent(tmp_path):
     report = root / "reports" / "validation-v1.json"
     saved = (quarantine.read_bytes(), report.read_bytes())
 
-    assert [r["id"] for r in first.valid] == ["req-0", "req-1", "req-4"]
+    assert [r.id for r in first.valid] == ["req-0", "req-1", "req-4"]
     lines = [json.loads(line) for line in quarantine.read_text().splitlines()]
     assert lines == json.loads(json.dumps(first.quarantined))
     assert [(e["stage"], e["source"].rsplit(":", 1)[1]) for e in lines] == [
@@ -604,7 +611,7 @@ def test_validate_store_round_trip_is_idempotent(tmp_path):
         f"duplicate id req-0 (first at {part_dir.relative_to(root)}/part-run-1-0.jsonl:1)"
     ]
     summary = json.loads(report.read_text())
-    assert summary == first.summary
+    assert summary == first.summary.model_dump(mode="json")
     assert summary["run_id"] == "v1"
     assert summary["quarantine_file"] == "quarantine/part-v1.jsonl"
     assert (summary["total"], summary["valid"], summary["quarantined"]) == (7, 3, 4)

@@ -29,8 +29,8 @@ def test_newest_windows_of_the_champion_covering_the_window(tmp_path):
     ])  # fmt: skip
     [group] = vllm_groups(tmp_path, "cpu-vllm", champion="new/2", window=50)
     # the newest two windows (60 requests >= 50); the old champion's never count
-    assert (group["requests"], group["draft_tokens"], group["accepted_tokens"]) == (60, 200, 80)
-    assert group["acceptance"] == 0.4 and group["workload"] == "live"
+    assert (group.requests, group.draft_tokens, group.accepted_tokens) == (60, 200, 80)
+    assert group.acceptance == 0.4 and group.workload == "live"
     assert vllm_groups(tmp_path, "cpu-vllm", champion="other/9") == []
 
 

@@ -21,7 +21,7 @@ def test_valid_pairs_oldest_first_and_bad_lines_named(tmp_path):
     part = next((tmp_path / PAIRS).rglob("part-*.jsonl"))
     part.write_text(part.read_text() + "{broken\n")
     pairs, rejected = read_pairs(tmp_path, "cpu-vllm")
-    assert [p["id"] for p in pairs] == ["a", "b"]
+    assert [p.id for p in pairs] == ["a", "b"]
     assert len(rejected) == 3
     assert any("output_token_ids" in r for r in rejected)
     assert any("negative token id" in r for r in rejected)

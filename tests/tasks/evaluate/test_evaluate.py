@@ -5,6 +5,7 @@ from serving.drafters.package import DraftManifest, write_package
 from serving.engine import SpeculativeDecoder
 from serving.errors import BadInputError
 from serving.models.tiny import tiny_llama
+from serving.records.schema import RequestRecord, parse_record
 from tasks.evaluate.evaluate import (
     REFERENCE,
     Contender,
@@ -12,6 +13,7 @@ from tasks.evaluate.evaluate import (
     evaluate,
     traffic_prompts,
 )
+from tests.tasks.data.test_validate import make_record
 
 
 @pytest.fixture
@@ -40,6 +42,19 @@ def test_every_contender_is_lossless_and_measured(target, char_tokenizer, make_p
     assert report["results"]["champion"]["draft_tokens"] > 0
     assert report["results"]["champion"]["mean_accepted_length"] >= 1.0
     assert set(report["by_workload"]) == {"grounded"}
+    # The JSON the commands write keeps its keys, in their order.
+    assert list(report) == [
+        "hardware", "prompts", "max_new_tokens", "contenders", "results", "by_workload",
+        "by_source", "per_prompt",
+    ]  # fmt: skip
+    assert list(report["results"]["champion"]) == [
+        "requests", "generated_tokens", "checks", "draft_tokens", "accepted_tokens",
+        "acceptance_rate", "mean_accepted_length", "total_s", "tokens_per_s", "speedup",
+        "acceptance_by_position", "lossless", "mismatched_prompts",
+    ]  # fmt: skip
+    assert list(report["per_prompt"]["champion"][0]) == [
+        "prompt_id", "workload", "seconds", "stats", "steps", "lossless",
+    ]  # fmt: skip
 
 
 def test_an_output_that_differs_from_plain_decoding_is_caught(
@@ -73,8 +88,10 @@ def test_bad_evaluations_fail_clearly(target, char_tokenizer, make_prompts, cont
         evaluate(twice, make_prompts(), target=target, tokenizer=char_tokenizer, hardware="cpu")
 
 
-def record(rid: str, workload: str, timestamp: float, ids: list[int]) -> dict:
-    return {"id": rid, "workload": workload, "timestamp": timestamp, "prompt_token_ids": ids}
+def record(rid: str, workload: str, timestamp: float, ids: list[int]) -> RequestRecord:
+    return parse_record(
+        make_record(0, id=rid, workload=workload, timestamp=timestamp, prompt_token_ids=ids)
+    )
 
 
 def test_traffic_prompts_take_the_newest_per_workload_once_each():

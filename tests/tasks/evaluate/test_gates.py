@@ -2,6 +2,7 @@ import pytest
 
 from serving.errors import BadInputError
 from tasks.evaluate.gates import GateConfig, gate, load_gates
+from tasks.evaluate.report import ContenderResult, EvaluationReport
 
 CONFIG = GateConfig(
     min_prompts=4, min_speedup_gain=0.03, max_mean_accepted_length_drop=0.05,
@@ -9,20 +10,37 @@ CONFIG = GateConfig(
 )  # fmt: skip
 
 
-def result(speedup, length=1.5, lossless=True):
-    return {
-        "speedup": speedup,
-        "mean_accepted_length": length,
-        "lossless": lossless,
-        "mismatched_prompts": [] if lossless else ["p3"],
-    }
+def result(speedup, length=1.5, lossless=True) -> ContenderResult:
+    """A contender's numbers: what the gates read, the rest as evaluate() would give them."""
+    return ContenderResult(
+        requests=8,
+        generated_tokens=96,
+        checks=round(96 / length),
+        draft_tokens=96,
+        accepted_tokens=48,
+        acceptance_rate=0.5,
+        mean_accepted_length=length,
+        total_s=1.0,
+        tokens_per_s=96.0 * speedup,
+        speedup=speedup,
+        acceptance_by_position=[0.5],
+        lossless=lossless,
+        mismatched_prompts=[] if lossless else ["p3"],
+    )
 
 
-def report(challenger, champion=None, prompts=8, by_workload=None):
+def report(challenger, champion=None, prompts=8, by_workload=None) -> EvaluationReport:
     results = {"plain": result(1.0, 1.0), "challenger": challenger}
     if champion is not None:
         results["champion"] = champion
-    return {"prompts": prompts, "results": results, "by_workload": by_workload or {}}
+    return EvaluationReport(
+        hardware="cpu",
+        prompts=prompts,
+        max_new_tokens=12,
+        contenders={name: f"/packages/{name}" for name in results if name != "plain"},
+        results=results,
+        by_workload=by_workload or {},
+    )
 
 
 def test_a_faster_lossless_challenger_passes():
@@ -53,8 +71,8 @@ def test_an_acceptance_regression_is_refused():
 
 def test_a_workload_slowdown_is_refused():
     workloads = {
-        "humaneval": {"challenger": {"speedup": 2.0}, "champion": {"speedup": 1.2}},
-        "sharegpt": {"challenger": {"speedup": 0.9}, "champion": {"speedup": 1.1}},
+        "humaneval": {"challenger": result(2.0), "champion": result(1.2)},
+        "sharegpt": {"challenger": result(0.9), "champion": result(1.1)},
     }
     outcome = gate(report(result(1.5), result(1.2), by_workload=workloads), config=CONFIG)
     assert not outcome.passed and "sharegpt" in outcome.reason
@@ -83,14 +101,13 @@ def test_the_shipped_config_loads():
 
 
 def with_sources(overall_new, overall_old, traffic_new, traffic_old, builtin_new, builtin_old):
-    out = report(overall_new, overall_old)
-    out["by_source"] = {
+    by_source = {
         "traffic": {"plain": result(1.0, 1.0), "challenger": traffic_new, "champion": traffic_old},
         "builtin": {
             "plain": result(1.0, 1.0), "challenger": builtin_new, "champion": builtin_old,
         },
     }  # fmt: skip
-    return out
+    return report(overall_new, overall_old).model_copy(update={"by_source": by_source})
 
 
 def test_with_held_out_traffic_speed_is_judged_on_the_traffic_that_drifted():

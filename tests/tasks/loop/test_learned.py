@@ -5,7 +5,9 @@ import pytest
 
 import tasks.loop.learned as learned
 from serving.drafters.package import read_manifest
+from serving.records.schema import RequestRecord, parse_record
 from tasks.loop.retrain_config import FamilySettings, TargetRetrain
+from tests.tasks.data.test_validate import make_record
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -47,13 +49,16 @@ def tiny(monkeypatch, target, char_tokenizer):
     )
 
 
-def records(n: int) -> list[dict]:
+def records(n: int) -> list[RequestRecord]:
     return [
-        {
-            "id": f"r{i}",
-            "prompt_token_ids": [3 + i, 10, 11, 12],
-            "output_token_ids": [20 + i % 5] * 12,
-        }
+        parse_record(
+            make_record(
+                i,
+                id=f"r{i}",
+                prompt_token_ids=[3 + i, 10, 11, 12],
+                output_token_ids=[20 + i % 5] * 12,
+            )
+        )
         for i in range(n)
     ]
 

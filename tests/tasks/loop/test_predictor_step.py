@@ -54,11 +54,11 @@ def test_the_predictor_is_registered_judged_and_promoted_only_through_the_gates(
     assert outcome.skipped is None, outcome.skipped
     assert predictor_by_alias(registry, "challenger", "cpu").label == outcome.challenger
     assert outcome.champion is None and outcome.gate is not None
-    checks = {check["name"]: check for check in outcome.gate["checks"]}
-    assert checks["lossless"]["passed"]  # the predictor-driven cascade decodes plain's output
+    checks = {check.name: check for check in outcome.gate.checks}
+    assert checks["lossless"].passed  # the predictor-driven cascade decodes plain's output
     assert not any("acceptance" in name for name in checks)
     champion = champion_predictor(registry, "cpu")
-    if outcome.gate["passed"]:
+    if outcome.gate.passed:
         assert outcome.promoted == champion.label == outcome.challenger
     else:
         assert outcome.promoted is None and champion is None

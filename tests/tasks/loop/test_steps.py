@@ -11,6 +11,8 @@ from registry.config import RegistryConfig
 from serving.drafters.package import DraftManifest, read_manifest, write_package
 from serving.errors import BadInputError
 from tasks.data.curate import curate
+from tasks.data.dataset import read_part
+from tests.tasks.loop.priced_gates import use_priced_gates
 
 
 @pytest.fixture
@@ -39,15 +41,18 @@ def test_replay_then_a_suffix_challenger_from_the_collected_outputs(tmp_path, ti
     assert summary.written == len(make_prompts())
     curate(tmp_path / "store", tmp_path / "dataset", heldout_share=0.25)
     records = loop.trainable_records(tmp_path / "store", tmp_path / "dataset")
-    held = {r["id"] for r in loop.read_jsonl(tmp_path / "dataset" / "heldout_traffic.jsonl")}
-    assert held and records and not held & {r["id"] for r in records}  # never trained on
+    held = {r.id for r in read_part(tmp_path / "dataset", "heldout_traffic")}
+    assert held and records and not held & {r.id for r in records}  # never trained on
     challenger = loop.train_suffix_challenger(records, tmp_path / "out")
     manifest = read_manifest(challenger)
     assert manifest.drafter == "suffix:corpus.json" and manifest.family == "suffix"
     assert (challenger / "corpus.json").is_file()
 
 
-def test_evaluate_and_decide_logs_gates_and_promotes(tmp_path, tiny, registry, make_prompts):
+def test_evaluate_and_decide_logs_gates_and_promotes(
+    tmp_path, tiny, registry, make_prompts, monkeypatch
+):
+    use_priced_gates(monkeypatch, tmp_path)  # prompt lookup must pass: see priced_gates.py
     draft = registry.log_draft(
         write_package(tmp_path / "pld", DraftManifest(drafter="pld:3", k=4, policy="fixed")),
         family="ngram",
@@ -59,13 +64,21 @@ def test_evaluate_and_decide_logs_gates_and_promotes(tmp_path, tiny, registry, m
     assert decision.champion is None
     assert registry.get("ngram", draft.version).evaluated_on("cpu")
     (gate,) = decision.gates.values()
-    # Promoted exactly when the gates passed (speed on the tiny target is the machine's).
-    assert (decision.promoted == draft.label) == gate["passed"]
-    if decision.promoted:  # exported on promotion where a backend can load it
-        assert decision.exports["vllm"] == "exported (for cpu-vllm)"  # vLLM's ngram method
-        assert decision.exports["mlx"].startswith("not exported")  # mlx-lm has no lookup
-    assert (registry.champion("cpu") is not None) == gate["passed"]
-    assert decision.to_dict()["results"]["plain"]["lossless"]
+    assert gate.passed, gate.reason
+    assert [c.name for c in gate.checks] == [
+        "lossless",
+        "enough prompts",
+        "faster than plain decoding",
+    ]
+    assert decision.promoted == draft.label == registry.champion("cpu").label
+    # Exported on promotion where a backend can load it.
+    assert decision.exports["vllm"] == "exported (for cpu-vllm)"  # vLLM's ngram method
+    assert decision.exports["mlx"].startswith("not exported")  # mlx-lm has no lookup
+    assert decision.results["plain"].lossless
+    assert decision.labels == {"challenger-0": draft.label}
+    # The registry keeps the evaluation as measured (the gates judged its priced speed).
+    measured = decision.results["challenger-0"].speedup
+    assert registry.get("ngram", draft.version).tags["cpu/speedup"] == repr(measured)
 
 
 def test_no_champion_is_a_clear_error(tmp_path, registry):

@@ -1,10 +1,19 @@
 import pytest
 
+from tasks.data.acceptance import PooledAcceptance
 from tasks.loop.triggers import champion_acceptance, decide_retrain
 
 
-def group(workload: str, acceptance: float | None, hardware: str = "cpu") -> dict:
-    return {"workload": workload, "hardware": hardware, "acceptance": acceptance}
+def group(workload: str, acceptance: float | None, hardware: str = "cpu") -> PooledAcceptance:
+    """A group with this rolling acceptance (the counts behind it do not matter here)."""
+    return PooledAcceptance(
+        workload=workload,
+        hardware=hardware,
+        requests=10,
+        draft_tokens=100,
+        accepted_tokens=0 if acceptance is None else round(100 * acceptance),
+        acceptance=acceptance,
+    )
 
 
 TAGS = {

@@ -12,7 +12,7 @@ from serving.drafters.ngram_store import NGramDrafter
 from serving.drafters.prompt_lookup import PromptLookupDrafter
 from serving.engine import SpeculativeDecoder
 from serving.policy import FixedK
-from serving.records.schema import from_detailed
+from serving.records.schema import from_detailed, parse_record
 from tasks.data.dataset import build_dataset, write_dataset
 
 DRAFTERS = {"pld": PromptLookupDrafter, "ngram": NGramDrafter}
@@ -51,8 +51,9 @@ def engine_records(
 
 
 def write_parts(records: list[dict], folder: Path) -> Path:
-    """The dataset parts of ``records`` in ``folder`` (every failure and some replay train)."""
-    write_dataset(build_dataset(records, failure_share=0.5), folder)
+    """The dataset parts of ``records`` (as stored) in ``folder`` (every failure and some
+    replay train), as validation writes them."""
+    write_dataset(build_dataset([parse_record(r) for r in records], failure_share=0.5), folder)
     return folder
 
 

@@ -9,6 +9,7 @@ import pytest
 
 from serving.errors import BadInputError
 from serving.features import DraftedToken, TokenFeatures
+from serving.records.schema import RequestRecord, parse_record
 from tasks.train.predictor_data import (
     FEATURE_FIELDS,
     LabelledRows,
@@ -18,6 +19,7 @@ from tasks.train.predictor_data import (
     training_rows,
     validation_split,
 )
+from tests.tasks.data.test_validate import make_record
 
 
 def _drafted(accepted: bool, *, stage: str = "pld", position: int = 0) -> dict:
@@ -38,11 +40,19 @@ def _drafted(accepted: bool, *, stage: str = "pld", position: int = 0) -> dict:
     ).to_dict()
 
 
-def _record(rid: str, drafted: list[dict] | None, *, hardware: str = "cpu", split="train"):
-    record = {"id": rid, "hardware": hardware, "split": split, "draft_tokens": 3}
-    if drafted is not None:
-        record["drafted"] = drafted
-    return record
+def _stored(rid: str, drafted: list[dict] | None, *, hardware: str = "cpu", split="train") -> dict:
+    """A record as stored; ``drafted=None``: one of schema version 1 (no drafted rows)."""
+    record = make_record(0, id=rid, hardware=hardware, split=split, draft_tokens=3)
+    if drafted is None:
+        del record["drafted"], record["unverified"]
+        return {**record, "schema_version": 1}
+    return {**record, "drafted": drafted}
+
+
+def _record(
+    rid: str, drafted: list[dict] | None, *, hardware: str = "cpu", split="train"
+) -> RequestRecord:
+    return parse_record(_stored(rid, drafted, hardware=hardware, split=split))
 
 
 def test_rows_pick_the_feature_fields_and_the_label():
@@ -64,18 +74,23 @@ def test_version_1_records_and_other_targets_add_no_rows():
     assert len(rows) == 0 and rows.unrecorded == 1 and rows.records_here == 1
 
 
-def test_a_row_without_a_feature_names_it():
-    row = _drafted(True)
-    del row["match_len"]
-    with pytest.raises(BadInputError, match=r"record 'a'.*lacks \['match_len'\]"):
-        drafted_rows([_record("a", [row])], hardware="cpu")
-
-
-def _dataset(tmp_path, train: list[dict], heldout: list[dict] | None = None):
+def _dataset(tmp_path, train: list[RequestRecord], heldout: list[RequestRecord] | None = None):
     parts = {"trainable": train, "eval": heldout or [], "heldout_traffic": []}
     for name, records in parts.items():
-        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        lines = "".join(json.dumps(r.model_dump(mode="json")) + "\n" for r in records)
+        (tmp_path / f"{name}.jsonl").write_text(lines)
     return tmp_path
+
+
+def test_a_row_without_a_feature_names_it(tmp_path):
+    # Records are read as the schema defines them: a drafted row that lacks a feature is
+    # refused where it is read, with its file, line and field.
+    row = _drafted(True)
+    del row["match_len"]
+    folder = _dataset(tmp_path, [])
+    (folder / "trainable.jsonl").write_text(json.dumps(_stored("a", [row])) + "\n")
+    with pytest.raises(BadInputError, match=r"trainable.jsonl:1 .*drafted\.0\.match_len"):
+        training_rows(folder, hardware="cpu")
 
 
 def test_only_version_1_records_ask_for_schema_2(tmp_path):
@@ -115,7 +130,8 @@ def test_a_missing_part_says_how_to_build_it(tmp_path):
 
 def test_a_broken_line_is_named(tmp_path):
     folder = _dataset(tmp_path, [])
-    (folder / "trainable.jsonl").write_text("{}\nnot json\n")
+    good = json.dumps(_stored("a", [_drafted(True)]))
+    (folder / "trainable.jsonl").write_text(good + "\nnot json\n")
     with pytest.raises(BadInputError, match=r"trainable.jsonl:2 is not JSON"):
         training_rows(folder, hardware="cpu")
 
@@ -152,5 +168,5 @@ def test_the_dataset_version_follows_the_bytes(tmp_path):
     folder = _dataset(tmp_path, [_record("a", [_drafted(True)])])
     first = dataset_version(folder, ("trainable", "eval"))
     assert first.startswith("dataset:") and first == dataset_version(folder, ("trainable", "eval"))
-    (folder / "eval.jsonl").write_text(json.dumps(_record("h", [])) + "\n")
+    (folder / "eval.jsonl").write_text(json.dumps(_stored("h", [])) + "\n")
     assert dataset_version(folder, ("trainable", "eval")) != first

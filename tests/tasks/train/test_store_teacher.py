@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from serving.errors import BadInputError
+from serving.records.schema import RequestRecord, parse_record
 from tasks.train.store_teacher import (
     StoreTeacherReport,
     TooLittleDataError,
@@ -16,24 +17,28 @@ from tasks.train.store_teacher import (
 from tasks.train.teacher import TeacherConfig, load_teacher_data, read_manifest
 from tasks.train.teacher_build import TeacherPrompt, build_teacher_cache
 from tasks.train.train_head import TrainHeadConfig, train_head
+from tests.tasks.data.test_validate import make_record
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see tests/conftest.py
 
 
-def records(n: int, *, seed: int = 0, answer_len: int = 12) -> list[dict]:
-    """Request records as the store holds them (only the fields read here matter)."""
+def records(n: int, *, seed: int = 0, answer_len: int = 12) -> list[RequestRecord]:
+    """Request records as validation gives them (only the prompts and answers matter)."""
     generator = torch.Generator().manual_seed(seed)
     rows = []
     for i in range(n):
         prompt = torch.randint(3, 96, (6 + i % 3,), generator=generator).tolist()
         answer = torch.randint(3, 96, (answer_len - i % 4,), generator=generator).tolist()
         rows.append(
-            {
-                "id": f"r{i:02d}",
-                "prompt_token_ids": prompt,
-                "output_token_ids": [*answer, 2],  # ends with EOS, as the engine's do
-                "acceptance_rate": 0.1,
-            }
+            parse_record(
+                make_record(
+                    i,
+                    id=f"r{i:02d}",
+                    prompt_token_ids=prompt,
+                    output_token_ids=[*answer, 2],  # ends with EOS, as the engine's do
+                    acceptance_rate=0.1,
+                )
+            )
         )
     return rows
 
@@ -48,17 +53,17 @@ def test_each_record_is_teacher_forced_with_its_own_answer(target, tmp_path):
     report = build(list(reversed(rows)), target, tmp_path / "cache", top_k=4)
     assert isinstance(report, StoreTeacherReport)
     assert (report.sequences, report.generated_tokens, report.generate_tokens_per_s) == (5, 0, None)
-    assert report.answer_tokens == sum(len(r["output_token_ids"]) for r in rows)
+    assert report.answer_tokens == sum(len(r.output_token_ids) for r in rows)
     manifest, sequences = load_teacher_data(tmp_path / "cache")
-    longest = max(len(r["output_token_ids"]) for r in rows)
+    longest = max(len(r.output_token_ids) for r in rows)
     assert (manifest.config.max_new_tokens, manifest.config.top_k) == (longest, 4)
-    assert [s.prompt_id for s in sequences] == [r["id"] for r in rows]  # sorted by id
+    assert [s.prompt_id for s in sequences] == [r.id for r in rows]  # sorted by id
     for row, sequence in zip(rows, sequences, strict=True):
-        assert sequence.tokens.tolist() == row["prompt_token_ids"] + row["output_token_ids"]
-        assert sequence.prompt_len == len(row["prompt_token_ids"])
+        assert sequence.tokens.tolist() == row.prompt_token_ids + row.output_token_ids
+        assert sequence.prompt_len == len(row.prompt_token_ids)
     # The same as build_teacher_cache given those answers: the target's own pass, recorded.
-    prompts = [TeacherPrompt(r["id"], r["prompt_token_ids"]) for r in rows]
-    answers = {r["id"]: r["output_token_ids"] for r in rows}
+    prompts = [TeacherPrompt(r.id, r.prompt_token_ids) for r in rows]
+    answers = {r.id: r.output_token_ids for r in rows}
     config = TeacherConfig(max_new_tokens=longest, top_k=4)
     build_teacher_cache(
         target, prompts, tmp_path / "direct", eos_token_ids=[2], config=config,
@@ -72,14 +77,16 @@ def test_each_record_is_teacher_forced_with_its_own_answer(target, tmp_path):
 
 def test_empty_and_repeated_records_are_skipped(target, tmp_path):
     rows = records(4)
-    rows[1]["output_token_ids"] = []
-    rows.append({**rows[0], "output_token_ids": [7, 8, 2]})  # the same id again
-    rows.append({"id": "r99", "prompt_token_ids": [], "output_token_ids": [5, 2]})
+    rows[1] = rows[1].model_copy(update={"output_token_ids": []})
+    rows.append(rows[0].model_copy(update={"output_token_ids": [7, 8, 2]}))  # the same id again
+    rows.append(
+        rows[0].model_copy(update={"id": "r99", "prompt_token_ids": [], "output_token_ids": [5, 2]})
+    )
     report = build(rows, target, tmp_path)
     assert (report.sequences, report.skipped_empty, report.skipped_duplicate) == (3, 2, 1)
     _, sequences = load_teacher_data(tmp_path)
     assert [s.prompt_id for s in sequences] == ["r00", "r02", "r03"]
-    first = rows[0]["prompt_token_ids"] + rows[0]["output_token_ids"]
+    first = rows[0].prompt_token_ids + rows[0].output_token_ids
     assert sequences[0].tokens.tolist() == first  # the first record of an id is kept
 
 
@@ -97,8 +104,8 @@ def test_a_rerun_over_the_same_records_resumes(target, tmp_path):
 
 def test_too_little_data_is_refused_before_the_target_runs(target, tmp_path):
     rows = records(3)
-    rows[2]["output_token_ids"] = []
-    tokens = sum(len(r["output_token_ids"]) for r in rows)
+    rows[2] = rows[2].model_copy(update={"output_token_ids": []})
+    tokens = sum(len(r.output_token_ids) for r in rows)
     with pytest.raises(TooLittleDataError) as caught:
         build(rows, target, tmp_path / "cache", min_sequences=3, min_answer_tokens=10)
     message = str(caught.value)

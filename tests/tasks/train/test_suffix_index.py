@@ -106,18 +106,18 @@ def store(tmp_path, pld_decoder, char_tokenizer, make_prompts):
 def test_builds_from_the_train_outputs_of_valid_records(tmp_path, store):
     records = read_valid_records(store)
     assert len(records) == 6 and len(list(read_raw(store))) == 7
-    train = sorted((r for r in records if r["split"] == "train"), key=lambda r: r["timestamp"])
+    train = sorted((r for r in records if r.split == "train"), key=lambda r: r.timestamp)
     corpus = build_suffix_index_from_store(store, tmp_path / "c.json")
-    assert corpus.sequences == tuple(tuple(r["output_token_ids"]) for r in train)
+    assert corpus.sequences == tuple(tuple(r.output_token_ids) for r in train)
     assert corpus.manifest["run_ids"] == ["run-1"]
     assert corpus.manifest["splits"] == ["train"]
     with_prompts = build_suffix_index(records, tmp_path / "p.json", include_prompts=True)
     assert with_prompts.sequences == tuple(
-        tuple(r["prompt_token_ids"] + r["output_token_ids"]) for r in train
+        tuple(r.prompt_token_ids + r.output_token_ids) for r in train
     )
     with pytest.raises(BadInputError, match="no token sequences"):
         build_suffix_index_from_store(store, tmp_path / "x.json", hardware="gpu")
-    heldout = [r for r in records if r["split"] == "heldout"]
+    heldout = [r for r in records if r.split == "heldout"]
     with pytest.raises(BadInputError, match=r"splits \['train'\]"):
         build_suffix_index(heldout, tmp_path / "x.json")
 
@@ -130,10 +130,10 @@ def test_the_built_corpus_serves_through_the_factory(tmp_path, store, target):
     assert drafter.describe()["global_sha256"] == corpus.checksum()
     # Replaying a collected train prompt: its own earlier output is in the corpus, so the
     # replay is greedy-identical and drafts from it.
-    train = [r for r in read_valid_records(store) if r["split"] == "train"]
-    record = max(train, key=lambda r: len(r["output_token_ids"]))
-    assert len(record["output_token_ids"]) >= 4
+    train = [r for r in read_valid_records(store) if r.split == "train"]
+    record = max(train, key=lambda r: len(r.output_token_ids))
+    assert len(record.output_token_ids) >= 4
     decoder = SpeculativeDecoder(target, drafter=drafter, policy=FixedK(4), eos_token_ids=[2])
-    result = decoder.generate(record["prompt_token_ids"], max_new_tokens=12)
-    assert result.token_ids == record["output_token_ids"]
+    result = decoder.generate(record.prompt_token_ids, max_new_tokens=12)
+    assert result.token_ids == record.output_token_ids
     assert result.stats.accepted_tokens > 0

@@ -1,0 +1,102 @@
+"""What the loop's flows hand each other and return: typed, and written as JSON where they
+go (Prefect's flow-run parameters and results, the main job's ``loop.json``).
+
+``model_dump(mode="json")`` gives the keys in the order declared here, which is the order
+the flows have always written them in.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, SerializationInfo, model_serializer
+
+from tasks.data.collect import CollectSummary
+from tasks.data.curate import CurateSummary
+from tasks.data.retention import RetentionReport
+from tasks.loop.learned import Trained
+from tasks.loop.predictor_step import PredictorOutcome
+from tasks.loop.steps import Decision
+from tasks.loop.triggers import ChampionTrigger
+
+
+class _Result(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DraftRef(_Result):
+    """A registered draft version, as ``evaluate-and-promote`` takes its challengers (a
+    deployment's parameters, or ``specops loop run --challenger``)."""
+
+    family: str
+    version: str
+
+
+class RegisteredDraft(DraftRef):
+    """A version the loop registered."""
+
+    label: str
+
+
+class Replayed(CollectSummary):
+    """Traffic replayed through a champion, in detailed mode."""
+
+    champion: str  # the label of the champion that served it
+
+
+class Bootstrapped(_Result):
+    """``bootstrap``: the target's first champion, or the one it already had."""
+
+    champion: str | None
+    bootstrapped: Decision | None  # None: the target had a champion, nothing was done
+
+
+class Retrained(_Result):
+    """``retrain``: the challengers it trained and registered, and what was decided."""
+
+    validation: CurateSummary
+    slot: str
+    challengers: list[RegisteredDraft]
+    trained: list[Trained]
+    decision: Decision
+    predictor: PredictorOutcome
+    # The main job's: a retrain it ran because no drift alarm did (None elsewhere, and
+    # then left out of the JSON).
+    scheduled: bool | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_unset_schedule(self, handler: Any, info: SerializationInfo) -> dict[str, Any]:
+        data = handler(self)
+        if self.scheduled is None:
+            data.pop("scheduled", None)
+        return data
+
+
+class DeploymentRun(_Result):
+    """A retrain handed to its deployment (it runs on that deployment's work pool)."""
+
+    deployment: str
+    flow_run: str
+    name: str
+    state: str
+
+
+class Collected(_Result):
+    """``collect``: what was replayed, removed, validated and versioned, and whether it
+    retrained."""
+
+    replayed: Replayed | None
+    retention: RetentionReport
+    validation: CurateSummary
+    data_version: str | None
+    trigger: ChampionTrigger
+    retrained: Retrained | DeploymentRun | None
+
+
+class DemoResult(_Result):
+    """The main job's flow (:mod:`flows.demo`)."""
+
+    bootstrap: Decision | None
+    phases: list[Collected] = Field(min_length=2, max_length=2)  # before, after the drift
+    daily_retrain: Retrained | None
+    retrained: Retrained
