@@ -13,7 +13,8 @@ writes into OUT (reused when already complete):
 - ``exports/<model>/vllm/suffix/`` (vLLM's suffix method) and ``exports/<model>/vllm/eagle/``:
   an EAGLE-layout head trained briefly on the model's own answers (10 s tiny, 90 s real),
   exported as vLLM's EAGLE-1 draft, beside ``eagle-engine.json``: what the specops engine
-  accepted with that head (k = 3) on ``prompts.json``, which vLLM must reproduce.
+  accepted with that head (k = 3) on ``prompts.json`` (48 tokens each), which vLLM must
+  reproduce; made again when that length changes.
 
 The backend environments have no torch (MLX) or other pins (vLLM), so they only load
 these folders: the same split as between promotion (here) and serving (there).
@@ -22,6 +23,7 @@ these folders: the same split as between promotion (here) and serving (there).
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -89,7 +91,9 @@ def main(out: Path) -> None:
 
 
 EAGLE_TRAINING = {"tiny": (8, 10.0), "real": (16, 90.0)}  # teacher prompts, training seconds
-EAGLE_NEW_TOKENS = 32
+# The tokens per prompt of tests/backends/test_vllm.py's one evaluation per model: every
+# contender runs with the EAGLE export, so the engine's reference has that length too.
+EAGLE_NEW_TOKENS = 48
 
 
 def eagle_fixtures(out: Path) -> None:
@@ -106,8 +110,15 @@ def eagle_fixtures(out: Path) -> None:
     from tasks.train.train_head import TrainHeadConfig, train_head, write_head_package
 
     marker = out / "eagle-ready.json"
-    if marker.is_file():
+    made_for = {"max_new_tokens": EAGLE_NEW_TOKENS}
+    if marker.is_file() and json.loads(marker.read_text() or "{}") == made_for:
         return
+    # Made for another length (or half made): start these fixtures over.
+    marker.unlink(missing_ok=True)
+    shutil.rmtree(out / "heads", ignore_errors=True)
+    for name in EAGLE_TRAINING:
+        for export in ("suffix", "eagle"):
+            shutil.rmtree(out / "exports" / name / "vllm" / export, ignore_errors=True)
     prompts = json.loads((out / "prompts.json").read_text())
     for name, (teacher_prompts, seconds) in EAGLE_TRAINING.items():
         folder = (out / name).resolve()
@@ -155,7 +166,7 @@ def eagle_fixtures(out: Path) -> None:
         (exports / "eagle-engine.json").write_text(
             json.dumps({"max_new_tokens": EAGLE_NEW_TOKENS, "k": 3, "prompts": runs})
         )
-    marker.write_text("{}")
+    marker.write_text(json.dumps(made_for))
 
 
 if __name__ == "__main__":

@@ -4,7 +4,6 @@ real MLflow SQLite store in a temporary folder (``SPECOPS_MLFLOW_URI``)."""
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 from typer.testing import CliRunner
@@ -19,26 +18,12 @@ from tasks.evaluate.evaluation_file import evaluation_of, machine_info, write_ev
 runner = CliRunner()
 
 
-def _point_at(monkeypatch, folder) -> None:
-    monkeypatch.setenv("SPECOPS_MLFLOW_URI", f"sqlite:///{folder}/mlflow.db")
-    monkeypatch.setenv("SPECOPS_MLFLOW_ARTIFACTS", str(folder / "artifacts"))
-
-
-@pytest.fixture(scope="module")
-def empty_store(tmp_path_factory):
-    """A migrated, empty store made once (migrating takes seconds); each test copies it."""
-    folder = tmp_path_factory.mktemp("store")
-    with pytest.MonkeyPatch.context() as monkeypatch:
-        _point_at(monkeypatch, folder)
-        Registry(load_registry_config())
-    return folder / "mlflow.db"
-
-
 @pytest.fixture
-def registry(tmp_path, monkeypatch, empty_store):
-    """The registry the commands open (the environment points them at it)."""
-    shutil.copy(empty_store, tmp_path / "mlflow.db")
-    _point_at(monkeypatch, tmp_path)
+def registry(tmp_path, monkeypatch, mlflow_uri):
+    """The registry the commands open (the environment points them at a fresh store, copied
+    from the session's migrated one: tests/conftest.py)."""
+    monkeypatch.setenv("SPECOPS_MLFLOW_URI", mlflow_uri)
+    monkeypatch.setenv("SPECOPS_MLFLOW_ARTIFACTS", str(tmp_path / "artifacts"))
     return Registry(load_registry_config())
 
 

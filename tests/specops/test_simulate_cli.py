@@ -14,8 +14,10 @@ from specops.cli import app
 runner = CliRunner()
 
 
-def test_the_example_scenario_writes_a_report_a_plot_and_an_mlflow_run(tmp_path, monkeypatch):
-    monkeypatch.setenv("SPECOPS_MLFLOW_URI", f"sqlite:///{tmp_path}/mlflow.db")
+def test_the_example_scenario_writes_a_report_a_plot_and_an_mlflow_run(
+    tmp_path, monkeypatch, mlflow_uri
+):
+    monkeypatch.setenv("SPECOPS_MLFLOW_URI", mlflow_uri)
     out = tmp_path / "simulate.json"
     result = runner.invoke(app, ["simulate", "--out", str(out), "--mlflow"])
     assert result.exit_code == 0, result.output
@@ -55,8 +57,8 @@ def _tiny_scenario(tmp_path):
     return path
 
 
-def test_a_sweep_writes_its_files_and_logs_nested_mlflow_runs(tmp_path, monkeypatch):
-    monkeypatch.setenv("SPECOPS_MLFLOW_URI", f"sqlite:///{tmp_path}/mlflow.db")
+def test_a_sweep_writes_its_files_and_logs_nested_mlflow_runs(tmp_path, monkeypatch, mlflow_uri):
+    monkeypatch.setenv("SPECOPS_MLFLOW_URI", mlflow_uri)
     monkeypatch.setenv("SPECOPS_MLFLOW_ARTIFACTS", str(tmp_path / "artifacts"))
     out = tmp_path / "sweep"
     args = ["simulate", "--config", str(_tiny_scenario(tmp_path)), "--out", str(out)]

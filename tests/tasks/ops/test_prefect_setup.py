@@ -10,13 +10,11 @@ from tasks.ops.prefect_setup import RESCHEDULE, ZOMBIE, prepare_prefect
 from tasks.settings import promotion_limit
 
 
-@pytest.fixture(scope="module")
-def api_url():
-    from prefect.settings import PREFECT_API_URL
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=180):
-        yield PREFECT_API_URL.value()
+@pytest.fixture
+def api_url(prefect_harness):
+    """The session's Prefect test server (tests/conftest.py), shared with the flow tests:
+    nothing else creates the pool, limit or automations asserted below."""
+    return prefect_harness
 
 
 def test_pool_limits_and_automations_are_created_once(api_url):
