@@ -16,6 +16,8 @@ from serving.drafters.package import DraftManifest, write_package
 from serving.models.tiny import tiny_llama
 from serving.records import store as record_store
 
+pytestmark = pytest.mark.slow  # flows under a Prefect server, training drafts: minutes
+
 LOAD = retrain_config.load_retrain_config  # the real loader, before any test patches it
 
 

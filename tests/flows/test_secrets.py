@@ -11,6 +11,8 @@ import pytest
 import tasks.loop.prefect_tasks as steps
 import tasks.loop.steps as loop
 
+pytestmark = pytest.mark.slow  # the bootstrap flow under a Prefect server
+
 SECRET = "sk-secret-0123456789abcdefXYZ"
 PASSWORD = "pw-0123456789-hidden"
 

@@ -13,6 +13,8 @@ from serving.drafters.package import DraftManifest, write_package
 from tasks.data.curate import curate
 from tasks.loop.predictor_step import retrain_predictor
 
+pytestmark = pytest.mark.slow  # collects traffic, trains and gates a predictor per test
+
 TEXTS = [f"{w} {w} {w} {w} and {w} again, {w} {w}" for w in
          ("abc", "cat", "hello", "1212", "teh", "aaaa", "xyz", "moon")]  # fmt: skip
 

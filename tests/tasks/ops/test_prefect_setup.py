@@ -9,6 +9,8 @@ import pytest
 from tasks.ops.prefect_setup import RESCHEDULE, ZOMBIE, prepare_prefect
 from tasks.settings import promotion_limit
 
+pytestmark = pytest.mark.slow  # a Prefect server (the session's, ~20 s to start)
+
 
 @pytest.fixture
 def api_url(prefect_harness):

@@ -33,6 +33,7 @@ pytestmark = [
         os.environ.get("SPECOPS_TEAM_STACK", "1") == "0", reason="SPECOPS_TEAM_STACK=0"
     ),
     pytest.mark.timeout(LOOP_TIMEOUT_S + DOWN_TIMEOUT_S + SETUP_S),
+    pytest.mark.slow,
 ]
 
 
