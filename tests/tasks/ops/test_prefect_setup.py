@@ -11,28 +11,33 @@ from tasks.settings import promotion_limit
 
 pytestmark = pytest.mark.slow  # a Prefect server (the session's, ~20 s to start)
 
+# The session's server is shared: the flow tests create `promote-cpu` there, so this test
+# prepares a hardware target of its own.
+HARDWARE = "cpu-setup-test"
+
 
 @pytest.fixture
 def api_url(prefect_harness):
-    """The session's Prefect test server (tests/conftest.py), shared with the flow tests:
-    nothing else creates the pool, limit or automations asserted below."""
+    """The session's Prefect test server (tests/conftest.py), shared with the flow tests,
+    which create no work pool and no automation."""
     return prefect_harness
 
 
 def test_pool_limits_and_automations_are_created_once(api_url):
     from prefect.client.orchestration import get_client
 
-    created = prepare_prefect("team-pool", env={"PREFECT_API_URL": api_url}, hardware=["cpu"])
+    env = {"PREFECT_API_URL": api_url}
+    created = prepare_prefect("team-pool", env=env, hardware=[HARDWARE])
     assert created == {
         "pool": ["team-pool"],
-        "limits": [promotion_limit("cpu")],
+        "limits": [promotion_limit(HARDWARE)],
         "automations": [ZOMBIE, RESCHEDULE],
     }
-    again = prepare_prefect("team-pool", env={"PREFECT_API_URL": api_url}, hardware=["cpu"])
+    again = prepare_prefect("team-pool", env=env, hardware=[HARDWARE])
     assert again == {"pool": [], "limits": [], "automations": []}
     with get_client(sync_client=True) as client:
         assert client.read_work_pool("team-pool").type == "process"
-        limit = client.read_global_concurrency_limit_by_name(promotion_limit("cpu"))
+        limit = client.read_global_concurrency_limit_by_name(promotion_limit(HARDWARE))
         assert limit.limit == 1 and limit.active
         (reschedule,) = client.read_automations_by_name(RESCHEDULE)
         (action,) = reschedule.actions
