@@ -13,7 +13,8 @@ writes into OUT (reused when already complete):
 - ``exports/<model>/vllm/suffix/`` (vLLM's suffix method) and ``exports/<model>/vllm/eagle/``:
   an EAGLE-layout head trained briefly on the model's own answers (10 s tiny, 90 s real),
   exported as vLLM's EAGLE-1 draft, beside ``eagle-engine.json``: what the specops engine
-  accepted with that head (k = 3) on ``prompts.json``, which vLLM must reproduce.
+  accepted with that head (k = 3) on ``prompts.json`` (48 tokens each), which vLLM must
+  reproduce (made again, without retraining, when that length changes).
 
 The backend environments have no torch (MLX) or other pins (vLLM), so they only load
 these folders: the same split as between promotion (here) and serving (there).
@@ -89,73 +90,91 @@ def main(out: Path) -> None:
 
 
 EAGLE_TRAINING = {"tiny": (8, 10.0), "real": (16, 90.0)}  # teacher prompts, training seconds
-EAGLE_NEW_TOKENS = 32
+# The tokens per prompt of tests/backends/test_vllm.py's one evaluation per model: every
+# contender runs with the EAGLE export, so the engine's reference has that length too.
+EAGLE_NEW_TOKENS = 48
 
 
 def eagle_fixtures(out: Path) -> None:
-    """The suffix export and a briefly trained EAGLE-layout head per model (see above)."""
-    from serving.drafters.factory import build_drafter
+    """The suffix export and a briefly trained EAGLE-layout head per model (see above),
+    made once; the engine's reference run with each head, made again when
+    ``EAGLE_NEW_TOKENS`` changes (seconds, where training takes minutes)."""
+    marker = out / "eagle-ready.json"
+    if not marker.is_file():
+        for name, (teacher_prompts, seconds) in EAGLE_TRAINING.items():
+            _train_eagle(out, name, teacher_prompts, seconds)
+        marker.write_text("{}")
+    for name in EAGLE_TRAINING:
+        reference = out / "exports" / name / "vllm" / "eagle-engine.json"
+        made = json.loads(reference.read_text()) if reference.is_file() else {}
+        if made.get("max_new_tokens") != EAGLE_NEW_TOKENS:
+            _engine_reference(out, name, reference)
+
+
+def _train_eagle(out: Path, name: str, teacher_prompts: int, seconds: float) -> None:
     from serving.drafters.package import DraftManifest, write_package
-    from serving.engine import SpeculativeDecoder
     from serving.loader import eos_ids, load_target
-    from serving.metrics import position_counts
-    from serving.policy import FixedK
     from tasks.evaluate.export import export_draft
     from tasks.train.teacher import TeacherConfig
     from tasks.train.teacher_build import build_teacher_cache, sharegpt_teacher_prompts
     from tasks.train.train_head import TrainHeadConfig, train_head, write_head_package
 
-    marker = out / "eagle-ready.json"
-    if marker.is_file():
-        return
-    prompts = json.loads((out / "prompts.json").read_text())
-    for name, (teacher_prompts, seconds) in EAGLE_TRAINING.items():
-        folder = (out / name).resolve()
-        exports = out / "exports" / name / "vllm"
-        with tempfile.TemporaryDirectory() as scratch:
-            suffix = write_package(Path(scratch) / "suffix", DraftManifest(drafter="suffix"))
-            export_draft(suffix, "vllm", exports / "suffix", k=3, target=str(folder))
-        model, tokenizer = load_target(str(folder), kernels="stock")
-        eos = eos_ids(model, tokenizer)
-        teacher = out / "heads" / name / "teacher"
-        build_teacher_cache(
-            model,
-            sharegpt_teacher_prompts(tokenizer, teacher_prompts, max_prompt_tokens=192),
-            teacher,
-            eos_token_ids=eos,
-            config=TeacherConfig(max_new_tokens=48),
-        )
-        config = TrainHeadConfig(
-            teacher_dir=teacher,
-            output_dir=out / "heads" / name / "work",
-            layout="eagle",
-            intermediate_size=384,
-            max_steps=10**9,
-            batch_size=4,
-            max_seq_len=256,
-            learning_rate=1e-3,
-            eval_every=10**6,
-            checkpoint_every=10**6,
-        )
-        result = train_head(config, model, max_train_seconds=seconds)
-        package = write_head_package(result, config, out / "heads" / name / "package", k=3)
-        export_draft(package, "vllm", exports / "eagle", k=3, target=str(folder))
-        drafter = build_drafter(f"head:{package / 'head'}", model, tokenizer)
-        decoder = SpeculativeDecoder(model, drafter=drafter, policy=FixedK(3), eos_token_ids=eos)
-        runs = []
-        for prompt in prompts:
-            generated = decoder.generate(prompt["token_ids"], max_new_tokens=EAGLE_NEW_TOKENS)
-            _, kept = position_counts(generated.steps)
-            runs.append({
-                "token_ids": generated.token_ids,
-                "draft_tokens": generated.stats.draft_tokens,
-                "accepted_tokens": generated.stats.accepted_tokens,
-                "kept_by_position": kept,
-            })  # fmt: skip
-        (exports / "eagle-engine.json").write_text(
-            json.dumps({"max_new_tokens": EAGLE_NEW_TOKENS, "k": 3, "prompts": runs})
-        )
-    marker.write_text("{}")
+    folder = (out / name).resolve()
+    exports = out / "exports" / name / "vllm"
+    with tempfile.TemporaryDirectory() as scratch:
+        suffix = write_package(Path(scratch) / "suffix", DraftManifest(drafter="suffix"))
+        export_draft(suffix, "vllm", exports / "suffix", k=3, target=str(folder))
+    model, tokenizer = load_target(str(folder), kernels="stock")
+    teacher = out / "heads" / name / "teacher"
+    build_teacher_cache(
+        model,
+        sharegpt_teacher_prompts(tokenizer, teacher_prompts, max_prompt_tokens=192),
+        teacher,
+        eos_token_ids=eos_ids(model, tokenizer),
+        config=TeacherConfig(max_new_tokens=48),
+    )
+    config = TrainHeadConfig(
+        teacher_dir=teacher,
+        output_dir=out / "heads" / name / "work",
+        layout="eagle",
+        intermediate_size=384,
+        max_steps=10**9,
+        batch_size=4,
+        max_seq_len=256,
+        learning_rate=1e-3,
+        eval_every=10**6,
+        checkpoint_every=10**6,
+    )
+    result = train_head(config, model, max_train_seconds=seconds)
+    package = write_head_package(result, config, out / "heads" / name / "package", k=3)
+    export_draft(package, "vllm", exports / "eagle", k=3, target=str(folder))
+
+
+def _engine_reference(out: Path, name: str, reference: Path) -> None:
+    """What the specops engine drafts and accepts with the head on ``prompts.json``."""
+    from serving.drafters.factory import build_drafter
+    from serving.engine import SpeculativeDecoder
+    from serving.loader import eos_ids, load_target
+    from serving.metrics import position_counts
+    from serving.policy import FixedK
+
+    model, tokenizer = load_target(str((out / name).resolve()), kernels="stock")
+    head = out / "heads" / name / "package" / "head"
+    drafter = build_drafter(f"head:{head}", model, tokenizer)
+    decoder = SpeculativeDecoder(
+        model, drafter=drafter, policy=FixedK(3), eos_token_ids=eos_ids(model, tokenizer)
+    )
+    runs = []
+    for prompt in json.loads((out / "prompts.json").read_text()):
+        generated = decoder.generate(prompt["token_ids"], max_new_tokens=EAGLE_NEW_TOKENS)
+        _, kept = position_counts(generated.steps)
+        runs.append({
+            "token_ids": generated.token_ids,
+            "draft_tokens": generated.stats.draft_tokens,
+            "accepted_tokens": generated.stats.accepted_tokens,
+            "kept_by_position": kept,
+        })  # fmt: skip
+    reference.write_text(json.dumps({"max_new_tokens": EAGLE_NEW_TOKENS, "k": 3, "prompts": runs}))
 
 
 if __name__ == "__main__":

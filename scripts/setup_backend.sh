@@ -9,17 +9,51 @@
 # (`specops bench`, tasks/bench/llamacpp.py). The repository's code reaches them through
 # PYTHONPATH (tasks/evaluate/targets.py, tasks/bench/llamacpp.py); only the backend's
 # libraries and the test runner are installed.
+#
+# The environment is cached by a hash of what it installs (this script's commands, which
+# pin every version, the interpreter and the uv version): it is built once into
+# $SPECOPS_CACHE/envs/NAME-HASH (default ~/.cache/specops/envs) and .venv-NAME links to it,
+# so a second run, or a fresh clone on the same machine, takes a second; any change to the
+# pins builds a new one. `rm -rf ~/.cache/specops/envs` frees the space (vLLM's is 3.4 GB).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
 PYTHON=${PYTHON:-python3.11}
 name=${1:?usage: scripts/setup_backend.sh vllm|mlx|llamacpp}
-env=".venv-$name"
+case "$name" in
+  vllm | mlx | llamacpp) ;;
+  *)
+    echo "unknown backend '$name': choose vllm, mlx or llamacpp (neuron installs only on AWS Neuron" \
+      "instances, from AWS's pip index)" >&2
+    exit 2
+    ;;
+esac
 # The uv version the main lock pins (requirements/lock-py311.txt): one resolver everywhere.
 uv_version=$(sed -n 's/^uv==//p' requirements/lock-py311.txt)
+interpreter=$("$PYTHON" -c 'import os, sys; print(os.path.realpath(sys.executable), sys.version)')
+# The script's commands (comments left out) hold every pin: they and the interpreter are the key.
+key=$( (grep -v '^ *#' scripts/setup_backend.sh; echo "$name $uv_version $interpreter") |
+  sha256sum | cut -c1-16)
+store="${SPECOPS_CACHE:-$HOME/.cache/specops}/envs"
+env="$store/$name-$key"
+link=".venv-$name"
+mkdir -p "$store"
+# One build at a time per environment (other clones on this machine share the cache).
+exec 9>"$env.lock"
+flock 9
+if [ -f "$env/.specops-ready" ]; then
+  ln -sfn "$env" "$link"
+  echo "ready (cached): $link -> $env"
+  exit 0
+fi
+if [ -e "$link" ] && [ ! -L "$link" ]; then
+  echo "replacing the uncached $link by a link into $store" >&2
+  rm -rf "$link"
+fi
+rm -rf "$env"  # what an interrupted build left
 case "$name" in
   vllm)
-    [ -x "$env/bin/python" ] || "$PYTHON" -m venv "$env"
+    "$PYTHON" -m venv "$env"
     # torch first, from the CPU wheel on this machine's disk (see scripts/setup.sh).
     "$env/bin/pip" install --quiet "torch==2.13.0" "uv==$uv_version"
     UV_SYSTEM_CERTS=1 "$env/bin/uv" pip install --quiet --python "$env/bin/python" \
@@ -35,7 +69,7 @@ case "$name" in
     # (its extras pin other vLLM versions). CMake must be told the build environment's
     # Python, or it finds one without nanobind.
     if ! "$env/bin/python" -c "import arctic_inference.suffix_decoding._C" 2>/dev/null; then
-      build="$PWD/$env/arctic-build"
+      build="$env/arctic-build"
       rm -rf "$build"
       "$PYTHON" -m venv "$build"
       "$build/bin/pip" install --quiet "torch==2.13.0" "nanobind==2.9.2" ninja "cmake>=3.18" \
@@ -47,13 +81,13 @@ case "$name" in
     fi
     ;;
   mlx)
-    [ -x "$env/bin/python" ] || "$PYTHON" -m venv "$env"
+    "$PYTHON" -m venv "$env"
     "$env/bin/pip" install --quiet "uv==$uv_version"
     UV_SYSTEM_CERTS=1 "$env/bin/uv" pip install --quiet --python "$env/bin/python" \
       "mlx[cpu]==0.32.4" "mlx-lm==0.32.2" pytest pytest-timeout pyyaml
     ;;
   llamacpp)
-    [ -x "$env/bin/python" ] || "$PYTHON" -m venv "$env"
+    "$PYTHON" -m venv "$env"
     # A source build: llama.cpp is compiled by CMake inside pip (scikit-build-core uses the
     # system's cmake/ninja when recent enough, else fetches them from PyPI into the build
     # environment). The whole build log is kept; a failure prints its tail and the log's
@@ -72,10 +106,8 @@ case "$name" in
     echo "built in $(( $(date +%s) - start )) s"
     "$env/bin/python" -c "import llama_cpp; print('llama_cpp', llama_cpp.__version__)"
     ;;
-  *)
-    echo "unknown backend '$name': choose vllm, mlx or llamacpp (neuron installs only on AWS Neuron" \
-      "instances, from AWS's pip index)" >&2
-    exit 2
-    ;;
 esac
 "$env/bin/python" -c "import sys; print('ready:', sys.prefix)"
+touch "$env/.specops-ready"  # last: an environment without it is rebuilt
+ln -sfn "$env" "$link"
+echo "$link -> $env"

@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
 # The test command: set-up, lint, types, import layers, the whole suite (tiny models, the
-# real model, and the team stack end to end: SPECOPS_TEAM_STACK=0 skips that one), then a
-# Python 3.12 smoke run from its own lock (SPECOPS_PY312=0 skips it), then the vLLM and MLX
-# backend tests in their own environments (scripts/test_backends.sh).
+# real model, and the team stack end to end: SPECOPS_TEAM_STACK=0 skips that one), a check
+# that no test id went missing (scripts/check_test_ids.py), then a Python 3.12 smoke run
+# from its own lock (SPECOPS_PY312=0 skips it), then the vLLM and MLX backend tests in their
+# own environments (scripts/test_backends.sh). Each pytest run leaves a JUnit file in
+# .reports/ (scripts/durations.py makes docs/test-durations.md from them).
+#
+# The inner loop is the fast tier, a few minutes (docs/install.md, "Tests"):
+#   .venv/bin/python -m pytest -q -m "not real_model and not slow"
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -13,6 +18,11 @@ source scripts/env.sh
 # (pyproject.toml's import-linter contracts; docs/architecture.md draws them).
 .venv/bin/mypy serving registry tasks flows specops scripts benchmarks
 .venv/bin/lint-imports
-.venv/bin/python -m pytest -q "$@"
+mkdir -p .reports
+.venv/bin/python -m pytest -q --junitxml=.reports/pytest.xml \
+  --collected-ids=.reports/test-ids.txt "$@"
+if [ $# -eq 0 ]; then  # the whole suite was collected
+  .venv/bin/python scripts/check_test_ids.py --ids .reports/test-ids.txt
+fi
 bash scripts/test_py312.sh
 bash scripts/test_backends.sh

@@ -6,6 +6,11 @@ its modules, which is fine because nothing here trains.
 
 from __future__ import annotations
 
+import shutil
+import sqlite3
+from contextlib import closing
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -15,6 +20,23 @@ from tasks.data.prompts import Prompt
 # Repeats a few n-grams so that prompt lookup and the n-gram store find something to draft.
 PROMPT = [1, 5, 17, 42, 8, 5, 17, 42, 33, 9, 5, 17]
 NEW_TOKENS = 48
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--collected-ids",
+        metavar="PATH",
+        help="write every collected test id to PATH, before -m/-k deselect any "
+        "(scripts/check_test_ids.py compares them with docs/test-ids.txt)",
+    )
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    path = config.getoption("--collected-ids")
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text("".join(f"{item.nodeid}\n" for item in items))
 
 
 # The registry's settings from the environment (docs/configuration.md). A developer's shell
@@ -162,9 +184,9 @@ def _prompts(texts: list[str] = TEXTS, *, workload: str = "grounded") -> list[Pr
     ]
 
 
-def _tiny_teacher_cache(
-    target, path, *, prompts: int, prompt_len: int, max_new_tokens: int, seed: int, prefix="p"
-):
+def _build_tiny_teacher_cache(
+    target, path, *, prompts: int, prompt_len: int, max_new_tokens: int, seed: int, prefix: str
+) -> None:
     from tasks.train.teacher import TeacherConfig
     from tasks.train.teacher_build import TeacherPrompt, build_teacher_cache
 
@@ -177,15 +199,35 @@ def _tiny_teacher_cache(
     ]
     config = TeacherConfig(max_new_tokens=max_new_tokens)
     build_teacher_cache(target, chosen, path, eos_token_ids=[2], config=config, progress=False)
-    return path
 
 
 @pytest.fixture(scope="session")
-def tiny_teacher_cache():
+def tiny_teacher_cache(tmp_path_factory):
     """``tiny_teacher_cache(target, path, prompts=, prompt_len=, max_new_tokens=, seed=,
     prefix="p")``: the tiny target's greedy answers to random prompts (ids ``p0, p1, ...``)
-    as a teacher cache at ``path``, the training data of the trainer tests."""
-    return _tiny_teacher_cache
+    as a teacher cache at ``path``, the training data of the trainer tests.
+
+    Each set of arguments is built once per session (the same seed gives the same prompts,
+    the same target the same answers) and copied to ``path``, so a test may change its copy.
+    """
+    built: dict[tuple, tuple[object, Path]] = {}
+
+    def make(
+        target, path, *, prompts: int, prompt_len: int, max_new_tokens: int, seed: int,
+        prefix: str = "p",
+    ):  # fmt: skip
+        key = (id(target), prompts, prompt_len, max_new_tokens, seed, prefix)
+        if key not in built or built[key][0] is not target:
+            folder = tmp_path_factory.mktemp("teacher-cache")
+            _build_tiny_teacher_cache(
+                target, folder, prompts=prompts, prompt_len=prompt_len,
+                max_new_tokens=max_new_tokens, seed=seed, prefix=prefix,
+            )  # fmt: skip
+            built[key] = (target, folder)  # the target is kept, so its id stays its own
+        shutil.copytree(built[key][1], path, dirs_exist_ok=True)
+        return path
+
+    return make
 
 
 @pytest.fixture(scope="module")
@@ -223,8 +265,44 @@ def model_folder(tmp_path_factory):
     return folder
 
 
+# --- MLflow stores and the Prefect server: made once per session ---------------------------
+@pytest.fixture(scope="session")
+def migrated_mlflow_db(tmp_path_factory) -> Path:
+    """An empty SQLite MLflow store, migrated once per session (MLflow's migrations take
+    5-10 s per new store). Its Default experiment is deleted, so a copy's first open creates
+    it under that store's own artifact root, as in a store made from nothing."""
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    folder = tmp_path_factory.mktemp("mlflow-template")
+    path = folder / "mlflow.db"
+    SqlAlchemyStore(f"sqlite:///{path}", str(folder / "artifacts")).engine.dispose()
+    with closing(sqlite3.connect(path)) as db, db:
+        db.execute("DELETE FROM experiments")
+    return path
+
+
+@pytest.fixture(scope="session")
+def new_mlflow_store(migrated_mlflow_db):
+    """``new_mlflow_store(path) -> URI``: an empty, migrated SQLite MLflow store at ``path``
+    (a copy of the session's), as ``sqlite:///path``."""
+
+    def make(path: Path) -> str:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(migrated_mlflow_db, path)
+        return f"sqlite:///{path}"
+
+    return make
+
+
 @pytest.fixture
-def registry(tmp_path):
+def mlflow_uri(tmp_path, new_mlflow_store) -> str:
+    """A fresh store at ``tmp_path / "mlflow.db"``: point ``SPECOPS_MLFLOW_URI`` (or a
+    ``RegistryConfig``) at this instead of at a new file."""
+    return new_mlflow_store(tmp_path / "mlflow.db")
+
+
+@pytest.fixture
+def registry(tmp_path, mlflow_uri):
     """A fresh MLflow registry (SQLite and artifacts in the test's temporary folder, model
     prefix ``t``); a test module may define its own."""
     from registry.client import Registry
@@ -232,8 +310,18 @@ def registry(tmp_path):
 
     return Registry(
         RegistryConfig(
-            tracking_uri=f"sqlite:///{tmp_path}/mlflow.db",
-            artifact_root=str(tmp_path / "artifacts"),
-            model_prefix="t",
+            tracking_uri=mlflow_uri, artifact_root=str(tmp_path / "artifacts"), model_prefix="t"
         )
     )
+
+
+@pytest.fixture(scope="session")
+def prefect_harness():
+    """One Prefect test server (SQLite in a temporary folder) for the whole session: starting
+    one takes ~20 s, and two must never run at once. Yields its API URL; the tests using it
+    share its database, so each names what it creates."""
+    from prefect.settings import PREFECT_API_URL
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=180):
+        yield PREFECT_API_URL.value()

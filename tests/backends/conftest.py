@@ -37,7 +37,7 @@ def require(backend: str, module: str) -> Path:
     return Path(fixtures)
 
 
-def run_request(request: dict, tmp_path: Path) -> dict:
+def run_request(request: dict, tmp_path: Path, timeout: float = 900) -> dict:
     """Run one evaluation request through ``python -m serving.backends.run``."""
     request_path, report_path = tmp_path / "request.json", tmp_path / "report.json"
     request_path.write_text(json.dumps(request))
@@ -47,7 +47,7 @@ def run_request(request: dict, tmp_path: Path) -> dict:
         env={**os.environ, "PYTHONPATH": str(ROOT)},
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=timeout,
         check=False,
     )
     assert completed.returncode == 0, completed.stderr[-4000:]

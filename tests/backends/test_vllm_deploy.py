@@ -29,12 +29,12 @@ def tiny() -> Path:
 
 
 @pytest.fixture
-def registry(tmp_path, monkeypatch):
+def registry(tmp_path, monkeypatch, mlflow_uri):
     from registry.client import Registry
     from registry.config import RegistryConfig
 
-    monkeypatch.setenv("SPECOPS_MLFLOW_URI", f"sqlite:///{tmp_path}/mlflow.db")
-    return Registry(RegistryConfig(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db",
+    monkeypatch.setenv("SPECOPS_MLFLOW_URI", mlflow_uri)
+    return Registry(RegistryConfig(tracking_uri=mlflow_uri,
                                    artifact_root=str(tmp_path / "artifacts")))  # fmt: skip
 
 

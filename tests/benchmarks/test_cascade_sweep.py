@@ -63,6 +63,7 @@ def long_context_folder(tmp_path_factory):
     return folder
 
 
+@pytest.mark.slow  # every method over real prompts
 def test_sweep_runs_every_method_and_lossless_ones_match_plain(long_context_folder, tmp_path):
     predictor = tiny_predictor().save(tmp_path / "predictor")
     payload = run_sweep(

@@ -18,22 +18,21 @@ from serving.records import store as record_store
 from tasks.loop.results import Bootstrapped, DeploymentRun, Retrained
 from tests.tasks.loop.priced_gates import use_priced_gates
 
+pytestmark = pytest.mark.slow  # flows under a Prefect server, training drafts: minutes
+
 LOAD = retrain_config.load_retrain_config  # the real loader, before any test patches it
 
 
-@pytest.fixture(scope="module")
-def harness():
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=180):
-        yield
+@pytest.fixture
+def harness(prefect_harness):
+    """The session's Prefect test server (tests/conftest.py)."""
 
 
 @pytest.fixture
-def world(monkeypatch, tmp_path, target, char_tokenizer, make_prompts):
+def world(monkeypatch, tmp_path, target, char_tokenizer, make_prompts, mlflow_uri):
     """The tiny target and character tokenizer stand in for the real model; prompts come
     from the tests' small texts; the registry is a fresh SQLite store."""
-    monkeypatch.setenv("SPECOPS_MLFLOW_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    monkeypatch.setenv("SPECOPS_MLFLOW_URI", mlflow_uri)
     monkeypatch.setenv("SPECOPS_MLFLOW_ARTIFACTS", str(tmp_path / "artifacts"))
     monkeypatch.setattr(
         loop, "target_for", lambda hardware, target="smollm2": (target_model, char_tokenizer)

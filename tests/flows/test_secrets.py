@@ -11,16 +11,15 @@ import pytest
 import tasks.loop.prefect_tasks as steps
 import tasks.loop.steps as loop
 
+pytestmark = pytest.mark.slow  # the bootstrap flow under a Prefect server
+
 SECRET = "sk-secret-0123456789abcdefXYZ"
 PASSWORD = "pw-0123456789-hidden"
 
 
-@pytest.fixture(scope="module")
-def harness():
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=180):
-        yield
+@pytest.fixture
+def harness(prefect_harness):
+    """The session's Prefect test server (tests/conftest.py)."""
 
 
 def stored_bytes(folder: Path) -> bytes:
@@ -28,7 +27,7 @@ def stored_bytes(folder: Path) -> bytes:
 
 
 def test_a_configured_secret_reaches_no_store_and_no_log(
-    harness, monkeypatch, tmp_path, target, char_tokenizer, make_prompts, caplog
+    harness, monkeypatch, tmp_path, target, char_tokenizer, make_prompts, caplog, mlflow_uri
 ):
     from prefect.settings import PREFECT_API_DATABASE_CONNECTION_URL
 
@@ -36,7 +35,7 @@ def test_a_configured_secret_reaches_no_store_and_no_log(
     from serving.security import logs
 
     monkeypatch.setenv("SPECOPS_API_KEYS", SECRET)
-    monkeypatch.setenv("SPECOPS_MLFLOW_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    monkeypatch.setenv("SPECOPS_MLFLOW_URI", mlflow_uri)
     monkeypatch.setenv("SPECOPS_MLFLOW_ARTIFACTS", str(tmp_path / "artifacts"))
     tiny = target
     monkeypatch.setattr(loop, "target_for", lambda hardware, target=None: (tiny, char_tokenizer))
@@ -57,6 +56,8 @@ def test_a_configured_secret_reaches_no_store_and_no_log(
     database = Path(PREFECT_API_DATABASE_CONNECTION_URL.value().split(":///", 1)[-1])
     prefect = b"".join(p.read_bytes() for p in database.parent.glob(database.name + "*"))
     assert b"bootstrap" in prefect, f"no flow run in Prefect's database at {database}"
+    # The server is the session's: this test's own run is there (its parameters name it).
+    assert str(tmp_path / "work").encode() in prefect, "this test's flow run is not stored"
     for blob, where in ((mlflow, "MLflow/work"), (prefect, "Prefect")):
         assert SECRET.encode() not in blob, f"the API key reached {where}"
     text = caplog.text

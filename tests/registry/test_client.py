@@ -9,11 +9,12 @@ from serving.errors import ModelSourceError
 
 
 @pytest.fixture(scope="module")
-def registry(tmp_path_factory):
+def registry(tmp_path_factory, new_mlflow_store):
+    """One store for the module (tests/conftest.py copies the session's migrated one)."""
     root = tmp_path_factory.mktemp("mlflow")
     return Registry(
         RegistryConfig(
-            tracking_uri=f"sqlite:///{root}/mlflow.db",
+            tracking_uri=new_mlflow_store(root / "mlflow.db"),
             artifact_root=str(root / "artifacts"),
             model_prefix="t",
         )
@@ -128,13 +129,13 @@ def test_a_report_run_keeps_its_files_and_metrics(registry, tmp_path):
     assert [f.path for f in registry.client.list_artifacts(run_id)] == ["loop.png"]
 
 
-def test_downloads_from_two_stores_never_collide(tmp_path, package):
+def test_downloads_from_two_stores_never_collide(tmp_path, package, new_mlflow_store):
     cache = tmp_path / "cache"
     folders = []
     for store, drafter in (("one", "pld:2"), ("two", "ngram:5")):
         other = Registry(
             RegistryConfig(
-                tracking_uri=f"sqlite:///{tmp_path}/{store}.db",
+                tracking_uri=new_mlflow_store(tmp_path / f"{store}.db"),
                 artifact_root=str(tmp_path / store),
             )
         )

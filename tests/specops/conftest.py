@@ -4,7 +4,6 @@ that open the registry."""
 
 from __future__ import annotations
 
-import shutil
 import string
 from pathlib import Path
 
@@ -49,23 +48,9 @@ def point_registry_at(monkeypatch, folder: Path) -> None:
     monkeypatch.setenv("SPECOPS_MLFLOW_ARTIFACTS", str(folder / "artifacts"))
 
 
-@pytest.fixture(scope="session")
-def migrated_store(tmp_path_factory) -> Path:
-    """A migrated, empty MLflow store made once (migrating takes seconds); tests copy it."""
-    from registry.client import Registry
-    from registry.config import load_registry_config
-
-    folder = tmp_path_factory.mktemp("store")
-    with pytest.MonkeyPatch.context() as monkeypatch:
-        point_registry_at(monkeypatch, folder)
-        Registry(load_registry_config())
-    return folder / "mlflow.db"
-
-
 @pytest.fixture
-def registry_env(tmp_path, monkeypatch, migrated_store) -> Path:
-    """A copy of the migrated store in the test's folder, where the commands' registry
-    opens it; returns the folder."""
-    shutil.copy(migrated_store, tmp_path / "mlflow.db")
+def registry_env(tmp_path, monkeypatch, mlflow_uri) -> Path:
+    """A copy of the session's migrated store in the test's folder (``mlflow_uri``,
+    tests/conftest.py), where the commands' registry opens it; returns the folder."""
     point_registry_at(monkeypatch, tmp_path)
     return tmp_path

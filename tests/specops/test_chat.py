@@ -55,6 +55,7 @@ def chat(tmp_path: Path, chat_model: Path, *args: str) -> Terminal:
     return Terminal(argv, env=env, cwd=str(PROJECT_ROOT))
 
 
+@pytest.mark.slow  # a chat process in a terminal, a model and a /train job: minutes
 def test_a_session_in_a_terminal(tmp_path, chat_model):
     # The session's store holds nothing a draft can be trained on (see /train below).
     store = tmp_path / "store"

@@ -65,11 +65,8 @@ def _invoke(*args: object, env: dict[str, str] | None = None):
 
 
 @pytest.fixture(scope="module")
-def harness():
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=180):
-        yield
+def harness(prefect_harness):
+    """The session's Prefect test server (tests/conftest.py)."""
 
 
 @pytest.fixture(scope="module")

@@ -77,8 +77,8 @@ def test_settings_come_from_the_params_file_and_options_override_them(dataset, t
     _failed(_invoke(*args), "predictor.hiden")
 
 
-def test_register_makes_a_challenger_of_the_target(dataset, tmp_path, monkeypatch):
-    monkeypatch.setenv("SPECOPS_MLFLOW_URI", f"sqlite:///{tmp_path}/mlflow.db")
+def test_register_makes_a_challenger_of_the_target(dataset, tmp_path, monkeypatch, mlflow_uri):
+    monkeypatch.setenv("SPECOPS_MLFLOW_URI", mlflow_uri)
     monkeypatch.setenv("SPECOPS_MLFLOW_ARTIFACTS", str(tmp_path / "artifacts"))
     args = ["train", "--dataset", dataset, "--out", tmp_path / "p", "--epochs", 5, "--register"]
     result = _invoke(*args)

@@ -123,6 +123,7 @@ def test_stages_not_chosen_still_learn_where_the_target_ruled(target, prompt):
         assert sum(cascade.running[index].seen) > 0, (stage.name, chosen)
 
 
+@pytest.mark.slow  # a statistical test: thousands of sampled tokens
 def test_sampling_through_the_cascade_keeps_the_targets_distribution(target, prompt):
     """Two-sample chi-square: the first two sampled tokens through a cascade whose model
     stage drafts (and whose n-gram stage may) against plain sampling, over many seeds."""

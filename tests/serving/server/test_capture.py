@@ -98,6 +98,7 @@ def test_replicas_in_one_process_write_disjoint_parts(tmp_path, target, prompt):
     assert len({row["run_id"] for row in rows}) == 2
 
 
+@pytest.mark.slow  # replica processes
 def test_replica_processes_write_disjoint_parts_and_lose_nothing(tmp_path, target, prompt):
     record = detailed_record(target, prompt)
     context = multiprocessing.get_context("spawn")  # a fresh interpreter, like a replica

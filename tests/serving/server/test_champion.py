@@ -111,14 +111,12 @@ def test_a_missing_champion_at_start_is_a_clear_error(tmp_path, target):
         )
 
 
-def test_the_registry_champion_is_served_and_swapped(tmp_path, target, packages):
+def test_the_registry_champion_is_served_and_swapped(tmp_path, target, packages, mlflow_uri):
     from registry.client import Registry, RegistryError
     from registry.config import RegistryConfig
     from serving.server.champion import RegistryChampion
 
-    config = RegistryConfig(
-        tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", artifact_root=str(tmp_path / "art")
-    )
+    config = RegistryConfig(tracking_uri=mlflow_uri, artifact_root=str(tmp_path / "art"))
     registry = Registry(config)
     source = RegistryChampion("cpu", cache=tmp_path / "cache", registry=registry)
     with pytest.raises(RegistryError, match="no champion for hardware target 'cpu'"):
@@ -141,15 +139,13 @@ def test_the_registry_champion_is_served_and_swapped(tmp_path, target, packages)
 
 
 def test_with_missing_plain_a_replica_serves_plain_until_the_first_champion(
-    tmp_path, target, packages
+    tmp_path, target, packages, mlflow_uri
 ):
     from registry.client import Registry
     from registry.config import RegistryConfig
     from serving.server.champion import RegistryChampion
 
-    config = RegistryConfig(
-        tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", artifact_root=str(tmp_path / "art")
-    )
+    config = RegistryConfig(tracking_uri=mlflow_uri, artifact_root=str(tmp_path / "art"))
     registry = Registry(config)
     source = RegistryChampion("cpu", cache=tmp_path / "cache", registry=registry, missing="plain")
     watcher = ChampionWatcher(source, lambda ref: load_draft(ref, target, None, verify_curve=CURVE))

@@ -16,6 +16,8 @@ from serving.records import store
 from tasks.data.validate import validate_store
 from tasks.ops.server_process import ServerProcess
 
+pytestmark = pytest.mark.slow  # `specops serve` processes (each imports torch and a model)
+
 FILE_KEY = "sk-file-key-0123456789abcdef"
 ENV_KEY = "sk-env-key-0123456789abcdefgh"
 WRONG_KEY = "sk-wrong-key-0123456789abcdef"

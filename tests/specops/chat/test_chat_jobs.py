@@ -93,8 +93,14 @@ def test_a_job_that_succeeds_says_its_champion_decision():
     assert outcome.reason == "champion on cpu: ngram/2"
 
 
+# A job started from a shell's background (`pytest ... &`) inherits SIGINT ignored, and would
+# then stop only by SIGKILL after STOP_WAIT_S; the job here takes Ctrl-C as a flow does.
+INTERRUPTIBLE = "import signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+
+
 def test_ctrl_c_stops_a_job():
-    job = Job("train", (python("import time; print('started', flush=True); time.sleep(60)"),))
+    code = INTERRUPTIBLE + "import time; print('started', flush=True); time.sleep(60)"
+    job = Job("train", (python(code),))
     seen: list[Progress] = []
     started = time.monotonic()
     outcome = run_job(job, on_progress=seen.append, cancelled=lambda: bool(seen))

@@ -109,12 +109,12 @@ def test_save_appends_redacted_records_as_one_part(session, tmp_path):
 
 
 def test_champion_drafts_with_the_registry_champion_or_says_there_is_none(
-    session, tmp_path, monkeypatch
+    session, tmp_path, monkeypatch, mlflow_uri
 ):
     from registry.client import Registry
     from serving.drafters.package import DraftManifest, write_package
 
-    monkeypatch.setenv("SPECOPS_MLFLOW_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    monkeypatch.setenv("SPECOPS_MLFLOW_URI", mlflow_uri)
     monkeypatch.setenv("SPECOPS_MLFLOW_ARTIFACTS", str(tmp_path / "artifacts"))
     decoder = session.decoder
     with pytest.raises(SpecOpsError, match="has no champion for hardware target 'cpu'"):

@@ -216,6 +216,7 @@ def _items(problems: list[dict]) -> list[Item]:
     return [*items, Item(prompt=chat)]
 
 
+@pytest.mark.slow  # a whole quality run and its plot
 def test_a_run_on_the_tiny_target_writes_its_results_and_plot(tmp_path, char_tokenizer):
     from tasks.data.humaneval import humaneval_problems
 

@@ -167,6 +167,7 @@ def test_a_changed_or_missing_part_is_an_error_naming_it(tmp_path, store_root, s
     assert "req-9" in _ids(result.valid) and "req-1" not in _ids(result.valid)
 
 
+@pytest.mark.slow
 def test_a_run_killed_before_its_ledger_is_written_is_repaired(tmp_path, store_root, monkeypatch):
     out = tmp_path / "out"
     _run(store_root, out)

@@ -192,6 +192,7 @@ def test_old_parts_and_every_copy_of_them_go_new_ones_stay(world):
     assert before["validation"]["valid"] > 0
 
 
+@pytest.mark.slow
 def test_incremental_validation_goes_on_after_retention(world, monkeypatch):
     world.retain()
     _put(world.root, "f", [make_record(13), make_record(1)], NOW - 60)  # req-1: gone, so new
@@ -269,6 +270,7 @@ def _kill_at(monkeypatch, where: str) -> None:
         monkeypatch.setattr(retention, "_delete", delete_some)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("validated_between", [False, True])
 @pytest.mark.parametrize("where", ["commit", "old batches", "parts"])
 def test_a_killed_run_is_finished_by_the_next(world, monkeypatch, where, validated_between):

@@ -13,6 +13,8 @@ import pytest
 from serving.errors import SpecOpsError
 from tasks.data.version import version_store
 
+pytestmark = pytest.mark.slow  # DVC processes pushing to remotes
+
 DVC = str(Path(sys.executable).with_name("dvc"))
 
 

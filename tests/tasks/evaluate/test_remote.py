@@ -14,6 +14,8 @@ from tasks.evaluate.evaluation_file import read_evaluation_file
 from tasks.evaluate.remote import main, read_bundle
 from tasks.loop.remote_bundle import prepare_bundle
 
+pytestmark = pytest.mark.slow  # evaluation bundles run in fresh Python processes
+
 MLOPS = ("mlflow", "prefect", "dvc", "great_expectations")
 
 

@@ -69,6 +69,7 @@ def test_too_little_data_skips_every_family_with_the_reason(tiny, tmp_path):
     assert all("at least 2 sequences" in t.skipped for t in trained)
 
 
+@pytest.mark.slow
 def test_both_families_train_and_a_rerun_resumes_from_their_checkpoints(tiny, tmp_path):
     first = learned.train_learned_challengers(records(6), tmp_path, CONFIG, progress=False)
     assert [t.family for t in first] == ["head", "lora"]

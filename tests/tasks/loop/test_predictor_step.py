@@ -13,17 +13,15 @@ from serving.drafters.package import DraftManifest, write_package
 from tasks.data.curate import curate
 from tasks.loop.predictor_step import retrain_predictor
 
+pytestmark = pytest.mark.slow  # collects traffic, trains and gates a predictor per test
+
 TEXTS = [f"{w} {w} {w} {w} and {w} again, {w} {w}" for w in
          ("abc", "cat", "hello", "1212", "teh", "aaaa", "xyz", "moon")]  # fmt: skip
 
 
 @pytest.fixture
-def registry(tmp_path):
-    return Registry(
-        RegistryConfig(
-            tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", artifact_root=str(tmp_path / "a")
-        )
-    )
+def registry(tmp_path, mlflow_uri):
+    return Registry(RegistryConfig(tracking_uri=mlflow_uri, artifact_root=str(tmp_path / "a")))
 
 
 @pytest.fixture

@@ -16,12 +16,8 @@ from tests.tasks.loop.priced_gates import use_priced_gates
 
 
 @pytest.fixture
-def registry(tmp_path):
-    return Registry(
-        RegistryConfig(
-            tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", artifact_root=str(tmp_path / "a")
-        )
-    )
+def registry(tmp_path, mlflow_uri):
+    return Registry(RegistryConfig(tracking_uri=mlflow_uri, artifact_root=str(tmp_path / "a")))
 
 
 @pytest.fixture
@@ -49,6 +45,7 @@ def test_replay_then_a_suffix_challenger_from_the_collected_outputs(tmp_path, ti
     assert (challenger / "corpus.json").is_file()
 
 
+@pytest.mark.slow
 def test_evaluate_and_decide_logs_gates_and_promotes(
     tmp_path, tiny, registry, make_prompts, monkeypatch
 ):

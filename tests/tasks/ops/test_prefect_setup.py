@@ -9,30 +9,35 @@ import pytest
 from tasks.ops.prefect_setup import RESCHEDULE, ZOMBIE, prepare_prefect
 from tasks.settings import promotion_limit
 
+pytestmark = pytest.mark.slow  # a Prefect server (the session's, ~20 s to start)
 
-@pytest.fixture(scope="module")
-def api_url():
-    from prefect.settings import PREFECT_API_URL
-    from prefect.testing.utilities import prefect_test_harness
+# The session's server is shared: the flow tests create `promote-cpu` there, so this test
+# prepares a hardware target of its own.
+HARDWARE = "cpu-setup-test"
 
-    with prefect_test_harness(server_startup_timeout=180):
-        yield PREFECT_API_URL.value()
+
+@pytest.fixture
+def api_url(prefect_harness):
+    """The session's Prefect test server (tests/conftest.py), shared with the flow tests,
+    which create no work pool and no automation."""
+    return prefect_harness
 
 
 def test_pool_limits_and_automations_are_created_once(api_url):
     from prefect.client.orchestration import get_client
 
-    created = prepare_prefect("team-pool", env={"PREFECT_API_URL": api_url}, hardware=["cpu"])
+    env = {"PREFECT_API_URL": api_url}
+    created = prepare_prefect("team-pool", env=env, hardware=[HARDWARE])
     assert created == {
         "pool": ["team-pool"],
-        "limits": [promotion_limit("cpu")],
+        "limits": [promotion_limit(HARDWARE)],
         "automations": [ZOMBIE, RESCHEDULE],
     }
-    again = prepare_prefect("team-pool", env={"PREFECT_API_URL": api_url}, hardware=["cpu"])
+    again = prepare_prefect("team-pool", env=env, hardware=[HARDWARE])
     assert again == {"pool": [], "limits": [], "automations": []}
     with get_client(sync_client=True) as client:
         assert client.read_work_pool("team-pool").type == "process"
-        limit = client.read_global_concurrency_limit_by_name(promotion_limit("cpu"))
+        limit = client.read_global_concurrency_limit_by_name(promotion_limit(HARDWARE))
         assert limit.limit == 1 and limit.active
         (reschedule,) = client.read_automations_by_name(RESCHEDULE)
         (action,) = reschedule.actions

@@ -21,19 +21,41 @@ import pytest
 from serving.paths import PROJECT_ROOT
 from tasks.ops.server_process import free_port
 
-pytestmark = pytest.mark.skipif(
-    os.environ.get("SPECOPS_TEAM_STACK", "1") == "0", reason="SPECOPS_TEAM_STACK=0"
-)
+# `specops stack loop` took ~5 min on 2 cores (docs/team-loop.json); it gets three times
+# that. pytest's own limit for this test covers the loop, the clone before it and the
+# `stack down` after it, so the loop's limit always fires first, with the output so far.
+LOOP_TIMEOUT_S = 900
+DOWN_TIMEOUT_S = 180
+SETUP_S = 120  # the clone and the ports
+
+pytestmark = [
+    pytest.mark.skipif(
+        os.environ.get("SPECOPS_TEAM_STACK", "1") == "0", reason="SPECOPS_TEAM_STACK=0"
+    ),
+    pytest.mark.timeout(LOOP_TIMEOUT_S + DOWN_TIMEOUT_S + SETUP_S),
+    pytest.mark.slow,
+]
+
+
+def _text(output: str | bytes | None) -> str:
+    return output.decode(errors="replace") if isinstance(output, bytes) else output or ""
 
 
 def _specops(*args: str, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "specops.cli", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    try:
+        return subprocess.run(
+            [sys.executable, "-m", "specops.cli", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired as expired:
+        pytest.fail(
+            f"`specops {' '.join(args[:2])}` was still running after {timeout:.0f} s and was "
+            f"killed; its output so far:\n{_text(expired.stdout)[-4000:]}"
+            f"\n{_text(expired.stderr)[-4000:]}"
+        )
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +75,7 @@ def stack_env(tmp_path_factory):
     checkout = root / "checkout"
     subprocess.run(["git", "clone", "-q", str(PROJECT_ROOT), str(checkout)], check=True)
     yield env, checkout, root
-    _specops("stack", "down", "--purge", env=env, timeout=180)
+    _specops("stack", "down", "--purge", env=env, timeout=DOWN_TIMEOUT_S)
 
 
 def test_the_loop_runs_through_a_worker_and_every_replica_swaps(stack_env):
@@ -72,7 +94,7 @@ def test_the_loop_runs_through_a_worker_and_every_replica_swaps(stack_env):
         "--poll-s", "1",
         "--kill-worker-after", "15",
         "--report", str(report_path),
-        env=env, timeout=1800,
+        env=env, timeout=LOOP_TIMEOUT_S,
     )  # fmt: skip
     assert report_path.is_file(), done.stdout[-4000:] + done.stderr[-4000:]
     report = json.loads(report_path.read_text())

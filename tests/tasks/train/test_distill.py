@@ -154,7 +154,7 @@ def test_the_same_seed_gives_the_same_weights(target, teacher_dir, tmp_path):
     assert not torch.equal(weights(first)[name], weights(other)[name])
 
 
-@pytest.mark.parametrize("kind", ["lora", "full"])
+@pytest.mark.parametrize("kind", [pytest.param("lora", marks=pytest.mark.slow), "full"])
 def test_a_killed_run_resumes_from_its_last_checkpoint(target, teacher_dir, tmp_path, kind):
     # Dropout draws from torch's RNG: resuming must restore it too.
     settings = {"kind": kind, "lora_dropout": 0.1 if kind == "lora" else 0.0}
