@@ -41,9 +41,9 @@ def test_captured_requests_land_in_the_store_and_validate(tmp_path, target, prom
     parts = store.part_files(tmp_path)
     assert len(parts) == 2 and all("hardware=cpu" in str(p) for p in parts)
     result = validate_store(tmp_path, known_hardware=["cpu"], run_id="t")
-    assert result.summary["valid"] == 3 and result.summary["quarantined"] == 0
-    assert {r["workload"] for r in result.valid} == {"live"}
-    assert {r["drafter_version"] for r in result.valid} == {"7"}
+    assert result.summary.valid == 3 and result.summary.quarantined == 0
+    assert {r.workload for r in result.valid} == {"live"}
+    assert {r.drafter_version for r in result.valid} == {"7"}
 
 
 def test_the_share_decides_how_many_requests_are_captured(tmp_path):

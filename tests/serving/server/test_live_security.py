@@ -170,8 +170,8 @@ def test_opt_out_is_honoured_and_secrets_are_redacted(setup, model_folder, tmp_p
     for secret in (EMAIL, PLANTED_KEY, "PROJECT-1234"):
         assert secret not in raw
     result = validate_store(store_root, known_hardware={"cpu"}, run_id="security-test")
-    assert result.summary["quarantined"] == 0, result.quarantined
-    prompts = [r["prompt"] for r in result.valid]
+    assert result.summary.quarantined == 0, result.quarantined
+    prompts = [r.prompt for r in result.valid]
     assert "plain words, nothing secret" in prompts
     (redacted,) = [p for p in prompts if "[REDACTED:" in p]
     assert redacted.count("[REDACTED:email]") == 2 and "[REDACTED:pattern_1]" in redacted

@@ -353,4 +353,4 @@ def test_a_full_queue_answers_429_and_captures_go_to_the_store(tmp_path):
     assert refused[0].body["type"] == "rate_limit_error"
     assert store.part_files(tmp_path / "store")
     result = validate_store(tmp_path / "store", known_hardware=["cpu"], run_id="t")
-    assert result.summary["valid"] == len(served) and result.summary["quarantined"] == 0
+    assert result.summary.valid == len(served) and result.summary.quarantined == 0
