@@ -7,7 +7,7 @@
 # .reports/ (scripts/durations.py makes docs/test-durations.md from them).
 #
 # The inner loop is the fast tier, a few minutes (docs/install.md, "Tests"):
-#   .venv/bin/python -m pytest -q -m "not real_model and not slow"
+#   .venv/bin/python -m pytest -q -n 2 -m "not real_model and not slow"
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -19,8 +19,13 @@ source scripts/env.sh
 .venv/bin/mypy serving registry tasks flows specops scripts benchmarks
 .venv/bin/lint-imports
 mkdir -p .reports
-.venv/bin/python -m pytest -q --junitxml=.reports/pytest.xml \
-  --collected-ids=.reports/test-ids.txt "$@"
+# One pytest-xdist worker per core, at most four (SPECOPS_TEST_WORKERS overrides; 0 runs in
+# one process), a test file to a worker so that a module's fixtures are built once, in the
+# collection's order (tests/conftest.py puts the longest modules first).
+cores=$(nproc)
+workers=${SPECOPS_TEST_WORKERS:-$((cores < 4 ? cores : 4))}
+.venv/bin/python -m pytest -q -n "$workers" --dist loadfile --no-loadscope-reorder \
+  --junitxml=.reports/pytest.xml --collected-ids=.reports/test-ids.txt "$@"
 if [ $# -eq 0 ]; then  # the whole suite was collected
   .venv/bin/python scripts/check_test_ids.py --ids .reports/test-ids.txt
 fi

@@ -6,6 +6,7 @@ its modules, which is fine because nothing here trains.
 
 from __future__ import annotations
 
+import os
 import shutil
 import sqlite3
 from contextlib import closing
@@ -16,6 +17,11 @@ import torch
 
 from serving.models.tiny import tiny_llama
 from tasks.data.prompts import Prompt
+
+# Under pytest-xdist (scripts/test.sh runs one worker per core) each worker's torch takes
+# one core: two threads in each of two workers would fight over two cores.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
 
 # Repeats a few n-grams so that prompt lookup and the n-gram store find something to draft.
 PROMPT = [1, 5, 17, 42, 8, 5, 17, 42, 33, 9, 5, 17]
@@ -34,9 +40,17 @@ def pytest_addoption(parser):
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     path = config.getoption("--collected-ids")
-    if path:
+    # Under pytest-xdist every worker collects the same items: the first one writes them.
+    if path and os.environ.get("PYTEST_XDIST_WORKER", "gw0") == "gw0":
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text("".join(f"{item.nodeid}\n" for item in items))
+    # The longest modules first, so that under pytest-xdist the other worker runs the rest
+    # beside them instead of one worker finishing them alone at the end.
+    items.sort(key=lambda item: item.nodeid.split("::")[0] not in LONGEST_FIRST)
+
+
+# Minutes each on two cores (docs/test-durations.md).
+LONGEST_FIRST = ("tests/tasks/ops/test_team_stack_e2e.py", "tests/test_dvc_pipeline.py")
 
 
 # The registry's settings from the environment (docs/configuration.md). A developer's shell

@@ -2,8 +2,8 @@
 
 The copy holds the files git tracks plus the untracked ones it does not ignore (so work not
 yet committed is tested too), with a tiny params.yaml: two grounded prompts to train on
-and one held out, 16 new tokens. About a minute on two cores (each stage starts Python;
-the model is cached).
+and one held out, 16 new tokens; the experiment changes the last stage's parameter, so
+only that stage runs again (each stage starts Python; the model is cached).
 """
 
 from __future__ import annotations
@@ -133,10 +133,12 @@ def test_dvc_repro_from_a_clean_copy_then_an_experiment(clean_copy):
 
     _run(["git", "add", "-A"], repo, env)
     _run(["git", "commit", "-q", "-m", "repro"], repo, env)
-    output = _run([dvc, "exp", "run", "-S", "collect.max_new_tokens=12"], repo, env)
-    assert "Stage 'build_traffic' didn't change, skipping" in output
-    assert yaml.safe_load((repo / "params.yaml").read_text())["collect"]["max_new_tokens"] == 12
-    assert _lock_params(repo, "collect")["collect"]["max_new_tokens"] == 12
-    records = _records(repo)
-    assert len(records) == 3 and all(len(r["output_token_ids"]) <= 12 for r in records)
+    # An experiment on the last stage's parameter: only that stage runs again.
+    output = _run([dvc, "exp", "run", "-S", "evaluate.max_new_tokens=6"], repo, env)
+    for upstream in ("build_traffic", "collect", "validate", "train_suffix", "train_predictor"):
+        assert f"Stage '{upstream}' didn't change, skipping" in output, output
+    assert yaml.safe_load((repo / "params.yaml").read_text())["evaluate"]["max_new_tokens"] == 6
+    assert _lock_params(repo, "evaluate")["evaluate"]["max_new_tokens"] == 6
+    assert json.loads((repo / "metrics/evaluate.json").read_text())["max_new_tokens"] == 6
+    assert len(_records(repo)) == 3
     assert json.loads(_run([dvc, "status", "--json", "dvc.yaml"], repo, env)) == {}
