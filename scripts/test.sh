@@ -21,7 +21,7 @@ source scripts/env.sh
 mkdir -p .reports
 # One pytest-xdist worker per core, at most four (SPECOPS_TEST_WORKERS overrides; 0 runs in
 # one process), a test file to a worker so that a module's fixtures are built once, in the
-# collection's order (tests/conftest.py puts the longest modules first).
+# collection's order (tests/conftest.py puts the longest module first).
 cores=$(nproc)
 workers=${SPECOPS_TEST_WORKERS:-$((cores < 4 ? cores : 4))}
 .venv/bin/python -m pytest -q -n "$workers" --dist loadfile --no-loadscope-reorder \

@@ -19,5 +19,8 @@ fi
 echo "== Python 3.12 smoke ($python312)"
 PYTHON="$python312" SPECOPS_VENV=.venv-py312 bash scripts/setup.sh
 source scripts/env.sh
+cores=$(nproc)
+workers=${SPECOPS_TEST_WORKERS:-$((cores < 4 ? cores : 4))}
 .venv-py312/bin/python -m pytest -q -p no:cacheprovider -m "not real_model" \
+  -n "$workers" --dist loadfile --no-loadscope-reorder \
   tests/test_lock.py tests/registry tests/specops tests/serving/server tests/serving/distributed

@@ -44,13 +44,15 @@ def pytest_collection_modifyitems(config, items):
     if path and os.environ.get("PYTEST_XDIST_WORKER", "gw0") == "gw0":
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text("".join(f"{item.nodeid}\n" for item in items))
-    # The longest modules first, so that under pytest-xdist the other worker runs the rest
-    # beside them instead of one worker finishing them alone at the end.
-    items.sort(key=lambda item: item.nodeid.split("::")[0] not in LONGEST_FIRST)
+    # The longest module first, so that under pytest-xdist the other worker runs the rest
+    # beside it instead of one worker finishing it alone at the end. Only one: the team
+    # stack and the DVC pipeline side by side (both start many processes) each ran far
+    # slower than beside the lighter tests.
+    items.sort(key=lambda item: item.nodeid.split("::")[0] != LONGEST)
 
 
-# Minutes each on two cores (docs/test-durations.md).
-LONGEST_FIRST = ("tests/tasks/ops/test_team_stack_e2e.py", "tests/test_dvc_pipeline.py")
+# ~7 min on two cores (docs/test-durations.md).
+LONGEST = "tests/tasks/ops/test_team_stack_e2e.py"
 
 
 # The registry's settings from the environment (docs/configuration.md). A developer's shell
