@@ -62,6 +62,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from registry.config import RegistryConfig, load_registry_config, mask_uri, store_kind
+from registry.labels import LABEL_PATTERN
 from serving.atomic import replace_dir
 from serving.backends.exports import read_export
 from serving.drafters.package import read_manifest
@@ -76,10 +77,6 @@ CHALLENGER = "challenger"
 LOCK_TIMEOUT_S = 120.0  # a promotion takes well under a second; longer means a stuck holder
 CONNECT_TIMEOUT_S = 5.0  # the reachability check of a tracking server or database
 _METRICS_PER_BATCH = 1000  # MLflow's limit per log_batch call
-
-
-# A version as people and files name it: ``<family>/<version>`` or ``<registered model>/<version>``.
-LABEL_PATTERN = r"^[A-Za-z0-9_.-]+/[1-9][0-9]*$"
 
 
 class _AnyChampion(enum.Enum):

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -68,11 +69,17 @@ def main(
 ) -> None:
     """specops: speculative decoding that keeps itself fast."""
     # The top layer of the registry's settings, for this process and those it starts;
-    # checked here when given, so that a bad one fails before any command runs.
+    # checked here when given, so that a bad one fails before any command runs. Without
+    # them a command that never reaches the registry (`specops profile` on a GPU machine
+    # holding only torch and transformers) does not import its settings (pydantic-settings);
+    # once imported, they are reset, so an earlier call's overrides do not leak.
+    given = tracking_uri or registry_uri or registry_config
+    if not given and "registry.config" not in sys.modules:
+        return
     from registry.config import load_registry_config, set_overrides
 
     set_overrides(tracking_uri=tracking_uri, registry_uri=registry_uri, config_file=registry_config)
-    if tracking_uri or registry_uri or registry_config:
+    if given:
         with failing():
             load_registry_config()
 

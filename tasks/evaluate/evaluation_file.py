@@ -36,7 +36,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from registry.client import LABEL_PATTERN
+from registry.labels import LABEL_PATTERN
 from serving.atomic import write_json_atomic
 from serving.errors import BadInputError
 from serving.hardware import hardware_target

@@ -1,8 +1,10 @@
 """Run a prepared evaluation bundle on this machine and write an evaluation file.
 
-For a machine that has only torch, transformers, peft and accelerate (and the small pure
-dependencies this package itself needs: pydantic, pyyaml): no MLflow, Prefect, DVC or
-Great Expectations is imported on this path (a test checks the import closure). The bundle
+For a machine that has only torch, transformers, peft and accelerate, plus the small wheels
+listed in :data:`REMOTE_PACKAGES` (the GPU run kit brings them): no MLflow, Prefect, DVC,
+Great Expectations or registry settings are imported on this path, nor by ``specops
+profile`` (tests/tasks/evaluate/test_remote_closure.py runs both with every other
+distribution refused). The bundle
 comes from :func:`tasks.loop.remote_bundle.prepare_bundle`; the file goes back to
 ``specops registry log-evaluation FILE --promote``.
 
@@ -22,6 +24,13 @@ from typing import Any
 from serving.errors import BadInputError, SpecOpsError
 
 BUNDLE_FORMAT = 1
+# What this path and `specops profile` may import, with what those depend on: the
+# machine's own torch, transformers, peft and accelerate (never carried), and the small
+# wheels a kit brings where they are missing: pyyaml (the configs), pydantic (the
+# evaluation file and the configs), typer (the CLI), gguf (converting the shipped GGUF).
+REMOTE_PACKAGES = (
+    "torch", "transformers", "peft", "accelerate", "pyyaml", "pydantic", "typer", "gguf",
+)  # fmt: skip
 
 
 def read_bundle(bundle: Path) -> tuple[dict[str, Any], list[Any]]:
