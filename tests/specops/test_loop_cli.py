@@ -128,6 +128,7 @@ def _registry(work: Path, monkeypatch):
     return Registry()
 
 
+@pytest.mark.slow  # the main job on the tiny target (~1 min, once per module)
 def test_the_main_job_runs_end_to_end_on_the_tiny_target(demo, loop_world, monkeypatch):
     result, work = demo
     assert result.exit_code == 0, result.output
@@ -184,6 +185,7 @@ def test_the_main_job_runs_end_to_end_on_the_tiny_target(demo, loop_world, monke
     assert run.data.tags["hardware"] == "cpu"
 
 
+@pytest.mark.slow  # the main job on the tiny target (~1 min, once per module)
 def test_head_curve_continues_the_demos_head(demo, loop_world):
     _, work = demo
     out = loop_world / "head-curve"
@@ -207,6 +209,7 @@ def test_head_curve_refuses_a_workspace_without_a_head(loop_world):
     assert result.exit_code == 2 and "--minutes must be > 0, got 0.0" in result.output
 
 
+@pytest.mark.slow  # the main job on the tiny target (~1 min, once per module)
 def test_run_evaluates_a_registered_version_and_prints_the_decision(demo, loop_world, monkeypatch):
     _, work = demo
     registry = _registry(work, monkeypatch)
@@ -225,6 +228,7 @@ def test_run_evaluates_a_registered_version_and_prints_the_decision(demo, loop_w
     assert registry.champion("cpu").label == champion
 
 
+@pytest.mark.slow  # the main job on the tiny target (~1 min, once per module)
 def test_run_collect_validates_versions_and_weighs_a_retrain(demo, loop_world, monkeypatch):
     _, work = demo
     _registry(work, monkeypatch)  # the demo's registry, through the environment
@@ -259,6 +263,7 @@ def test_serve_refuses_an_unknown_target_before_prefect_starts():
     assert result.exit_code == 2 and "unknown hardware target 'tpu-v9'" in result.output
 
 
+@pytest.mark.slow  # its own process and the Prefect server
 def test_serve_registers_its_scheduled_deployments_and_stops(harness, tmp_path):
     """``specops loop serve`` in its own process against the test's Prefect server: its
     three deployments appear with their schedules; interrupted, it stops."""
