@@ -281,6 +281,21 @@ def model_folder(tmp_path_factory):
     return folder
 
 
+@pytest.fixture(scope="session")
+def long_context_folder(tmp_path_factory):
+    """As ``model_folder``, with room (4096 positions) for real grounded prompts."""
+    from transformers import AutoTokenizer
+
+    from serving.models.real import real_model_dir
+    from serving.models.tiny import tiny_llama
+
+    folder = tmp_path_factory.mktemp("tiny-long") / "target"
+    model = tiny_llama(vocab_size=49152, hidden_size=64, num_layers=2, max_positions=4096)
+    model.save_pretrained(folder)
+    AutoTokenizer.from_pretrained(real_model_dir()).save_pretrained(folder)
+    return folder
+
+
 # --- MLflow stores and the Prefect server: made once per session ---------------------------
 @pytest.fixture(scope="session")
 def migrated_mlflow_db(tmp_path_factory) -> Path:

@@ -48,21 +48,6 @@ def _config(predictor, **sweep) -> CascadeFile:
     )
 
 
-@pytest.fixture(scope="module")
-def long_context_folder(tmp_path_factory):
-    """A tiny random Llama with the real tokenizer and room for real prompts."""
-    from transformers import AutoTokenizer
-
-    from serving.models.real import real_model_dir
-    from serving.models.tiny import tiny_llama
-
-    folder = tmp_path_factory.mktemp("tiny-long") / "target"
-    model = tiny_llama(vocab_size=49152, hidden_size=64, num_layers=2, max_positions=4096)
-    model.save_pretrained(folder)
-    AutoTokenizer.from_pretrained(real_model_dir()).save_pretrained(folder)
-    return folder
-
-
 @pytest.mark.slow  # every method over real prompts
 def test_sweep_runs_every_method_and_lossless_ones_match_plain(long_context_folder, tmp_path):
     predictor = tiny_predictor().save(tmp_path / "predictor")

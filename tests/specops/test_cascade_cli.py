@@ -41,21 +41,6 @@ def test_the_sweep_is_no_longer_a_command():
     assert result.exit_code == 2 and "No such command 'sweep'" in result.output
 
 
-@pytest.fixture(scope="module")
-def long_context_folder(tmp_path_factory):
-    """A tiny random Llama with the real tokenizer and room for a real grounded prompt."""
-    from transformers import AutoTokenizer
-
-    from serving.models.real import real_model_dir
-    from serving.models.tiny import tiny_llama
-
-    folder = tmp_path_factory.mktemp("tiny-long") / "target"
-    model = tiny_llama(vocab_size=49152, hidden_size=64, num_layers=2, max_positions=4096)
-    model.save_pretrained(folder)
-    AutoTokenizer.from_pretrained(real_model_dir()).save_pretrained(folder)
-    return folder
-
-
 def test_collect_writes_one_detailed_record_per_prompt_and_stage_and_reruns_idempotently(
     long_context_folder, tmp_path
 ):
