@@ -20,6 +20,7 @@ import pytest
 
 from serving.paths import PROJECT_ROOT
 from tasks.ops.server_process import free_port
+from tests.tasks.loop.priced_gates import PRICED_GATES
 
 # `specops stack loop` took ~5 min on 2 cores (docs/team-loop.json); it gets three times
 # that. pytest's own limit for this test covers the loop, the clone before it and the
@@ -74,6 +75,13 @@ def stack_env(tmp_path_factory):
         env.pop(name, None)
     checkout = root / "checkout"
     subprocess.run(["git", "clone", "-q", str(PROJECT_ROOT), str(checkout)], check=True)
+    # The subject is what the loop does with a verdict, not whether the tiny target is fast
+    # on a busy machine: the clone's gates price speed (priced_gates.py), committed, so the
+    # worker runs a clean checkout. (CI's run on two busy cores timed prompt lookup at k=1
+    # below plain decoding, and the bootstrap promoted nothing.)
+    (checkout / "configs" / "gates.yaml").write_text(PRICED_GATES)
+    git = ["git", "-C", str(checkout), "-c", "user.name=test", "-c", "user.email=test@specops"]
+    subprocess.run([*git, "commit", "-qam", "priced gates"], check=True)
     yield env, checkout, root
     _specops("stack", "down", "--purge", env=env, timeout=DOWN_TIMEOUT_S)
 
