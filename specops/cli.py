@@ -19,6 +19,7 @@ from specops.distributed_cli import distributed_app
 from specops.draft_cli import register_draft_commands
 from specops.exit import failing
 from specops.generate_cli import generate
+from specops.gpu_cli import gpu_app
 from specops.loop_cli import loop_app
 from specops.predictor_cli import predictor_app
 from specops.quality_cli import quality
@@ -94,6 +95,7 @@ register_draft_commands(app)
 app.add_typer(loop_app, name="loop")
 app.add_typer(predictor_app, name="predictor")
 app.add_typer(targets_app, name="targets")
+app.add_typer(gpu_app, name="gpu")
 app.add_typer(teacher_app, name="teacher")
 app.command("quality")(quality)
 app.command("chat")(chat)

@@ -72,6 +72,18 @@ def real_model_dir(*, progress: bool = True) -> Path:
     return target
 
 
+def convert_gguf(source: Path, target: Path, *, progress: bool = True) -> Path:
+    """Convert the GGUF ``source`` into the safetensors folder ``target`` (once: a folder
+    converted from the same GGUF is kept), as :func:`real_model_dir` does for the
+    package's own."""
+    fingerprint = _fingerprint(Path(source))
+    marker = Path(target) / _MARKER
+    if marker.is_file() and json.loads(marker.read_text()).get("gguf_sha256") == fingerprint:
+        return Path(target)
+    _convert(Path(source), Path(target), fingerprint, progress=progress)
+    return Path(target)
+
+
 def _convert(source: Path, target: Path, fingerprint: str, *, progress: bool) -> None:
     from tqdm.auto import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer

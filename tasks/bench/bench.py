@@ -26,7 +26,7 @@ import logging
 import os
 import platform
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -51,6 +51,7 @@ from tasks.bench.limits import (
     weight_bytes_per_token,
 )
 from tasks.bench.llamacpp import LlamaCppProcess, LlamaCppUnavailable, llamacpp_python
+from tasks.evaluate.evaluate import EncodedPrompt
 from tasks.evaluate.interleave import interleave
 
 log = logging.getLogger(__name__)
@@ -62,7 +63,9 @@ BASELINE = "hf-greedy"
 Engine = Literal["hf", "specops", "llamacpp"]
 # The modes each engine takes (specops has none: its drafter decides).
 ENGINE_MODES: dict[str, tuple[str | None, ...]] = {
-    "hf": ("greedy", "assisted", "prompt_lookup"),
+    # static: greedy over a static KV cache, which transformers compiles (torch.compile)
+    # on an accelerator; on the CPU it runs uncompiled (transformers' own rule).
+    "hf": ("greedy", "assisted", "prompt_lookup", "static"),
     "specops": (None,),
     "llamacpp": ("plain", "prompt_lookup"),
 }
@@ -73,7 +76,7 @@ class MethodConfig(BaseModel):
 
     name: str
     engine: Engine
-    mode: Literal["greedy", "assisted", "prompt_lookup", "plain"] | None = None
+    mode: Literal["greedy", "assisted", "prompt_lookup", "static", "plain"] | None = None
     # specops: the drafter spec, its largest block, the draft-length policy, and the hardware
     # target (configs/hardware.yaml) whose weight format and pass costs it runs with; the
     # bench's ``hardware`` when not given.
@@ -170,9 +173,17 @@ class Outcome:
 Runner = Callable[[list[int]], Outcome]
 
 
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def _hf_runner(model, *, max_new_tokens: int, pad_id: int, **generate_kwargs) -> Runner:
+    device = next(model.parameters()).device
+
     def run(prompt_ids: list[int]) -> Outcome:
-        input_ids = torch.tensor([prompt_ids])
+        input_ids = torch.tensor([prompt_ids], device=device)
+        _sync(device)
         started = time.perf_counter()
         with torch.inference_mode():
             out = model.generate(
@@ -183,6 +194,7 @@ def _hf_runner(model, *, max_new_tokens: int, pad_id: int, **generate_kwargs) ->
                 pad_token_id=pad_id,
                 **generate_kwargs,
             )
+        _sync(device)
         seconds = time.perf_counter() - started
         return Outcome(out[0, len(prompt_ids) :].tolist(), seconds)
 
@@ -303,6 +315,8 @@ def make_runners(
                 kwargs["assistant_model"] = draft_model
             elif method.mode == "prompt_lookup":
                 kwargs["prompt_lookup_num_tokens"] = method.prompt_lookup_num_tokens
+            elif method.mode == "static":
+                kwargs["cache_implementation"] = "static"
             runners[method.name] = _hf_runner(
                 model, max_new_tokens=config.max_new_tokens, pad_id=pad_id, **kwargs
             )
@@ -502,13 +516,16 @@ def run_bench(
     out_dir: Path = Path("results"),
     target: str = "smollm2",
     progress: bool = True,
+    prompts: Sequence[EncodedPrompt] | None = None,
+    draw: bool = True,
 ) -> dict:
-    """Run the benchmark; write ``bench.json`` and ``bench.png`` into ``out_dir``.
+    """Run the benchmark; write ``bench.json`` and (``draw``) ``bench.png`` into ``out_dir``.
 
+    ``prompts`` (token ids, e.g. a GPU run kit's) replace the config's workloads. HF methods
+    run the target on the device and dtype of the config's hardware target (stock kernels).
     llama.cpp methods whose environment or model is missing are left out and listed under
     ``skipped`` with the reason (and logged); the rest of the bench runs."""
     from serving.loader import encode_messages, load_target
-    from tasks.data.traffic import build_workload
 
     set_threads(config.threads)
     load_before = os.getloadavg()  # other work on the machine shows in every timing
@@ -524,26 +541,32 @@ def run_bench(
         except LlamaCppUnavailable as error:
             skipped = [{"method": name, "reason": str(error)} for name in llama_methods]
             log.warning("skipping %s: %s", ", ".join(llama_methods), error)
-    prompts = [
-        prompt
-        for workload in config.workloads
-        for prompt in build_workload(
-            workload, config.prompts_per_workload, seed=config.seed, split=config.split
-        )
-    ]
-    model, tokenizer = load_target(target, kernels="stock")
+    if prompts is None:
+        from tasks.data.traffic import build_workload
+
+        prompts = [
+            prompt
+            for workload in config.workloads
+            for prompt in build_workload(
+                workload, config.prompts_per_workload, seed=config.seed, split=config.split
+            )
+        ]
+    main = hardware.get(config.hardware) or engine_target(config.hardware, require_curve=False)
+    hf_options = {"kernels": "stock", "device": main.device, "dtype": main.dtype}
+    model, tokenizer = load_target(target, **hf_options)
     # One model per distinct way of loading (kernels, device, dtype), shared by the targets
-    # that load alike; the stock CPU float32 one is the HF baselines' own.
-    loaded: dict[tuple, Any] = {
-        tuple(sorted({"kernels": "stock", "device": "cpu", "dtype": "float32"}.items())): model
-    }
+    # that load alike; the stock one on the main target's device is the HF baselines' own.
+    loaded: dict[tuple, Any] = {tuple(sorted(hf_options.items())): model}
     engine_models: dict[str, Any] = {}
     for name, spec in hardware.items():
         key = tuple(sorted(spec.load_options().items()))
         if key not in loaded:
             loaded[key], _ = load_target(target, **spec.load_options())
         engine_models[name] = loaded[key]
-    encoded = [encode_messages(tokenizer, p.messages) for p in prompts]
+    encoded = [
+        p.token_ids if isinstance(p, EncodedPrompt) else encode_messages(tokenizer, p.messages)
+        for p in prompts
+    ]
 
     bandwidth = memory_bandwidth(config.bandwidth_mb)
     footprints = {id(m): weight_bytes_per_token(m) for m in loaded.values()}
@@ -634,7 +657,8 @@ def run_bench(
     }
     out_dir = Path(out_dir)
     write_json_atomic(out_dir / "bench.json", results)
-    plot(rows, out_dir / "bench.png")
+    if draw:
+        plot(rows, out_dir / "bench.png")
     return results
 
 

@@ -40,6 +40,8 @@ class PassProfile(TypedDict):
     device_name: str  # the GPU's name on CUDA, "cpu" otherwise
     dtype: str  # the target's weights, e.g. "float32"
     target_pass_s: dict[int, float]  # n new tokens -> seconds of one target pass
+    # n -> [25th, 75th percentile] of those seconds: the spread around each median
+    target_pass_iqr_s: dict[int, list[float]]
     verify_curve: list[float]  # t_verify(n) / t_verify(1), n = 1..max_n
     # verify_curve made non-decreasing (a longer pass never costs less): what
     # configs/hardware.yaml takes, as the cost-aware policy reads it
@@ -101,6 +103,14 @@ def _time_pass(model, cache, base: int, n: int, vocab: int, generator: torch.Gen
         return _clock(lambda: model(input_ids=block, past_key_values=cache, use_cache=True), device)
     finally:
         rewind(cache, base)
+
+
+def _quartiles(values: list[float]) -> list[float]:
+    """[25th, 75th percentile] of ``values`` (both the value itself for a single one)."""
+    if len(values) < 2:
+        return [values[0], values[0]]
+    low, _, high = statistics.quantiles(values, n=4)
+    return [low, high]
 
 
 def config_curve(curve: list[float]) -> list[float]:
@@ -170,6 +180,7 @@ def profile_model(
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "dtype": str(weight.dtype).removeprefix("torch."),
         "target_pass_s": {n: median[("target", n)] for n in range(1, max_n + 1)},
+        "target_pass_iqr_s": {n: _quartiles(times[("target", n)]) for n in range(1, max_n + 1)},
         "verify_curve": curve,
         "config_curve": config_curve(curve),
         "draft_cost": {

@@ -1,0 +1,1 @@
+"""The GPU run kit: built here (kit), run there (there, steps), ingested back (ingest)."""
