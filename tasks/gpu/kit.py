@@ -33,6 +33,7 @@ from serving.paths import PROJECT_ROOT
 from tasks.gpu.manifest import MIB, KitManifest, KitSettings, write_manifest
 from tasks.gpu.parts import SplitFile, split_file
 from tasks.gpu.plan import STEPS
+from tasks.loop.retrain_config import TargetRetrain
 
 DEFAULT_PART_SIZE = 60 * MIB
 TRANSFER_LIMIT = 64 * MIB  # what one transfer to a lent machine carries
@@ -54,6 +55,8 @@ class KitOptions:
     wheels: bool = True
     python: str = "3.12"  # the GPU machine's Python, for the wheels
     settings: KitSettings = field(default_factory=KitSettings)
+    # The learned families' settings there; default: configs/retrain.yaml's for the target.
+    retrain: TargetRetrain | None = None
 
 
 def _closure(names: tuple[str, ...]) -> dict[str, str]:
@@ -154,7 +157,7 @@ def _teacher(options: KitOptions, hardware: str, scratch: Path) -> Path:
     from tasks.loop.retrain_config import load_retrain_config
     from tasks.train.store_teacher import build_store_teacher
 
-    config = load_retrain_config().target(hardware)
+    config = options.retrain or load_retrain_config().target(hardware)
     records = read_part(options.dataset, "train_mix")
     model, tokenizer = training_target(options.target)
     folder = scratch / "teacher"
@@ -170,12 +173,13 @@ def _teacher(options: KitOptions, hardware: str, scratch: Path) -> Path:
     return folder
 
 
-def _retrain_settings(hardware: str, budget_s: float) -> dict:
-    """``configs/retrain.yaml``'s settings for ``hardware``, each family's budget scaled to
-    ``budget_s`` (a lent machine's minutes)."""
+def _retrain_settings(options: KitOptions, hardware: str) -> dict:
+    """The learned families' settings (``configs/retrain.yaml``'s for ``hardware`` unless
+    given), each family's budget scaled to the kit's (a lent machine's minutes)."""
     from tasks.loop.retrain_config import load_retrain_config
 
-    config = load_retrain_config().target(hardware)
+    budget_s = options.settings.train_budget_s
+    config = options.retrain or load_retrain_config().target(hardware)
     if config.families:
         config = config.with_budgets(dict.fromkeys(config.families, budget_s))
     return config.model_dump(mode="json")
@@ -226,7 +230,7 @@ def build_kit(options: KitOptions, *, say=print) -> KitManifest:
         shutil.rmtree(whole)
         settings = replace(
             options.settings,
-            retrain=_retrain_settings(hardware, options.settings.train_budget_s),
+            retrain=_retrain_settings(options, hardware),
         )
         manifest = KitManifest(
             hardware=hardware,
