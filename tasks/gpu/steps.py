@@ -365,14 +365,14 @@ def evaluate(kit: Path, manifest: KitManifest, out: Path) -> None:
                 "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "kit_commit": manifest.commit,
             },
-            "report": report.model_dump(mode="json"),
+            "report": report,
         },
     )
     for name in labels:
-        result = report.results[name]
+        result = report["results"][name]
         print(
-            f"{name}: speedup {result.speedup}, mean accepted length "
-            f"{result.mean_accepted_length}, lossless {result.lossless}"
+            f"{name}: speedup {result['speedup']}, mean accepted length "
+            f"{result['mean_accepted_length']}, lossless {result['lossless']}"
         )
 
 
