@@ -32,7 +32,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from serving.errors import BadInputError, IncompatibleDraftError, ModelSourceError
 from serving.loader import eos_ids, load_target, set_threads
 from tasks.loop.retrain_config import FamilySettings, LearnedFamily, TargetRetrain
-from tasks.settings import loop_settings
 from tasks.train.store_teacher import Answered, TooLittleDataError, build_store_teacher
 
 log = logging.getLogger(__name__)
@@ -64,7 +63,11 @@ def training_target(target: str | None = None):
     """The target (default: ``SPECOPS_TARGET``, :mod:`tasks.settings`) with torch's stock
     linear layers: trainers read its weights (oneDNN-packed layers have none to read), and
     the LoRA draft copies its first layers."""
-    return load_target(target or loop_settings().target, kernels="stock")
+    if target is None:  # the settings need pydantic-settings, which a GPU kit lacks
+        from tasks.settings import loop_settings
+
+        target = loop_settings().target
+    return load_target(target, kernels="stock")
 
 
 def _curves(history: Sequence[Any]) -> dict[str, list[tuple[int, float]]]:
