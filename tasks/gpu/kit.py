@@ -30,19 +30,24 @@ from pathlib import Path
 from serving.atomic import atomic_dir
 from serving.errors import BadInputError, SpecOpsError
 from serving.paths import PROJECT_ROOT
-from tasks.gpu.manifest import MIB, KitManifest, KitSettings, write_manifest
+from tasks.gpu.manifest import KIT_PACKAGES, MIB, KitManifest, KitSettings, write_manifest
 from tasks.gpu.parts import SplitFile, split_file
 from tasks.gpu.plan import STEPS
 from tasks.loop.retrain_config import TargetRetrain
 
 DEFAULT_PART_SIZE = 60 * MIB
 TRANSFER_LIMIT = 64 * MIB  # what one transfer to a lent machine carries
-# Brought as wheels where the machine lacks them (pytest for the device tests,
-# bitsandbytes for the quantised LoRA settings of `cuda` in configs/retrain.yaml).
-KIT_PACKAGES = ("pydantic", "typer", "gguf", "pyyaml", "pytest", "bitsandbytes")
-# Never carried: the machine's own (they and what they need).
-MACHINE_OWN = ("torch", "transformers", "peft", "accelerate")
-PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64", "any")
+# Never carried: the machine's own, and the large packages they bring (a bare GPU machine
+# had these, and not pydantic or typer, though this environment's transformers needs them).
+MACHINE_OWN = (
+    "torch", "transformers", "peft", "accelerate", "numpy", "tokenizers", "safetensors",
+    "huggingface-hub", "triton", "hf-xet",
+)  # fmt: skip
+# x86-64 Linux wheels a glibc of 2.28 or later takes (bitsandbytes ships manylinux_2_24).
+PLATFORMS = (
+    *(f"manylinux_2_{minor}_x86_64" for minor in (17, 24, 26, 27, 28)),
+    "manylinux2014_x86_64", "linux_x86_64", "any",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -59,8 +64,9 @@ class KitOptions:
     retrain: TargetRetrain | None = None
 
 
-def _closure(names: tuple[str, ...]) -> dict[str, str]:
-    """Installed distributions ``names`` need (extras left out): name -> version."""
+def _closure(names: tuple[str, ...], stop: tuple[str, ...] = ()) -> dict[str, str]:
+    """Installed distributions ``names`` need (extras left out), not descending into
+    ``stop``: name -> version."""
     from packaging.requirements import Requirement
     from packaging.utils import canonicalize_name
 
@@ -68,7 +74,7 @@ def _closure(names: tuple[str, ...]) -> dict[str, str]:
     todo = [canonicalize_name(n) for n in names]
     while todo:
         name = todo.pop()
-        if name in found:
+        if name in found or name in stop or name.startswith("nvidia-"):
             continue
         try:
             dist = distribution(name)
@@ -84,10 +90,10 @@ def _closure(names: tuple[str, ...]) -> dict[str, str]:
 
 def wheel_pins() -> list[str]:
     """``name==version`` for every package the kit brings as a wheel: the closure of
-    :data:`KIT_PACKAGES` less the machine's own closure, at the versions installed here
-    (the lock's)."""
-    own = _closure(MACHINE_OWN)
-    return sorted(f"{n}=={v}" for n, v in _closure(KIT_PACKAGES).items() if n not in own)
+    :data:`KIT_PACKAGES` less :data:`MACHINE_OWN`, at the versions installed here (the
+    lock's). There, a wheel is installed only where the machine lacks its package (or, for
+    :data:`KIT_PACKAGES` themselves, has another version)."""
+    return sorted(f"{n}=={v}" for n, v in _closure(KIT_PACKAGES, stop=MACHINE_OWN).items())
 
 
 def download_wheels(folder: Path, python: str) -> list[Path]:

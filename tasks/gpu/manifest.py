@@ -17,6 +17,9 @@ from tasks.gpu.parts import SplitFile
 KIT_FORMAT = 1
 MANIFEST = "kit.json"
 MIB = 1 << 20
+# Brought as wheels where the machine lacks them (pytest for the device tests,
+# bitsandbytes for the quantised LoRA settings of `cuda` in configs/retrain.yaml).
+KIT_PACKAGES = ("pydantic", "typer", "gguf", "pyyaml", "pytest", "bitsandbytes")
 
 
 @dataclass(frozen=True)

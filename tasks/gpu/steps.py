@@ -23,7 +23,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from serving.errors import BadInputError
-from tasks.gpu.manifest import KitManifest, read_manifest
+from tasks.gpu.manifest import KIT_PACKAGES, KitManifest, read_manifest
 from tasks.gpu.parts import join_file
 
 SETUP_DONE = ".setup-complete"
@@ -70,12 +70,16 @@ def _extract(archive: Path, folder: Path) -> Path:
 
 
 def _wheel_needed(wheel: str) -> bool:
-    """The machine lacks the wheel's distribution, or has another version of it."""
+    """The machine lacks the wheel's distribution, or has another version of one the kit
+    needs at its own (pydantic 1 would not do); a dependency it has at any version is
+    left as it is."""
     name, wanted = wheel.split("-")[:2]
     try:
-        return version(name) != wanted
+        found = version(name)
     except PackageNotFoundError:
         return True
+    pinned = name.lower().replace("_", "-") in KIT_PACKAGES
+    return pinned and found != wanted
 
 
 def install_wheels(kit: Path, manifest: KitManifest) -> list[str]:
