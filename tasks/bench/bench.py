@@ -51,6 +51,7 @@ from tasks.bench.limits import (
     weight_bytes_per_token,
 )
 from tasks.bench.llamacpp import LlamaCppProcess, LlamaCppUnavailable, llamacpp_python
+from tasks.data.prompts import Prompt
 from tasks.evaluate.evaluate import EncodedPrompt
 from tasks.evaluate.interleave import interleave
 
@@ -516,7 +517,7 @@ def run_bench(
     out_dir: Path = Path("results"),
     target: str = "smollm2",
     progress: bool = True,
-    prompts: Sequence[EncodedPrompt] | None = None,
+    prompts: Sequence[EncodedPrompt | Prompt] | None = None,
     draw: bool = True,
 ) -> dict:
     """Run the benchmark; write ``bench.json`` and (``draw``) ``bench.png`` into ``out_dir``.
@@ -615,7 +616,7 @@ def run_bench(
                 log.warning("skipping %s: %s", ", ".join(llama_methods), error)
         runners = make_runners(model, engine_models, tokenizer, config, llamacpp=llama)
         names = list(runners)
-        runs = _interleave(runners, prompts, encoded, references, progress=progress)
+        runs = _interleave(runners, list(prompts), encoded, references, progress=progress)
     finally:
         if llama is not None:
             llama.close()

@@ -154,7 +154,7 @@ def _tar(folder: Path, out: Path) -> Path:
     return out
 
 
-def _teacher(options: KitOptions, hardware: str, scratch: Path) -> Path:
+def _teacher(options: KitOptions, dataset: Path, hardware: str, scratch: Path) -> Path:
     """Teacher data from the dataset's training mix, one teacher-forced pass of the target
     here (:func:`tasks.train.store_teacher.build_store_teacher`, as the retrain does)."""
     from serving.loader import eos_ids
@@ -164,7 +164,7 @@ def _teacher(options: KitOptions, hardware: str, scratch: Path) -> Path:
     from tasks.train.store_teacher import build_store_teacher
 
     config = options.retrain or load_retrain_config().target(hardware)
-    records = read_part(options.dataset, "train_mix")
+    records = read_part(dataset, "train_mix")
     model, tokenizer = training_target(options.target)
     folder = scratch / "teacher"
     build_store_teacher(
@@ -227,7 +227,7 @@ def build_kit(options: KitOptions, *, say=print) -> KitManifest:
         add("bundle", _tar(Path(options.bundle), whole / "bundle.tar"), "bundle.tar")
         if options.dataset is not None:
             say("  teacher data: one teacher-forced pass over the training mix here")
-            teacher = _teacher(options, hardware, whole)
+            teacher = _teacher(options, options.dataset, hardware, whole)
             add("teacher", _tar(teacher, whole / "teacher.tar"), "teacher.tar")
         if options.wheels:
             say(f"  wheels for Python {options.python}: {' '.join(wheel_pins())}")

@@ -300,6 +300,9 @@ def train(kit: Path, manifest: KitManifest, out: Path) -> None:
             report[family] = {"skipped": str(error)}
             print(f"{family}: skipped: {error}")
             continue
+        if trained.package is None:
+            report[family] = {"skipped": trained.skipped or "no package"}
+            continue
         folder = out / "trained" / family
         if folder.exists():
             shutil.rmtree(folder)
