@@ -158,7 +158,7 @@ def _first_layers_from_folder(target, layers: int):
     finally:
         hf_logging.set_verbosity(verbosity)
     ours = target.get_input_embeddings().weight.detach()
-    theirs = model.get_input_embeddings().weight.detach()
+    theirs = model.get_input_embeddings().weight.detach()  # type: ignore[operator]
     if theirs.shape != ours.shape or not torch.equal(theirs.to(ours.dtype), ours.cpu()):
         raise ModelSourceError(
             f"the weights in the target's folder {source!r} are not the loaded target's (their "
