@@ -82,10 +82,12 @@ def serve_target(
 
 def _client_side(kind: str | None) -> tuple[Any, Any]:
     """``(model, tokenizer)`` a client needs for a drafter of ``kind``: the shipped model's
-    tokenizer, and the target itself only for a draft built from it (``layers``, ``model``)."""
+    tokenizer, and the target itself only for a draft built from it or served like it
+    (:data:`~serving.drafters.kinds.MODEL_KINDS`: ``layers``, ``model``, ``lora``)."""
+    from serving.drafters.kinds import MODEL_KINDS
     from serving.loader import load_target
 
-    if kind in ("layers", "model"):
+    if kind in MODEL_KINDS:
         return load_target("smollm2")
     from transformers import AutoTokenizer
 

@@ -246,6 +246,32 @@ def tiny_teacher_cache(tmp_path_factory):
     return make
 
 
+def _write_lora_adapter(target, folder: Path, *, layers: int = 2, seed: int = 0) -> Path:
+    """A peft adapter over ``target``'s first ``layers`` layers, as a LoRA run saves it
+    (with its ``lora_base.json``), with random (not zero) updates so that merging it
+    changes every adapted weight; no training."""
+    from serving.models.lora import lora_base_of, write_lora_base
+    from tasks.train.distill_model import base_draft, with_lora
+
+    torch.manual_seed(seed)
+    base = base_draft(target, layers=layers, draft_model=None)
+    adapted = with_lora(base, r=4, alpha=8, dropout=0.0, target_modules="all-linear")
+    with torch.no_grad():
+        for name, parameter in adapted.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0, 0.2)
+    adapted.save_pretrained(folder)
+    write_lora_base(folder, lora_base_of(target, layers))
+    return folder
+
+
+@pytest.fixture(scope="session")
+def lora_adapter():
+    """``lora_adapter(target, folder, layers=2, seed=0)``: write a random LoRA adapter over
+    ``target``'s first layers into ``folder`` (the layout a LoRA package stores)."""
+    return _write_lora_adapter
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """Tiny models run fastest on one thread, and far slower on two on a busy machine;

@@ -9,6 +9,7 @@ specops drafter               :class:`Speculation` method          vLLM ``method
 ============================  ==================================  ==========================
 ``pld:N`` (prompt lookup)     ``ngram``                           ``ngram``
 ``layers:N``, ``model:PATH``  ``draft_model``                     ``draft_model``
+``lora:PATH`` (merged)        ``draft_model``                     ``draft_model``
 ``suffix[:CORPUS]``           ``suffix``                          ``suffix`` (Arctic Inference)
 ``head:PATH`` (layout eagle)  ``eagle``                           ``eagle`` (EAGLE-1)
 ============================  ==================================  ==========================

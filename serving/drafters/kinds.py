@@ -117,6 +117,10 @@ def _check_model(spec: str, arg: str | None) -> None:
     folder_arg(spec, arg, "a model folder", "model:PATH")
 
 
+def _check_lora(spec: str, arg: str | None) -> None:
+    folder_arg(spec, arg, "a LoRA adapter folder", "lora:PATH")
+
+
 def _check_head(spec: str, arg: str | None) -> None:
     folder_arg(spec, arg, "a draft-head folder", "head:PATH")
 
@@ -187,6 +191,16 @@ def _build_model(spec: DrafterSpec, target: Any, tokenizer: Any) -> Drafter:
 
     assert spec.arg is not None  # checked: model:PATH
     return load_model_drafter(spec.arg, target, tokenizer, name=str(spec))
+
+
+def _build_lora(spec: DrafterSpec, target: Any, tokenizer: Any) -> Drafter:
+    from serving.drafters.model import model_drafter_for
+    from serving.models.lora import load_lora_draft
+
+    assert spec.arg is not None  # checked: lora:PATH
+    dtype = next(target.parameters()).dtype
+    model = load_lora_draft(spec.arg, target).to(dtype)  # fp32 merge, then the target's dtype
+    return model_drafter_for(model, target, name=str(spec))
 
 
 def _build_head(spec: DrafterSpec, target: Any, tokenizer: Any) -> Drafter:
@@ -279,6 +293,18 @@ DRAFTER_KINDS: tuple[DrafterKind, ...] = (
         files=True,
         relocate=_whole_path,
         completions=("head:",),
+    ),
+    DrafterKind(
+        name="lora",
+        usage="lora:PATH",
+        brief="lora:PATH",
+        about="a LoRA adapter over the target's first N layers, merged when it loads",
+        check=_check_lora,
+        build=_build_lora,
+        stage="model",
+        files=True,
+        relocate=_whole_path,
+        completions=("lora:",),
     ),
 )
 KIND_BY_NAME: dict[str, DrafterKind] = {kind.name: kind for kind in DRAFTER_KINDS}

@@ -135,11 +135,18 @@ def load_model_drafter(path: str, target, target_tokenizer=None, *, name: str) -
 
     if target_tokenizer is not None:
         check_same_tokenizer(path, target_tokenizer)
+    dtype = next(target.parameters()).dtype
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
+    return model_drafter_for(model, target, name=name)
+
+
+def model_drafter_for(model, target, *, name: str) -> ModelDrafter:
+    """A drafter of the causal LM ``model`` (in its target's dtype) served like ``target``:
+    on its device and with its kernels (quantised as it is quantised)."""
     weight = next(target.parameters())
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=weight.dtype).eval()
     if weight.device.type != "cpu":
         model = model.to(weight.device)
     apply_kernels(model, kernels_of(target), exact=False)  # its target's kernels
-    drafter = ModelDrafter(model, name=name)
+    drafter = ModelDrafter(model.eval(), name=name)
     drafter.check_compatible(int(target.config.vocab_size))
     return drafter

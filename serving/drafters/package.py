@@ -9,6 +9,15 @@ needs::
     draft.json      {"format": 1, "drafter": "pld:3", "policy": "cost", "k": 10, ...}
     weights/        (only for model:/head: drafters: the files the spec points at)
 
+A LoRA draft of the target's first N layers (family ``lora``) holds its adapter alone,
+merged into the target's own layers when it loads (:mod:`serving.models.lora`): 2.6 MB for
+SmolLM2-135M's first 4 layers where its fp32 merge under ``weights/`` took 176 MB
+(docs/training.md)::
+
+    draft.json      {"drafter": "lora:adapter", "family": "lora", ...}
+    adapter/        adapter_config.json, adapter_model.safetensors, lora_base.json (N)
+    train_metrics.json
+
 n-gram drafters have no files: their package is the manifest alone. Packages are written
 into a temporary folder and renamed into place, so a reader never sees half of one.
 """

@@ -35,6 +35,7 @@ import numpy as np
 from serving.atomic import atomic_path, write_json_atomic, write_text_atomic
 from serving.distributed.client import SessionResult, TargetClient, run_distributed, run_fused
 from serving.drafters.factory import build_drafter, parse_drafter_spec
+from serving.drafters.kinds import MODEL_KINDS
 from serving.errors import BadInputError
 from serving.policy import make_policy
 
@@ -227,7 +228,7 @@ def run_distributed_bench(
     if not prompts:
         raise BadInputError("the benchmark needs at least one prompt")
     spec = parse_drafter_spec(settings.drafter)
-    if spec.kind in ("layers", "model") and draft_target is None:
+    if spec.kind in MODEL_KINDS and draft_target is None:
         raise BadInputError(f"drafter {settings.drafter!r} needs the target model on the client")
     max_sessions = max(settings.sessions)
     jobs_at = {s: list(range(settings.requests_at(s))) for s in settings.sessions}

@@ -5,7 +5,10 @@ An export is a folder with ``export.json`` — the backend, the drafter it came 
 self-contained causal-LM folder (``config.json``, ``model.safetensors``, the tokenizer) that
 vLLM takes as its draft ``model``, mlx-lm loads as its ``draft_model`` and
 transformers-neuronx compiles. A ``layers:N`` draft, which shares the target's modules
-at serve time, is written out as a model of its own here.
+at serve time, is written out as a model of its own here, and so is a ``lora:PATH`` draft
+(a package that stores its adapter only): its adapter is merged here into the target's
+first N fp32 layers (:func:`serving.models.lora.load_lora_draft`), the merged weights
+written only where a backend needs them.
 
 A ``suffix`` draft becomes vLLM's ``suffix`` method (its corpus does not travel: vLLM's
 suffix trees are built from the responses the server itself produces, so the export
@@ -55,8 +58,8 @@ def speculation_for(drafter: str, backend: str, k: int) -> Speculation:
         raise UnsupportedDraftError(
             f"drafter {drafter!r} runs only on the specops engine (backend 'transformers' "
             f"through its own evaluation); backend {backend!r} loads prompt lookup (pld), "
-            "model drafts (layers:N, model:PATH), suffix decoding (suffix) and EAGLE heads "
-            "(head:PATH) where the backend has them"
+            "model drafts (layers:N, model:PATH, lora:PATH), suffix decoding (suffix) and "
+            "EAGLE heads (head:PATH) where the backend has them"
         )
     check_supported(backend, speculation)
     return speculation
@@ -82,6 +85,10 @@ def _write_model_draft(drafter: str, package: Path, out: Path, target_source: st
     kind, _, arg = drafter.partition(":")
     if kind.lower() == "layers":
         draft = first_layers(model, int(arg))
+    elif kind.lower() == "lora":
+        from serving.models.lora import load_lora_draft
+
+        draft = load_lora_draft(package / arg, model)  # merged here, against the target
     else:
         import torch
         from transformers import AutoModelForCausalLM

@@ -9,8 +9,9 @@ pass over them (:func:`tasks.train.store_teacher.build_store_teacher`): nothing 
   ``init_head`` (the head family's current champion, or its newest version evaluated on
   this target) when there is one, else from a fresh initialisation;
 - **lora**: a LoRA draft of :mod:`tasks.train.distill` (the target's first layers, peft),
-  merged into the weights for serving (checked against the unmerged adapter) and
-  re-quantised when it was trained against a quantised base.
+  its merge checked against the unmerged adapter, packaged as the adapter alone (merged
+  into the target's layers when it loads), or as its re-quantised merge when it was
+  trained against a quantised base.
 
 Every family trains in its own folder under ``work`` (keyed by the retrain's run slot), so
 a retrain killed in any family's training resumes from its checkpoint when the flow runs

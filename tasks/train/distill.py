@@ -19,10 +19,13 @@ merged model is also written re-quantised in that mode and kept only if it loads
 quantised and agrees with the fp32 one (``requantized_agreement``;
 :func:`~tasks.train.distill_model.requantize_checked`).
 
-Layout of ``output_dir``: ``checkpoint/``, ``adapter/`` (LoRA only: the peft adapter),
-``model/`` (a standalone fp32 causal LM, the adapter merged in), ``model-8bit/`` or
-``model-4bit/`` (with ``quantize``: the same, re-quantised) and ``train_metrics.json``.
-:func:`write_draft_package` turns the result into a draft package (``model:weights``).
+Layout of ``output_dir``: ``checkpoint/``, ``adapter/`` (LoRA only: the peft adapter, and
+for a ``layers`` base ``lora_base.json``, the base it was trained on), ``model/`` (a
+standalone fp32 causal LM, the adapter merged in), ``model-8bit/`` or ``model-4bit/`` (with
+``quantize``: the same, re-quantised) and ``train_metrics.json``.
+:func:`write_draft_package` turns the result into a draft package: a LoRA draft of the
+target's first layers as its adapter alone (``lora:adapter``, merged when it loads), any
+other as its weights (``model:weights``).
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from pydantic import Field, model_validator
 from serving.atomic import atomic_dir, write_json_atomic
 from serving.drafters.package import DraftManifest, write_package
 from serving.errors import BadInputError, IncompatibleDraftError
+from serving.models.lora import BASE_FILE, lora_base_of, write_lora_base
 from tasks.train.distill_data import DistillBatch, LossKind, distill_loss, make_batch
 from tasks.train.distill_model import (
     MergeCheck,
@@ -368,6 +372,8 @@ def _save_models(
     adapter_dir = output_dir / ADAPTER_DIR
     with atomic_dir(adapter_dir) as scratch:
         model.save_pretrained(scratch)
+        if config.layers is not None:  # its base, for a package that stores the adapter only
+            write_lora_base(scratch, lora_base_of(target, config.layers))
 
     def fresh_base():
         return base_draft(
@@ -420,22 +426,35 @@ def write_draft_package(
     description: str = "",
     requantized: bool = True,
 ) -> Path:
-    """Write the trained draft as a draft package: ``weights/`` (drafter ``model:weights``),
-    ``adapter/`` (LoRA) and ``train_metrics.json``; family ``"lora"`` or ``"full"``.
+    """Write the trained draft as a draft package, family ``"lora"`` or ``"full"``, with
+    ``train_metrics.json``.
 
-    The weights are the re-quantised merged model when the run wrote one (``quantize``;
-    it loads quantised through the same ``model:PATH`` loader), else the fp32 merged model;
-    ``requantized=False`` ships the fp32 one regardless (on a CPU the bitsandbytes kernels
-    save memory, not time: see docs/training.md)."""
+    A LoRA draft of the target's first N layers whose fp32 merge is what ships stores its
+    adapter only: ``adapter/`` (the peft adapter and ``lora_base.json``: N and the target's
+    shapes), drafter ``lora:adapter``, rebuilt over the target's own fp32 layers and merged
+    when it loads (:mod:`serving.models.lora`; the same weights as ``model/``, a few MB
+    instead of a full model). Every other draft ships ``weights/`` (drafter
+    ``model:weights``), plus ``adapter/`` for LoRA: a full draft, a LoRA draft of a local
+    ``draft_model`` (its base is not the target's), or a QLoRA run's re-quantised merged
+    model (``quantize``: it loads quantised through the same ``model:PATH`` loader, and an
+    adapter merged into the fp32 base cannot reproduce its bitsandbytes codes); with
+    ``requantized=False`` a QLoRA run ships its fp32 merge, stored as the adapter (on a CPU
+    the bitsandbytes kernels save memory, not time: see docs/training.md)."""
     config = result.config
     base = f"layers:{config.layers}" if config.layers is not None else str(config.draft_model)
     agreement = result.final.agreement
-    weights = result.model_dir
+    weights: Path | None = result.model_dir
     precision = "fp32"
     if requantized and result.requantized_dir is not None:
         weights, precision = result.requantized_dir, config.quantize
+    elif (
+        result.adapter_dir is not None
+        and config.layers is not None
+        and (result.adapter_dir / BASE_FILE).is_file()
+    ):
+        weights, precision = None, "fp32, stored as the adapter"
     manifest = DraftManifest(
-        drafter="model:weights",
+        drafter="model:weights" if weights is not None else f"lora:{ADAPTER_DIR}",
         policy=policy,
         k=k,
         family=config.kind,
@@ -449,7 +468,9 @@ def write_draft_package(
     with tempfile.TemporaryDirectory() as scratch:
         metrics = Path(scratch) / METRICS_FILE
         write_json_atomic(metrics, result_payload(result))
-        files = {"weights": weights, METRICS_FILE: metrics}
+        files = {METRICS_FILE: metrics}
+        if weights is not None:
+            files["weights"] = weights
         if result.adapter_dir is not None:
             files[ADAPTER_DIR] = result.adapter_dir
         return write_package(folder, manifest, files)

@@ -31,6 +31,7 @@ import torch
 
 from serving.atomic import atomic_dir
 from serving.errors import BadInputError, IncompatibleDraftError, ModelSourceError
+from serving.models.lora import load_adapter, merge_adapter
 from serving.models.truncated import first_layers
 from tasks.train.distill_data import DistillBatch
 
@@ -174,23 +175,14 @@ def with_lora(model, *, r: int, alpha: int, dropout: float, target_modules: str 
 
 def load_lora(adapter_dir: str | Path, base):
     """The peft model of an adapter saved by a LoRA run, on ``base`` (see
-    :func:`base_draft`)."""
-    from peft import PeftModel
-
-    adapter_dir = Path(adapter_dir)
-    if not (adapter_dir / "adapter_config.json").is_file():
-        raise ModelSourceError(
-            f"{adapter_dir} is not a LoRA adapter: adapter_config.json is missing"
-        )
-    try:
-        return PeftModel.from_pretrained(base, adapter_dir).eval()
-    except (OSError, ValueError, RuntimeError, KeyError) as exc:
-        raise ModelSourceError(f"cannot load the LoRA adapter at {adapter_dir}: {exc}") from exc
+    :func:`base_draft`): :func:`serving.models.lora.load_adapter`, which serving uses too."""
+    return load_adapter(adapter_dir, base)
 
 
 def merge_lora(adapter_dir: str | Path, base):
-    """``base`` with the adapter's low-rank updates added into its weights: a plain model."""
-    return load_lora(adapter_dir, base).merge_and_unload()
+    """``base`` with the adapter's low-rank updates added into its weights: a plain model
+    (what a ``lora:PATH`` draft package merges when it loads)."""
+    return merge_adapter(adapter_dir, base)
 
 
 def save_causal_lm(model, folder: Path, tokenizer=None, *, atomic: bool = True) -> Path:

@@ -83,10 +83,13 @@ def test_train_draft_writes_a_package(target_dir, teacher_dir, tmp_path, kind):
     assert f"{kind} draft: 6 steps" in result.output and "held-out agreement" in result.output
     manifest = read_manifest(out)
     assert manifest.family == kind and manifest.k == 5 and manifest.policy == "cost"
-    assert manifest.drafter == ("head:head" if kind == "head" else "model:weights")
+    # A LoRA of the target's first layers ships its adapter alone, merged when it loads.
+    drafters = {"head": "head:head", "lora": "lora:adapter", "full": "model:weights"}
+    assert manifest.drafter == drafters[kind]
     assert (tmp_path / "package.work" / CHECKPOINT_FILE / LOOP_STATE_FILE).is_file()
-    if kind != "head":  # the merged model ships with the target's tokenizer
+    if kind == "full":  # the full model ships with the target's tokenizer
         assert (out / "weights" / "tokenizer.json").is_file()
+    assert (kind == "lora") == (out / "adapter" / "lora_base.json").is_file()
 
 
 def _record(index: int, split: str = "train") -> dict:

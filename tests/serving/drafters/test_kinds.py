@@ -74,8 +74,8 @@ def test_every_drafter_class_names_a_registered_kind():
         assert cls.kind != Drafter.kind, f"{cls.__name__} does not name its kind"
         assert cls.kind in KINDS or cls.kind in COMPOSITE, (cls.__name__, cls.kind)
     built = {cls.kind for cls in classes} - set(COMPOSITE)
-    # every kind that drafts is built as one of these classes (layers: a ModelDrafter)
-    assert built == {k.name for k in DRAFTER_KINDS if k.stage is not None} - {"layers"}
+    # every kind that drafts is built as one of these classes (layers, lora: a ModelDrafter)
+    assert built == {k.name for k in DRAFTER_KINDS if k.stage is not None} - {"layers", "lora"}
     assert not set(COMPOSITE) & set(KINDS)
 
 
@@ -90,12 +90,12 @@ def test_the_lists_of_kinds_derive_from_the_registry():
     from serving.server.schemas import HTTP_DRAFTERS
 
     # Today's values, which are stored or sent, or order the predictor's columns.
-    assert KINDS == ("none", "pld", "ngram", "suffix", "layers", "model", "head")
+    assert KINDS == ("none", "pld", "ngram", "suffix", "layers", "model", "head", "lora")
     assert (factory.KINDS, factory.SPEC_HELP) == (KINDS, SPEC_HELP)
-    assert PATH_KINDS == ("suffix", "model", "head")
+    assert PATH_KINDS == ("suffix", "model", "head", "lora")
     assert BUILTIN_KINDS == ("pld", "ngram", "layers")
     assert HTTP_KINDS == ("none", "pld", "ngram", "layers")
-    assert MODEL_KINDS == ("layers", "model")
+    assert MODEL_KINDS == ("layers", "model", "lora")
     assert ("champion", *HTTP_KINDS, "cascade") == HTTP_DRAFTERS
     assert STAGES == ("suffix", "pld", "ngram", "head", "model")
     assert FEATURE_NAMES[-len(STAGES) :] == tuple(f"stage_{stage}" for stage in STAGES)
@@ -135,8 +135,9 @@ def test_the_chat_offers_every_kind():
             assert spec.partition(":")[0] == kind.name
 
 
-def _spec_for(kind: DrafterKind, folder: Path, target) -> str:
-    """A spec of ``kind`` that builds on the tiny target, with the files it needs."""
+def _spec_for(kind: DrafterKind, folder: Path, target, lora_adapter) -> str:
+    """A spec of ``kind`` that builds on the tiny target, with the files it needs
+    (``lora_adapter``: the conftest fixture that writes an adapter)."""
     if kind.name == "suffix" or kind.name == "ngram":
         from serving.drafters.suffix import SuffixCorpus
         from tasks.train.suffix_index import save_suffix_index
@@ -153,6 +154,8 @@ def _spec_for(kind: DrafterKind, folder: Path, target) -> str:
 
         tiny_llama(num_layers=1, seed=3).save_pretrained(folder / "draft")
         return f"model:{folder / 'draft'}"
+    if kind.name == "lora":
+        return f"lora:{lora_adapter(target, folder / 'adapter', layers=1)}"
     if kind.name == "head":
         import torch
 
@@ -166,9 +169,9 @@ def _spec_for(kind: DrafterKind, folder: Path, target) -> str:
 
 @pytest.mark.parametrize("kind", DRAFTER_KINDS, ids=lambda kind: kind.name)
 def test_every_kind_parses_builds_and_drafts_under_its_stage(
-    kind, tmp_path, target, prompt, greedy_reference
+    kind, tmp_path, target, prompt, greedy_reference, lora_adapter
 ):
-    spec = _spec_for(kind, tmp_path, target)
+    spec = _spec_for(kind, tmp_path, target, lora_adapter)
     parsed = parse_drafter_spec(spec)
     assert parsed.kind == kind.name and str(parsed) == spec
     drafter = build_drafter(spec, target)

@@ -12,7 +12,8 @@ from serving.backends import UnsupportedDraftError
 from serving.drafters.package import DraftManifest, write_package
 from serving.errors import ModelSourceError
 from serving.models.truncated import first_layers
-from tasks.evaluate.export import export_draft, load_export
+from tasks.evaluate.export import export_draft, load_export, speculation_for
+from tasks.train.distill_model import base_draft, merge_lora
 
 
 def package(tmp_path, drafter):
@@ -63,6 +64,33 @@ def test_a_layers_draft_is_written_as_a_model_of_its_own(tmp_path, model_folder)
     assert (out / "draft" / "tokenizer.json").is_file()  # mlx-lm loads one with every model
     with pytest.raises(UnsupportedDraftError, match="not 'vllm'"):
         load_export(out, "vllm")
+
+
+@pytest.mark.parametrize("backend", ["vllm", "mlx", "neuron"])
+def test_a_stored_lora_adapter_is_a_model_draft_on_every_backend(backend):
+    speculation = speculation_for("lora:adapter", backend, 3)
+    assert (speculation.method, speculation.draft_path) == ("draft_model", "draft")
+
+
+@pytest.mark.real_model
+def test_a_stored_lora_adapter_is_merged_and_written_as_a_model_of_its_own(
+    tmp_path, model_folder, lora_adapter
+):
+    target = AutoModelForCausalLM.from_pretrained(model_folder).eval()
+    manifest = DraftManifest(drafter="lora:adapter", family="lora")
+    adapter = lora_adapter(target, tmp_path / "adapter", layers=1)
+    folder = write_package(tmp_path / "lora", manifest, {"adapter": adapter})
+    out = export_draft(folder, "vllm", tmp_path / "out", k=2, target=str(model_folder))
+    speculation = load_export(out, "vllm")
+    assert speculation.method == "draft_model"
+    exported = AutoModelForCausalLM.from_pretrained(out / speculation.draft_path).eval()
+    assert exported.config.num_hidden_layers == 1
+    merged = merge_lora(adapter, base_draft(target, layers=1, draft_model=None)).eval()
+    ids = torch.tensor([[1, 5, 17, 42, 8]])
+    with torch.inference_mode():
+        assert torch.equal(exported(ids).logits, merged(ids).logits)
+    assert (out / "draft" / "tokenizer.json").is_file()
+    assert not any(path.name.startswith("adapter") for path in (out / "draft").iterdir())
 
 
 def test_a_broken_export_is_a_clear_error(tmp_path):

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import pytest
 import torch
@@ -15,13 +16,16 @@ from pydantic import ValidationError
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
+from serving.drafters.base import DraftRequest
 from serving.drafters.model import ModelDrafter
-from serving.drafters.package import load_package, read_manifest
+from serving.drafters.package import DraftManifest, load_package, read_manifest, write_package
 from serving.engine import SpeculativeDecoder
 from serving.errors import BadInputError, IncompatibleDraftError, ModelSourceError
+from serving.models.lora import BASE_FILE
 from serving.models.tiny import tiny_llama
 from serving.models.truncated import first_layers
 from serving.policy import FixedK
+from serving.sampling import make_sampler
 from tasks.train.distill import (
     ADAPTER_DIR,
     CHECKPOINT_FILE,
@@ -189,27 +193,82 @@ def test_n_then_n_more_steps_equal_2n_straight(target, teacher_dir, tmp_path):
     assert_same_weights(weights(straight), weights(resumed))
 
 
+@pytest.fixture(scope="module")
+def lora_run(target, teacher_dir, tmp_path_factory):
+    """A LoRA draft of the tiny target's first 2 layers, trained once for this module."""
+    output_dir = tmp_path_factory.mktemp("lora-run")
+    return distill(config(teacher_dir, output_dir, max_steps=30), target, progress=False)
+
+
+def proposals(drafter, prompt: list[int], k: int = 6) -> list[int]:
+    drafter.begin(list(prompt))
+    request = DraftRequest(tokens=list(prompt), k=k, sampler=make_sampler(temperature=0.0))
+    tokens = drafter.propose(request).tokens.tolist()
+    drafter.end()
+    return tokens
+
+
 def test_the_package_serves_greedy_identical_output(
-    target, teacher_dir, prompt, greedy_reference, tmp_path
+    target, lora_run, prompt, greedy_reference, tmp_path
 ):
-    result = distill(config(teacher_dir, tmp_path / "run", max_steps=30), target, progress=False)
+    result = lora_run
     folder = write_draft_package(result, tmp_path / "package", k=4, policy="fixed")
     manifest = read_manifest(folder)
-    assert (manifest.drafter, manifest.family, manifest.k) == ("model:weights", "lora", 4)
+    # A LoRA draft of the target's first layers is stored as its adapter alone.
+    assert (manifest.drafter, manifest.family, manifest.k) == (f"lora:{ADAPTER_DIR}", "lora", 4)
     assert "held-out agreement" in manifest.description
-    assert {p.name for p in folder.iterdir()} == {
-        "draft.json",
-        "weights",
-        ADAPTER_DIR,
-        METRICS_FILE,
-    }
+    assert "stored as the adapter" in manifest.description
+    assert {p.name for p in folder.iterdir()} == {"draft.json", ADAPTER_DIR, METRICS_FILE}
+    assert (folder / ADAPTER_DIR / BASE_FILE).is_file()
+    sizes = {path: path.stat().st_size for path in folder.rglob("*") if path.is_file()}
+    assert max(sizes.values()) < 1_000_000, sizes  # no merged model in it
     manifest, drafter = load_package(folder, target)
     assert isinstance(drafter, ModelDrafter)
     assert drafter.model.config.num_hidden_layers == 2
+    # Merged at load into the target's own first layers: the weights training merged.
+    written = AutoModelForCausalLM.from_pretrained(result.model_dir).eval()
+    assert_same_weights(drafter.model.state_dict(), written.state_dict())
+    assert proposals(drafter, prompt) == proposals(ModelDrafter(written), prompt)
     decoder = SpeculativeDecoder(target, drafter=drafter, policy=FixedK(4))
     out = decoder.generate(prompt, max_new_tokens=len(greedy_reference))
     assert out.token_ids == greedy_reference
     assert out.stats.draft_tokens > 0 and out.stats.accepted_tokens > 0
+
+
+def test_a_lora_package_with_its_merged_weights_still_loads(
+    target, lora_run, prompt, greedy_reference, tmp_path
+):
+    # The layout every LoRA package had before adapters were stored alone.
+    result = lora_run
+    manifest = DraftManifest(drafter="model:weights", k=4, policy="fixed", family="lora")
+    files = {"weights": result.model_dir, ADAPTER_DIR: result.adapter_dir}
+    folder = write_package(tmp_path / "old", manifest, files)
+    _, drafter = load_package(folder, target)
+    assert isinstance(drafter, ModelDrafter)
+    stored = load_package(write_draft_package(result, tmp_path / "new"), target)[1]
+    assert_same_weights(drafter.model.state_dict(), stored.model.state_dict())
+    decoder = SpeculativeDecoder(target, drafter=drafter, policy=FixedK(4))
+    out = decoder.generate(prompt, max_new_tokens=len(greedy_reference))
+    assert out.token_ids == greedy_reference and out.stats.draft_tokens > 0
+
+
+def test_an_adapter_without_its_base_or_over_a_draft_model_ships_its_weights(
+    target, lora_run, tmp_path
+):
+    result = lora_run
+    copy = tmp_path / "adapter"
+    shutil.copytree(result.adapter_dir, copy)
+    (copy / BASE_FILE).unlink()  # an adapter saved before the base was recorded
+    folder = write_draft_package(replace(result, adapter_dir=copy), tmp_path / "package")
+    assert read_manifest(folder).drafter == "model:weights"
+    assert (folder / "weights" / "config.json").is_file()
+
+
+def test_a_lora_package_of_a_larger_base_than_the_target_has_is_refused(target, lora_run, tmp_path):
+    folder = write_draft_package(lora_run, tmp_path / "package")
+    small = tiny_llama(num_layers=2)  # layers:2 needs a target of 3 layers or more
+    with pytest.raises(ModelSourceError, match=r"first 2 layers of a 4-layer target.*has 2 layers"):
+        load_package(folder, small)
 
 
 def test_a_small_causal_lm_sharing_the_vocabulary_is_distilled(target, teacher_dir, tmp_path):

@@ -174,9 +174,16 @@ def test_an_8bit_run_writes_a_checked_requantized_merge_that_serves(
     decoder = SpeculativeDecoder(target, drafter=drafter, policy=FixedK(4))
     out = decoder.generate(prompt, max_new_tokens=len(greedy_reference))
     assert out.token_ids == greedy_reference and out.stats.draft_tokens > 0
+    # Its fp32 merge ships as the adapter alone: merged into the fp32 base when it loads.
     plain = write_draft_package(result, tmp_path / "fp32", requantized=False)
-    weights = json.loads((plain / "weights" / "config.json").read_text())
-    assert "quantization_config" not in weights
+    assert json.loads((plain / "draft.json").read_text())["drafter"] == "lora:adapter"
+    assert not (plain / "weights").exists()
+    _, fp32_drafter = load_package(plain, target)
+    assert isinstance(fp32_drafter, ModelDrafter)
+    assert type(fp32_drafter.model.model.layers[0].self_attn.q_proj) is torch.nn.Linear
+    merged = fp32.state_dict()
+    for name, tensor in fp32_drafter.model.state_dict().items():
+        assert torch.equal(tensor, merged[name]), name
 
 
 def test_a_requantized_merge_below_the_floor_is_refused_and_removed(
