@@ -186,6 +186,23 @@ def _bench_rows(results: Path) -> dict[str, dict]:
     return {row["method"]: row for row in bench["summary"] if row["workload"] == "all"}
 
 
+def _vllm_lines(vllm: dict | None) -> list[str]:
+    if vllm is None:
+        return ["", "vLLM: the vllm step did not run."]
+    if not vllm.get("results"):
+        reasons = vllm.get("unsupported") or {}
+        why = vllm.get("reason") or "; ".join(f"{k}: {v}" for k, v in reasons.items())
+        return ["", f"vLLM: nothing evaluated. {why}"]
+    lines = ["", f"On `{vllm['hardware']}` (vLLM {vllm['vllm']}, k = {vllm['k']}):", "",
+             "| contender | speedup over vLLM plain | exact |", "|---|---:|---|"]  # fmt: skip
+    for name, result in vllm["results"].items():
+        if name != "plain":
+            lines.append(f"| {name} | {result.get('speedup') or 0:.2f}× | {result.get('exact')} |")
+    for name, reason in (vllm.get("unsupported") or {}).items():
+        lines.append(f"- {name} not run on vLLM: {reason}")
+    return lines
+
+
 def render_doc(results: Path, docs: Path, ingested: Ingested, cpu_champion: str | None) -> Path:
     """``docs/gpu/<target>.md`` from what the results hold (and the bench plot)."""
     hardware = ingested.hardware
@@ -262,6 +279,7 @@ def render_doc(results: Path, docs: Path, ingested: Ingested, cpu_champion: str 
                 "(the table above for this one)."
             ),
         ]
+    lines += _vllm_lines(_read(results, "vllm.json"))
     docs.mkdir(parents=True, exist_ok=True)
     path = docs / f"{hardware}.md"
     path.write_text("\n".join(lines) + "\n")

@@ -150,6 +150,7 @@ def test_the_kit_rehearses_on_the_cpu_and_comes_back(registry, long_context_fold
         assert draft.evaluated_on("cpu"), label
     doc = (tmp_path / "docs" / "cpu.md").read_text()
     assert "Champion on `cpu`" in doc and "| trained-lora |" in doc
+    assert "vLLM: nothing evaluated. cpu-vllm not evaluated: vLLM is not importable" in doc
     assert (tmp_path / "docs" / "cpu-bench.png").is_file()
     # A second ingest of the same results registers nothing twice.
     again = ingest(results, hardware_config=hardware_config, docs=tmp_path / "docs",
