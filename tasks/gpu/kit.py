@@ -64,7 +64,7 @@ class KitOptions:
     retrain: TargetRetrain | None = None
 
 
-def _closure(names: tuple[str, ...], stop: tuple[str, ...] = ()) -> dict[str, str]:
+def closure(names: tuple[str, ...], stop: tuple[str, ...] = ()) -> dict[str, str]:
     """Installed distributions ``names`` need (extras left out), not descending into
     ``stop``: name -> version."""
     from packaging.requirements import Requirement
@@ -93,7 +93,7 @@ def wheel_pins() -> list[str]:
     :data:`KIT_PACKAGES` less :data:`MACHINE_OWN`, at the versions installed here (the
     lock's). There, a wheel is installed only where the machine lacks its package (or, for
     :data:`KIT_PACKAGES` themselves, has another version)."""
-    return sorted(f"{n}=={v}" for n, v in _closure(KIT_PACKAGES, stop=MACHINE_OWN).items())
+    return sorted(f"{n}=={v}" for n, v in closure(KIT_PACKAGES, stop=MACHINE_OWN).items())
 
 
 def download_wheels(folder: Path, python: str) -> list[Path]:
