@@ -148,6 +148,10 @@ def _git_archive(out: Path) -> str:
     return commit + ("+dirty" if dirty else "")
 
 
+def _bytes(folder: Path) -> int:
+    return sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
+
+
 def _tar(folder: Path, out: Path) -> Path:
     with tarfile.open(out, "w") as archive:
         archive.add(folder, arcname=".")
@@ -225,6 +229,12 @@ def build_kit(options: KitOptions, *, say=print) -> KitManifest:
         else:
             add("model", _tar(target_folder, whole / "model.tar"), "model.tar")
         add("bundle", _tar(Path(options.bundle), whole / "bundle.tar"), "bundle.tar")
+        packages = {
+            name: f"{label}: {_bytes(Path(options.bundle) / 'packages' / name)} bytes"
+            for name, label in request["contenders"].items()
+        }
+        for name, line in packages.items():
+            say(f"    {name} {line}")
         if options.dataset is not None:
             say("  teacher data: one teacher-forced pass over the training mix here")
             teacher = _teacher(options, options.dataset, hardware, whole)
@@ -246,6 +256,7 @@ def build_kit(options: KitOptions, *, say=print) -> KitManifest:
             model_kind="gguf" if target_folder is None else "folder",
             files=files,
             settings=settings,
+            packages=packages,
         )
         write_manifest(kit, manifest)
         (kit / "run.sh").write_text(run_script(manifest))
@@ -327,6 +338,8 @@ def plan_text(manifest: KitManifest, limit: int = TRANSFER_LIMIT) -> str:
     for role, entry in manifest.files.items():
         total += entry.bytes
         lines.append(f"  {role:<12} {entry.bytes / MIB:7.1f} MiB  {len(entry.parts)} part(s)")
+    for name, line in manifest.packages.items():
+        lines.append(f"    draft package {name} ({line})")
     groups = transfers(manifest, limit)
     lines.append(
         f"  {total / MIB:.1f} MiB in all: {len(groups)} transfer(s) of <= {limit / MIB:.0f} MiB"

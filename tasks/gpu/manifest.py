@@ -48,6 +48,8 @@ class KitManifest:
     model_kind: str  # "gguf" (converted there) or "folder" (a tar of a model folder)
     files: dict[str, SplitFile]  # role -> file: code, model, bundle, teacher, wheel:<name>
     settings: KitSettings
+    # The draft packages it carries (the bundle's), contender -> "label: bytes".
+    packages: dict[str, str] = field(default_factory=dict)
     format: int = KIT_FORMAT
 
     def wheels(self) -> list[str]:

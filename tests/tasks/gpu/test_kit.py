@@ -41,6 +41,7 @@ def test_a_dry_run_checks_every_part_prints_the_plan_and_keeps_nothing(tmp_path)
     # The 94 MiB GGUF in two parts of at most 60 MiB; the plan's steps and total.
     assert re.search(r"model\s+9\d\.\d MiB\s+2 part\(s\)", result.output), result.output
     assert "bash run.sh measure: ~" in result.output and "total: ~" in result.output
+    assert re.search(r"draft package challenger-0 \(ngram/1: \d+ bytes\)", result.output)
     assert "dry run: every part fits; nothing kept" in result.output
     assert not out.exists()
 
