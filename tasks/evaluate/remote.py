@@ -3,11 +3,11 @@
 For a machine that has only torch, transformers, peft and accelerate, plus the small wheels
 listed in :data:`REMOTE_PACKAGES` (the GPU run kit brings them): no MLflow, Prefect, DVC,
 Great Expectations or registry settings are imported on this path, nor by ``specops
-profile`` (tests/tasks/evaluate/test_remote_fresh_env.py builds an environment of
-exactly these packages' closure at the lock's versions and runs both there, and a bundle;
-test_remote_closure.py checks the same faster, refusing every other distribution). The bundle
-comes from :func:`tasks.loop.remote_bundle.prepare_bundle`; the file goes back to
-``specops registry log-evaluation FILE --promote``.
+profile`` (tests/tasks/evaluate/test_remote_closure.py runs both in a fresh virtual
+environment holding only the lock's lines for those packages' dependency closure, the
+repository on ``PYTHONPATH``). The bundle comes from
+:func:`tasks.loop.remote_bundle.prepare_bundle`; the file goes back to ``specops registry
+log-evaluation FILE --promote``.
 
     python -m tasks.evaluate.remote BUNDLE --target MODEL_DIR --out evaluation.json
 """
