@@ -20,6 +20,7 @@ from typing import Any
 from registry.client import DraftVersion, Registry
 from serving.backends import UnsupportedDraftError
 from serving.drafters.package import read_manifest
+from serving.errors import ModelSourceError
 from serving.hardware import load_hardware
 from tasks.data.prompts import Prompt
 from tasks.evaluate import gates
@@ -32,14 +33,30 @@ log = logging.getLogger(__name__)
 
 
 def ensure_export(
-    registry: Registry, draft: DraftVersion, backend: str, cache: Path, *, k: int
+    registry: Registry,
+    draft: DraftVersion,
+    backend: str,
+    cache: Path,
+    *,
+    k: int,
+    target: str | None = None,
 ) -> Path:
-    """The draft's export for ``backend``, from the registry or exported and logged now."""
+    """The draft's export for ``backend``, from the registry or exported and logged now.
+    ``target`` (default: the loop's, ``SPECOPS_TARGET``) gives a model draft its tokenizer
+    and a LoRA adapter the layers it is merged into."""
     if f"export.{backend}" in registry.get(draft.family, draft.version).tags:
         return registry.download_export(draft, backend, cache)
+    if target is None:
+        from tasks.settings import loop_settings
+
+        target = loop_settings().target
     package = registry.download(draft, cache)
     folder = export_draft(
-        package, backend, cache / "exports" / draft.label.replace("/", "-") / backend, k=k
+        package,
+        backend,
+        cache / "exports" / draft.label.replace("/", "-") / backend,
+        k=k,
+        target=target,
     )
     registry.log_export(draft, backend, folder)
     return folder
@@ -61,10 +78,10 @@ def export_for_targets(registry: Registry, draft: DraftVersion, cache: Path) -> 
             continue
         try:
             ensure_export(registry, draft, target.backend, cache, k=target.num_speculative_tokens)
-        except UnsupportedDraftError as error:
+        except (UnsupportedDraftError, ModelSourceError) as error:
             # Found only once the draft's weights are read (a model draft of another
-            # vocabulary, say). The promotion on the engine's target has happened and
-            # stands; this backend just cannot serve the draft.
+            # vocabulary, a LoRA adapter of another target, say). The promotion on the
+            # engine's target has happened and stands; this backend just cannot serve it.
             outcomes[target.backend] = f"not exported: {error}"
             continue
         outcomes[target.backend] = f"exported (for {name})"
