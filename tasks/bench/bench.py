@@ -51,6 +51,7 @@ from tasks.bench.limits import (
     weight_bytes_per_token,
 )
 from tasks.bench.llamacpp import LlamaCppProcess, LlamaCppUnavailable, llamacpp_python
+from tasks.bench.profile import sync
 from tasks.data.prompts import Prompt
 from tasks.evaluate.evaluate import EncodedPrompt
 from tasks.evaluate.interleave import interleave
@@ -174,17 +175,12 @@ class Outcome:
 Runner = Callable[[list[int]], Outcome]
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _hf_runner(model, *, max_new_tokens: int, pad_id: int, **generate_kwargs) -> Runner:
     device = next(model.parameters()).device
 
     def run(prompt_ids: list[int]) -> Outcome:
         input_ids = torch.tensor([prompt_ids], device=device)
-        _sync(device)
+        sync(device)
         started = time.perf_counter()
         with torch.inference_mode():
             out = model.generate(
@@ -195,7 +191,7 @@ def _hf_runner(model, *, max_new_tokens: int, pad_id: int, **generate_kwargs) ->
                 pad_token_id=pad_id,
                 **generate_kwargs,
             )
-        _sync(device)
+        sync(device)
         seconds = time.perf_counter() - started
         return Outcome(out[0, len(prompt_ids) :].tolist(), seconds)
 

@@ -79,7 +79,8 @@ BATCH_ROWS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 BATCH_SEQUENCES = (1, 2, 4, 8)
 
 
-def _sync(device: torch.device) -> None:
+def sync(device: torch.device) -> None:
+    """Wait for what is queued on ``device`` (a no-op on the CPU)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -87,10 +88,10 @@ def _sync(device: torch.device) -> None:
 def _clock(run: Callable[[], object], device: torch.device) -> float:
     """Seconds ``run()`` takes on ``device``, fenced on both sides: nothing queued before the
     clock starts, and the work has run (not only been queued) when it stops."""
-    _sync(device)
+    sync(device)
     started = time.perf_counter()
     run()
-    _sync(device)
+    sync(device)
     return time.perf_counter() - started
 
 

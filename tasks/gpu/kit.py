@@ -65,8 +65,8 @@ class KitOptions:
 
 
 def closure(names: tuple[str, ...], stop: tuple[str, ...] = ()) -> dict[str, str]:
-    """Installed distributions ``names`` need (extras left out), not descending into
-    ``stop``: name -> version."""
+    """Installed distributions ``names`` need (extras left out; one not installed here is
+    left out too), not descending into ``stop``: canonical name -> version."""
     from packaging.requirements import Requirement
     from packaging.utils import canonicalize_name
 
@@ -74,7 +74,7 @@ def closure(names: tuple[str, ...], stop: tuple[str, ...] = ()) -> dict[str, str
     todo = [canonicalize_name(n) for n in names]
     while todo:
         name = todo.pop()
-        if name in found or name in stop or name.startswith("nvidia-"):
+        if name in found or name in stop:
             continue
         try:
             dist = distribution(name)

@@ -317,6 +317,20 @@ def train(kit: Path, manifest: KitManifest, out: Path) -> None:
     _write(out / "trained.json", report)
 
 
+def _contender_packages(kit: Path, out: Path) -> dict[str, Path]:
+    """The bundle's draft packages and the trained ones, by contender name."""
+    from tasks.evaluate.remote import read_bundle
+
+    request, _ = read_bundle(_work(kit) / "bundle")
+    packages = {n: _work(kit) / "bundle" / "packages" / n for n in request["contenders"]}
+    trained_file = out / "trained.json"
+    trained = json.loads(trained_file.read_text()) if trained_file.is_file() else {}
+    for family, entry in trained.items():
+        if entry.get("package"):
+            packages[f"trained-{family}"] = out / entry["package"]
+    return packages
+
+
 def evaluate(kit: Path, manifest: KitManifest, out: Path) -> None:
     """The bundle's contenders and the trained challengers on the bundle's prompts, one
     interleaved run; labels of the trained ones are given back here, at ingest."""
@@ -333,15 +347,9 @@ def evaluate(kit: Path, manifest: KitManifest, out: Path) -> None:
     request, prompts = read_bundle(_work(kit) / "bundle")
     spec = engine_target(manifest.hardware)
     set_threads(manifest.settings.threads)
-    labels: dict[str, str | None] = dict(request["contenders"])
-    contenders = [Contender(n, _work(kit) / "bundle" / "packages" / n) for n in labels]
-    trained_file = out / "trained.json"
-    trained = json.loads(trained_file.read_text()) if trained_file.is_file() else {}
-    for family, entry in trained.items():
-        if entry.get("package"):
-            name = f"trained-{family}"
-            labels[name] = None
-            contenders.append(Contender(name, out / entry["package"]))
+    packages = _contender_packages(kit, out)
+    contenders = [Contender(name, package) for name, package in packages.items()]
+    labels: dict[str, str | None] = {n: request["contenders"].get(n) for n in packages}
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     model, tokenizer = load_target(_model(kit), **spec.load_options())
     report = run_evaluation(
@@ -383,20 +391,6 @@ def evaluate(kit: Path, manifest: KitManifest, out: Path) -> None:
         )
 
 
-def _vllm_contenders(kit: Path, out: Path) -> dict[str, Path]:
-    """The bundle's draft packages and the trained ones, by contender name."""
-    from tasks.evaluate.remote import read_bundle
-
-    request, _ = read_bundle(_work(kit) / "bundle")
-    packages = {n: _work(kit) / "bundle" / "packages" / n for n in request["contenders"]}
-    trained_file = out / "trained.json"
-    trained = json.loads(trained_file.read_text()) if trained_file.is_file() else {}
-    for family, entry in trained.items():
-        if entry.get("package"):
-            packages[f"trained-{family}"] = out / entry["package"]
-    return packages
-
-
 def vllm(kit: Path, manifest: KitManifest, out: Path) -> None:
     """``cuda-vllm`` where vLLM is importable there: every contender vLLM can load,
     exported and run through :mod:`serving.backends.run` (one process each, interleaved with
@@ -434,7 +428,7 @@ def vllm(kit: Path, manifest: KitManifest, out: Path) -> None:
     }
     results: dict = {}
     unsupported: dict[str, str] = {}
-    for name, package in _vllm_contenders(kit, out).items():
+    for name, package in _contender_packages(kit, out).items():
         work = _work(kit) / "vllm" / name
         work.mkdir(parents=True, exist_ok=True)
         try:

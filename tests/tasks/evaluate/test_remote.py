@@ -7,12 +7,10 @@ import sys
 
 import pytest
 
-from serving.drafters.package import DraftManifest, write_package
 from serving.errors import BadInputError
-from tasks.evaluate.evaluate import EncodedPrompt
 from tasks.evaluate.evaluation_file import read_evaluation_file
 from tasks.evaluate.remote import main, read_bundle
-from tasks.loop.remote_bundle import prepare_bundle
+from tests.tasks.evaluate.bundles import pld_bundle
 
 pytestmark = pytest.mark.slow  # evaluation bundles run in fresh Python processes
 
@@ -32,17 +30,7 @@ def test_the_remote_runner_imports_no_mlops_stack():
 def test_a_bundle_runs_elsewhere_and_comes_back_as_an_evaluation_file(
     registry, tmp_path, model_folder
 ):
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(model_folder)
-    package = write_package(tmp_path / "pld", DraftManifest(drafter="pld:3", k=4))
-    draft = registry.log_draft(package, family="ngram")
-    ids = tokenizer("def add(a, b):\n    return a + b\n\ndef add(a, b):")["input_ids"]
-    prompts = [EncodedPrompt(f"p{i}", "traffic:humaneval", ids[: 8 + i]) for i in range(4)]
-    bundle = prepare_bundle(
-        registry, "cpu", [draft], prompts, tmp_path / "bundle", tokenizer=tokenizer,
-        cache=tmp_path / "cache", max_new_tokens=8,
-    )  # fmt: skip
+    bundle, draft, prompts = pld_bundle(registry, model_folder, tmp_path, prompts=4)
     request, read = read_bundle(bundle)
     assert request["contenders"] == {"challenger-0": f"ngram/{draft.version}"}
     assert [p.token_ids for p in read] == [p.token_ids for p in prompts]

@@ -20,19 +20,16 @@ import re
 import subprocess
 import sys
 import time
-from importlib.metadata import PackageNotFoundError, distribution
 from pathlib import Path
 
 import pytest
-from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from serving.drafters.package import DraftManifest, write_package
 from serving.paths import PROJECT_ROOT
-from tasks.evaluate.evaluate import EncodedPrompt
 from tasks.evaluate.evaluation_file import read_evaluation_file
 from tasks.evaluate.remote import REMOTE_PACKAGES
-from tasks.loop.remote_bundle import prepare_bundle
+from tasks.gpu.kit import closure
+from tests.tasks.evaluate.bundles import pld_bundle
 
 pytestmark = pytest.mark.slow  # fresh interpreters importing torch and transformers
 
@@ -40,26 +37,6 @@ MLOPS = ("mlflow", "prefect", "dvc", "great_expectations", "pydantic_settings")
 LOCK = PROJECT_ROOT / "requirements" / "lock-py{}{}.txt".format(*sys.version_info[:2])
 UV = str(Path(sys.executable).parent / "uv")  # the lock pins it
 PINNED = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)$")
-
-
-def _closure(names: tuple[str, ...]) -> set[str]:
-    """The distributions ``names`` need, installed ones only, extras left out."""
-    seen: set[str] = set()
-    todo = [canonicalize_name(n) for n in names]
-    while todo:
-        name = todo.pop()
-        if name in seen:
-            continue
-        try:
-            requires = distribution(name).requires or []
-        except PackageNotFoundError:
-            continue  # not installed here: nothing of it can be imported anyway
-        seen.add(name)
-        for line in requires:
-            requirement = Requirement(line)
-            if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
-                todo.append(canonicalize_name(requirement.name))
-    return seen
 
 
 def _closure_lines() -> list[str]:
@@ -71,7 +48,7 @@ def _closure_lines() -> list[str]:
         for match in map(PINNED.match, LOCK.read_text().splitlines())
         if match
     }
-    names = _closure(REMOTE_PACKAGES)
+    names = set(closure(REMOTE_PACKAGES))
     absent = sorted({canonicalize_name(n) for n in REMOTE_PACKAGES} - names)
     if absent:
         pytest.fail(f"REMOTE_PACKAGES names {absent}, not installed here: run scripts/setup.sh")
@@ -221,17 +198,7 @@ def test_a_bundle_is_evaluated_within_the_closure(remote_env, registry, tmp_path
     # Prepared here (the registry's side), evaluated by the runner in the bare environment on
     # the tiny target, read back here: the runner's lazy imports (the engine, the loader,
     # the evaluation) need nothing outside the closure either.
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(model_folder)
-    package = write_package(tmp_path / "pld", DraftManifest(drafter="pld:3", k=4))
-    draft = registry.log_draft(package, family="ngram")
-    ids = tokenizer("def add(a, b):\n    return a + b\n\ndef add(a, b):")["input_ids"]
-    prompts = [EncodedPrompt(f"p{i}", "traffic:humaneval", ids[: 8 + i]) for i in range(2)]
-    bundle = prepare_bundle(
-        registry, "cpu", [draft], prompts, tmp_path / "bundle", tokenizer=tokenizer,
-        cache=tmp_path / "cache", max_new_tokens=8,
-    )  # fmt: skip
+    bundle, _, _ = pld_bundle(registry, model_folder, tmp_path, prompts=2)
     out = tmp_path / "evaluation.json"
     done = _run(
         remote_env[0], "-m", "tasks.evaluate.remote", str(bundle),
