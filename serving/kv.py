@@ -5,10 +5,15 @@ from __future__ import annotations
 from transformers import DynamicCache
 
 from serving.errors import SpecOpsError
+from serving.lean.cache import LeanCache
 
 
-def new_cache(model) -> DynamicCache:
-    """A fresh cache for ``model``. Only full-attention dynamic caches can be rewound safely."""
+def new_cache(model) -> DynamicCache | LeanCache:
+    """A fresh cache for ``model``: the lean step's (:mod:`serving.lean`) where ``model``
+    has one, else transformers'. Only full-attention caches can be rewound safely."""
+    lean = getattr(model, "specops_lean", None)
+    if lean is not None:
+        return lean.new_cache()
     config = model.config
     if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
         raise SpecOpsError(
@@ -18,11 +23,11 @@ def new_cache(model) -> DynamicCache:
     return DynamicCache(config=config)
 
 
-def cache_length(cache: DynamicCache) -> int:
+def cache_length(cache: DynamicCache | LeanCache) -> int:
     return int(cache.get_seq_length())
 
 
-def rewind(cache: DynamicCache, length: int) -> None:
+def rewind(cache: DynamicCache | LeanCache, length: int) -> None:
     """Drop cache entries past ``length`` tokens (rejected drafts). Never grows the cache."""
     current = cache_length(cache)
     if length > current:

@@ -67,6 +67,7 @@ def load_target(
     kernels: str = "onednn",
     device: str | torch.device = "cpu",
     dtype: str = "float32",
+    lean_mode: str | None = None,
 ):
     """``smollm2`` (the shipped SmolLM2-135M-Instruct) or a local HF model folder, loaded
     in ``dtype`` on ``device`` (a hardware target's ``load_options()`` gives all three).
@@ -75,8 +76,13 @@ def load_target(
     linear layers for oneDNN, ``"int8"``/``"int4"`` quantise their weights (all three float32
     on the CPU only); ``"stock"`` keeps torch's default layers. Every option is checked, and
     the quantised kernels probed, before any weights are read.
+
+    ``lean_mode`` (default ``$SPECOPS_LEAN`` or ``auto``): whether the target decodes
+    through the lean step (:mod:`serving.lean`) where it covers the model.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from serving.lean.install import install, preflight
 
     if kernels not in KERNELS:
         raise BadInputError(f"unknown kernels {kernels!r}; choose one of {KERNELS}")
@@ -89,6 +95,7 @@ def load_target(
         )
     check_kernels(kernels)
     target_device = check_device(device)
+    lean = preflight(kernels, target_device.type, lean_mode)
     if source == DEFAULT_TARGET:
         from serving.models.real import load_real_model
 
@@ -103,7 +110,9 @@ def load_target(
         tokenizer = AutoTokenizer.from_pretrained(path)
     if target_device.type != "cpu":
         model = model.to(target_device)
-    apply_kernels(model, kernels)
+    apply_kernels(model, kernels, fuse=lean)
+    if lean:
+        install(model, lean_mode)
     return model, tokenizer
 
 

@@ -33,10 +33,14 @@ def kernels_of(model: torch.nn.Module) -> str:
     return str(getattr(model, "specops_kernels", "stock"))
 
 
-def apply_kernels(model: torch.nn.Module, kernels: str, *, exact: bool = True) -> int:
+def apply_kernels(
+    model: torch.nn.Module, kernels: str, *, exact: bool = True, fuse: bool = False
+) -> int:
     """Put ``model``'s plain linear layers on ``kernels`` in place; return how many were
     replaced. ``exact`` (for targets) also makes its attention batch-invariant; drafts
-    need no exactness and keep transformers' faster attention."""
+    need no exactness and keep transformers' faster attention. ``fuse`` stacks the
+    projections under ``onednn`` too (:mod:`serving.models.fused`; the quantised families
+    always do), as the lean step (:mod:`serving.lean`) wants them."""
     check_kernels(kernels)
     if kernels == "stock":
         return 0
@@ -47,6 +51,12 @@ def apply_kernels(model: torch.nn.Module, kernels: str, *, exact: bool = True) -
         use_exact_attention(model)
     if kernels == "onednn":
         from serving.models.onednn import pack_linear_layers
+
+        if fuse:
+            from serving.models.fused import fuse_norms, fuse_projections
+
+            fuse_projections(model)
+            fuse_norms(model)
 
         return pack_linear_layers(model)
     from serving.models.quantized import quantize_linear_layers

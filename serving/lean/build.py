@@ -1,0 +1,121 @@
+"""Compile and load the lean step's C++ ops (``ops.cpp``) once per machine.
+
+The build is keyed by everything that shapes the binary: the source, torch's version, the
+compiler's version and the CPU's instruction set (it is compiled for the CPU it runs on). A
+build folder whose library fails to load is deleted and built again, never trusted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import threading
+from pathlib import Path
+
+import torch
+
+from serving.errors import SpecOpsError
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("ops.cpp")
+NAMESPACE = "specops_lean"
+FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-std=c++17"]
+_lock = threading.Lock()
+_loaded: Path | None = None
+
+
+class LeanUnavailable(SpecOpsError):
+    """The lean decode step cannot run here; the message names what is missing."""
+
+
+def compiler() -> str:
+    """The C++ compiler the build uses (``$CXX`` or ``c++``); :class:`LeanUnavailable` when
+    there is none."""
+    name = os.environ.get("CXX", "c++")
+    found = shutil.which(name)
+    if found is None:
+        raise LeanUnavailable(
+            f"the lean decode step compiles a small C++ op and found no C++ compiler ({name!r} "
+            "is not on PATH): install one (apt install g++) or set SPECOPS_LEAN=off to decode "
+            "through transformers"
+        )
+    return found
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    return torch.backends.cpu.get_cpu_capability()
+
+
+def build_key(cxx: str) -> str:
+    version = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=False)
+    parts = [SOURCE.read_bytes(), torch.__version__.encode(), version.stdout.encode()]
+    parts += [_cpu_flags().encode(), " ".join(FLAGS).encode()]
+    return hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
+
+
+def build_root() -> Path:
+    base = os.environ.get("SPECOPS_CACHE") or os.path.join(Path.home(), ".cache", "specops")
+    return Path(base) / "lean-ops"
+
+
+def _compile(folder: Path) -> Path:
+    from torch.utils.cpp_extension import load
+
+    folder.mkdir(parents=True, exist_ok=True)
+    log.info("compiling the lean decode step's C++ ops into %s (once per machine)", folder)
+    try:
+        load(
+            name=NAMESPACE,
+            sources=[str(SOURCE)],
+            extra_cflags=FLAGS,
+            extra_ldflags=["-fopenmp"],
+            build_directory=str(folder),
+            is_python_module=False,
+            verbose=False,
+        )
+    except (RuntimeError, OSError, subprocess.CalledProcessError) as error:
+        raise LeanUnavailable(
+            f"the lean decode step's C++ ops did not compile ({str(error).strip()[-400:]}); "
+            "set SPECOPS_LEAN=off to decode through transformers"
+        ) from None
+    return folder / f"{NAMESPACE}.so"
+
+
+def load_ops() -> Path:
+    """Build (first time) and load the ops into ``torch.ops.specops_lean``; return the
+    library's path. Raises :class:`LeanUnavailable` naming what is missing."""
+    global _loaded
+    with _lock:
+        if _loaded is not None:
+            return _loaded
+        if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+            raise LeanUnavailable(
+                "the lean decode step is built for x86 CPUs with AVX2 or AVX-512 (torch reports "
+                f"{torch.backends.cpu.get_cpu_capability()!r}); set SPECOPS_LEAN=off"
+            )
+        cxx = compiler()
+        folder = build_root() / build_key(cxx)
+        library = folder / f"{NAMESPACE}.so"
+        if library.exists():
+            try:
+                torch.ops.load_library(str(library))
+            except OSError as error:
+                log.warning("rebuilding the lean ops: %s did not load (%s)", library, error)
+                shutil.rmtree(folder, ignore_errors=True)
+                library = _compile(folder)
+                torch.ops.load_library(str(library))
+        else:
+            library = _compile(folder)
+            torch.ops.load_library(str(library))
+        _loaded = library
+        return library

@@ -1,0 +1,66 @@
+"""The lean step's KV cache: preallocated buffers and a length; a rewind sets the length.
+
+Keys and values of every layer live in two ``[layers, kv_heads, capacity, head_dim]``
+float32 buffers. A pass writes its rows at ``length..length + rows`` and attends to
+``0..position``; rejecting drafts only lowers :attr:`length` (nothing is freed or copied).
+The buffers grow (doubling, copied once) when a request outgrows them, up to the model's
+position limit. The methods the engine calls on a transformers cache are here too
+(``get_seq_length``, ``crop``), so every front keeps its bookkeeping in :mod:`serving.kv`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from serving.errors import SpecOpsError
+
+INITIAL_CAPACITY = 512
+
+
+class LeanCache:
+    def __init__(
+        self,
+        layers: int,
+        kv_heads: int,
+        head_dim: int,
+        *,
+        limit: int,
+        capacity: int = INITIAL_CAPACITY,
+    ) -> None:
+        self.limit = limit
+        capacity = min(capacity, limit)
+        self.keys = torch.zeros(layers, kv_heads, capacity, head_dim)
+        self.values = torch.zeros_like(self.keys)
+        self.length = 0
+
+    @property
+    def capacity(self) -> int:
+        return int(self.keys.shape[2])
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.length
+
+    def crop(self, max_length: int) -> None:
+        """transformers' rule: a negative count drops that many trailing tokens; a
+        non-negative one keeps at most that many."""
+        new = self.length + max_length if max_length < 0 else min(max_length, self.length)
+        if new < 0:
+            raise SpecOpsError(f"cannot crop {-max_length} tokens from a cache of {self.length}")
+        self.length = new
+
+    def reserve(self, rows: int) -> None:
+        """Room for ``rows`` more tokens, or a :class:`SpecOpsError` naming the limit."""
+        needed = self.length + rows
+        if needed > self.limit:
+            raise SpecOpsError(
+                f"a pass to {needed} tokens runs past the model's {self.limit} positions"
+            )
+        if needed <= self.capacity:
+            return
+        capacity = min(self.limit, max(needed, 2 * self.capacity))
+        layers, kv_heads, _, head_dim = self.keys.shape
+        for name in ("keys", "values"):
+            old = getattr(self, name)
+            grown = torch.zeros(layers, kv_heads, capacity, head_dim)
+            grown[:, :, : self.length] = old[:, :, : self.length]
+            setattr(self, name, grown)

@@ -1,0 +1,290 @@
+// The lean decode step's fused ops (serving/lean): everything in a Llama decoder layer but
+// its matmuls, each one call, each computing a row exactly as it would alone.
+//
+// Row invariance is the point: every output row (and, in attention, every (row, head)
+// pair) is computed by the same code in the same order whatever the number of rows that
+// share the call, so a verification pass over a block gives each position bit for bit what
+// a one-token pass gives there. Parallel work is split by rows or (row, head) pairs only,
+// never inside a reduction.
+//
+// Built once per source, torch, compiler and CPU by serving/lean/build.py.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+namespace {
+
+using at::BFloat16;
+using at::Tensor;
+
+inline float load(const float* p, int64_t i) { return p[i]; }
+inline float load(const BFloat16* p, int64_t i) { return static_cast<float>(p[i]); }
+inline void store(float* p, int64_t i, float v) { p[i] = v; }
+inline void store(BFloat16* p, int64_t i, float v) { p[i] = BFloat16(v); }
+
+void check(bool ok, const char* what) { TORCH_CHECK(ok, "specops lean op: ", what); }
+
+at::ScalarType out_type(bool bf16) { return bf16 ? at::kBFloat16 : at::kFloat; }
+
+// ---------------------------------------------------------------------------------------
+// x += delta (when given), then out = rms_norm(x) * w, row by row.
+
+template <typename D, typename O>
+void add_rms_norm_rows(float* x, const D* delta, const float* w, O* out, int64_t rows,
+                       int64_t width, float eps) {
+  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      float* row = x + r * width;
+      if (delta != nullptr) {
+        const D* add = delta + r * width;
+        for (int64_t j = 0; j < width; ++j) row[j] += load(add, j);
+      }
+      float squares = 0.0f;
+      for (int64_t j = 0; j < width; ++j) squares += row[j] * row[j];
+      const float inverse = 1.0f / std::sqrt(squares / static_cast<float>(width) + eps);
+      O* target = out + r * width;
+      for (int64_t j = 0; j < width; ++j) store(target, j, row[j] * inverse * w[j]);
+    }
+  });
+}
+
+Tensor add_rms_norm(Tensor x, const c10::optional<Tensor>& delta, Tensor w, double eps,
+                    bool bf16) {
+  check(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kFloat,
+        "x must be a contiguous float32 [rows, width]");
+  check(w.is_contiguous() && w.scalar_type() == at::kFloat && w.numel() == x.size(1),
+        "w must be float32 [width]");
+  const int64_t rows = x.size(0), width = x.size(1);
+  Tensor out = at::empty({rows, width}, x.options().dtype(out_type(bf16)));
+  const bool has_delta = delta.has_value() && delta->defined();
+  Tensor add = has_delta ? delta->contiguous() : Tensor();
+  if (has_delta) check(add.numel() == x.numel(), "delta must match x");
+  auto run = [&](auto* delta_ptr) {
+    if (bf16)
+      add_rms_norm_rows(x.data_ptr<float>(), delta_ptr, w.data_ptr<float>(),
+                        out.data_ptr<BFloat16>(), rows, width, static_cast<float>(eps));
+    else
+      add_rms_norm_rows(x.data_ptr<float>(), delta_ptr, w.data_ptr<float>(),
+                        out.data_ptr<float>(), rows, width, static_cast<float>(eps));
+  };
+  if (!has_delta)
+    run(static_cast<const float*>(nullptr));
+  else if (add.scalar_type() == at::kBFloat16)
+    run(static_cast<const BFloat16*>(add.data_ptr<BFloat16>()));
+  else
+    run(static_cast<const float*>(add.data_ptr<float>()));
+  return out;
+}
+
+// In place: x += delta.
+Tensor add_into(Tensor x, Tensor delta) {
+  check(x.is_contiguous() && x.scalar_type() == at::kFloat, "x must be contiguous float32");
+  Tensor add = delta.contiguous();
+  check(add.numel() == x.numel(), "delta must match x");
+  float* row = x.data_ptr<float>();
+  const int64_t n = x.numel();
+  if (add.scalar_type() == at::kBFloat16) {
+    const BFloat16* d = add.data_ptr<BFloat16>();
+    for (int64_t j = 0; j < n; ++j) row[j] += static_cast<float>(d[j]);
+  } else {
+    const float* d = add.data_ptr<float>();
+    for (int64_t j = 0; j < n; ++j) row[j] += d[j];
+  }
+  return x;
+}
+
+// ---------------------------------------------------------------------------------------
+// silu(gate) * up for a [rows, 2 * inner] gate|up output.
+
+template <typename I, typename O>
+void silu_mul_rows(const I* gu, O* out, int64_t rows, int64_t inner) {
+  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const I* gate = gu + r * 2 * inner;
+      const I* up = gate + inner;
+      O* target = out + r * inner;
+      for (int64_t j = 0; j < inner; ++j) {
+        const float g = load(gate, j);
+        store(target, j, g / (1.0f + std::exp(-g)) * load(up, j));
+      }
+    }
+  });
+}
+
+Tensor silu_mul(Tensor gu, bool bf16) {
+  check(gu.dim() == 2 && gu.size(1) % 2 == 0, "gate|up must be [rows, 2 * inner]");
+  Tensor in = gu.contiguous();
+  const int64_t rows = in.size(0), inner = in.size(1) / 2;
+  Tensor out = at::empty({rows, inner}, in.options().dtype(out_type(bf16)));
+  auto run = [&](auto* src) {
+    if (bf16)
+      silu_mul_rows(src, out.data_ptr<BFloat16>(), rows, inner);
+    else
+      silu_mul_rows(src, out.data_ptr<float>(), rows, inner);
+  };
+  if (in.scalar_type() == at::kBFloat16)
+    run(static_cast<const BFloat16*>(in.data_ptr<BFloat16>()));
+  else
+    run(static_cast<const float*>(in.data_ptr<float>()));
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------
+// Rotary embeddings, the KV write and attention for a packed pass over several sequences.
+//
+// qkv [N, (heads + 2 * kv_heads) * d]; cos, sin [N, d / 2] (each row's own position);
+// keys[s], values[s] [layers, kv_heads, capacity, d] (sequence s's cache); row n of sequence
+// s sits at position starts[s] + (n - bounds[s]) and attends to positions 0..its own.
+
+template <typename I, typename O>
+void rope_attend_impl(const I* qkv, const float* cos, const float* sin,
+                      const std::vector<float*>& keys, const std::vector<float*>& values,
+                      const std::vector<int64_t>& starts, const std::vector<int64_t>& bounds,
+                      int64_t layer, int64_t capacity, int64_t heads, int64_t kv_heads,
+                      int64_t d, float scale, O* out) {
+  const int64_t rows = bounds.back();
+  const int64_t sequences = static_cast<int64_t>(starts.size());
+  const int64_t half = d / 2, width = (heads + 2 * kv_heads) * d;
+  const int64_t group = heads / kv_heads;
+  std::vector<int64_t> seq_of(rows), pos_of(rows);
+  for (int64_t s = 0; s < sequences; ++s)
+    for (int64_t n = bounds[s]; n < bounds[s + 1]; ++n) {
+      seq_of[n] = s;
+      pos_of[n] = starts[s] + (n - bounds[s]);
+    }
+  std::vector<float> queries(rows * heads * d);
+  auto rotate = [&](const I* src, const float* c, const float* si, float* dst) {
+    for (int64_t j = 0; j < half; ++j) {
+      const float a = load(src, j), b = load(src, j + half);
+      dst[j] = a * c[j] - b * si[j];
+      dst[j + half] = b * c[j] + a * si[j];
+    }
+  };
+  // 1. Rotate the queries and keys, write keys and values into their caches.
+  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      const I* row = qkv + n * width;
+      const float* c = cos + n * half;
+      const float* si = sin + n * half;
+      for (int64_t h = 0; h < heads; ++h) rotate(row + h * d, c, si, &queries[(n * heads + h) * d]);
+      const int64_t layer_base = (layer * kv_heads) * capacity;
+      for (int64_t g = 0; g < kv_heads; ++g) {
+        const int64_t at_pos = ((layer_base + g * capacity) + pos_of[n]) * d;
+        rotate(row + (heads + g) * d, c, si, keys[seq_of[n]] + at_pos);
+        float* v = values[seq_of[n]] + at_pos;
+        const I* src = row + (heads + kv_heads + g) * d;
+        for (int64_t j = 0; j < d; ++j) v[j] = load(src, j);
+      }
+    }
+  });
+  // 2. Each (row, head) attends alone, in one fixed order.
+  at::parallel_for(0, rows * heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores;
+    std::vector<float> acc(d);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t n = task / heads, h = task % heads, g = h / group;
+      const int64_t visible = pos_of[n] + 1;
+      const float* q = &queries[(n * heads + h) * d];
+      const int64_t base = ((layer * kv_heads + g) * capacity) * d;
+      const float* k = keys[seq_of[n]] + base;
+      const float* v = values[seq_of[n]] + base;
+      scores.resize(visible);
+      float best = -3.0e38f;
+      for (int64_t t = 0; t < visible; ++t) {
+        const float* kt = k + t * d;
+        float dot = 0.0f;
+        for (int64_t j = 0; j < d; ++j) dot += q[j] * kt[j];
+        dot *= scale;
+        scores[t] = dot;
+        best = dot > best ? dot : best;
+      }
+      float total = 0.0f;
+      for (int64_t t = 0; t < visible; ++t) {
+        const float e = std::exp(scores[t] - best);
+        scores[t] = e;
+        total += e;
+      }
+      for (int64_t j = 0; j < d; ++j) acc[j] = 0.0f;
+      for (int64_t t = 0; t < visible; ++t) {
+        const float p = scores[t];
+        const float* vt = v + t * d;
+        for (int64_t j = 0; j < d; ++j) acc[j] += p * vt[j];
+      }
+      const float inverse = 1.0f / total;
+      O* target = out + (n * heads + h) * d;
+      for (int64_t j = 0; j < d; ++j) store(target, j, acc[j] * inverse);
+    }
+  });
+}
+
+Tensor rope_attend(Tensor qkv, Tensor cos, Tensor sin, at::TensorList keys,
+                   at::TensorList values, at::IntArrayRef starts, at::IntArrayRef bounds,
+                   int64_t layer, int64_t heads, int64_t kv_heads, double scale, bool bf16) {
+  check(qkv.dim() == 2 && qkv.is_contiguous(), "qkv must be contiguous [rows, width]");
+  check(keys.size() == values.size() && keys.size() == starts.size() &&
+            bounds.size() == starts.size() + 1 && !keys.empty(),
+        "one key cache, value cache and start per sequence; bounds one longer");
+  check(heads % kv_heads == 0, "heads must be a multiple of kv_heads");
+  const int64_t d = keys[0].size(3), capacity = keys[0].size(2);
+  check(qkv.size(1) == (heads + 2 * kv_heads) * d, "qkv width must be (heads + 2 kv_heads) d");
+  check(bounds.front() == 0 && bounds.back() == qkv.size(0), "bounds must cover the rows");
+  check(cos.scalar_type() == at::kFloat && cos.is_contiguous() && sin.is_contiguous() &&
+            cos.size(0) == qkv.size(0) && cos.size(1) == d / 2,
+        "cos and sin must be contiguous float32 [rows, d / 2]");
+  std::vector<float*> key_ptrs, value_ptrs;
+  for (size_t s = 0; s < keys.size(); ++s) {
+    check(keys[s].is_contiguous() && values[s].is_contiguous() &&
+              keys[s].scalar_type() == at::kFloat && keys[s].sizes() == keys[0].sizes() &&
+              values[s].sizes() == keys[0].sizes(),
+          "caches must be contiguous float32 [layers, kv_heads, capacity, d], all alike");
+    check(layer >= 0 && layer < keys[s].size(0) && keys[s].size(1) == kv_heads,
+          "layer or kv_heads outside the cache");
+    check(starts[s] >= 0 && starts[s] + (bounds[s + 1] - bounds[s]) <= capacity,
+          "the pass runs past a cache's capacity");
+    key_ptrs.push_back(keys[s].data_ptr<float>());
+    value_ptrs.push_back(values[s].data_ptr<float>());
+  }
+  std::vector<int64_t> start_list(starts.begin(), starts.end());
+  std::vector<int64_t> bound_list(bounds.begin(), bounds.end());
+  Tensor out = at::empty({qkv.size(0), heads * d}, qkv.options().dtype(out_type(bf16)));
+  auto run = [&](auto* src) {
+    if (bf16)
+      rope_attend_impl(src, cos.data_ptr<float>(), sin.data_ptr<float>(), key_ptrs, value_ptrs,
+                       start_list, bound_list, layer, capacity, heads, kv_heads, d,
+                       static_cast<float>(scale), out.data_ptr<BFloat16>());
+    else
+      rope_attend_impl(src, cos.data_ptr<float>(), sin.data_ptr<float>(), key_ptrs, value_ptrs,
+                       start_list, bound_list, layer, capacity, heads, kv_heads, d,
+                       static_cast<float>(scale), out.data_ptr<float>());
+  };
+  if (qkv.scalar_type() == at::kBFloat16)
+    run(static_cast<const BFloat16*>(qkv.data_ptr<BFloat16>()));
+  else
+    run(static_cast<const float*>(qkv.data_ptr<float>()));
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(specops_lean, m) {
+  m.def("add_rms_norm(Tensor(a!) x, Tensor? delta, Tensor w, float eps, bool bf16) -> Tensor");
+  m.def("add_into(Tensor(a!) x, Tensor delta) -> Tensor(a!)");
+  m.def("silu_mul(Tensor gu, bool bf16) -> Tensor");
+  m.def(
+      "rope_attend(Tensor qkv, Tensor cos, Tensor sin, Tensor[] keys, Tensor[] values, "
+      "int[] starts, int[] bounds, int layer, int heads, int kv_heads, float scale, "
+      "bool bf16) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(specops_lean, CPU, m) {
+  m.impl("add_rms_norm", &add_rms_norm);
+  m.impl("add_into", &add_into);
+  m.impl("silu_mul", &silu_mul);
+  m.impl("rope_attend", &rope_attend);
+}
