@@ -111,7 +111,7 @@ class LeanStep:
     """The forward of ``model`` (see :func:`unsupported_reason`) over its own weights; the
     model keeps them (nothing is copied)."""
 
-    def __init__(self, model: torch.nn.Module, *, layers: int | None = None) -> None:
+    def __init__(self, model: torch.nn.Module) -> None:
         reason = unsupported_reason(model)
         if reason is not None:
             raise SpecOpsError(f"the lean step cannot run this model: {reason}")
@@ -125,7 +125,7 @@ class LeanStep:
         self.scale = self.head_dim**-0.5
         self.limit = int(config.max_position_embeddings)
         inner = model.model  # type: ignore[attr-defined]
-        decoder = list(inner.layers)[: layers if layers is not None else None]
+        decoder = list(inner.layers)
         self.layers: list[_Layer] = []
         kinds = set()
         for layer in decoder:

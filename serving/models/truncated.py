@@ -2,7 +2,8 @@
 
 No parameters are copied: the draft's embedding, first N layers, final norm and output
 head are the target's own modules, so it costs no memory and any later fine-tuning of a
-copy is explicit (see the training issue).
+copy is explicit (see the training issue). A target on the lean step (:mod:`serving.lean`)
+gives its draft the lean step over those layers too.
 """
 
 from __future__ import annotations
@@ -38,4 +39,10 @@ def first_layers(target, num_layers: int):
     if leftover:
         raise BadInputError(f"cannot truncate {config.model_type!r}: unshared {leftover[:3]}")
     draft.eval()
+    if getattr(target, "specops_lean", None) is not None:
+        # The target runs the lean step (serving.lean): so do its first layers.
+        from serving.lean.install import install
+
+        draft.specops_kernels = target.specops_kernels
+        install(draft, "auto")
     return draft

@@ -20,6 +20,7 @@ from serving.drafters.prompt_lookup import PromptLookupDrafter
 from serving.engine import SpeculativeDecoder
 from serving.errors import BadInputError
 from serving.kv import new_cache
+from serving.lean.install import install
 from serving.models.head import DraftHead, head_config_for
 from serving.models.kernels import apply_kernels
 from serving.models.tiny import tiny_llama
@@ -41,11 +42,16 @@ PROMPTS = [
 BUDGETS = [40, 12, 33, 25, 8, 30, 21]
 
 
-@pytest.fixture(scope="module", params=["stock", "onednn"])
+@pytest.fixture(scope="module", params=["stock", "onednn", "lean"])
 def batch_target(request):
-    """A target of its own (batching switches its attention): stock and oneDNN kernels."""
+    """A target of its own (batching switches its attention): stock and oneDNN kernels
+    through transformers' forward, and oneDNN through the lean step (serving.lean)."""
     model = tiny_llama()
-    apply_kernels(model, request.param)
+    if request.param == "lean":
+        apply_kernels(model, "onednn", fuse=True)
+        install(model, "on")
+    else:
+        apply_kernels(model, request.param)
     use_ragged_attention(model)
     return model
 

@@ -1,0 +1,23 @@
+"""Tiny targets on the lean step and their transformers twins (same weights, same kernels)."""
+
+from __future__ import annotations
+
+import torch
+
+from serving.lean.install import install
+from serving.models.kernels import apply_kernels
+from serving.models.tiny import tiny_llama
+
+KERNELS = ("onednn", "int8", "int4")
+
+
+def tiny_target(kernels: str, *, lean: bool = True, seed: int = 0, **shape) -> torch.nn.Module:
+    """A tiny Llama whose shapes every kernel family takes (inputs a multiple of 32,
+    outputs of 16), loaded as ``load_target`` loads a target: fused, on ``kernels``, and on
+    the lean step when ``lean``."""
+    shape = {"hidden_size": 64, "intermediate_size": 128, "vocab_size": 96, **shape}
+    model = tiny_llama(seed=seed, **shape)
+    apply_kernels(model, kernels, fuse=True)
+    if lean:
+        assert install(model, "on") is not None
+    return model

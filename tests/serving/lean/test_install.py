@@ -1,0 +1,116 @@
+"""Where the lean step runs, where it does not, and what it says."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from serving.errors import BadInputError
+from serving.lean import build
+from serving.lean.build import LeanUnavailable
+from serving.lean.install import install, lean_mode, lean_step, preflight
+from serving.models.kernels import apply_kernels
+from serving.models.tiny import tiny_llama
+from tests.serving.lean.models import tiny_target
+
+
+def test_modes_come_from_the_argument_or_the_environment(monkeypatch):
+    monkeypatch.setenv("SPECOPS_LEAN", "off")
+    assert lean_mode() == "off" and lean_mode("on") == "on"
+    monkeypatch.setenv("SPECOPS_LEAN", "fast")
+    with pytest.raises(BadInputError, match="SPECOPS_LEAN='fast'"):
+        lean_mode()
+
+
+def test_off_keeps_transformers_forward():
+    model = tiny_llama(hidden_size=64, intermediate_size=128)
+    apply_kernels(model, "int4", fuse=True)
+    assert install(model, "off") is None and lean_step(model) is None
+
+
+def test_stock_kernels_fall_back_with_one_logged_reason_or_fail_when_asked(caplog):
+    with caplog.at_level(logging.WARNING, logger="serving.lean.install"):
+        assert preflight("stock", "cuda", "auto") is False
+    assert "not stock on cuda" in caplog.text
+    with pytest.raises(LeanUnavailable, match="SPECOPS_LEAN=on but .*not stock on cuda"):
+        preflight("stock", "cuda", "on")
+    model = tiny_llama()  # stock kernels: not packed for the CPU
+    assert install(model, "auto") is None
+    with pytest.raises(LeanUnavailable, match="not packed for the CPU"):
+        install(model, "on")
+
+
+def test_another_architecture_decodes_through_transformers(caplog):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    model = GPT2LMHeadModel(GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=96)).eval()
+    apply_kernels(model, "onednn")
+    with caplog.at_level(logging.WARNING, logger="serving.lean.install"):
+        assert install(model, "auto") is None
+    assert "architecture 'gpt2' is not Llama's" in caplog.text
+    with torch.inference_mode():
+        assert model(input_ids=torch.tensor([[1, 2, 3]])).logits.shape == (1, 3, 96)
+
+
+def test_unfused_projections_are_named():
+    model = tiny_llama(hidden_size=64, intermediate_size=128)
+    apply_kernels(model, "onednn")  # packed, not fused
+    with pytest.raises(LeanUnavailable, match="not fused"):
+        install(model, "on")
+
+
+def test_a_missing_compiler_is_one_clear_error_before_any_weights(monkeypatch):
+    monkeypatch.setattr(build, "_loaded", None)
+    monkeypatch.setenv("CXX", "no-such-compiler-xyz")
+    with pytest.raises(LeanUnavailable, match="no C\\+\\+ compiler .*no-such-compiler-xyz"):
+        build.load_ops()
+    from serving import loader
+
+    def must_not_load(*args, **kwargs):
+        raise AssertionError("weights were read before the check")
+
+    monkeypatch.setattr("serving.models.real.load_real_model", must_not_load)
+    with pytest.raises(LeanUnavailable, match="no C\\+\\+ compiler"):
+        loader.load_target(kernels="int4", lean_mode="on")
+
+
+def test_layers_n_drafts_of_a_lean_target_run_lean_too():
+    from serving.models.truncated import first_layers
+
+    target = tiny_target("int4")
+    draft = first_layers(target, 2)
+    step = lean_step(draft)
+    assert step is not None and len(step.layers) == 2
+
+
+_REBUILD = """
+import logging, sys
+logging.basicConfig(level=logging.INFO, stream=sys.stdout)
+from serving.lean import build
+cxx = build.compiler()
+folder = build.build_root() / build.build_key(cxx)
+folder.mkdir(parents=True)
+(folder / "specops_lean.so").write_bytes(b"not a library")
+path = build.load_ops()
+import torch
+x = torch.ones(2, 8)
+print("ok", path.stat().st_size > 1000, torch.ops.specops_lean.silu_mul(x, False).shape)
+"""
+
+
+@pytest.mark.slow
+def test_a_corrupt_build_is_rebuilt_not_trusted(tmp_path):
+    run = subprocess.run(
+        [sys.executable, "-c", _REBUILD],
+        env={**__import__("os").environ, "SPECOPS_CACHE": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "rebuilding the lean ops" in run.stdout + run.stderr
+    assert "ok True torch.Size([2, 4])" in run.stdout
