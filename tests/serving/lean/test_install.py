@@ -36,7 +36,7 @@ def test_stock_kernels_fall_back_with_one_logged_reason_or_fail_when_asked(caplo
     with caplog.at_level(logging.WARNING, logger="serving.lean.install"):
         assert preflight("stock", "cuda", "auto") is False
     assert "not stock on cuda" in caplog.text
-    with pytest.raises(LeanUnavailable, match="SPECOPS_LEAN=on but .*not stock on cuda"):
+    with pytest.raises(LeanUnavailable, match=r"SPECOPS_LEAN=on but .*not stock on cuda"):
         preflight("stock", "cuda", "on")
     model = tiny_llama()  # stock kernels: not packed for the CPU
     assert install(model, "auto") is None
@@ -66,7 +66,7 @@ def test_unfused_projections_are_named():
 def test_a_missing_compiler_is_one_clear_error_before_any_weights(monkeypatch):
     monkeypatch.setattr(build, "_loaded", None)
     monkeypatch.setenv("CXX", "no-such-compiler-xyz")
-    with pytest.raises(LeanUnavailable, match="no C\\+\\+ compiler .*no-such-compiler-xyz"):
+    with pytest.raises(LeanUnavailable, match=r"no C\+\+ compiler .*no-such-compiler-xyz"):
         build.load_ops()
     from serving import loader
 
@@ -74,7 +74,7 @@ def test_a_missing_compiler_is_one_clear_error_before_any_weights(monkeypatch):
         raise AssertionError("weights were read before the check")
 
     monkeypatch.setattr("serving.models.real.load_real_model", must_not_load)
-    with pytest.raises(LeanUnavailable, match="no C\\+\\+ compiler"):
+    with pytest.raises(LeanUnavailable, match=r"no C\+\+ compiler"):
         loader.load_target(kernels="int4", lean_mode="on")
 
 
