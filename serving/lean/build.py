@@ -16,6 +16,7 @@ import threading
 from pathlib import Path
 
 import torch
+from filelock import FileLock
 
 from serving.errors import SpecOpsError
 
@@ -104,18 +105,20 @@ def load_ops() -> Path:
                 f"{torch.backends.cpu.get_cpu_capability()!r}); set SPECOPS_LEAN=off"
             )
         cxx = compiler()
-        folder = build_root() / build_key(cxx)
-        library = folder / f"{NAMESPACE}.so"
-        if library.exists():
-            try:
-                torch.ops.load_library(str(library))
-            except OSError as error:
-                log.warning("rebuilding the lean ops: %s did not load (%s)", library, error)
-                shutil.rmtree(folder, ignore_errors=True)
+        key = build_key(cxx)
+        folder = build_root() / key
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        # One process builds while the others wait (xdist workers, replicas starting).
+        with FileLock(str(folder.parent / f"{key}.lock")):
+            library = folder / f"{NAMESPACE}.so"
+            if library.exists():
+                try:
+                    torch.ops.load_library(str(library))
+                except OSError as error:
+                    log.warning("rebuilding the lean ops: %s did not load (%s)", library, error)
+                    shutil.rmtree(folder, ignore_errors=True)
+                    library = _compile(folder)
+            else:
                 library = _compile(folder)
-                torch.ops.load_library(str(library))
-        else:
-            library = _compile(folder)
-            torch.ops.load_library(str(library))
         _loaded = library
         return library
