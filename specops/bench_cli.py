@@ -134,6 +134,16 @@ def profile(
             "own cache, and print the batch_curve configs/hardware.yaml takes.",
         ),
     ] = False,
+    breakdown: Annotated[
+        bool,
+        typer.Option(
+            "--breakdown",
+            help="Split a one-token and a --rows-token pass into matmuls, attention, "
+            "norms/activations and the rest, through transformers' forward and the lean "
+            "step, beside the physical limit (results/profile-breakdown.json).",
+        ),
+    ] = False,
+    rows: Annotated[int, typer.Option(help="The block size --breakdown splits.")] = 8,
 ) -> None:
     """Measure target-pass cost by block size, and first-N-layer draft costs, on a hardware
     target, and print its verify curve as configs/hardware.yaml takes it (with --batch: the
@@ -142,6 +152,9 @@ def profile(
     from tasks.bench.profile import plot_batch, profile_batch_hardware, profile_hardware
     from tasks.bench.profile_report import batch_report, pass_report
 
+    if breakdown:
+        _breakdown(hardware, kernels, threads, rows, context, repeats, out)
+        return
     measure: Callable[..., Any]
     if batch:
         out = out or Path("results/profile-batch.json")
@@ -163,3 +176,25 @@ def profile(
     plot = plot_batch(result, out.with_suffix(".png"), title=title)
     typer.echo(batch_report(hardware, result))
     typer.echo(f"results: {out}, plot: {plot}")
+
+
+def _breakdown(
+    hardware: str,
+    kernels: str | None,
+    threads: int | None,
+    rows: int,
+    context: int | None,
+    repeats: int,
+    out: Path | None,
+) -> None:
+    from serving.atomic import write_json_atomic
+    from tasks.bench.breakdown import breakdown, breakdown_report
+    from tasks.bench.profile import load_for
+
+    out = out or Path("results/profile-breakdown.json")
+    with failing():
+        model = load_for(hardware, None, kernels, threads)
+        result = breakdown(model, rows=rows, context=context or 256, repeats=repeats)
+    write_json_atomic(out, {"hardware": hardware, **result.to_dict()})
+    typer.echo(breakdown_report(hardware, result))
+    typer.echo(f"results: {out}")

@@ -360,7 +360,7 @@ def plot_batch(result: BatchProfile, path: str | Path, *, title: str = "") -> Pa
     return Path(path)
 
 
-def _load_for(hardware: str, source: str | None, kernels: str | None, threads: int | None):
+def load_for(hardware: str, source: str | None, kernels: str | None, threads: int | None):
     """``source`` (default: the shipped model) loaded as hardware target ``hardware`` loads
     it, with its threads set (``kernels``/``threads`` override)."""
     from serving.hardware import engine_target
@@ -392,7 +392,7 @@ def profile_hardware(
     The target's verify curve need not exist yet: this is what measures it. Raises
     :class:`BadInputError` for a target off the specops engine, or one whose device this
     machine does not have, before any model is loaded."""
-    model = _load_for(hardware, source, kernels, threads)
+    model = load_for(hardware, source, kernels, threads)
     return profile_model(model, max_n=max_n, context=context, repeats=repeats, progress=progress)
 
 
@@ -407,5 +407,5 @@ def profile_batch_hardware(
     progress: bool = True,
 ) -> BatchProfile:
     """:func:`profile_batch` on ``source`` loaded as :func:`profile_hardware` loads it."""
-    model = _load_for(hardware, source, kernels, threads)
+    model = load_for(hardware, source, kernels, threads)
     return profile_batch(model, context=context, repeats=repeats, progress=progress)
