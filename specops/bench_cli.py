@@ -188,11 +188,14 @@ def _breakdown(
     out: Path | None,
 ) -> None:
     from serving.atomic import write_json_atomic
+    from serving.errors import BadInputError
     from tasks.bench.breakdown import breakdown, breakdown_report
     from tasks.bench.profile import load_for
 
     out = out or Path("results/profile-breakdown.json")
     with failing():
+        if rows < 2:
+            raise BadInputError(f"--rows must be >= 2 (the block --breakdown splits), got {rows}")
         model = load_for(hardware, None, kernels, threads)
         result = breakdown(model, rows=rows, context=context or 256, repeats=repeats)
     write_json_atomic(out, {"hardware": hardware, **result.to_dict()})

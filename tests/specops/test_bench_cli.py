@@ -25,6 +25,8 @@ runner = CliRunner()
         ("profile", ["--hardware", "tpu"], "unknown hardware target 'tpu'"),
         ("profile", ["--hardware", "cpu-vllm", "--batch"], "runs on the 'vllm' backend"),
         ("profile", ["--kernels", "int3"], "unknown kernels 'int3'"),
+        ("profile", ["--breakdown", "--rows", "1"], "--rows must be >= 2"),
+        ("profile", ["--breakdown", "--hardware", "tpu"], "unknown hardware target 'tpu'"),
     ],
 )
 def test_bad_options_fail_before_any_measurement(command, args, fragment, tmp_path):
