@@ -14,7 +14,9 @@
 #include <c10/util/BFloat16.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <cstdint>
 #include <vector>
 
@@ -23,10 +25,28 @@ namespace {
 using at::BFloat16;
 using at::Tensor;
 
+// bfloat16 by its bits, so the compiler vectorises the loops that convert (rounding to
+// nearest even, as torch's own conversion; no NaN reaches these ops).
 inline float load(const float* p, int64_t i) { return p[i]; }
-inline float load(const BFloat16* p, int64_t i) { return static_cast<float>(p[i]); }
+inline float load(const BFloat16* p, int64_t i) {
+  const uint32_t bits = static_cast<uint32_t>(p[i].x) << 16;
+  float value;
+  std::memcpy(&value, &bits, sizeof value);
+  return value;
+}
 inline void store(float* p, int64_t i, float v) { p[i] = v; }
-inline void store(BFloat16* p, int64_t i, float v) { p[i] = BFloat16(v); }
+inline void store(BFloat16* p, int64_t i, float v) {
+  uint32_t bits;
+  std::memcpy(&bits, &v, sizeof bits);
+  bits += 0x7FFFu + ((bits >> 16) & 1u);
+  p[i].x = static_cast<uint16_t>(bits >> 16);
+}
+
+// Rows per parallel chunk: small passes run on the calling thread (starting the pool costs
+// more than they do); the split never changes what a row computes.
+inline int64_t grain(int64_t work_per_item) {
+  return std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(1, work_per_item));
+}
 
 void check(bool ok, const char* what) { TORCH_CHECK(ok, "specops lean op: ", what); }
 
@@ -38,7 +58,7 @@ at::ScalarType out_type(bool bf16) { return bf16 ? at::kBFloat16 : at::kFloat; }
 template <typename D, typename O>
 void add_rms_norm_rows(float* x, const D* delta, const float* w, O* out, int64_t rows,
                        int64_t width, float eps) {
-  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, rows, grain(width), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       float* row = x + r * width;
       if (delta != nullptr) {
@@ -104,7 +124,7 @@ Tensor add_into(Tensor x, Tensor delta) {
 
 template <typename I, typename O>
 void silu_mul_rows(const I* gu, O* out, int64_t rows, int64_t inner) {
-  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, rows, grain(4 * inner), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const I* gate = gu + r * 2 * inner;
       const I* up = gate + inner;
@@ -166,9 +186,10 @@ void rope_attend_impl(const I* qkv, const float* cos, const float* sin,
       dst[j + half] = b * c[j] + a * si[j];
     }
   };
-  // 1. Rotate the queries and keys, write keys and values into their caches.
-  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t n = begin; n < end; ++n) {
+  // 1. Rotate the queries and keys, write keys and values into their caches (a few
+  // thousand multiplies: on this thread).
+  {
+    for (int64_t n = 0; n < rows; ++n) {
       const I* row = qkv + n * width;
       const float* c = cos + n * half;
       const float* si = sin + n * half;
@@ -182,9 +203,10 @@ void rope_attend_impl(const I* qkv, const float* cos, const float* sin,
         for (int64_t j = 0; j < d; ++j) v[j] = load(src, j);
       }
     }
-  });
+  }
   // 2. Each (row, head) attends alone, in one fixed order.
-  at::parallel_for(0, rows * heads, 1, [&](int64_t begin, int64_t end) {
+  const int64_t shortest = starts.empty() ? 1 : *std::min_element(starts.begin(), starts.end()) + 1;
+  at::parallel_for(0, rows * heads, grain(2 * shortest * d), [&](int64_t begin, int64_t end) {
     std::vector<float> scores;
     std::vector<float> acc(d);
     for (int64_t task = begin; task < end; ++task) {
