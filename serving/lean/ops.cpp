@@ -292,6 +292,40 @@ Tensor rope_attend(Tensor qkv, Tensor cos, Tensor sin, at::TensorList keys,
   return out;
 }
 
+// ---------------------------------------------------------------------------------------
+// The whole decoder stack on torch's packed int4 or int8 kernels, without returning to
+// Python between layers. weights: per layer, in order, the input norm, the q|k|v, output,
+// gate|up and down matmuls' two tensors each (int4: packed codes, scales and zeros; int8:
+// codes, scales) and the post-attention norm (10 tensors). x [N, hidden] float32 is the
+// residual stream, updated in place and returned (before the final norm).
+
+Tensor stack(Tensor x, at::TensorList weights, int64_t bits, Tensor cos, Tensor sin,
+             at::TensorList keys, at::TensorList values, at::IntArrayRef starts,
+             at::IntArrayRef bounds, int64_t heads, int64_t kv_heads, double scale, double eps) {
+  constexpr size_t per_layer = 10;
+  check(bits == 4 || bits == 8, "bits must be 4 or 8");
+  check(!weights.empty() && weights.size() % per_layer == 0, "10 weight tensors per layer");
+  const int64_t layers = static_cast<int64_t>(weights.size() / per_layer);
+  auto matmul = [&](const Tensor& input, const Tensor& codes, const Tensor& scales) {
+    return bits == 4 ? at::_weight_int4pack_mm_for_cpu(input, codes, 32, scales)
+                     : at::_weight_int8pack_mm(input, codes, scales);
+  };
+  Tensor h = add_rms_norm(x, c10::nullopt, weights[0], eps, true);
+  for (int64_t layer = 0; layer < layers; ++layer) {
+    const Tensor* w = weights.data() + layer * per_layer;
+    Tensor qkv = matmul(h, w[1], w[2]);
+    Tensor attended = rope_attend(qkv, cos, sin, keys, values, starts, bounds, layer, heads,
+                                  kv_heads, scale, true);
+    h = add_rms_norm(x, matmul(attended, w[3], w[4]), w[9], eps, true);
+    Tensor down = matmul(silu_mul(matmul(h, w[5], w[6]), true), w[7], w[8]);
+    if (layer + 1 < layers)
+      h = add_rms_norm(x, down, weights[(layer + 1) * per_layer], eps, true);
+    else
+      add_into(x, down);
+  }
+  return x;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(specops_lean, m) {
@@ -302,6 +336,10 @@ TORCH_LIBRARY(specops_lean, m) {
       "rope_attend(Tensor qkv, Tensor cos, Tensor sin, Tensor[] keys, Tensor[] values, "
       "int[] starts, int[] bounds, int layer, int heads, int kv_heads, float scale, "
       "bool bf16) -> Tensor");
+  m.def(
+      "stack(Tensor(a!) x, Tensor[] weights, int bits, Tensor cos, Tensor sin, Tensor[] keys, "
+      "Tensor[] values, int[] starts, int[] bounds, int heads, int kv_heads, float scale, "
+      "float eps) -> Tensor(a!)");
 }
 
 TORCH_LIBRARY_IMPL(specops_lean, CPU, m) {
@@ -309,4 +347,5 @@ TORCH_LIBRARY_IMPL(specops_lean, CPU, m) {
   m.impl("add_into", &add_into);
   m.impl("silu_mul", &silu_mul);
   m.impl("rope_attend", &rope_attend);
+  m.impl("stack", &stack);
 }

@@ -91,6 +91,32 @@ def _matmul(linear: torch.nn.Module) -> tuple[Matmul, bool]:
     raise SpecOpsError(f"the lean step has no kernel for {type(linear).__name__}")
 
 
+def _stack_weights(decoder: list[torch.nn.Module]) -> tuple[int, list[torch.Tensor]]:
+    """The tensors ``ops.stack`` takes when every projection of ``decoder`` is on one of
+    torch's quantised kernels (``(bits, [])`` otherwise: the stack runs from Python)."""
+    from serving.models.quantized import Int4Linear, Int8Linear
+
+    weights: list[torch.Tensor] = []
+    kinds: set[type] = set()
+    for layer in decoder:
+        attention, mlp = layer.self_attn, layer.mlp
+        weights.append(layer.input_layernorm.weight.detach())
+        for linear in (attention.qkv_proj, attention.o_proj, mlp.gate_up_proj, mlp.down_proj):
+            kinds.add(type(linear))
+            if isinstance(linear, Int4Linear):
+                weights += [linear.packed, linear.scales_and_zeros]
+            elif isinstance(linear, Int8Linear):
+                weights += [linear.codes, linear.scale]
+            if linear.bias is not None:
+                kinds.add(object)  # a bias: the Python stack adds it
+        weights.append(layer.post_attention_layernorm.weight.detach())
+    if kinds == {Int4Linear}:
+        return 4, weights
+    if kinds == {Int8Linear}:
+        return 8, weights
+    return 0, []
+
+
 @dataclass(frozen=True)
 class _Layer:
     input_norm: torch.Tensor
@@ -128,6 +154,7 @@ class LeanStep:
         decoder = list(inner.layers)
         self.layers: list[_Layer] = []
         kinds = set()
+        self.stack_bits, self.stack_weights = _stack_weights(decoder)
         for layer in decoder:
             attention, mlp = layer.self_attn, layer.mlp
             matmuls = [_matmul(m) for m in (attention.qkv_proj, attention.o_proj)]
@@ -186,8 +213,25 @@ class LeanStep:
         cos, sin = self.cos[positions], self.sin[positions]  # [N, head_dim / 2]
         keys = [cache.keys for cache in caches]
         values = [cache.values for cache in caches]
-        ops, bf16 = self.ops, self.bf16
         x = self.embed[ids]  # [N, hidden] float32, this pass's own residual stream
+        if self.stack_weights:  # the quantised kernels: every layer in one call
+            self.ops.stack(
+                x, self.stack_weights, self.stack_bits, cos, sin, keys, values, starts, bounds,
+                self.heads, self.kv_heads, self.scale, self.eps,
+            )  # fmt: skip
+        else:
+            self._layers(x, cos, sin, keys, values, starts, bounds)
+        rows_out = x if want_hidden or keep <= 0 else x[-keep:].contiguous()
+        normed = self.ops.add_rms_norm(rows_out, None, self.final_norm, self.eps, False)
+        final = normed[-keep:] if want_hidden and keep > 0 else normed
+        logits = self.head(final.to(_BF16) if self.head_bf16 else final).float()
+        for cache, count in zip(caches, rows, strict=True):
+            cache.length += count
+        return LeanOutput(logits=logits, hidden=normed if want_hidden else None)
+
+    def _layers(self, x, cos, sin, keys, values, starts, bounds) -> None:
+        """The decoder stack from Python, one call per op (oneDNN's float32 kernels)."""
+        ops, bf16 = self.ops, self.bf16
         h = ops.add_rms_norm(x, None, self.layers[0].input_norm, self.eps, bf16)
         last = len(self.layers) - 1
         for index, layer in enumerate(self.layers):
@@ -201,10 +245,3 @@ class LeanStep:
                 h = ops.add_rms_norm(x, down, self.layers[index + 1].input_norm, self.eps, bf16)
             else:
                 ops.add_into(x, down)
-        rows_out = x if want_hidden or keep <= 0 else x[-keep:].contiguous()
-        normed = ops.add_rms_norm(rows_out, None, self.final_norm, self.eps, False)
-        final = normed[-keep:] if want_hidden and keep > 0 else normed
-        logits = self.head(final.to(_BF16) if self.head_bf16 else final).float()
-        for cache, count in zip(caches, rows, strict=True):
-            cache.length += count
-        return LeanOutput(logits=logits, hidden=normed if want_hidden else None)
