@@ -4,12 +4,14 @@ A one-token and a ``k``-token pass over the same cached context, each run two wa
 same loaded model: through transformers' forward ("before": a ``DynamicCache``) and through
 the lean step ("after": its own cache; :mod:`serving.lean`). Each pass's wall time is the
 median of plain timed runs. The matmuls are timed by themselves, without the profiler: the
-same kernel calls on inputs of the pass's shapes (both paths call the same kernels); torch's
-profiler gives the time of the attention ops (with rotary embeddings and the KV write where
-one op does all three) and of the norms and activations (with the residual adds); "the
-rest" is the wall time none of those account for: Python, dispatch and framework
-bookkeeping (with a model the lean step does not cover, the profiler times the matmuls
-too). Beside them, the physical limit: the bytes of weights a token reads over the memory
+same kernel calls on inputs of the pass's shapes (both paths call the same kernels).
+torch's profiler gives the time of the attention ops (with rotary embeddings and the KV
+write where one op does all three) and of the norms and activations (with the residual
+adds); on the quantised kernels the lean step runs its stack as one C++ call, which the
+profiler cannot see into, so those are attributed from the same ops called one by one.
+"The rest" is the wall time none of those account for: Python, dispatch and framework
+bookkeeping. (With a model the lean step does not cover, the profiler times the matmuls
+too.) Beside them, the physical limit: the bytes of weights a token reads over the memory
 bandwidth measured in the same run (:mod:`tasks.bench.limits`).
 """
 
@@ -88,6 +90,19 @@ def _profiled(run, repeats: int) -> dict[str, float]:
     return totals
 
 
+def _profiled_by_op(run, step, repeats: int) -> dict[str, float]:
+    """:func:`_profiled`, with the lean step's one-call stack (``ops.stack``, opaque to the
+    profiler) run op by op for the attribution: the same kernels, called from Python."""
+    stacked = step.stack_weights if step is not None else []
+    if stacked:
+        step.stack_weights = []
+    try:
+        return _profiled(run, max(3, repeats // 4))
+    finally:
+        if stacked:
+            step.stack_weights = stacked
+
+
 def _median_ms(run, repeats: int) -> float:
     for _ in range(3):
         run()
@@ -152,7 +167,6 @@ def breakdown(
         caches["lean"] = step.new_cache()
     passes = []
     with torch.inference_mode():
-        matmul_ms = {n: _matmuls_alone(step, n, repeats) for n in blocks} if step else {}
         for path, cache in caches.items():
             model(input_ids=prompt, past_key_values=cache, use_cache=True, logits_to_keep=1)
             for n, block in blocks.items():
@@ -162,9 +176,9 @@ def breakdown(
                     rewind(cache, context)
 
                 wall_ms = _median_ms(run, repeats)
-                ms = _profiled(run, max(3, repeats // 4))
-                if n in matmul_ms:  # the same kernels on both paths, timed alone
-                    ms["matmuls"] = matmul_ms[n]
+                ms = _profiled_by_op(run, step if path == "lean" else None, repeats)
+                if step is not None:  # the same kernels on both paths, timed alone, now
+                    ms["matmuls"] = _matmuls_alone(step, n, repeats)
                 ms["rest"] = max(0.0, wall_ms - sum(ms[c] for c in CATEGORIES[:3]))
                 passes.append(PassBreakdown(path, n, wall_ms, ms))
     bandwidth = memory_bandwidth()
