@@ -53,6 +53,9 @@ def preflight(kernels: str, device: str, mode: str | None = None) -> bool:
     if mode == "off":
         return False
     if kernels not in ("onednn", "int8", "int4") or device != "cpu":
+        if mode == "auto":  # a target chosen off the CPU kernels: nothing to say
+            log.info("the lean step covers onednn, int8 and int4 on the CPU, not %s", kernels)
+            return False
         _fallback(
             f"the lean step covers onednn, int8 and int4 on the CPU, not {kernels} on {device}",
             mode,

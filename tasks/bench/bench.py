@@ -86,6 +86,9 @@ class MethodConfig(BaseModel):
     k: int = 4
     policy: str = "fixed"
     hardware: str | None = None
+    # specops: the decode step, "transformers" to measure the framework's forward beside the
+    # lean step (serving.lean) that targets get by default.
+    step: Literal["lean", "transformers"] | None = None
     # specops: a draft cascade instead of ``drafter`` (its stages in order, ``k`` its
     # largest block), its acceptance predictor folder, and opt-in relaxed verification.
     cascade: str | None = None
@@ -104,7 +107,7 @@ class MethodConfig(BaseModel):
             raise ValueError(
                 f"method {self.name!r}: engine {self.engine!r} takes {shown}, got {self.mode!r}"
             )
-        specops_only = (self.hardware, self.drafter, self.cascade, self.predictor)
+        specops_only = (self.hardware, self.drafter, self.cascade, self.predictor, self.step)
         if self.engine != "specops" and any(v is not None for v in specops_only):
             raise ValueError(
                 f"method {self.name!r}: hardware, drafter and cascade are specops settings; engine "
@@ -233,6 +236,15 @@ def method_hardware(method: MethodConfig, config: BenchConfig) -> str | None:
     return method.hardware or config.hardware
 
 
+def engine_key(method: MethodConfig, config: BenchConfig) -> str | None:
+    """Which loaded engine model a specops method runs: its hardware target, and
+    ``/transformers`` when it asks for transformers' forward instead of the lean step."""
+    hardware = method_hardware(method, config)
+    if hardware is None or method.step != "transformers":
+        return hardware
+    return f"{hardware}/transformers"
+
+
 def resolve_hardware(config: BenchConfig) -> dict[str, HardwareTarget]:
     """Every specops method's hardware target, checked before any model work."""
     targets: dict[str, HardwareTarget] = {}
@@ -270,7 +282,7 @@ def pick_references(config: BenchConfig) -> dict[str, str | None]:
                 if other.engine == method.engine
                 and method.engine != "hf"
                 and _is_plain(other)
-                and method_hardware(other, config) == method_hardware(method, config)
+                and engine_key(other, config) == engine_key(method, config)
             ),
             None,
         )
@@ -330,7 +342,7 @@ def make_runners(
                 relax_lambda=method.relax_lambda,
             )
             runners[method.name] = _specops_runner(
-                build_decoder(engine_models[hardware], tokenizer, options),
+                build_decoder(engine_models[str(engine_key(method, config))], tokenizer, options),
                 max_new_tokens=config.max_new_tokens,
             )
         elif llamacpp is not None:
@@ -555,10 +567,16 @@ def run_bench(
     # that load alike; the stock one on the main target's device is the HF baselines' own.
     loaded: dict[tuple, Any] = {tuple(sorted(hf_options.items())): model}
     engine_models: dict[str, Any] = {}
-    for name, spec in hardware.items():
-        key = tuple(sorted(spec.load_options().items()))
+    for method in config.methods:
+        name = engine_key(method, config)
+        if name is None or name in engine_models:
+            continue
+        options = hardware[str(method_hardware(method, config))].load_options()
+        if method.step == "transformers":
+            options["lean_mode"] = "off"
+        key = tuple(sorted(options.items()))
         if key not in loaded:
-            loaded[key], _ = load_target(target, **spec.load_options())
+            loaded[key], _ = load_target(target, **options)
         engine_models[name] = loaded[key]
     encoded = [
         p.token_ids if isinstance(p, EncodedPrompt) else encode_messages(tokenizer, p.messages)
