@@ -31,8 +31,21 @@ esac
 # The uv version the main lock pins (requirements/lock-py311.txt): one resolver everywhere.
 uv_version=$(sed -n 's/^uv==//p' requirements/lock-py311.txt)
 interpreter=$("$PYTHON" -c 'import os, sys; print(os.path.realpath(sys.executable), sys.version)')
+# llama.cpp's instruction set: native (this CPU's), or avx2 / avx512 to build for those
+# (and to measure an AVX2-only machine's figures on an AVX-512 one). Some VMs report AMX
+# but do not enable it, and a native build then dies of SIGILL: build avx512 there.
+llamacpp_cpu=${LLAMACPP_CPU:-native}
+case "$llamacpp_cpu" in
+  native) llamacpp_cmake="" ;;
+  avx2) llamacpp_cmake="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON" ;;
+  avx512) llamacpp_cmake="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AVX512_VBMI=ON" ;;
+  *)
+    echo "LLAMACPP_CPU='$llamacpp_cpu': choose native, avx2 or avx512" >&2
+    exit 2
+    ;;
+esac
 # The script's commands (comments left out) hold every pin: they and the interpreter are the key.
-key=$( (grep -v '^ *#' scripts/setup_backend.sh; echo "$name $uv_version $interpreter") |
+key=$( (grep -v '^ *#' scripts/setup_backend.sh; echo "$name $uv_version $interpreter $llamacpp_cpu") |
   sha256sum | cut -c1-16)
 store="${SPECOPS_CACHE:-$HOME/.cache/specops}/envs"
 env="$store/$name-$key"
@@ -96,7 +109,8 @@ case "$name" in
     log="$env/log/build.log"
     start=$(date +%s)
     echo "building llama-cpp-python 0.3.36 from source (several minutes); log: $log"
-    if ! CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)} \
+    echo "llama.cpp for the CPU: $llamacpp_cpu ${llamacpp_cmake:-(-march=native)}"
+    if ! CMAKE_ARGS="$llamacpp_cmake" CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)} \
         "$env/bin/pip" install --no-cache-dir --verbose --no-binary llama-cpp-python \
         "llama-cpp-python==0.3.36" pytest pytest-timeout pyyaml >"$log" 2>&1; then
       tail -n 60 "$log" >&2

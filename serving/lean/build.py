@@ -24,7 +24,10 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("ops.cpp")
 NAMESPACE = "specops_lean"
-FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-std=c++17"]
+# The instruction set: this CPU's, or $SPECOPS_LEAN_MARCH (x86-64-v3 builds for AVX2 only,
+# with ATEN_CPU_CAPABILITY=avx2 and ONEDNN_MAX_CPU_ISA=AVX2 to measure an AVX2 machine here).
+MARCH = os.environ.get("SPECOPS_LEAN_MARCH", "native")
+FLAGS = ["-O3", f"-march={MARCH}", "-ffast-math", "-fopenmp", "-std=c++17"]
 _lock = threading.Lock()
 _loaded: Path | None = None
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import signal
 import subprocess
 import tempfile
 import time
@@ -215,8 +216,15 @@ class LlamaCppProcess:
         except subprocess.TimeoutExpired:
             self._process.kill()
             code = self._process.wait()
+        hint = ""
+        if code == -signal.SIGILL:
+            hint = (
+                " That is SIGILL: llama.cpp was built for instructions this CPU does not run "
+                "(some VMs report AMX without enabling it); rebuild it for a named instruction "
+                "set: LLAMACPP_CPU=avx512 (or avx2) bash scripts/setup_backend.sh llamacpp."
+            )
         return LlamaCppError(
-            f"the llama.cpp runner exited {when} with status {code}.{self._stderr_tail()}"
+            f"the llama.cpp runner exited {when} with status {code}.{hint}{self._stderr_tail()}"
         )
 
     def _stderr_tail(self) -> str:
