@@ -1,5 +1,9 @@
 """Compile and load the lean step's C++ ops (``ops.cpp``) once per machine.
 
+One compiler call against torch's headers and libraries (``c++ -shared``; no ninja, no
+Python module: the ops register themselves with ``TORCH_LIBRARY`` and are reached as
+``torch.ops.specops_lean``). The library is written whole and renamed into place.
+
 The build is keyed by everything that shapes the binary: the source, torch's version, the
 compiler's version and the CPU's instruction set (it is compiled for the CPU it runs on). A
 build folder whose library fails to load is deleted and built again, never trusted.
@@ -72,27 +76,34 @@ def build_root() -> Path:
     return Path(base) / "lean-ops"
 
 
-def _compile(folder: Path) -> Path:
-    from torch.utils.cpp_extension import load
+def _command(cxx: str, output: Path) -> list[str]:
+    from torch.utils import cpp_extension
 
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    command = [cxx, "-shared", "-fPIC", *FLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={abi}"]
+    command += [f"-I{path}" for path in cpp_extension.include_paths()]
+    command += [str(SOURCE), "-o", str(output)]
+    for path in cpp_extension.library_paths():
+        command += [f"-L{path}", f"-Wl,-rpath,{path}"]
+    return [*command, "-lc10", "-ltorch_cpu", "-ltorch", "-fopenmp"]
+
+
+def _compile(folder: Path, cxx: str) -> Path:
+    """Compile ``ops.cpp`` into ``folder`` (written whole, then renamed into place) and load
+    it."""
     folder.mkdir(parents=True, exist_ok=True)
+    library = folder / f"{NAMESPACE}.so"
+    partial = folder / f"{NAMESPACE}.so.partial"
     log.info("compiling the lean decode step's C++ ops into %s (once per machine)", folder)
-    try:
-        load(
-            name=NAMESPACE,
-            sources=[str(SOURCE)],
-            extra_cflags=FLAGS,
-            extra_ldflags=["-fopenmp"],
-            build_directory=str(folder),
-            is_python_module=False,
-            verbose=False,
-        )
-    except (RuntimeError, OSError, subprocess.CalledProcessError) as error:
+    run = subprocess.run(_command(cxx, partial), capture_output=True, text=True, check=False)
+    if run.returncode != 0:
         raise LeanUnavailable(
-            f"the lean decode step's C++ ops did not compile ({str(error).strip()[-400:]}); "
-            "set SPECOPS_LEAN=off to decode through transformers"
-        ) from None
-    return folder / f"{NAMESPACE}.so"
+            f"the lean decode step's C++ ops did not compile with {cxx} "
+            f"({run.stderr.strip()[-600:]}); set SPECOPS_LEAN=off to decode through transformers"
+        )
+    os.replace(partial, library)
+    torch.ops.load_library(str(library))
+    return library
 
 
 def load_ops() -> Path:
@@ -120,8 +131,8 @@ def load_ops() -> Path:
                 except OSError as error:
                     log.warning("rebuilding the lean ops: %s did not load (%s)", library, error)
                     shutil.rmtree(folder, ignore_errors=True)
-                    library = _compile(folder)
+                    library = _compile(folder, cxx)
             else:
-                library = _compile(folder)
+                library = _compile(folder, cxx)
         _loaded = library
         return library
