@@ -7,8 +7,10 @@ from transformers import DynamicCache
 from serving.errors import SpecOpsError
 from serving.lean.cache import LeanCache
 
+Cache = DynamicCache | LeanCache  # transformers' or the lean step's (serving.lean)
 
-def new_cache(model) -> DynamicCache | LeanCache:
+
+def new_cache(model) -> Cache:
     """A fresh cache for ``model``: the lean step's (:mod:`serving.lean`) where ``model``
     has one, else transformers'. Only full-attention caches can be rewound safely."""
     lean = getattr(model, "specops_lean", None)
@@ -23,11 +25,11 @@ def new_cache(model) -> DynamicCache | LeanCache:
     return DynamicCache(config=config)
 
 
-def cache_length(cache: DynamicCache | LeanCache) -> int:
+def cache_length(cache: Cache) -> int:
     return int(cache.get_seq_length())
 
 
-def rewind(cache: DynamicCache | LeanCache, length: int) -> None:
+def rewind(cache: Cache, length: int) -> None:
     """Drop cache entries past ``length`` tokens (rejected drafts). Never grows the cache."""
     current = cache_length(cache)
     if length > current:

@@ -27,10 +27,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
-from transformers import DynamicCache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from serving.errors import SpecOpsError
+from serving.kv import Cache
 from serving.models.exact_attention import exact_rows
 
 IMPLEMENTATION = "specops_ragged"
@@ -41,7 +41,7 @@ _BASE = "specops_ragged_base"  # the config key remembering what a solo pass use
 class RaggedCache:
     """The per-request caches of one packed pass, as one cache object for the model."""
 
-    caches: Sequence[DynamicCache]
+    caches: Sequence[Cache]
     bounds: list[tuple[int, int]]  # each request's rows in the packed pass
     # layer -> each request's full keys and values after this pass's update
     full: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = field(default_factory=dict)
@@ -100,7 +100,7 @@ class PackedOutput:
 
 def packed_pass(
     target,
-    caches: Sequence[DynamicCache],
+    caches: Sequence[Cache],
     blocks: Sequence[torch.Tensor],
     *,
     want_hidden: Sequence[bool] = (),

@@ -24,7 +24,6 @@ import copy
 
 import torch
 from torch import nn
-from transformers import DynamicCache
 
 from serving.drafters.base import (
     Drafter,
@@ -34,7 +33,7 @@ from serving.drafters.base import (
     draw_draft,
 )
 from serving.errors import IncompatibleDraftError, SpecOpsError
-from serving.kv import cache_length, new_cache, rewind
+from serving.kv import Cache, cache_length, new_cache, rewind
 from serving.models.head import DraftHead, causal_mask, check_head_fits, output_weight
 from serving.models.kernels import apply_kernels, kernels_of
 
@@ -66,7 +65,7 @@ class HeadDrafter(Drafter):
         # [draft_vocab] full-vocabulary ids of the head's logits, or None for all of them.
         self.vocab_ids: torch.Tensor | None = head.vocab_ids
         self._logits_layer = self._output_layer(target, kernels)
-        self._cache: DynamicCache | None = None
+        self._cache: Cache | None = None
         self._fed = 0  # true pairs in the cache (positions 0.._fed-1)
         self._pending: list[torch.Tensor] = []  # [rows, hidden] true features not yet fed
         self._tail: torch.Tensor | None = None  # [hidden] head output at pair _fed - 1

@@ -12,7 +12,6 @@ its target's, so its drafts and probabilities meet the target's logits without a
 from __future__ import annotations
 
 import torch
-from transformers import DynamicCache
 
 from serving.drafters.base import (
     Drafter,
@@ -22,7 +21,7 @@ from serving.drafters.base import (
     draw_draft,
 )
 from serving.errors import BadInputError, IncompatibleDraftError
-from serving.kv import cache_length, new_cache, rewind
+from serving.kv import Cache, cache_length, new_cache, rewind
 from serving.models.kernels import apply_kernels, kernels_of
 
 
@@ -40,7 +39,7 @@ class ModelDrafter(Drafter):
         self.device: torch.device = next(model.parameters()).device
         self.name = name
         self.confidence_threshold = confidence_threshold
-        self._cache: DynamicCache | None = None
+        self._cache: Cache | None = None
         self._proposal_base = 0  # committed length when the last proposal was made
         self._proposed = 0
 

@@ -101,10 +101,11 @@ def install(model: torch.nn.Module, mode: str | None = None) -> LeanStep | None:
         keep = kwargs.get("logits_to_keep", 0)
         want_hidden = bool(kwargs.get("output_hidden_states"))
         out = step.forward(input_ids[0], caches, rows, keep=int(keep), want_hidden=want_hidden)
+        hidden = (out.hidden[None],) if out.hidden is not None else None
         return CausalLMOutputWithPast(
-            logits=out.logits[None],
+            logits=out.logits[None],  # type: ignore[arg-type]
             past_key_values=cache,
-            hidden_states=(out.hidden[None],) if out.hidden is not None else None,
+            hidden_states=hidden,  # type: ignore[arg-type]
         )
 
     model.forward = forward  # type: ignore[method-assign]

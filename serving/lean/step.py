@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -28,7 +29,7 @@ Matmul = Callable[[torch.Tensor], torch.Tensor]
 _BF16 = torch.bfloat16
 
 
-def unsupported_reason(model: torch.nn.Module) -> str | None:
+def unsupported_reason(model: Any) -> str | None:
     """Why the lean step cannot run ``model`` (``None`` when it can): the layout it knows
     is transformers' Llama family with fused projections (serving.models.fused) on a CPU
     float32 model whose linear layers a CPU kernel family packed."""
@@ -58,7 +59,7 @@ def unsupported_reason(model: torch.nn.Module) -> str | None:
     return None
 
 
-def _matmul(linear: torch.nn.Module) -> tuple[Matmul, bool]:
+def _matmul(linear: Any) -> tuple[Matmul, bool]:
     """A closure computing ``linear`` on a ``[rows, in]`` input, and whether it takes
     bfloat16 (the quantised kernels) rather than float32 (oneDNN)."""
     from serving.models.onednn import PackedLinear
@@ -91,7 +92,7 @@ def _matmul(linear: torch.nn.Module) -> tuple[Matmul, bool]:
     raise SpecOpsError(f"the lean step has no kernel for {type(linear).__name__}")
 
 
-def _stack_weights(decoder: list[torch.nn.Module]) -> tuple[int, list[torch.Tensor]]:
+def _stack_weights(decoder: list[Any]) -> tuple[int, list[torch.Tensor]]:
     """The tensors ``ops.stack`` takes when every projection of ``decoder`` is on one of
     torch's quantised kernels (``(bits, [])`` otherwise: the stack runs from Python)."""
     from serving.models.quantized import Int4Linear, Int8Linear
@@ -137,7 +138,7 @@ class LeanStep:
     """The forward of ``model`` (see :func:`unsupported_reason`) over its own weights; the
     model keeps them (nothing is copied)."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: Any) -> None:
         reason = unsupported_reason(model)
         if reason is not None:
             raise SpecOpsError(f"the lean step cannot run this model: {reason}")
@@ -153,7 +154,7 @@ class LeanStep:
         inner = model.model  # type: ignore[attr-defined]
         decoder = list(inner.layers)
         self.layers: list[_Layer] = []
-        kinds = set()
+        kinds: set[bool] = set()
         self.stack_bits, self.stack_weights = _stack_weights(decoder)
         for layer in decoder:
             attention, mlp = layer.self_attn, layer.mlp

@@ -149,7 +149,7 @@ def breakdown(
     step installed, both paths are measured, else only transformers')."""
     from transformers import DynamicCache
 
-    from serving.kv import rewind
+    from serving.kv import Cache, rewind
     from serving.lean.install import lean_step
     from tasks.bench.limits import memory_bandwidth, weight_bytes_per_token
 
@@ -162,7 +162,7 @@ def breakdown(
     prompt = torch.randint(0, vocab, (1, context), generator=generator)
     blocks = {n: torch.randint(0, vocab, (1, n), generator=generator) for n in (1, rows)}
     step = lean_step(model)
-    caches = {"transformers": DynamicCache(config=model.config)}
+    caches: dict[str, Cache] = {"transformers": DynamicCache(config=model.config)}
     if step is not None:
         caches["lean"] = step.new_cache()
     passes = []
