@@ -45,6 +45,7 @@ from serving.paths import CONFIG_DIR
 from serving.records.schema import WORKLOADS, Split, Workload
 from tasks.bench.limits import (
     BANDWIDTH_MB,
+    cpu_description,
     gguf_weights,
     limit_tokens_per_s,
     memory_bandwidth,
@@ -660,6 +661,7 @@ def run_bench(
             "torch": torch.__version__,
             "machine": platform.machine(),
             "processor": platform.processor(),
+            "cpu": cpu_description(),
             "cpu_count": os.cpu_count(),
             "load_average_before": load_before,
             "load_average_after": os.getloadavg(),

@@ -164,3 +164,33 @@ def gguf_weights(path: Path) -> GgufWeights:
 def limit_tokens_per_s(bandwidth_bytes_per_s: float, bytes_per_token: int) -> float:
     """The plain-decoding limit of a weight format: bandwidth ÷ bytes read per token."""
     return bandwidth_bytes_per_s / bytes_per_token
+
+
+ISA_SETTINGS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "SPECOPS_LEAN_MARCH")
+_FLAGS_SHOWN = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16",
+                "avx_vnni", "amx_tile", "amx_int8", "amx_bf16", "neon", "asimd")  # fmt: skip
+
+
+def cpu_description() -> dict[str, object]:
+    """The CPU a benchmark ran on (model and the vector flags that decide its kernels), what
+    torch dispatches to, and any setting that narrowed the instruction set."""
+    import os
+    import platform
+    from pathlib import Path
+
+    model, flags = platform.processor() or platform.machine(), set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                model = value.strip()
+            elif key.strip() in ("flags", "Features") and not flags:
+                flags = set(value.split())
+    except OSError:
+        pass
+    return {
+        "model": model,
+        "flags": [flag for flag in _FLAGS_SHOWN if flag in flags],
+        "torch_capability": torch.backends.cpu.get_cpu_capability(),
+        "settings": {name: os.environ[name] for name in ISA_SETTINGS if name in os.environ},
+    }

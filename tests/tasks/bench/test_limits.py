@@ -133,3 +133,15 @@ def test_quantised_layers_count_their_codes_and_scales_once(scheme):
     expected += sum(getattr(m, name).nbytes for m in quantised for name in read[m.scheme])
     # int4 layers also keep nibble codes for export; the forward never reads them.
     assert weight_bytes_per_token(model) == expected
+
+
+def test_the_cpu_description_names_the_model_flags_and_narrowing_settings(monkeypatch):
+    from tasks.bench.limits import cpu_description
+
+    monkeypatch.setenv("SPECOPS_LEAN_MARCH", "x86-64-v3")
+    described = cpu_description()
+    assert described["model"] and isinstance(described["flags"], list)
+    assert described["settings"] == {
+        "SPECOPS_LEAN_MARCH": "x86-64-v3"
+    } or "ATEN_CPU_CAPABILITY" in str(described["settings"])
+    assert described["torch_capability"] in ("DEFAULT", "AVX2", "AVX512")
