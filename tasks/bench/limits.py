@@ -178,7 +178,8 @@ def cpu_description() -> dict[str, object]:
     import platform
     from pathlib import Path
 
-    model, flags = platform.processor() or platform.machine(), set()
+    model: str = platform.processor() or platform.machine()
+    flags: set[str] = set()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             key, _, value = line.partition(":")
