@@ -29,8 +29,9 @@ class LeanCache:
     ) -> None:
         self.limit = limit
         capacity = min(capacity, limit)
-        self.keys = torch.zeros(layers, kv_heads, capacity, head_dim)
-        self.values = torch.zeros_like(self.keys)
+        # Uninitialised: a pass reads only positions some pass has written (0..its own).
+        self.keys = torch.empty(layers, kv_heads, capacity, head_dim)
+        self.values = torch.empty_like(self.keys)
         self.length = 0
 
     @property
@@ -61,6 +62,6 @@ class LeanCache:
         layers, kv_heads, _, head_dim = self.keys.shape
         for name in ("keys", "values"):
             old = getattr(self, name)
-            grown = torch.zeros(layers, kv_heads, capacity, head_dim)
+            grown = torch.empty(layers, kv_heads, capacity, head_dim)
             grown[:, :, : self.length] = old[:, :, : self.length]
             setattr(self, name, grown)
