@@ -45,8 +45,9 @@ def unsupported_reason(model: Any) -> str | None:
         return f"it runs on {parameter.device.type} in {parameter.dtype}, not the CPU in float32"
     if getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False):
         return "its projections have biases"
-    if (config.rope_parameters or {}).get("rope_type", "default") != "default":
-        return f"its rotary embeddings are {config.rope_parameters['rope_type']!r}, not default"
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    if rope.get("rope_type", "default") != "default":
+        return f"its rotary embeddings are {rope['rope_type']!r}, not default"
     inner = getattr(model, "model", None)
     layers = getattr(inner, "layers", None)
     if not layers:
