@@ -72,8 +72,9 @@ def build_key(cxx: str) -> str:
 
 
 def build_root() -> Path:
-    base = os.environ.get("SPECOPS_CACHE") or os.path.join(Path.home(), ".cache", "specops")
-    return Path(base) / "lean-ops"
+    from serving.models.real import cache_root
+
+    return cache_root() / "lean-ops"
 
 
 def _command(cxx: str, output: Path) -> list[str]:
