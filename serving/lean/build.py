@@ -1,10 +1,16 @@
-"""Compile and load the lean step's C++ ops (``ops.cpp``) once per machine.
+"""Compile and load the lean step's C++ ops (``ops.cpp``, ``int4.cpp``) once per machine.
 
-One compiler call against torch's headers and libraries (``c++ -shared``; no ninja, no
-Python module: the ops register themselves with ``TORCH_LIBRARY`` and are reached as
+A compiler call per source against torch's headers, then one link (no ninja, no Python
+module: the ops register themselves with ``TORCH_LIBRARY`` and are reached as
 ``torch.ops.specops_lean``). The library is written whole and renamed into place.
 
-The build is keyed by everything that shapes the binary: the source, torch's version, the
+``ops.cpp`` is compiled with ``-ffast-math`` (its row reductions vectorise only so; a row's
+order is still fixed whatever the rows beside it); ``int4.cpp`` without, because its vector
+and plain paths must agree bit for bit. The link never sees ``-ffast-math``: with it, GCC
+before 13 links ``crtfastmath.o`` into a shared library, whose constructor turns on
+flush-to-zero for the thread that loads it, changing every float op torch runs there.
+
+The build is keyed by everything that shapes the binary: the sources, torch's version, the
 compiler's version and the CPU's instruction set (it is compiled for the CPU it runs on). A
 build folder whose library fails to load is deleted and built again, never trusted.
 """
@@ -26,12 +32,15 @@ from serving.errors import SpecOpsError
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("ops.cpp")
+HERE = Path(__file__).parent
+HEADER = HERE / "lean.h"
 NAMESPACE = "specops_lean"
 # The instruction set: this CPU's, or $SPECOPS_LEAN_MARCH (x86-64-v3 builds for AVX2 only,
 # with ATEN_CPU_CAPABILITY=avx2 and ONEDNN_MAX_CPU_ISA=AVX2 to measure an AVX2 machine here).
 MARCH = os.environ.get("SPECOPS_LEAN_MARCH", "native")
-FLAGS = ["-O3", f"-march={MARCH}", "-ffast-math", "-fopenmp", "-std=c++17"]
+FLAGS = ["-O3", f"-march={MARCH}", "-fopenmp", "-std=c++17", "-fPIC"]
+# Each source with its own extra flags (see the module docstring).
+SOURCES = {HERE / "ops.cpp": ["-ffast-math"], HERE / "int4.cpp": ["-ffp-contract=off"]}
 _lock = threading.Lock()
 _loaded: Path | None = None
 
@@ -66,7 +75,9 @@ def _cpu_flags() -> str:
 
 def build_key(cxx: str) -> str:
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=False)
-    parts = [SOURCE.read_bytes(), torch.__version__.encode(), version.stdout.encode()]
+    parts = [HEADER.read_bytes(), torch.__version__.encode(), version.stdout.encode()]
+    for source, extra in SOURCES.items():
+        parts += [source.read_bytes(), " ".join(extra).encode()]
     parts += [_cpu_flags().encode(), " ".join(FLAGS).encode()]
     return hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
 
@@ -77,31 +88,42 @@ def build_root() -> Path:
     return cache_root() / "lean-ops"
 
 
-def _command(cxx: str, output: Path) -> list[str]:
+def _commands(cxx: str, folder: Path, output: Path) -> list[list[str]]:
+    """One compile per source, then the link (which never sees ``-ffast-math``)."""
     from torch.utils import cpp_extension
 
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
-    command = [cxx, "-shared", "-fPIC", *FLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={abi}"]
-    command += [f"-I{path}" for path in cpp_extension.include_paths()]
-    command += [str(SOURCE), "-o", str(output)]
+    includes = [f"-I{path}" for path in cpp_extension.include_paths()]
+    commands, objects = [], []
+    for source, extra in SOURCES.items():
+        target = folder / f"{source.stem}.o"
+        objects.append(str(target))
+        commands.append(
+            [cxx, "-c", *FLAGS, *extra, f"-D_GLIBCXX_USE_CXX11_ABI={abi}", *includes,
+             str(source), "-o", str(target)]
+        )  # fmt: skip
+    link = [cxx, "-shared", *FLAGS, *objects, "-o", str(output)]
     for path in cpp_extension.library_paths():
-        command += [f"-L{path}", f"-Wl,-rpath,{path}"]
-    return [*command, "-lc10", "-ltorch_cpu", "-ltorch", "-fopenmp"]
+        link += [f"-L{path}", f"-Wl,-rpath,{path}"]
+    commands.append([*link, "-lc10", "-ltorch_cpu", "-ltorch"])
+    return commands
 
 
 def _compile(folder: Path, cxx: str) -> Path:
-    """Compile ``ops.cpp`` into ``folder`` (written whole, then renamed into place) and load
-    it."""
+    """Compile the sources into ``folder`` (the library written whole, then renamed into
+    place) and load it."""
     folder.mkdir(parents=True, exist_ok=True)
     library = folder / f"{NAMESPACE}.so"
     partial = folder / f"{NAMESPACE}.so.partial"
     log.info("compiling the lean decode step's C++ ops into %s (once per machine)", folder)
-    run = subprocess.run(_command(cxx, partial), capture_output=True, text=True, check=False)
-    if run.returncode != 0:
-        raise LeanUnavailable(
-            f"the lean decode step's C++ ops did not compile with {cxx} "
-            f"({run.stderr.strip()[-600:]}); set SPECOPS_LEAN=off to decode through transformers"
-        )
+    for command in _commands(cxx, folder, partial):
+        run = subprocess.run(command, capture_output=True, text=True, check=False)
+        if run.returncode != 0:
+            raise LeanUnavailable(
+                f"the lean decode step's C++ ops did not compile with {cxx} "
+                f"({run.stderr.strip()[-600:]}); set SPECOPS_LEAN=off to decode through "
+                "transformers"
+            )
     os.replace(partial, library)
     torch.ops.load_library(str(library))
     return library

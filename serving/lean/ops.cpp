@@ -9,46 +9,25 @@
 //
 // Built once per source, torch, compiler and CPU by serving/lean/build.py.
 
-#include <ATen/ATen.h>
+#include "lean.h"
+
 #include <ATen/Parallel.h>
-#include <c10/util/BFloat16.h>
 #include <torch/library.h>
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
+namespace specops_lean {
 namespace {
-
-using at::BFloat16;
-using at::Tensor;
-
-// bfloat16 by its bits, so the compiler vectorises the loops that convert (rounding to
-// nearest even, as torch's own conversion; no NaN reaches these ops).
-inline float load(const float* p, int64_t i) { return p[i]; }
-inline float load(const BFloat16* p, int64_t i) {
-  const uint32_t bits = static_cast<uint32_t>(p[i].x) << 16;
-  float value;
-  std::memcpy(&value, &bits, sizeof value);
-  return value;
-}
-inline void store(float* p, int64_t i, float v) { p[i] = v; }
-inline void store(BFloat16* p, int64_t i, float v) {
-  uint32_t bits;
-  std::memcpy(&bits, &v, sizeof bits);
-  bits += 0x7FFFu + ((bits >> 16) & 1u);
-  p[i].x = static_cast<uint16_t>(bits >> 16);
-}
 
 // Rows per parallel chunk: small passes run on the calling thread (starting the pool costs
 // more than they do); the split never changes what a row computes.
 inline int64_t grain(int64_t work_per_item) {
   return std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(1, work_per_item));
 }
-
-void check(bool ok, const char* what) { TORCH_CHECK(ok, "specops lean op: ", what); }
 
 at::ScalarType out_type(bool bf16) { return bf16 ? at::kBFloat16 : at::kFloat; }
 
@@ -293,11 +272,12 @@ Tensor rope_attend(Tensor qkv, Tensor cos, Tensor sin, at::TensorList keys,
 }
 
 // ---------------------------------------------------------------------------------------
-// The whole decoder stack on torch's packed int4 or int8 kernels, without returning to
-// Python between layers. weights: per layer, in order, the input norm, the q|k|v, output,
-// gate|up and down matmuls' two tensors each (int4: packed codes, scales and zeros; int8:
-// codes, scales) and the post-attention norm (10 tensors). x [N, hidden] float32 is the
-// residual stream, updated in place and returned (before the final norm).
+// The whole decoder stack without returning to Python between layers, on the int4 kernel
+// (int4.cpp: float32 inputs, int8 inside) or torch's int8 kernel (bfloat16 inputs).
+// weights: per layer, in order, the input norm, the q|k|v, output, gate|up and down
+// matmuls' two tensors each (int4: tiles, scales and zeros; int8: codes, scales) and the
+// post-attention norm (10 tensors). x [N, hidden] float32 is the residual stream, updated
+// in place and returned (before the final norm).
 
 Tensor stack(Tensor x, at::TensorList weights, int64_t bits, Tensor cos, Tensor sin,
              at::TensorList keys, at::TensorList values, at::IntArrayRef starts,
@@ -307,19 +287,20 @@ Tensor stack(Tensor x, at::TensorList weights, int64_t bits, Tensor cos, Tensor 
   check(!weights.empty() && weights.size() % per_layer == 0, "10 weight tensors per layer");
   const int64_t layers = static_cast<int64_t>(weights.size() / per_layer);
   auto matmul = [&](const Tensor& input, const Tensor& codes, const Tensor& scales) {
-    return bits == 4 ? at::_weight_int4pack_mm_for_cpu(input, codes, 32, scales)
+    return bits == 4 ? int4_mm(input, codes, scales, false)
                      : at::_weight_int8pack_mm(input, codes, scales);
   };
-  Tensor h = add_rms_norm(x, c10::nullopt, weights[0], eps, true);
+  const bool bf16 = bits == 8;  // what the matmuls take
+  Tensor h = add_rms_norm(x, c10::nullopt, weights[0], eps, bf16);
   for (int64_t layer = 0; layer < layers; ++layer) {
     const Tensor* w = weights.data() + layer * per_layer;
     Tensor qkv = matmul(h, w[1], w[2]);
     Tensor attended = rope_attend(qkv, cos, sin, keys, values, starts, bounds, layer, heads,
-                                  kv_heads, scale, true);
-    h = add_rms_norm(x, matmul(attended, w[3], w[4]), w[9], eps, true);
-    Tensor down = matmul(silu_mul(matmul(h, w[5], w[6]), true), w[7], w[8]);
+                                  kv_heads, scale, bf16);
+    h = add_rms_norm(x, matmul(attended, w[3], w[4]), w[9], eps, bf16);
+    Tensor down = matmul(silu_mul(matmul(h, w[5], w[6]), bf16), w[7], w[8]);
     if (layer + 1 < layers)
-      h = add_rms_norm(x, down, weights[(layer + 1) * per_layer], eps, true);
+      h = add_rms_norm(x, down, weights[(layer + 1) * per_layer], eps, bf16);
     else
       add_into(x, down);
   }
@@ -327,6 +308,7 @@ Tensor stack(Tensor x, at::TensorList weights, int64_t bits, Tensor cos, Tensor 
 }
 
 }  // namespace
+}  // namespace specops_lean
 
 TORCH_LIBRARY(specops_lean, m) {
   m.def("add_rms_norm(Tensor(a!) x, Tensor? delta, Tensor w, float eps, bool bf16) -> Tensor");
@@ -340,12 +322,17 @@ TORCH_LIBRARY(specops_lean, m) {
       "stack(Tensor(a!) x, Tensor[] weights, int bits, Tensor cos, Tensor sin, Tensor[] keys, "
       "Tensor[] values, int[] starts, int[] bounds, int heads, int kv_heads, float scale, "
       "float eps) -> Tensor(a!)");
+  m.def("int4_mm(Tensor x, Tensor tiles, Tensor scales, bool plain) -> Tensor");
+  // Which int4 path this build takes (a string is not a tensor: a plain function).
+  m.def("int4_path() -> str", &specops_lean::int4_path);
 }
 
 TORCH_LIBRARY_IMPL(specops_lean, CPU, m) {
+  using namespace specops_lean;
   m.impl("add_rms_norm", &add_rms_norm);
   m.impl("add_into", &add_into);
   m.impl("silu_mul", &silu_mul);
   m.impl("rope_attend", &rope_attend);
   m.impl("stack", &stack);
+  m.impl("int4_mm", &int4_mm);
 }

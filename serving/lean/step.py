@@ -1,11 +1,12 @@
 """The lean decode step: a Llama-family target's forward without the framework's per-module
 Python, over the weights the target's kernels already packed.
 
-Per layer it makes eight calls: the four matmuls (torch's packed int4/int8 kernels or
-oneDNN's, as the target was loaded), and three fused ops of ``ops.cpp`` — the residual add
-with the next RMSNorm, rotary embeddings with the KV write and attention, and SiLU-times-up.
-The quantised kernels take bfloat16 inputs, so the fused ops emit bfloat16 for them and
-nothing is cast in between; the residual stream stays float32.
+Per layer it makes eight calls: the four matmuls (the int4 integer kernel of ``int4.cpp``,
+torch's packed int8 kernel or oneDNN's, as the target was loaded), and three fused ops of
+``ops.cpp`` — the residual add with the next RMSNorm, rotary embeddings with the KV write
+and attention, and SiLU-times-up. torch's int8 kernel takes bfloat16 inputs, so the fused
+ops emit bfloat16 for it and nothing is cast in between; the int4 kernel takes float32 and
+rounds to int8 itself; the residual stream stays float32.
 
 Exactness: every one of those calls computes a row the same way whatever the number of
 rows beside it (the packed matmuls are batch-invariant, tested; the fused ops are written
@@ -24,6 +25,7 @@ import torch
 from serving.errors import SpecOpsError
 from serving.lean.build import load_ops
 from serving.lean.cache import LeanCache
+from serving.lean.int4 import adopt_tiles
 
 Matmul = Callable[[torch.Tensor], torch.Tensor]
 _BF16 = torch.bfloat16
@@ -67,9 +69,11 @@ def _matmul(linear: Any) -> tuple[Matmul, bool]:
     from serving.models.quantized import Int4Linear, Int8Linear
 
     if isinstance(linear, Int4Linear):
-        packed, scales = linear.packed, linear.scales_and_zeros
-        int4 = torch.ops.aten._weight_int4pack_mm_for_cpu
-        return (lambda x: int4(x, packed, 32, scales)), True
+        tiles, scales = linear.tiles, linear.tile_scales
+        if tiles is None:
+            raise SpecOpsError("an int4 layer the lean step runs must be on its tiles first")
+        int4 = torch.ops.specops_lean.int4_mm
+        return (lambda x: int4(x, tiles, scales, False)), False
     if isinstance(linear, Int8Linear):
         codes, scale = linear.codes, linear.scale
         int8 = torch.ops.aten._weight_int8pack_mm
@@ -106,7 +110,8 @@ def _stack_weights(decoder: list[Any]) -> tuple[int, list[torch.Tensor]]:
         for linear in (attention.qkv_proj, attention.o_proj, mlp.gate_up_proj, mlp.down_proj):
             kinds.add(type(linear))
             if isinstance(linear, Int4Linear):
-                weights += [linear.packed, linear.scales_and_zeros]
+                assert linear.tiles is not None and linear.tile_scales is not None
+                weights += [linear.tiles, linear.tile_scales]
             elif isinstance(linear, Int8Linear):
                 weights += [linear.codes, linear.scale]
             if linear.bias is not None:
@@ -144,6 +149,7 @@ class LeanStep:
         if reason is not None:
             raise SpecOpsError(f"the lean step cannot run this model: {reason}")
         load_ops()
+        adopt_tiles(model)
         self.ops = torch.ops.specops_lean
         config = model.config
         self.heads = int(config.num_attention_heads)

@@ -16,6 +16,11 @@ and the output returned in float32, so everything around the linear layers stays
 - ``int8``: symmetric codes per output channel with a bfloat16 scale. The int4 scheme
   keeps the output head in int8, as the GGUF keeps its output matrix in Q8_0.
 
+On a target with the lean decode step (:mod:`serving.lean`), the int4 layers move to its
+integer kernel instead, which rounds activations to int8 in groups of 32 (llama.cpp's
+Q4_1 x Q8_1) and reads each weight once per pass whatever its rows
+(:mod:`serving.lean.int4`); every forward of that model then computes with it.
+
 Verification stays exact with respect to the quantised model being served: each output row
 of these kernels does not depend on how many rows share the call (tested), so a pass over
 a block computes exactly what one-token passes would. Inference only: quantised layers hold
@@ -104,7 +109,7 @@ class _QuantisedLinear(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape  # [..., in_features]
-        flat = x.reshape(-1, self.in_features).to(_ACT)  # [rows, in_features]
+        flat = x.reshape(-1, self.in_features)  # [rows, in_features]
         out = self._matmul(flat).float()  # [rows, out_features]
         if self.bias is not None:
             out = out + self.bias
@@ -133,7 +138,7 @@ class Int8Linear(_QuantisedLinear):
         return self.codes.float() * self.scale.float()[:, None]
 
     def _matmul(self, flat: torch.Tensor) -> torch.Tensor:
-        return torch.ops.aten._weight_int8pack_mm(flat, self.codes, self.scale)
+        return torch.ops.aten._weight_int8pack_mm(flat.to(_ACT), self.codes, self.scale)
 
 
 def int4_codes(weight: torch.Tensor, group: int = INT4_GROUP):
@@ -150,12 +155,16 @@ def int4_codes(weight: torch.Tensor, group: int = INT4_GROUP):
 
 
 class Int4Linear(_QuantisedLinear):
-    """Asymmetric int4 codes in groups of 32 inputs, packed for the CPU kernel."""
+    """Asymmetric int4 codes in groups of 32 inputs, packed for the CPU kernel: torch's, or
+    (once the target has the lean step, :mod:`serving.lean.int4`) the lean step's integer
+    kernel, which rounds activations to int8 in groups of 32 as llama.cpp does."""
 
     scheme: Scheme = "int4"
     codes: torch.Tensor
     packed: torch.Tensor
     scales_and_zeros: torch.Tensor
+    tiles: torch.Tensor | None
+    tile_scales: torch.Tensor | None
 
     def __init__(self, linear: torch.nn.Linear) -> None:
         super().__init__(linear)
@@ -172,9 +181,17 @@ class Int4Linear(_QuantisedLinear):
         )  # [groups, out, 2]
         self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1))
         self.register_buffer("codes", _nibbles(codes), persistent=False)  # for export only
+        self.register_buffer("tiles", None, persistent=False)
+        self.register_buffer("tile_scales", None, persistent=False)
+
+    def use_tiles(self, tiles: torch.Tensor, scales: torch.Tensor) -> None:
+        """Compute with the lean step's integer kernel over ``tiles`` from now on (see
+        :func:`serving.lean.int4.int4_tiles`); torch's packed copy is dropped."""
+        self.tiles, self.tile_scales = tiles, scales
+        self.packed = torch.empty(0, dtype=torch.uint8)
 
     def dequantized_weight(self) -> torch.Tensor:
-        codes = _unnibble(self.codes, self.in_features).float()  # [out, in]
+        codes = unnibble(self.codes, self.in_features).float()  # [out, in]
         scale = self.scales_and_zeros[..., 0].float().t()  # [out, groups]
         zero = self.scales_and_zeros[..., 1].float().t()
         grouped = codes.reshape(self.out_features, -1, INT4_GROUP)
@@ -183,8 +200,11 @@ class Int4Linear(_QuantisedLinear):
         )
 
     def _matmul(self, flat: torch.Tensor) -> torch.Tensor:
+        if self.tiles is not None:
+            x = flat.to(torch.float32).contiguous()
+            return torch.ops.specops_lean.int4_mm(x, self.tiles, self.tile_scales, False)
         return torch.ops.aten._weight_int4pack_mm_for_cpu(
-            flat, self.packed, INT4_GROUP, self.scales_and_zeros
+            flat.to(_ACT), self.packed, INT4_GROUP, self.scales_and_zeros
         )
 
 
@@ -194,7 +214,8 @@ def _nibbles(codes: torch.Tensor) -> torch.Tensor:
     return (codes[:, 0::2] | (codes[:, 1::2] << 4)).to(torch.uint8)
 
 
-def _unnibble(packed: torch.Tensor, in_features: int) -> torch.Tensor:
+def unnibble(packed: torch.Tensor, in_features: int) -> torch.Tensor:
+    """The ``[out, in]`` int32 codes of :func:`_nibbles`' bytes."""
     codes = torch.empty(packed.shape[0], in_features, dtype=torch.int32)
     codes[:, 0::2] = (packed & 0xF).to(torch.int32)
     codes[:, 1::2] = (packed >> 4).to(torch.int32)
