@@ -35,7 +35,6 @@
 namespace specops_lean {
 namespace {
 
-constexpr int64_t kGroup = 32;
 constexpr int64_t kTile = 16;
 constexpr int64_t kTileBytes = 256;  // 16 outputs x 32 codes x 4 bits
 
@@ -43,41 +42,6 @@ inline float bf16_bits(uint16_t bits) {
   const uint32_t wide = static_cast<uint32_t>(bits) << 16;
   float value;
   std::memcpy(&value, &wide, sizeof value);
-  return value;
-}
-
-// Each row's groups rounded to int8: a [rows, K], d [rows, G], d * sum(a) [rows, G].
-template <typename I>
-void quantise_rows(const I* x, int64_t rows, int64_t k, int8_t* a, float* d, float* da) {
-  const int64_t groups = k / kGroup;
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t g = 0; g < groups; ++g) {
-      const int64_t base = r * k + g * kGroup;
-      float values[kGroup];
-      float largest = 0.0f;
-      for (int64_t j = 0; j < kGroup; ++j) {
-        values[j] = load(x, base + j);
-        largest = std::max(largest, std::fabs(values[j]));
-      }
-      const float scale = largest / 127.0f;
-      const float inverse = scale > 0.0f ? 127.0f / largest : 0.0f;
-      int32_t total = 0;
-      for (int64_t j = 0; j < kGroup; ++j) {
-        const float rounded = std::nearbyint(values[j] * inverse);
-        const int32_t code = static_cast<int32_t>(std::max(-127.0f, std::min(127.0f, rounded)));
-        a[base + j] = static_cast<int8_t>(code);
-        total += code;
-      }
-      d[r * groups + g] = scale;
-      da[r * groups + g] = scale * static_cast<float>(total);
-    }
-  }
-}
-
-// Four int8 activations as one int32 (what a broadcast lane multiplies by).
-inline int32_t quad(const int8_t* a, int kk) {
-  int32_t value;
-  std::memcpy(&value, a + 4 * kk, sizeof value);
   return value;
 }
 

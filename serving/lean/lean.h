@@ -6,6 +6,8 @@
 #include <c10/util/BFloat16.h>
 
 #include <cstdint>
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <string>
 
@@ -32,6 +34,51 @@ inline void store(BFloat16* p, int64_t i, float v) {
 }
 
 inline void check(bool ok, const char* what) { TORCH_CHECK(ok, "specops lean op: ", what); }
+
+constexpr int64_t kGroup = 32;  // inputs per activation scale (and per int4 weight scale)
+
+// Each row's groups rounded to int8: a [rows, K], d [rows, G], d * sum(a) [rows, G] and,
+// where asked for, sum(a) [rows, G].
+template <typename I>
+inline void quantise_rows(const I* x, int64_t rows, int64_t k, int8_t* a, float* d, float* da,
+                          int32_t* sums = nullptr) {
+  const int64_t groups = k / kGroup;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t base = r * k + g * kGroup;
+      float values[kGroup];
+      float largest = 0.0f;
+      for (int64_t j = 0; j < kGroup; ++j) {
+        values[j] = load(x, base + j);
+        largest = std::max(largest, std::fabs(values[j]));
+      }
+      const float scale = largest / 127.0f;
+      const float inverse = scale > 0.0f ? 127.0f / largest : 0.0f;
+      int32_t total = 0;
+      for (int64_t j = 0; j < kGroup; ++j) {
+        const float rounded = std::nearbyint(values[j] * inverse);
+        const int32_t code = static_cast<int32_t>(std::max(-127.0f, std::min(127.0f, rounded)));
+        a[base + j] = static_cast<int8_t>(code);
+        total += code;
+      }
+      d[r * groups + g] = scale;
+      da[r * groups + g] = scale * static_cast<float>(total);
+      if (sums != nullptr) sums[r * groups + g] = total;
+    }
+  }
+}
+
+// Four int8 activations as one int32 (what a broadcast lane multiplies by).
+inline int32_t quad(const int8_t* a, int kk) {
+  int32_t value;
+  std::memcpy(&value, a + 4 * kk, sizeof value);
+  return value;
+}
+
+// x [rows, K] float32 or bfloat16 times int8 tiles (int8.cpp's layout), per-output scales
+// float32 [N] -> [rows, N] float32.
+Tensor int8_mm(Tensor x, Tensor tiles, Tensor scales, bool plain);
+std::string int8_path();
 
 // x [rows, K] float32 or bfloat16 times int4 tiles (int4.cpp's layout) -> [rows, N] float32.
 // plain: the portable path whatever this CPU has (tests compare the vector path with it).

@@ -141,6 +141,16 @@ Tensor silu_mul(Tensor gu, bool bf16) {
 // keys[s], values[s] [layers, kv_heads, capacity, d] (sequence s's cache); row n of sequence
 // s sits at position starts[s] + (n - bounds[s]) and attends to positions 0..its own.
 
+// One (row, head) pair's pieces, each a function so every pair runs the same code.
+__attribute__((noinline)) float dot(const float* q, const float* k, int64_t d) {
+  float sum = 0.0f;
+  for (int64_t j = 0; j < d; ++j) sum += q[j] * k[j];
+  return sum;
+}
+__attribute__((noinline)) void axpy(float p, const float* v, float* acc, int64_t d) {
+  for (int64_t j = 0; j < d; ++j) acc[j] += p * v[j];
+}
+
 template <typename I, typename O>
 void rope_attend_impl(const I* qkv, const float* cos, const float* sin,
                       const std::vector<float*>& keys, const std::vector<float*>& values,
@@ -183,43 +193,49 @@ void rope_attend_impl(const I* qkv, const float* cos, const float* sin,
       }
     }
   }
-  // 2. Each (row, head) attends alone, in one fixed order.
-  const int64_t shortest = starts.empty() ? 1 : *std::min_element(starts.begin(), starts.end()) + 1;
-  at::parallel_for(0, rows * heads, grain(2 * shortest * d), [&](int64_t begin, int64_t end) {
-    std::vector<float> scores;
-    std::vector<float> acc(d);
+  // 2. Each head of each sequence sweeps that sequence's cache once for all its rows (the
+  // keys and values are read once per pass, not once per row); each (row, head) pair's
+  // arithmetic — its dot products, softmax and weighted sum, positions in order — is the
+  // same whatever the rows beside it.
+  at::parallel_for(0, sequences * heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores, acc;
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t n = task / heads, h = task % heads, g = h / group;
-      const int64_t visible = pos_of[n] + 1;
-      const float* q = &queries[(n * heads + h) * d];
+      const int64_t s = task / heads, h = task % heads, g = h / group;
+      const int64_t first = bounds[s], count = bounds[s + 1] - first;
+      if (count == 0) continue;
+      const int64_t span = starts[s] + count;  // positions the last row sees
       const int64_t base = ((layer * kv_heads + g) * capacity) * d;
-      const float* k = keys[seq_of[n]] + base;
-      const float* v = values[seq_of[n]] + base;
-      scores.resize(visible);
-      float best = -3.0e38f;
-      for (int64_t t = 0; t < visible; ++t) {
+      const float* k = keys[s] + base;
+      const float* v = values[s] + base;
+      scores.resize(count * span);
+      for (int64_t t = 0; t < span; ++t) {
         const float* kt = k + t * d;
-        float dot = 0.0f;
-        for (int64_t j = 0; j < d; ++j) dot += q[j] * kt[j];
-        dot *= scale;
-        scores[t] = dot;
-        best = dot > best ? dot : best;
+        for (int64_t i = std::max<int64_t>(0, t - starts[s]); i < count; ++i)
+          scores[i * span + t] = dot(&queries[((first + i) * heads + h) * d], kt, d) * scale;
       }
-      float total = 0.0f;
-      for (int64_t t = 0; t < visible; ++t) {
-        const float e = std::exp(scores[t] - best);
-        scores[t] = e;
-        total += e;
+      acc.assign(count * d, 0.0f);
+      std::vector<float> inverse(count);
+      for (int64_t i = 0; i < count; ++i) {
+        float* row = &scores[i * span];
+        const int64_t visible = starts[s] + i + 1;
+        float best = -3.0e38f;
+        for (int64_t t = 0; t < visible; ++t) best = row[t] > best ? row[t] : best;
+        float total = 0.0f;
+        for (int64_t t = 0; t < visible; ++t) {
+          row[t] = std::exp(row[t] - best);
+          total += row[t];
+        }
+        inverse[i] = 1.0f / total;
       }
-      for (int64_t j = 0; j < d; ++j) acc[j] = 0.0f;
-      for (int64_t t = 0; t < visible; ++t) {
-        const float p = scores[t];
+      for (int64_t t = 0; t < span; ++t) {
         const float* vt = v + t * d;
-        for (int64_t j = 0; j < d; ++j) acc[j] += p * vt[j];
+        for (int64_t i = std::max<int64_t>(0, t - starts[s]); i < count; ++i)
+          axpy(scores[i * span + t], vt, &acc[i * d], d);
       }
-      const float inverse = 1.0f / total;
-      O* target = out + (n * heads + h) * d;
-      for (int64_t j = 0; j < d; ++j) store(target, j, acc[j] * inverse);
+      for (int64_t i = 0; i < count; ++i) {
+        O* target = out + ((first + i) * heads + h) * d;
+        for (int64_t j = 0; j < d; ++j) store(target, j, acc[i * d + j] * inverse[i]);
+      }
     }
   });
 }
@@ -272,10 +288,10 @@ Tensor rope_attend(Tensor qkv, Tensor cos, Tensor sin, at::TensorList keys,
 }
 
 // ---------------------------------------------------------------------------------------
-// The whole decoder stack without returning to Python between layers, on the int4 kernel
-// (int4.cpp: float32 inputs, int8 inside) or torch's int8 kernel (bfloat16 inputs).
+// The whole decoder stack without returning to Python between layers, on the integer
+// kernels (int4.cpp, int8.cpp: float32 inputs, rounded to int8 inside).
 // weights: per layer, in order, the input norm, the q|k|v, output, gate|up and down
-// matmuls' two tensors each (int4: tiles, scales and zeros; int8: codes, scales) and the
+// matmuls' two tensors each (tiles and scales) and the
 // post-attention norm (10 tensors). x [N, hidden] float32 is the residual stream, updated
 // in place and returned (before the final norm).
 
@@ -287,10 +303,9 @@ Tensor stack(Tensor x, at::TensorList weights, int64_t bits, Tensor cos, Tensor 
   check(!weights.empty() && weights.size() % per_layer == 0, "10 weight tensors per layer");
   const int64_t layers = static_cast<int64_t>(weights.size() / per_layer);
   auto matmul = [&](const Tensor& input, const Tensor& codes, const Tensor& scales) {
-    return bits == 4 ? int4_mm(input, codes, scales, false)
-                     : at::_weight_int8pack_mm(input, codes, scales);
+    return bits == 4 ? int4_mm(input, codes, scales, false) : int8_mm(input, codes, scales, false);
   };
-  const bool bf16 = bits == 8;  // what the matmuls take
+  const bool bf16 = false;  // both integer kernels take float32 and round to int8 themselves
   Tensor h = add_rms_norm(x, c10::nullopt, weights[0], eps, bf16);
   for (int64_t layer = 0; layer < layers; ++layer) {
     const Tensor* w = weights.data() + layer * per_layer;
@@ -325,6 +340,8 @@ TORCH_LIBRARY(specops_lean, m) {
   m.def("int4_mm(Tensor x, Tensor tiles, Tensor scales, bool plain) -> Tensor");
   // Which int4 path this build takes (a string is not a tensor: a plain function).
   m.def("int4_path() -> str", &specops_lean::int4_path);
+  m.def("int8_mm(Tensor x, Tensor tiles, Tensor scales, bool plain) -> Tensor");
+  m.def("int8_path() -> str", &specops_lean::int8_path);
 }
 
 TORCH_LIBRARY_IMPL(specops_lean, CPU, m) {
@@ -335,4 +352,5 @@ TORCH_LIBRARY_IMPL(specops_lean, CPU, m) {
   m.impl("rope_attend", &rope_attend);
   m.impl("stack", &stack);
   m.impl("int4_mm", &int4_mm);
+  m.impl("int8_mm", &int8_mm);
 }

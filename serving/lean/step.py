@@ -1,12 +1,12 @@
 """The lean decode step: a Llama-family target's forward without the framework's per-module
 Python, over the weights the target's kernels already packed.
 
-Per layer it makes eight calls: the four matmuls (the int4 integer kernel of ``int4.cpp``,
-torch's packed int8 kernel or oneDNN's, as the target was loaded), and three fused ops of
+Per layer it makes eight calls: the four matmuls (the integer kernels of ``int4.cpp`` and
+``int8.cpp`` for int4 and int8 targets, oneDNN's for float32), and three fused ops of
 ``ops.cpp`` — the residual add with the next RMSNorm, rotary embeddings with the KV write
-and attention, and SiLU-times-up. torch's int8 kernel takes bfloat16 inputs, so the fused
-ops emit bfloat16 for it and nothing is cast in between; the int4 kernel takes float32 and
-rounds to int8 itself; the residual stream stays float32.
+and attention, and SiLU-times-up. Everything stays float32 between them (the integer
+kernels round each row's activations to int8 themselves); a quantised target's layers run
+in one call (``ops.stack``).
 
 Exactness: every one of those calls computes a row the same way whatever the number of
 rows beside it (the packed matmuls are batch-invariant, tested; the fused ops are written
@@ -25,7 +25,7 @@ import torch
 from serving.errors import SpecOpsError
 from serving.lean.build import load_ops
 from serving.lean.cache import LeanCache
-from serving.lean.int4 import adopt_tiles
+from serving.lean.tiles import adopt_tiles
 
 Matmul = Callable[[torch.Tensor], torch.Tensor]
 _BF16 = torch.bfloat16
@@ -74,7 +74,11 @@ def _matmul(linear: Any) -> tuple[Matmul, bool]:
             raise SpecOpsError("an int4 layer the lean step runs must be on its tiles first")
         int4 = torch.ops.specops_lean.int4_mm
         return (lambda x: int4(x, tiles, scales, False)), False
-    if isinstance(linear, Int8Linear):
+    if isinstance(linear, Int8Linear) and linear.tiles is not None:
+        tiles8, scales8 = linear.tiles, linear.tile_scales
+        int8_tiles = torch.ops.specops_lean.int8_mm
+        return (lambda x: int8_tiles(x, tiles8, scales8, False)), False
+    if isinstance(linear, Int8Linear):  # a shape the integer kernel does not take
         codes, scale = linear.codes, linear.scale
         int8 = torch.ops.aten._weight_int8pack_mm
         return (lambda x: int8(x, codes, scale)), True
@@ -112,8 +116,10 @@ def _stack_weights(decoder: list[Any]) -> tuple[int, list[torch.Tensor]]:
             if isinstance(linear, Int4Linear):
                 assert linear.tiles is not None and linear.tile_scales is not None
                 weights += [linear.tiles, linear.tile_scales]
-            elif isinstance(linear, Int8Linear):
-                weights += [linear.codes, linear.scale]
+            elif isinstance(linear, Int8Linear) and linear.tiles is not None:
+                weights += [linear.tiles, linear.tile_scales]
+            else:
+                kinds.add(object)  # not on an integer kernel: the Python stack runs it
             if linear.bias is not None:
                 kinds.add(object)  # a bias: the Python stack adds it
         weights.append(layer.post_attention_layernorm.weight.detach())

@@ -16,10 +16,10 @@ and the output returned in float32, so everything around the linear layers stays
 - ``int8``: symmetric codes per output channel with a bfloat16 scale. The int4 scheme
   keeps the output head in int8, as the GGUF keeps its output matrix in Q8_0.
 
-On a target with the lean decode step (:mod:`serving.lean`), the int4 layers move to its
-integer kernel instead, which rounds activations to int8 in groups of 32 (llama.cpp's
-Q4_1 x Q8_1) and reads each weight once per pass whatever its rows
-(:mod:`serving.lean.int4`); every forward of that model then computes with it.
+On a target with the lean decode step (:mod:`serving.lean`), the layers move to its
+integer kernels instead, which round activations to int8 in groups of 32 (llama.cpp's
+Q4_1 x Q8_1 and Q8_0 x Q8_0) and read each weight once per pass whatever its rows
+(:mod:`serving.lean.tiles`); every forward of that model then computes with them.
 
 Verification stays exact with respect to the quantised model being served: each output row
 of these kernels does not depend on how many rows share the call (tested), so a pass over
@@ -120,11 +120,14 @@ class _QuantisedLinear(torch.nn.Module):
 
 
 class Int8Linear(_QuantisedLinear):
-    """Symmetric int8 codes per output channel, bfloat16 scales."""
+    """Symmetric int8 codes per output channel, bfloat16 scales; on a target with the lean
+    step, multiplied by its integer kernel (activations rounded to int8 in groups of 32)."""
 
     scheme: Scheme = "int8"
     codes: torch.Tensor
     scale: torch.Tensor
+    tiles: torch.Tensor | None
+    tile_scales: torch.Tensor | None
 
     def __init__(self, linear: torch.nn.Linear) -> None:
         super().__init__(linear)
@@ -133,11 +136,21 @@ class Int8Linear(_QuantisedLinear):
         codes = torch.round(weight / scale.float()[:, None]).clamp(-127, 127).to(torch.int8)
         self.register_buffer("codes", codes.contiguous())  # [out, in]
         self.register_buffer("scale", scale)
+        self.register_buffer("tiles", None, persistent=False)
+        self.register_buffer("tile_scales", None, persistent=False)
+
+    def use_tiles(self, tiles: torch.Tensor, scales: torch.Tensor) -> None:
+        """Compute with the lean step's integer kernel over ``tiles`` from now on (see
+        :func:`serving.lean.tiles.int8_tiles`). The codes stay (export reads them)."""
+        self.tiles, self.tile_scales = tiles, scales
 
     def dequantized_weight(self) -> torch.Tensor:
         return self.codes.float() * self.scale.float()[:, None]
 
     def _matmul(self, flat: torch.Tensor) -> torch.Tensor:
+        if self.tiles is not None:
+            x = flat.to(torch.float32).contiguous()
+            return torch.ops.specops_lean.int8_mm(x, self.tiles, self.tile_scales, False)
         return torch.ops.aten._weight_int8pack_mm(flat.to(_ACT), self.codes, self.scale)
 
 
@@ -186,7 +199,7 @@ class Int4Linear(_QuantisedLinear):
 
     def use_tiles(self, tiles: torch.Tensor, scales: torch.Tensor) -> None:
         """Compute with the lean step's integer kernel over ``tiles`` from now on (see
-        :func:`serving.lean.int4.int4_tiles`); torch's packed copy is dropped."""
+        :func:`serving.lean.tiles.int4_tiles`); torch's packed copy is dropped."""
         self.tiles, self.tile_scales = tiles, scales
         self.packed = torch.empty(0, dtype=torch.uint8)
 

@@ -6,7 +6,7 @@ import torch
 
 from serving.lean.build import load_ops
 from serving.lean.install import install
-from serving.lean.int4 import adopt_tiles
+from serving.lean.tiles import adopt_tiles
 from serving.models.kernels import apply_kernels
 from serving.models.tiny import tiny_llama
 
@@ -16,14 +16,14 @@ KERNELS = ("onednn", "int8", "int4")
 def tiny_target(kernels: str, *, lean: bool = True, seed: int = 0, **shape) -> torch.nn.Module:
     """A tiny Llama whose shapes every kernel family takes (inputs a multiple of 32,
     outputs of 16), loaded as ``load_target`` loads a target: fused, on ``kernels``, and on
-    the lean step when ``lean`` (without it, int4 layers still take the lean step's integer
-    kernel, as they do under it)."""
+    the lean step when ``lean`` (without it, int4 and int8 layers still take the lean step's
+    integer kernels, as they do under it)."""
     shape = {"hidden_size": 64, "intermediate_size": 128, "vocab_size": 96, **shape}
     model = tiny_llama(seed=seed, **shape)
     apply_kernels(model, kernels, fuse=True)
     if lean:
         assert install(model, "on") is not None
-    elif kernels == "int4":  # the twin multiplies as the lean step does
+    elif kernels in ("int4", "int8"):  # the twin multiplies as the lean step does
         load_ops()
         adopt_tiles(model)
     return model
