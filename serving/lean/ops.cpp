@@ -15,6 +15,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -193,31 +194,39 @@ void rope_attend_impl(const I* qkv, const float* cos, const float* sin,
       }
     }
   }
-  // 2. Each head of each sequence sweeps that sequence's cache once for all its rows (the
-  // keys and values are read once per pass, not once per row); each (row, head) pair's
-  // arithmetic — its dot products, softmax and weighted sum, positions in order — is the
-  // same whatever the rows beside it.
-  at::parallel_for(0, sequences * heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores, acc;
+  // 2. Each head of each sequence sweeps that sequence's cache once for a chunk of up to
+  // kChunk of its rows (a verification block is one chunk: the keys and values are read
+  // once per pass, not once per row; a long prefill is many, so the scores stay small and
+  // the work splits across threads). Each (row, head) pair's arithmetic — its dot
+  // products, softmax and weighted sum, positions in order — is the same whatever the rows
+  // beside it.
+  constexpr int64_t kChunk = 16;
+  std::vector<std::array<int64_t, 3>> tasks;  // (sequence, head, first row of the chunk)
+  for (int64_t s = 0; s < sequences; ++s)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t c = bounds[s]; c < bounds[s + 1]; c += kChunk) tasks.push_back({s, h, c});
+  at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores, acc, inverse;
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t s = task / heads, h = task % heads, g = h / group;
-      const int64_t first = bounds[s], count = bounds[s + 1] - first;
-      if (count == 0) continue;
-      const int64_t span = starts[s] + count;  // positions the last row sees
+      const auto [s, h, first] = tasks[task];
+      const int64_t g = h / group;
+      const int64_t count = std::min(kChunk, bounds[s + 1] - first);
+      const int64_t start = starts[s] + (first - bounds[s]);  // the chunk's first position
+      const int64_t span = start + count;  // positions its last row sees
       const int64_t base = ((layer * kv_heads + g) * capacity) * d;
       const float* k = keys[s] + base;
       const float* v = values[s] + base;
       scores.resize(count * span);
       for (int64_t t = 0; t < span; ++t) {
         const float* kt = k + t * d;
-        for (int64_t i = std::max<int64_t>(0, t - starts[s]); i < count; ++i)
+        for (int64_t i = std::max<int64_t>(0, t - start); i < count; ++i)
           scores[i * span + t] = dot(&queries[((first + i) * heads + h) * d], kt, d) * scale;
       }
       acc.assign(count * d, 0.0f);
-      std::vector<float> inverse(count);
+      inverse.resize(count);
       for (int64_t i = 0; i < count; ++i) {
         float* row = &scores[i * span];
-        const int64_t visible = starts[s] + i + 1;
+        const int64_t visible = start + i + 1;
         float best = -3.0e38f;
         for (int64_t t = 0; t < visible; ++t) best = row[t] > best ? row[t] : best;
         float total = 0.0f;
@@ -229,7 +238,7 @@ void rope_attend_impl(const I* qkv, const float* cos, const float* sin,
       }
       for (int64_t t = 0; t < span; ++t) {
         const float* vt = v + t * d;
-        for (int64_t i = std::max<int64_t>(0, t - starts[s]); i < count; ++i)
+        for (int64_t i = std::max<int64_t>(0, t - start); i < count; ++i)
           axpy(scores[i * span + t], vt, &acc[i * d], d);
       }
       for (int64_t i = 0; i < count; ++i) {

@@ -117,6 +117,7 @@ def _stack_weights(decoder: list[Any]) -> tuple[int, list[torch.Tensor]]:
                 assert linear.tiles is not None and linear.tile_scales is not None
                 weights += [linear.tiles, linear.tile_scales]
             elif isinstance(linear, Int8Linear) and linear.tiles is not None:
+                assert linear.tile_scales is not None
                 weights += [linear.tiles, linear.tile_scales]
             else:
                 kinds.add(object)  # not on an integer kernel: the Python stack runs it
