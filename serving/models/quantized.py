@@ -141,11 +141,22 @@ class Int8Linear(_QuantisedLinear):
 
     def use_tiles(self, tiles: torch.Tensor, scales: torch.Tensor) -> None:
         """Compute with the lean step's integer kernel over ``tiles`` from now on (see
-        :func:`serving.lean.tiles.int8_tiles`). The codes stay (export reads them)."""
+        :func:`serving.lean.tiles.int8_tiles`); the tiles become the one copy of the codes
+        (:meth:`int8_codes` reads them back for export)."""
         self.tiles, self.tile_scales = tiles, scales
+        self.codes = torch.empty(0, dtype=torch.int8)
+
+    def int8_codes(self) -> torch.Tensor:
+        """The ``[out, in]`` codes, from the tiles once the layer is on them (tiles of 16
+        outputs x 32 inputs, ``V_k[4 i + b] = codes[16 t + i, 32 g + 4 k + b]``)."""
+        if self.tiles is None:
+            return self.codes
+        tiles, groups = self.tiles.shape[:2]
+        v = self.tiles.reshape(tiles, groups, 8, 16, 4).permute(0, 3, 1, 2, 4)
+        return v.reshape(self.out_features, self.in_features)
 
     def dequantized_weight(self) -> torch.Tensor:
-        return self.codes.float() * self.scale.float()[:, None]
+        return self.int8_codes().float() * self.scale.float()[:, None]
 
     def _matmul(self, flat: torch.Tensor) -> torch.Tensor:
         if self.tiles is not None:

@@ -85,6 +85,8 @@ def test_a_layer_on_tiles_computes_with_them_and_keeps_its_export(ops, scheme):
     assert adopt_tiles(module) == 1 and adopt_tiles(module) == 0
     if scheme == "int4":
         assert layer.packed.numel() == 0  # torch's copy dropped
+    else:
+        assert layer.codes.numel() == 0  # the tiles are the one copy
     assert torch.equal(layer.dequantized_weight(), weight)
     x = torch.randn(2, 3, 96)
     with torch.inference_mode():
