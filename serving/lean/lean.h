@@ -10,7 +10,6 @@
 #include <cmath>
 #include <cstring>
 #include <string>
-#include <vector>
 
 namespace specops_lean {
 
@@ -75,13 +74,6 @@ inline int32_t quad(const int8_t* a, int kk) {
   std::memcpy(&value, a + 4 * kk, sizeof value);
   return value;
 }
-
-// Attention of one head for `count` (1..16) rows of one sequence at positions start..start
-// + count - 1 (attend.cpp): queries [count] rows of d floats `query_stride` apart, the
-// head's keys and values [positions][d]; out [count] rows of d floats `out_stride` apart.
-void attend_rows(const float* queries, int64_t query_stride, const float* keys,
-                 const float* values, int64_t start, int64_t count, int64_t d, float scale,
-                 float* out, int64_t out_stride, std::vector<float>& scratch);
 
 // x [rows, K] float32 or bfloat16 times int8 tiles (int8.cpp's layout), per-output scales
 // float32 [N] -> [rows, N] float32.

@@ -142,6 +142,16 @@ Tensor silu_mul(Tensor gu, bool bf16) {
 // keys[s], values[s] [layers, kv_heads, capacity, d] (sequence s's cache); row n of sequence
 // s sits at position starts[s] + (n - bounds[s]) and attends to positions 0..its own.
 
+// One (row, head) pair's pieces, each a function so every pair runs the same code.
+__attribute__((noinline)) float dot(const float* q, const float* k, int64_t d) {
+  float sum = 0.0f;
+  for (int64_t j = 0; j < d; ++j) sum += q[j] * k[j];
+  return sum;
+}
+__attribute__((noinline)) void axpy(float p, const float* v, float* acc, int64_t d) {
+  for (int64_t j = 0; j < d; ++j) acc[j] += p * v[j];
+}
+
 template <typename I, typename O>
 void rope_attend_impl(const I* qkv, const float* cos, const float* sin,
                       const std::vector<float*>& keys, const std::vector<float*>& values,
@@ -184,27 +194,56 @@ void rope_attend_impl(const I* qkv, const float* cos, const float* sin,
       }
     }
   }
-  // 2. Each head of each sequence attends for a chunk of up to 16 of its rows at once
-  // (attend.cpp: the rows in vector lanes, so a verification block costs about one row; a
-  // long prefill is many chunks, spread over the threads). A row's arithmetic is the same
-  // whatever the rows beside it.
+  // 2. Each head of each sequence sweeps that sequence's cache once for a chunk of up to
+  // kChunk of its rows (a verification block is one chunk: the keys and values are read
+  // once per pass, not once per row; a long prefill is many, so the scores stay small and
+  // the work splits across threads). Each (row, head) pair's arithmetic — its dot
+  // products, softmax and weighted sum, positions in order — is the same whatever the rows
+  // beside it.
   constexpr int64_t kChunk = 16;
   std::vector<std::array<int64_t, 3>> tasks;  // (sequence, head, first row of the chunk)
   for (int64_t s = 0; s < sequences; ++s)
     for (int64_t h = 0; h < heads; ++h)
       for (int64_t c = bounds[s]; c < bounds[s + 1]; c += kChunk) tasks.push_back({s, h, c});
   at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scratch, result(kChunk * d);
+    std::vector<float> scores, acc, inverse;
     for (int64_t task = begin; task < end; ++task) {
       const auto [s, h, first] = tasks[task];
+      const int64_t g = h / group;
       const int64_t count = std::min(kChunk, bounds[s + 1] - first);
       const int64_t start = starts[s] + (first - bounds[s]);  // the chunk's first position
-      const int64_t base = ((layer * kv_heads + h / group) * capacity) * d;
-      attend_rows(&queries[(first * heads + h) * d], heads * d, keys[s] + base,
-                  values[s] + base, start, count, d, scale, result.data(), d, scratch);
+      const int64_t span = start + count;  // positions its last row sees
+      const int64_t base = ((layer * kv_heads + g) * capacity) * d;
+      const float* k = keys[s] + base;
+      const float* v = values[s] + base;
+      scores.resize(count * span);
+      for (int64_t t = 0; t < span; ++t) {
+        const float* kt = k + t * d;
+        for (int64_t i = std::max<int64_t>(0, t - start); i < count; ++i)
+          scores[i * span + t] = dot(&queries[((first + i) * heads + h) * d], kt, d) * scale;
+      }
+      acc.assign(count * d, 0.0f);
+      inverse.resize(count);
+      for (int64_t i = 0; i < count; ++i) {
+        float* row = &scores[i * span];
+        const int64_t visible = start + i + 1;
+        float best = -3.0e38f;
+        for (int64_t t = 0; t < visible; ++t) best = row[t] > best ? row[t] : best;
+        float total = 0.0f;
+        for (int64_t t = 0; t < visible; ++t) {
+          row[t] = std::exp(row[t] - best);
+          total += row[t];
+        }
+        inverse[i] = 1.0f / total;
+      }
+      for (int64_t t = 0; t < span; ++t) {
+        const float* vt = v + t * d;
+        for (int64_t i = std::max<int64_t>(0, t - start); i < count; ++i)
+          axpy(scores[i * span + t], vt, &acc[i * d], d);
+      }
       for (int64_t i = 0; i < count; ++i) {
         O* target = out + ((first + i) * heads + h) * d;
-        for (int64_t j = 0; j < d; ++j) store(target, j, result[i * d + j]);
+        for (int64_t j = 0; j < d; ++j) store(target, j, acc[i * d + j] * inverse[i]);
       }
     }
   });
