@@ -30,7 +30,9 @@ def world(tmp_path, monkeypatch, target, char_tokenizer, make_prompts, registry)
     monkeypatch.setattr(
         loop, "target_for", lambda hardware, target="smollm2": (model, char_tokenizer)
     )
-    package = write_package(tmp_path / "pld", DraftManifest(drafter="pld:3", k=4, policy="cost"))
+    # A fixed draft length: the replayed traffic (what the predictor learns from) must not
+    # follow measured times, or a loaded machine drafts less and the data changes.
+    package = write_package(tmp_path / "pld", DraftManifest(drafter="pld:3", k=4, policy="fixed"))
     draft = registry.log_draft(package, family="ngram")
     registry.log_evaluation(draft, "cpu", {"speedup": 1.0})
     registry.promote(draft, "cpu", reason="test setup")
