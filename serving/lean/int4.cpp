@@ -20,8 +20,6 @@
 
 #include "lean.h"
 
-#include <ATen/Parallel.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -128,14 +126,7 @@ void rows_vnni(const Problem& p, int64_t t, int64_t r0) {
 }
 
 void tile(const Problem& p, int64_t t) {
-  int64_t r0 = 0;
-  for (; r0 + 4 <= p.rows; r0 += 4) rows_vnni<4>(p, t, r0);
-  switch (p.rows - r0) {
-    case 3: rows_vnni<3>(p, t, r0); break;
-    case 2: rows_vnni<2>(p, t, r0); break;
-    case 1: rows_vnni<1>(p, t, r0); break;
-    default: break;
-  }
+  for_row_chunks(p.rows, [&](auto r, int64_t r0) { rows_vnni<decltype(r)::value>(p, t, r0); });
 }
 
 #elif defined(__AVX2__) && defined(__FMA__)
@@ -185,16 +176,10 @@ void rows_avx2(const Problem& p, int64_t t, int64_t r0, int half) {
 }
 
 void tile(const Problem& p, int64_t t) {
-  for (int half = 0; half < 2; ++half) {
-    int64_t r0 = 0;
-    for (; r0 + 4 <= p.rows; r0 += 4) rows_avx2<4>(p, t, r0, half);
-    switch (p.rows - r0) {
-      case 3: rows_avx2<3>(p, t, r0, half); break;
-      case 2: rows_avx2<2>(p, t, r0, half); break;
-      case 1: rows_avx2<1>(p, t, r0, half); break;
-      default: break;
-    }
-  }
+  for (int half = 0; half < 2; ++half)
+    for_row_chunks(p.rows, [&](auto r, int64_t r0) {
+      rows_avx2<decltype(r)::value>(p, t, r0, half);
+    });
 }
 
 #else
@@ -205,9 +190,7 @@ void tile(const Problem& p, int64_t t) { tile_plain(p, t); }
 }  // namespace
 
 Tensor int4_mm(Tensor x, Tensor tiles, Tensor scales, bool plain) {
-  check(x.dim() == 2 && x.is_contiguous() &&
-            (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
-        "x must be contiguous float32 or bfloat16 [rows, K]");
+  const Activations q = quantise_input(x, false);
   check(tiles.dim() == 3 && tiles.is_contiguous() && tiles.scalar_type() == at::kByte &&
             tiles.size(2) == kTileBytes,
         "tiles must be contiguous uint8 [N / 16, K / 32, 256]");
@@ -219,19 +202,11 @@ Tensor int4_mm(Tensor x, Tensor tiles, Tensor scales, bool plain) {
         "scales must be contiguous bfloat16 [N / 16, K / 32, 2, 16]");
   Tensor out = at::empty({rows, n}, x.options().dtype(at::kFloat));
   if (rows == 0) return out;
-  std::vector<int8_t> a(rows * k);
-  std::vector<float> d(rows * groups), da(rows * groups);
-  if (x.scalar_type() == at::kBFloat16)
-    quantise_rows(x.data_ptr<BFloat16>(), rows, k, a.data(), d.data(), da.data());
-  else
-    quantise_rows(x.data_ptr<float>(), rows, k, a.data(), d.data(), da.data());
   const Problem problem{tiles.data_ptr<uint8_t>(),
                         reinterpret_cast<const uint16_t*>(scales.data_ptr<BFloat16>()),
-                        a.data(), d.data(), da.data(), out.data_ptr<float>(), rows, k, n, groups};
-  const int64_t count = tiles.size(0);
-  at::parallel_for(0, count, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) plain ? tile_plain(problem, t) : tile(problem, t);
-  });
+                        q.a.data(), q.d.data(), q.da.data(), out.data_ptr<float>(), rows, k, n,
+                        groups};
+  for_tiles(tiles.size(0), [&](int64_t t) { plain ? tile_plain(problem, t) : tile(problem, t); });
   return out;
 }
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 
 #include <cstdint>
@@ -10,6 +11,8 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <type_traits>
+#include <vector>
 
 namespace specops_lean {
 
@@ -66,6 +69,52 @@ inline void quantise_rows(const I* x, int64_t rows, int64_t k, int8_t* a, float*
       if (sums != nullptr) sums[r * groups + g] = total;
     }
   }
+}
+
+// A float32 or bfloat16 [rows, K] input rounded to int8 by quantise_rows, for the integer
+// kernels (int4.cpp, int8.cpp).
+struct Activations {
+  std::vector<int8_t> a;
+  std::vector<float> d, da;
+  std::vector<int32_t> sums;  // filled where asked for
+};
+
+inline Activations quantise_input(const Tensor& x, bool with_sums) {
+  check(x.dim() == 2 && x.is_contiguous() &&
+            (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
+        "x must be contiguous float32 or bfloat16 [rows, K]");
+  const int64_t rows = x.size(0), k = x.size(1), groups = k / kGroup;
+  Activations q{std::vector<int8_t>(rows * k), std::vector<float>(rows * groups),
+                std::vector<float>(rows * groups),
+                std::vector<int32_t>(with_sums ? rows * groups : 0)};
+  int32_t* sums = with_sums ? q.sums.data() : nullptr;
+  if (x.scalar_type() == at::kBFloat16)
+    quantise_rows(x.data_ptr<BFloat16>(), rows, k, q.a.data(), q.d.data(), q.da.data(), sums);
+  else
+    quantise_rows(x.data_ptr<float>(), rows, k, q.a.data(), q.d.data(), q.da.data(), sums);
+  return q;
+}
+
+// rows in chunks of four, then the rest: run(std::integral_constant<int, R>, first row).
+// A kernel templated on R computes each row the same way whatever R is.
+template <typename Run>
+inline void for_row_chunks(int64_t rows, Run run) {
+  int64_t r0 = 0;
+  for (; r0 + 4 <= rows; r0 += 4) run(std::integral_constant<int, 4>{}, r0);
+  switch (rows - r0) {
+    case 3: run(std::integral_constant<int, 3>{}, r0); break;
+    case 2: run(std::integral_constant<int, 2>{}, r0); break;
+    case 1: run(std::integral_constant<int, 1>{}, r0); break;
+    default: break;
+  }
+}
+
+// Every output tile through tile(t), split across threads by tiles only.
+template <typename Tile>
+inline void for_tiles(int64_t count, Tile tile) {
+  at::parallel_for(0, count, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) tile(t);
+  });
 }
 
 // Four int8 activations as one int32 (what a broadcast lane multiplies by).
