@@ -180,7 +180,7 @@ def int4_codes(weight: torch.Tensor, group: int = INT4_GROUP):
 
 class Int4Linear(_QuantisedLinear):
     """Asymmetric int4 codes in groups of 32 inputs, packed for the CPU kernel: torch's, or
-    (once the target has the lean step, :mod:`serving.lean.int4`) the lean step's integer
+    (once the target has the lean step, :mod:`serving.lean.tiles`) the lean step's integer
     kernel, which rounds activations to int8 in groups of 32 as llama.cpp does."""
 
     scheme: Scheme = "int4"
