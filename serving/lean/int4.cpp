@@ -13,7 +13,7 @@
 // C++), and a row never reads another row: the result is bit for bit the same for a row
 // whatever the rows beside it and whichever path this CPU takes.
 //
-// Layout (int4_tiles in serving/lean/int4.py): tiles of 16 outputs; per (tile, group) 256
+// Layout (int4_tiles in serving/lean/tiles.py): tiles of 16 outputs; per (tile, group) 256
 // bytes, four 64-byte blocks; block p's byte j holds V_p[j] in its low nibble and V_{p+4}[j]
 // in its high one, where V_k[4 i + b] = q[16 t + i][32 g + 4 k + b]. Scales and zeros:
 // bfloat16 [tiles, groups, 2, 16] (the tile's 16 scales, then its 16 zeros).

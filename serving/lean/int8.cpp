@@ -8,7 +8,7 @@
 // then times s. Every path (AVX-512 VNNI, AVX2, plain C++) does exactly that per lane, and
 // a row never reads another row: bit for bit the same whatever the rows beside it.
 //
-// Layout (serving/lean/int8.py): tiles of 16 outputs; per (tile, group) eight 64-byte
+// Layout (int8_tiles in serving/lean/tiles.py): tiles of 16 outputs; per (tile, group) eight 64-byte
 // blocks, V_k[4 i + b] = w[16 t + i][32 g + 4 k + b] (signed). VNNI multiplies unsigned by
 // signed bytes, so it flips each code's top bit (w + 128) and takes 128 sum(a) back off;
 // AVX2's maddubs takes |w| and a with w's sign (its int16 pairs stay within 2 x 127 x 127).
