@@ -19,6 +19,8 @@ source scripts/env.sh
 .venv/bin/mypy serving registry tasks flows specops scripts benchmarks
 .venv/bin/lint-imports
 mkdir -p .reports
+# The lean step's C++ ops, compiled once here rather than inside whichever test first loads them.
+.venv/bin/python -m serving.lean.build
 # One pytest-xdist worker per core, at most four (SPECOPS_TEST_WORKERS overrides; 0 runs in
 # one process), a test file to a worker so that a module's fixtures are built once, in the
 # collection's order (tests/conftest.py puts the longest module first).

@@ -19,6 +19,7 @@ fi
 echo "== Python 3.12 smoke ($python312)"
 PYTHON="$python312" SPECOPS_VENV=.venv-py312 bash scripts/setup.sh
 source scripts/env.sh
+.venv-py312/bin/python -m serving.lean.build  # its own torch: its own build of the lean ops
 cores=$(nproc)
 workers=${SPECOPS_TEST_WORKERS:-$((cores < 4 ? cores : 4))}
 .venv-py312/bin/python -m pytest -q -p no:cacheprovider -m "not real_model" \

@@ -78,6 +78,23 @@ def test_a_missing_compiler_is_one_clear_error_before_any_weights(monkeypatch):
         loader.load_target(kernels="int4", lean_mode="on")
 
 
+def test_a_failing_compile_is_one_clear_error_and_leaves_no_library(monkeypatch, tmp_path):
+    monkeypatch.setattr(build, "_loaded", None)
+    monkeypatch.setattr(build, "build_root", lambda: tmp_path)
+    monkeypatch.setenv("CXX", "false")  # on PATH, exits 1 for every source
+    with pytest.raises(LeanUnavailable, match=r"did not compile with .*false"):
+        build.load_ops()
+    assert not list(tmp_path.rglob("*.so"))
+
+
+def test_the_prebuild_command_says_why_it_cannot_build(monkeypatch, capsys):
+    monkeypatch.setattr(build, "_loaded", None)
+    monkeypatch.delenv("SPECOPS_LEAN", raising=False)
+    monkeypatch.setenv("CXX", "no-such-compiler-xyz")
+    assert build.main() == 0
+    assert "lean ops unavailable: " in capsys.readouterr().out
+
+
 def test_layers_n_drafts_of_a_lean_target_run_lean_too():
     from serving.models.truncated import first_layers
 
