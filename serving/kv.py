@@ -6,8 +6,10 @@ from transformers import DynamicCache
 
 from serving.errors import SpecOpsError
 from serving.lean.cache import LeanCache
+from serving.lean.graphed import GraphedCache
 
-Cache = DynamicCache | LeanCache  # transformers' or the lean step's (serving.lean)
+# transformers', or the lean step's (serving.lean: the CPU's or the GPU's)
+Cache = DynamicCache | LeanCache | GraphedCache
 
 
 def new_cache(model) -> Cache:

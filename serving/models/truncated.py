@@ -39,10 +39,15 @@ def first_layers(target, num_layers: int):
     if leftover:
         raise BadInputError(f"cannot truncate {config.model_type!r}: unshared {leftover[:3]}")
     draft.eval()
-    if getattr(target, "specops_lean", None) is not None:
+    step = getattr(target, "specops_lean", None)
+    if step is not None:
         # The target runs the lean step (serving.lean): so do its first layers.
-        from serving.lean.install import install
+        from serving.lean.graphed import GraphedStep
+        from serving.lean.install import attach, install
 
-        draft.specops_kernels = target.specops_kernels
-        install(draft, "auto")
+        draft.specops_kernels = getattr(target, "specops_kernels", "stock")
+        if isinstance(step, GraphedStep):
+            attach(draft, GraphedStep(draft, capture=step.capture))
+        else:
+            install(draft, "auto")
     return draft

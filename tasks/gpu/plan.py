@@ -34,7 +34,13 @@ STEPS: tuple[Step, ...] = (
         40,
         150,
     ),
-    Step("tests", "measure", "the device tests: pytest tests/serving/test_device.py", 60, 180),
+    Step(
+        "tests",
+        "measure",
+        "the device tests: pytest tests/serving/test_device.py tests/serving/lean/test_graphed.py",
+        60,
+        180,
+    ),
     Step(
         "profile",
         "measure",

@@ -177,6 +177,7 @@ def tests(kit: Path, manifest: KitManifest, out: Path) -> None:
             "-o",
             "addopts=",
             "tests/serving/test_device.py",
+            "tests/serving/lean/test_graphed.py",  # the captured step against eager
         ],
         capture_output=True,
         text=True,
@@ -248,6 +249,13 @@ def bench(kit: Path, manifest: KitManifest, out: Path) -> None:
                 {"name": "hf-prompt-lookup", "engine": "hf", "mode": "prompt_lookup"},
                 {"name": "hf-static", "engine": "hf", "mode": "static"},
                 {"name": "specops-none", "engine": "specops", "drafter": "none"},
+                # Before the graphed step (serving/lean/graphed.py): transformers' forward.
+                {
+                    "name": "specops-none-eager",
+                    "engine": "specops",
+                    "drafter": "none",
+                    "step": "transformers",
+                },
                 {
                     "name": "specops-pld",
                     "engine": "specops",

@@ -34,10 +34,13 @@ def test_off_keeps_transformers_forward():
 
 def test_stock_kernels_fall_back_quietly_or_fail_when_asked(caplog):
     with caplog.at_level(logging.INFO, logger="serving.lean.install"):
-        assert preflight("stock", "cuda", "auto") is False
+        assert preflight("stock", "cpu", "auto") is False
     assert [r.levelname for r in caplog.records] == ["INFO"] and "not stock" in caplog.text
-    with pytest.raises(LeanUnavailable, match=r"SPECOPS_LEAN=on but .*not stock on cuda"):
-        preflight("stock", "cuda", "on")
+    with pytest.raises(LeanUnavailable, match=r"SPECOPS_LEAN=on but .*not stock on cpu"):
+        preflight("stock", "cpu", "on")
+    # On CUDA, torch's own kernels are what the graphed step runs (serving/lean/graphed.py).
+    assert preflight("stock", "cuda", "auto") is True
+    assert preflight("stock", "cuda", "off") is False
     model = tiny_llama()  # stock kernels: not packed for the CPU
     assert install(model, "auto") is None
     with pytest.raises(LeanUnavailable, match="not packed for the CPU"):
