@@ -165,6 +165,11 @@ class CostAwareK(DraftLengthPolicy):
     to keep the estimates current. Greedy output is unaffected by k; under sampling the
     exact tokens drawn for a seed depend on the k chosen (timings), the distribution does
     not - use ``fixed`` for bit-reproducible sampling.
+
+    ``draft_cost`` (one drafted token, in one-token target passes; also settable later with
+    :meth:`use_profiled_draft_cost`) replaces the measured ratio: the k chosen then depends
+    only on what was accepted, so a greedy request's steps are the same on any machine and
+    under any load (what the evaluation's modelled speed needs, :mod:`tasks.evaluate.costs`).
     """
 
     def __init__(
@@ -177,6 +182,7 @@ class CostAwareK(DraftLengthPolicy):
         decay: float = 0.8,
         probe_every: int = 16,
         smoothing: float = 0.2,
+        draft_cost: float | None = None,
     ) -> None:
         self.k_max = check_k(k_max, name="k_max")
         if not 0.0 < prior_accept < 1.0:
@@ -197,6 +203,16 @@ class CostAwareK(DraftLengthPolicy):
         self._t_unit: float | None = None  # seconds of a one-token target pass
         self._t_draft: float | None = None  # seconds per drafted token
         self._idle = 0
+        self.profiled_draft_cost: float | None = None
+        if draft_cost is not None:
+            self.use_profiled_draft_cost(draft_cost)
+
+    def use_profiled_draft_cost(self, cost: float) -> None:
+        """Price drafting at ``cost`` one-token target passes per drafted token from now on,
+        instead of the step times measured while decoding."""
+        if isinstance(cost, bool) or not isinstance(cost, int | float) or not cost >= 0:
+            raise BadInputError(f"draft_cost must be a number >= 0, got {cost!r}")
+        self.profiled_draft_cost = float(cost)
 
     def begin(self) -> None:
         self._kept = [0.0] * self.k_max
@@ -220,7 +236,10 @@ class CostAwareK(DraftLengthPolicy):
         return expected
 
     def draft_cost(self) -> float:
-        """Seconds per drafted token, in one-token target passes."""
+        """Seconds per drafted token, in one-token target passes (the profiled cost where
+        one was given)."""
+        if self.profiled_draft_cost is not None:
+            return self.profiled_draft_cost
         return (self._t_draft or 0.0) / (self._t_unit or 1.0)
 
     def rates(self) -> list[float]:

@@ -15,6 +15,7 @@ not forget.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +34,9 @@ from tasks.evaluate.interleave import interleave
 from tasks.evaluate.report import ContenderResult, EvaluationReport, Group, PromptRun
 
 REFERENCE = "plain"
+WALL_CLOCK_ROUNDS = 2  # timed rounds over the prompts (the gates' interval reads them all)
+PROFILE_TOKENS = 48  # tokens a drafting-cost profile's generation makes (tasks/evaluate/costs.py)
+log = logging.getLogger(__name__)
 
 
 TRAFFIC = "traffic"  # prompts replayed from held-out collected traffic
@@ -88,6 +92,7 @@ class Contender:
 class _Run:
     name: str
     decoder: SpeculativeDecoder
+    k: int = 0  # the package's k (drafts a step at most)
 
 
 def _decoders(contenders, target, tokenizer, hardware: str) -> list[_Run]:
@@ -108,6 +113,7 @@ def _decoders(contenders, target, tokenizer, hardware: str) -> list[_Run]:
             _Run(
                 contender.name,
                 SpeculativeDecoder(target, drafter=drafter, policy=policy, eos_token_ids=eos),
+                manifest.k,
             )
         )
     return runs
@@ -143,11 +149,12 @@ class _Generation:
 
     prompt_id: str
     workload: str
-    seconds: float
+    seconds: float  # the mean over the rounds
     token_ids: list[int]
     stats: RequestStats
-    steps: list[list[int]]  # [proposed, accepted] per check
-    lossless: bool = False  # set once plain decoding's output is known
+    steps: list[list[int]]  # [proposed, accepted] per check (the first round's)
+    lossless: bool = False  # every round's output equals plain decoding's
+    round_seconds: tuple[float, ...] = ()
 
     def run(self) -> PromptRun:
         return PromptRun(
@@ -157,6 +164,7 @@ class _Generation:
             stats=self.stats.to_dict(),
             steps=self.steps,
             lossless=self.lossless,
+            round_seconds=list(self.round_seconds),
         )
 
 
@@ -186,15 +194,20 @@ def evaluate_report(
     tokenizer,
     hardware: str,
     max_new_tokens: int = 64,
+    rounds: int = WALL_CLOCK_ROUNDS,
     progress: bool = True,
 ) -> EvaluationReport:
-    """Run the interleaved evaluation (see the module docstring)."""
+    """Run the interleaved evaluation (see the module docstring): every contender's
+    drafting cost profiled first (:mod:`tasks.evaluate.costs`), then ``rounds`` timed
+    rounds over the prompts."""
     from tqdm.auto import tqdm
 
     if not prompts:
         raise BadInputError("no evaluation prompts: the held-out split is empty")
     if not contenders:
         raise BadInputError("nothing to evaluate: give at least one contender")
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise BadInputError(f"rounds must be an integer >= 1, got {rounds!r}")
     runs = _decoders(contenders, target, tokenizer, hardware)
     encoded = [
         p.token_ids if isinstance(p, EncodedPrompt) else encode_messages(tokenizer, p.messages)
@@ -203,36 +216,55 @@ def evaluate_report(
     if any(not ids for ids in encoded):
         empty = [p.id for p, ids in zip(prompts, encoded, strict=True) if not ids]
         raise BadInputError(f"evaluation prompts without tokens: {empty[:3]}")
+    curve = list(engine_target(hardware).curve)
+    costs = _profile_costs(runs, encoded, curve, max_new_tokens, progress)
     rows: dict[str, list[_Generation]] = {run.name: [] for run in runs}
     bar = tqdm(
-        total=len(prompts) * len(runs), desc=f"evaluating on {hardware}", disable=not progress
+        total=rounds * len(prompts) * len(runs),
+        desc=f"evaluating on {hardware} ({rounds} rounds)",
+        disable=not progress,
     )
     decoders = {run.name: run.decoder for run in runs}
+    count = len(prompts)
     calls = {
-        name: (lambda index, d=decoder: d.generate(encoded[index], max_new_tokens=max_new_tokens))
+        name: (
+            lambda index, d=decoder: d.generate(
+                encoded[index % count], max_new_tokens=max_new_tokens
+            )
+        )
         for name, decoder in decoders.items()
     }
-    rounds = interleave(
+    timed_rounds = interleave(
         calls,
-        len(prompts),
+        rounds * count,
         # warm-up: first-call costs (kernels, allocations) stay out of timings
         warm_up=lambda name: decoders[name].generate(
             encoded[0], max_new_tokens=min(8, max_new_tokens)
         ),
         on_end=lambda *_: bar.update(),
     )
-    for prompt, timed in zip(prompts, rounds, strict=True):
-        reference = timed[REFERENCE].value.token_ids
+    timings: list[dict[str, list]] = [{name: [] for name in decoders} for _ in prompts]
+    for index, timed in enumerate(timed_rounds):
         for name, run in timed.items():
+            timings[index % count][name].append(run)
+    for prompt, by_name in zip(prompts, timings, strict=True):
+        references = [run.value.token_ids for run in by_name[REFERENCE]]
+        for name, runs_of in by_name.items():
+            first = runs_of[0].value
+            seconds = [run.seconds for run in runs_of]
             rows[name].append(
                 _Generation(
                     prompt_id=prompt.id,
                     workload=prompt.workload,
-                    seconds=run.seconds,
-                    token_ids=run.value.token_ids,
-                    stats=run.value.stats,
-                    steps=[[s.proposed, s.accepted] for s in run.value.steps],
-                    lossless=run.value.token_ids == reference,
+                    seconds=sum(seconds) / len(seconds),
+                    token_ids=first.token_ids,
+                    stats=first.stats,
+                    steps=[[s.proposed, s.accepted] for s in first.steps],
+                    lossless=all(
+                        run.value.token_ids == reference
+                        for run, reference in zip(runs_of, references, strict=True)
+                    ),
+                    round_seconds=tuple(seconds),
                 )
             )
     bar.close()
@@ -251,12 +283,46 @@ def evaluate_report(
         hardware=hardware,
         prompts=len(prompts),
         max_new_tokens=max_new_tokens,
+        rounds=rounds,
+        verify_curve=curve,
+        draft_costs=costs,
         contenders={c.name: str(c.package) for c in contenders},
         results={name: _summary(name_rows, reference_tps) for name, name_rows in rows.items()},
         by_workload=grouped(lambda workload: workload),
         by_source=grouped(source_of),
         per_prompt={name: [row.run() for row in name_rows] for name, name_rows in rows.items()},
     )
+
+
+def _profile_costs(
+    runs: Sequence[_Run],
+    encoded: Sequence[list[int]],
+    curve: Sequence[float],
+    max_new_tokens: int,
+    progress: bool,
+) -> dict[str, float]:
+    """Each drafting contender's cost per drafted token (:mod:`tasks.evaluate.costs`); its
+    cost-aware policy then prices drafting at that cost, so that its steps, and the
+    modelled speed priced from them, do not depend on the clock."""
+    from tasks.evaluate.costs import fix_draft_cost, profile_draft_cost
+
+    costs: dict[str, float] = {}
+    for run in runs:
+        if run.decoder.drafter is None:
+            continue
+        cost, steps = profile_draft_cost(
+            run.decoder, encoded, curve=curve, k=max(run.k, 1),
+            max_new_tokens=min(PROFILE_TOKENS, max_new_tokens),
+        )  # fmt: skip
+        if cost is None:
+            log.info("%s drafted nothing to profile with k=%d", run.name, run.k)
+            continue
+        costs[run.name] = round(cost, 6)
+        fix_draft_cost(run.decoder, cost)
+        if progress:
+            log.info("%s drafts at %.4f one-token passes a token (median of %d steps)",
+                     run.name, cost, steps)  # fmt: skip
+    return costs
 
 
 def evaluate(
@@ -267,6 +333,7 @@ def evaluate(
     tokenizer,
     hardware: str,
     max_new_tokens: int = 64,
+    rounds: int = WALL_CLOCK_ROUNDS,
     progress: bool = True,
 ) -> dict[str, Any]:
     """:func:`evaluate_report` as the JSON that commands and studies write."""
@@ -277,6 +344,7 @@ def evaluate(
         tokenizer=tokenizer,
         hardware=hardware,
         max_new_tokens=max_new_tokens,
+        rounds=rounds,
         progress=progress,
     )
     return report.model_dump(mode="json")

@@ -9,21 +9,34 @@ When the evaluation held out collected traffic (``by_source["traffic"]``, see
 that drifted, and a separate check guards the built-in workloads against forgetting; without
 it they are judged on every prompt pooled.
 
-Speed is measured (tokens/s, interleaved) unless the config names a ``speed_profile``: then
-every speedup the gates and the choice of a winner read is priced by that fixed profile
-from what each contender accepted (:mod:`tasks.evaluate.priced`), so the same evaluation
-gets the same decision on any machine (:func:`judged_report`).
+Which speed decides (``speed``):
+
+- ``modelled`` (default): each contender's recorded checks priced with the target's verify
+  curve and its own profiled drafting cost (:mod:`tasks.evaluate.modelled`), which load on
+  the machine cannot flip; and the wall clock, timed in rounds, must agree that the
+  challenger is not slower: the bootstrap interval of its per-prompt speed ratio over the
+  champion's (plain decoding's, with no champion) may not lie wholly below 1.0
+  (:mod:`tasks.evaluate.interval`);
+- ``measured``: tokens/s, interleaved (the interval check still applies);
+- a ``speed_profile`` (a fixed curve and drafting cost) prices every contender alike, so
+  the same evaluation gets the same decision on any machine (:mod:`tasks.evaluate.priced`).
+
+:func:`judged_report` gives the report the gates judge; :class:`GateResult` says which
+speed decided.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from serving.errors import BadInputError
 from serving.paths import CONFIG_DIR
+from tasks.evaluate.evaluate import REFERENCE, TRAFFIC, source_of
+from tasks.evaluate.interval import wall_clock_interval
 from tasks.evaluate.priced import Pricing, priced_report
 from tasks.evaluate.report import ContenderResult, EvaluationReport
 
@@ -60,7 +73,17 @@ class GateConfig(BaseModel):
     min_speedup_gain: float = Field(0.03, ge=0.0)
     max_mean_accepted_length_drop: float = Field(0.05, ge=0.0)
     max_workload_slowdown: float = Field(0.10, ge=0.0, le=1.0)
-    speed_profile: SpeedProfile | None = None  # None: measured speed decides
+    speed: Literal["modelled", "measured"] = "modelled"
+    speed_profile: SpeedProfile | None = None  # set: this fixed profile prices every speed
+    # The wall clock's bootstrap interval (of the challenger's per-prompt speed ratio) at
+    # this confidence may not lie wholly below 1.0; 0 turns the check off.
+    wall_clock_confidence: float = Field(0.95, ge=0.0, lt=1.0)
+
+    @property
+    def decided_by(self) -> str:
+        if self.speed_profile is not None:
+            return "fixed speed profile"
+        return f"{self.speed} speed"
 
 
 def load_gates(path: str | Path = GATES_CONFIG) -> GateConfig:
@@ -88,24 +111,31 @@ class GateResult(BaseModel):
     passed: bool
     reason: str
     checks: list[Check]
+    decided_by: str = "measured speed"  # which speed the speed checks read (GateConfig)
 
     @classmethod
-    def of(cls, checks: list[Check]) -> GateResult:
+    def of(cls, checks: list[Check], decided_by: str = "measured speed") -> GateResult:
         failed = [c for c in checks if not c.passed]
         if not failed:
-            reason = "all gates passed: " + "; ".join(c.detail for c in checks)
+            reason = f"all gates passed ({decided_by}): " + "; ".join(c.detail for c in checks)
         else:
-            reason = "refused: " + "; ".join(f"{c.name}: {c.detail}" for c in failed)
-        return cls(passed=not failed, reason=reason, checks=checks)
+            reason = f"refused ({decided_by}): " + "; ".join(
+                f"{c.name}: {c.detail}" for c in failed
+            )
+        return cls(passed=not failed, reason=reason, checks=checks, decided_by=decided_by)
 
 
 def judged_report(report: EvaluationReport, config: GateConfig | None = None) -> EvaluationReport:
     """The report the gates judge and a winner is chosen from: ``report`` itself, or with
     every speedup priced by the config's ``speed_profile``."""
     config = config or load_gates()
-    if config.speed_profile is None:
-        return report
-    return priced_report(report, config.speed_profile.pricing(report.hardware))
+    if config.speed_profile is not None:
+        return priced_report(report, config.speed_profile.pricing(report.hardware))
+    if config.speed == "modelled":
+        from tasks.evaluate.modelled import modelled_report
+
+        return modelled_report(report)
+    return report
 
 
 def gate(
@@ -156,7 +186,8 @@ def gate(
                 detail=f"speedup {new_speed} (need >= {1.0 + config.min_speedup_gain:.2f})",
             )
         )
-        return GateResult.of(checks)
+        checks += _wall_clock(report, challenger, REFERENCE, config, bool(traffic))
+        return GateResult.of(checks, config.decided_by)
     old_speed = old.speedup
     wanted = None if old_speed is None else old_speed * (1.0 + config.min_speedup_gain)
     checks.append(
@@ -208,4 +239,32 @@ def gate(
             f"{config.max_workload_slowdown:.0%}" + (f": {', '.join(slow)}" if slow else ""),
         )
     )
-    return GateResult.of(checks)
+    checks += _wall_clock(report, challenger, champion, config, bool(traffic))
+    return GateResult.of(checks, config.decided_by)
+
+
+def _wall_clock(
+    report: EvaluationReport, challenger: str, baseline: str, config: GateConfig, traffic: bool
+) -> list[Check]:
+    """The wall clock's say (see the module docstring): none when the check is off."""
+    if config.wall_clock_confidence == 0:
+        return []
+    over = "plain decoding" if baseline == REFERENCE else "the champion"
+    name = f"wall clock not slower than {over}" + (" on held-out traffic" if traffic else "")
+    try:
+        interval = wall_clock_interval(
+            report,
+            challenger,
+            baseline,
+            keep=(lambda w: source_of(w) == TRAFFIC) if traffic else (lambda w: True),
+            confidence=config.wall_clock_confidence,
+        )
+    except BadInputError as error:
+        return [Check(name=name, passed=False, detail=str(error))]
+    return [
+        Check(
+            name=name,
+            passed=interval.high >= 1.0,
+            detail=interval.describe(challenger, over) + f" over {report.rounds} rounds",
+        )
+    ]

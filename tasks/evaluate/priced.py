@@ -22,18 +22,29 @@ from tasks.evaluate.report import EvaluationReport, Group, PromptRun
 
 
 class Pricing:
-    """The cost, in one-token target passes, of what a generation did."""
+    """The cost, in one-token target passes, of what a generation did: a check over ``n``
+    tokens costs ``curve(n)``, each drafted token ``draft_cost`` — or, for a contender
+    named in ``draft_costs``, its own profiled cost (the modelled speed,
+    :mod:`tasks.evaluate.modelled`)."""
 
-    def __init__(self, verify_curve: Sequence[float], draft_cost: float) -> None:
-        if draft_cost < 0:
-            raise BadInputError(f"draft_cost must be >= 0, got {draft_cost!r}")
+    def __init__(
+        self,
+        verify_curve: Sequence[float],
+        draft_cost: float,
+        draft_costs: Mapping[str, float] | None = None,
+    ) -> None:
+        for name, cost in {"draft_cost": draft_cost, **(draft_costs or {})}.items():
+            if cost < 0:
+                raise BadInputError(f"draft cost of {name!r} must be >= 0, got {cost!r}")
         self.curve = normalise_curve(tuple(verify_curve))
         self.draft_cost = draft_cost
+        self.draft_costs = dict(draft_costs or {})
 
-    def checks(self, blocks: Mapping[int, int]) -> float:
+    def checks(self, blocks: Mapping[int, int], contender: str | None = None) -> float:
         """``blocks``: drafts proposed in a check -> how many checks proposed that many."""
+        per_draft = self.draft_costs.get(contender or "", self.draft_cost)
         return sum(
-            count * (curve_cost(self.curve, drafts + 1) + self.draft_cost * drafts)
+            count * (curve_cost(self.curve, drafts + 1) + per_draft * drafts)
             for drafts, count in blocks.items()
         )
 
@@ -51,7 +62,7 @@ def _speedups(
                 blocks: dict[int, int] = {}
                 for proposed, _ in run.steps:
                     blocks[proposed] = blocks.get(proposed, 0) + 1
-                cost += pricing.checks(blocks)
+                cost += pricing.checks(blocks, name)
         speed[name] = tokens / cost if cost else None
     plain = speed[REFERENCE]
     return {n: s / plain if s and plain else None for n, s in speed.items()}

@@ -61,6 +61,8 @@ class PromptRun(BaseModel):
     stats: dict[str, Any]  # serving.metrics.RequestStats, as its to_dict gives it
     steps: list[list[int]]  # [proposed, accepted] per check
     lossless: bool
+    # Each timed round's seconds (``seconds`` is their mean); empty in older reports.
+    round_seconds: list[Number] = Field(default_factory=list)
 
 
 class EvaluationReport(BaseModel):
@@ -76,3 +78,9 @@ class EvaluationReport(BaseModel):
     by_workload: dict[str, Group]
     by_source: dict[str, Group] = Field(default_factory=dict)
     per_prompt: dict[str, list[PromptRun]] | None = None  # contender -> its prompts, in order
+    rounds: int = Field(1, ge=1)  # timed rounds over the prompts
+    # What the modelled speed prices with (tasks/evaluate/modelled.py): the target's verify
+    # curve when it ran, and each drafting contender's profiled cost per drafted token in
+    # one-token target passes (tasks/evaluate/costs.py). Empty in older reports.
+    verify_curve: list[Number] = Field(default_factory=list)
+    draft_costs: dict[str, Number] = Field(default_factory=dict)

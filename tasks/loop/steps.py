@@ -32,7 +32,7 @@ from tasks.data.dataset import read_part
 from tasks.data.prompts import Prompt
 from tasks.data.retention import RetentionReport
 from tasks.evaluate.evaluate import Contender, EncodedPrompt, evaluate_report
-from tasks.evaluate.gates import GateResult, gate, judged_report
+from tasks.evaluate.gates import Check, GateResult, gate, judged_report, load_gates
 from tasks.evaluate.report import EvaluationReport, Group
 from tasks.settings import loop_settings
 
@@ -222,12 +222,22 @@ class Decision(BaseModel):
 METRIC_KEYS = ("acceptance_rate", "mean_accepted_length", "tokens_per_s", "speedup")
 
 
-def evaluation_metrics(report: EvaluationReport, name: str) -> dict[str, float]:
+def evaluation_metrics(
+    report: EvaluationReport, name: str, judged: EvaluationReport | None = None
+) -> dict[str, float]:
     """``name``'s metrics in ``report`` as the registry keeps them: overall, and per
-    workload as ``<workload>/<metric>`` (the relative retrain trigger reads those)."""
+    workload as ``<workload>/<metric>`` (the relative retrain trigger reads those).
+    ``speedup`` is the measured one; with the report the gates judged (``judged``, when
+    it prices speed) its speedup beside it as ``judged_speedup``, and the drafting cost
+    the evaluation profiled as ``draft_cost``."""
     result = report.results[name]
     metrics = {k: float(v) for k in METRIC_KEYS if (v := getattr(result, k)) is not None}
     metrics["lossless"] = float(result.lossless)
+    value = None if judged is None or judged is report else judged.results[name].speedup
+    if value is not None:
+        metrics["judged_speedup"] = float(value)
+    if name in report.draft_costs:
+        metrics["draft_cost"] = float(report.draft_costs[name])
     for workload, by_name in report.by_workload.items():
         row = by_name.get(name)
         if row is None:
@@ -298,21 +308,31 @@ def decide(
     The evaluation may have run here or on another machine (``specops registry
     log-evaluation``)."""
     current = by_name.get("champion")
-    judged = judged_report(report)
+    config = load_gates()
+    unjudged: str | None = None
+    try:
+        judged = judged_report(report, config)
+    except BadInputError as error:  # e.g. an older evaluation file: no drafting costs
+        judged, unjudged = report, str(error)
     kept = {"contender": None, **report.model_dump(mode="json", exclude={"per_prompt"})}
     gates: dict[str, GateResult] = {}
     for name, draft in by_name.items():
         registry.log_evaluation(
             draft,
             hardware,
-            evaluation_metrics(report, name),
+            evaluation_metrics(report, name, judged),
             report={**kept, "contender": name},
             params=None if params is None else dict(params),
             artifacts=list(artifacts),
             tags=tags,
         )
-        if name != "champion":
-            gates[name] = gate(judged, challenger=name, champion="champion")
+        if name == "champion":
+            continue
+        if unjudged is not None:
+            refused = Check(name=config.decided_by, passed=False, detail=unjudged)
+            gates[name] = GateResult.of([refused], config.decided_by)
+        else:
+            gates[name] = gate(judged, challenger=name, champion="champion", config=config)
     passing = [n for n, g in gates.items() if g.passed]
     promoted = None
     exports: dict[str, str] = {}
@@ -320,14 +340,18 @@ def decide(
         best = max(passing, key=lambda n: judged.results[n].speedup or 0.0)
         winner = registry.get(by_name[best].family, by_name[best].version)
         chosen = judged.results[best]
+        measured = report.results[best].speedup
         registry.promote(
             winner,
             hardware,
             reason=gates[best].reason,
             metrics={
-                k: float(v)
-                for k in ("acceptance_rate", "mean_accepted_length", "speedup")
-                if (v := getattr(chosen, k)) is not None
+                **{
+                    k: float(v)
+                    for k in ("acceptance_rate", "mean_accepted_length", "speedup")
+                    if (v := getattr(chosen, k)) is not None
+                },
+                **({} if measured is None else {"measured_speedup": float(measured)}),
             },
             gates=gates[best].model_dump(mode="json"),
             expected_champion=current.label if current else None,

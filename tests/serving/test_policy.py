@@ -58,6 +58,25 @@ def test_cost_policy_prefers_no_drafting_when_verification_is_expensive():
     assert policy.next_k() == 0
 
 
+def test_a_profiled_draft_cost_replaces_the_clock():
+    # The same accepted drafts, timed as a cheap draft by one policy and as a dear one by
+    # the other: with one profiled cost both choose the same k, whatever the clock said.
+    cheap = CostAwareK(k_max=8, verify_curve=FLAT, draft_cost=0.05, probe_every=1000)
+    dear = CostAwareK(k_max=8, verify_curve=FLAT, probe_every=1000)
+    dear.use_profiled_draft_cost(0.05)
+    for _ in range(10):
+        cheap.update(4, 2, draft_s=0.0001, verify_s=0.03)
+        dear.update(4, 2, draft_s=0.3, verify_s=0.03)
+    assert cheap.draft_cost() == dear.draft_cost() == 0.05
+    assert cheap.next_k() == dear.next_k() > 0
+    unprofiled = CostAwareK(k_max=8, verify_curve=FLAT, probe_every=1000)
+    for _ in range(10):
+        unprofiled.update(4, 2, draft_s=0.3, verify_s=0.03)
+    assert unprofiled.next_k() == 0  # the clock alone: a draft that dear never pays
+    with pytest.raises(BadInputError, match="draft_cost must be a number >= 0, got -1"):
+        CostAwareK(draft_cost=-1)
+
+
 def test_cost_policy_curve_is_made_non_decreasing():
     policy = CostAwareK(k_max=4, verify_curve=(2.0, 4.0, 3.0))
     assert policy.verify_curve == (1.0, 2.0, 2.0)

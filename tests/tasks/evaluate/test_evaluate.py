@@ -45,15 +45,24 @@ def test_every_contender_is_lossless_and_measured(target, char_tokenizer, make_p
     # The JSON the commands write keeps its keys, in their order.
     assert list(report) == [
         "hardware", "prompts", "max_new_tokens", "contenders", "results", "by_workload",
-        "by_source", "per_prompt",
+        "by_source", "per_prompt", "rounds", "verify_curve", "draft_costs",
     ]  # fmt: skip
+    # Two timed rounds by default, each prompt's seconds their mean; the drafting cost of
+    # both drafters profiled first, in one-token passes (n-gram lookups cost next to nothing).
+    assert report["rounds"] == 2
+    for run in report["per_prompt"]["champion"]:
+        assert len(run["round_seconds"]) == 2
+        assert run["seconds"] == pytest.approx(sum(run["round_seconds"]) / 2)
+    assert set(report["draft_costs"]) == {"champion", "challenger"}
+    assert all(0 <= cost < 1 for cost in report["draft_costs"].values())
+    assert report["verify_curve"][0] == 1.0
     assert list(report["results"]["champion"]) == [
         "requests", "generated_tokens", "checks", "draft_tokens", "accepted_tokens",
         "acceptance_rate", "mean_accepted_length", "total_s", "tokens_per_s", "speedup",
         "acceptance_by_position", "lossless", "mismatched_prompts",
     ]  # fmt: skip
     assert list(report["per_prompt"]["champion"][0]) == [
-        "prompt_id", "workload", "seconds", "stats", "steps", "lossless",
+        "prompt_id", "workload", "seconds", "stats", "steps", "lossless", "round_seconds",
     ]  # fmt: skip
 
 

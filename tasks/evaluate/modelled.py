@@ -1,0 +1,62 @@
+"""Modelled speed: what each contender's recorded checks cost on the target, priced with
+the target's measured verify curve and the contender's own profiled drafting cost.
+
+Under greedy decoding a contender's steps on a prompt — how many drafts each check
+proposed and how many were kept — are fixed by the target's output and the drafter, once
+its policy prices drafting at a profiled cost instead of the clock
+(:func:`tasks.evaluate.costs.fix_draft_cost`). Priced by :class:`~tasks.evaluate.priced.Pricing`
+with the verify curve the evaluation ran under (``report.verify_curve``) and each
+contender's cost per drafted token (``report.draft_costs``), they give a speedup over plain
+decoding that a busy core cannot flip: the gates decide on it
+(:func:`tasks.evaluate.gates.judged_report`), and the wall clock, timed in rounds beside
+it, must not contradict it (:mod:`tasks.evaluate.interval`).
+
+It leaves out what the verify curve and the drafting cost do not see — the engine's own
+bookkeeping per step, the prefill — which is why it can sit a few per cent from the
+measured figure (docs/gates.md reports by how much).
+"""
+
+from __future__ import annotations
+
+from serving.errors import BadInputError
+from tasks.evaluate.evaluate import REFERENCE
+from tasks.evaluate.priced import Pricing, priced_report
+from tasks.evaluate.report import EvaluationReport
+
+REMEDY = (
+    "evaluate again (the evaluation profiles every drafter before timing it), or judge "
+    "by measured speed (`speed: measured` in configs/gates.yaml)"
+)
+
+
+def drafted(report: EvaluationReport, name: str) -> bool:
+    """Whether ``name`` proposed any draft in ``report``."""
+    runs = (report.per_prompt or {}).get(name, [])
+    return any(proposed > 0 for run in runs for proposed, _ in run.steps)
+
+
+def modelled_pricing(report: EvaluationReport) -> Pricing:
+    """The pricing of ``report``'s own measurements; :class:`BadInputError` naming what is
+    missing (an older report, or a drafter whose cost could not be profiled)."""
+    if not report.verify_curve:
+        raise BadInputError(
+            f"this evaluation on {report.hardware!r} recorded no verify curve, so its speed "
+            f"cannot be modelled: {REMEDY}"
+        )
+    missing = [
+        name
+        for name in (report.per_prompt or {})
+        if name != REFERENCE and name not in report.draft_costs and drafted(report, name)
+    ]
+    if missing:
+        raise BadInputError(
+            f"this evaluation on {report.hardware!r} has no profiled drafting cost for "
+            f"{missing}, so their speed cannot be modelled: {REMEDY}"
+        )
+    return Pricing(report.verify_curve, 0.0, report.draft_costs)
+
+
+def modelled_report(report: EvaluationReport) -> EvaluationReport:
+    """``report`` with every speedup (overall, per workload, per source) modelled; its
+    measured tokens/s and per-prompt seconds kept as they were."""
+    return priced_report(report, modelled_pricing(report))

@@ -1,0 +1,57 @@
+"""Modelled speed: each contender's checks priced with the evaluation's verify curve and
+its own profiled drafting cost; the clock's seconds do not enter it."""
+
+from __future__ import annotations
+
+import pytest
+
+from serving.errors import BadInputError
+from tasks.evaluate.gates import GateConfig, judged_report
+from tasks.evaluate.modelled import modelled_report
+from tests.tasks.evaluate.test_priced import evaluation
+
+
+def _modelled_input(costs, curve=(1.0, 1.0, 1.0, 1.0, 1.0)):
+    return evaluation().model_copy(update={"verify_curve": list(curve), "draft_costs": costs})
+
+
+def test_each_contender_pays_its_own_drafting_cost():
+    free = modelled_report(_modelled_input({"challenger": 0.0}))
+    # Flat curve, free drafts: plain 24 passes, the draft 4 + 12 = 16, for 24 tokens each.
+    assert free.results["challenger"].speedup == pytest.approx(24 / 16)
+    dear = modelled_report(_modelled_input({"challenger": 0.1}))
+    # 16 checks of 4 drafts each (p1: 2 of 4, 2 of 0; p2: 12 of 4): 56 drafted tokens.
+    assert dear.results["challenger"].speedup == pytest.approx(24 / (16 + 0.1 * 56))
+    assert (
+        dear.results["challenger"].tokens_per_s == evaluation().results["challenger"].tokens_per_s
+    )
+
+
+def test_the_seconds_do_not_enter_it():
+    report = _modelled_input({"challenger": 0.05})
+    slower = report.model_copy(
+        update={
+            "per_prompt": {
+                name: [run.model_copy(update={"seconds": run.seconds * 7}) for run in runs]
+                for name, runs in (report.per_prompt or {}).items()
+            }
+        }
+    )
+    assert modelled_report(slower) == modelled_report(report).model_copy(
+        update={"per_prompt": slower.per_prompt}
+    )
+
+
+def test_what_is_missing_is_named_with_the_remedy():
+    with pytest.raises(
+        BadInputError, match=r"no profiled drafting cost for \['challenger'\].*evaluate again"
+    ):
+        modelled_report(_modelled_input({}))
+    with pytest.raises(BadInputError, match=r"recorded no verify curve.*speed: measured"):
+        modelled_report(_modelled_input({"challenger": 0.0}, curve=()))
+
+
+def test_the_gates_config_chooses_the_speed():
+    report = _modelled_input({"challenger": 0.0})
+    assert judged_report(report, GateConfig()).results["challenger"].speedup == pytest.approx(1.5)
+    assert judged_report(report, GateConfig(speed="measured")) is report
