@@ -173,6 +173,7 @@ def profile_model(
     median = {key: statistics.median(values) for key, values in times.items()}
     unit = median[("target", 1)]
     curve = [round(median[("target", n)] / unit, 3) for n in range(1, max_n + 1)]
+    lookups = _lookup_costs(model, prompt[0], config_curve(curve), progress)
     return {
         "context": context,
         "repeats": repeats,
@@ -185,9 +186,39 @@ def profile_model(
         "verify_curve": curve,
         "config_curve": config_curve(curve),
         "draft_cost": {
-            name: round(median[(name, 1)] / unit, 3) for name in subjects if name != "target"
+            **{name: round(median[(name, 1)] / unit, 3) for name in subjects if name != "target"},
+            **lookups,
         },
     }
+
+
+LOOKUP_KINDS = ("pld", "ngram", "suffix")
+
+
+def _lookup_costs(
+    model, context: torch.Tensor, curve: list[float], progress: bool
+) -> dict[str, float]:
+    """The drafting cost per drafted token of the drafter kinds that run no model (what
+    :mod:`tasks.evaluate.costs` measures for each contender of an evaluation), on the
+    profile's context repeated so that a lookup finds what to draft."""
+    from serving.drafters.factory import build_drafter
+    from serving.engine import SpeculativeDecoder
+    from serving.policy import FixedK
+    from tasks.evaluate.costs import profile_draft_cost
+
+    k = min(8, len(curve) - 1) or 1
+    ids = context.tolist()
+    half = ids[: max(len(ids) // 4, 8)]
+    prompt = (half * 4)[: len(ids)]
+    costs: dict[str, float] = {}
+    for kind in LOOKUP_KINDS:
+        decoder = SpeculativeDecoder(model, drafter=build_drafter(kind, model), policy=FixedK(k))
+        cost, _ = profile_draft_cost(decoder, [prompt] * 3, curve=curve, k=k, max_new_tokens=32)
+        if cost is not None:
+            costs[kind] = round(cost, 5)
+        elif progress:
+            print(f"{kind}: drafted nothing on the profile's context, no cost measured")
+    return costs
 
 
 def split_rows(rows: int, sequences: int) -> list[int]:

@@ -10,7 +10,7 @@ def pass_report(hardware: str, result: PassProfile) -> str:
     """A :func:`~tasks.bench.profile.profile_hardware` result, ending in its
     ``verify_curve:`` line."""
     max_n = len(result["verify_curve"])
-    draft_cost = ", ".join(f"{name}={cost:.2f}" for name, cost in result["draft_cost"].items())
+    draft_cost = ", ".join(f"{name}={cost:.3g}" for name, cost in result["draft_cost"].items())
     return "\n".join(
         [
             f"{hardware}: {result['device_name']} ({result['device']}, {result['dtype']}, "

@@ -31,8 +31,9 @@ from tasks.data.curate import CurateSummary, curate
 from tasks.data.dataset import read_part
 from tasks.data.prompts import Prompt
 from tasks.data.retention import RetentionReport
+from tasks.evaluate import gates as gate_config
 from tasks.evaluate.evaluate import Contender, EncodedPrompt, evaluate_report
-from tasks.evaluate.gates import Check, GateResult, gate, judged_report, load_gates
+from tasks.evaluate.gates import Check, GateResult, gate, judged_report
 from tasks.evaluate.report import EvaluationReport, Group
 from tasks.settings import loop_settings
 
@@ -308,7 +309,7 @@ def decide(
     The evaluation may have run here or on another machine (``specops registry
     log-evaluation``)."""
     current = by_name.get("champion")
-    config = load_gates()
+    config = gate_config.load_gates()
     unjudged: str | None = None
     try:
         judged = judged_report(report, config)

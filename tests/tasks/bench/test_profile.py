@@ -27,7 +27,10 @@ def test_profile_reports_a_curve_relative_to_one_token():
     )
     assert result["verify_curve"][0] == 1.0
     assert len(result["verify_curve"]) == 3
-    assert set(result["draft_cost"]) == {"layers:1", "layers:2"}
+    # The first layers' passes, and every lookup kind's cost per drafted token (the
+    # profile's context repeated, so there is something to look up).
+    assert set(result["draft_cost"]) == {"layers:1", "layers:2", "pld", "ngram", "suffix"}
+    assert all(cost >= 0 for cost in result["draft_cost"].values())
     assert all(t > 0 for t in result["target_pass_s"].values())
 
 

@@ -20,7 +20,7 @@ def test_pass_report_ends_in_the_verify_curve_line():
         "verify cost by block size n=1..3 (relative to n=1):",
         "  1.00, 1.63, 1.54",
         "one-token target pass: 12.3 ms",
-        "draft cost per token (relative to a target pass): layers:1=0.12, layers:4=0.35",
+        "draft cost per token (relative to a target pass): layers:1=0.12, layers:4=0.351",
         "for configs/hardware.yaml, under targets.cpu (made non-decreasing):",
         "    verify_curve: [1.0, 1.626, 1.626]",
     ]
