@@ -866,6 +866,12 @@ class Registry:
             )
         return run.info.run_id
 
+    def tag_version(self, draft: DraftVersion, key: str, value: str) -> None:
+        """Set tag ``key`` on ``draft``'s model version (a note the loop leaves on it, e.g.
+        why the pre-gate did not time it: ``pregate.<target>``)."""
+        with self._store(f"tag {draft.label} with {key!r}"):
+            self.client.set_model_version_tag(draft.name, draft.version, key, value)
+
     # --- artifacts --------------------------------------------------------------------
     def log_export(self, draft: DraftVersion, backend: str, folder: str | Path) -> str:
         """Keep ``draft``'s export for ``backend`` in its run; return the artifact URI."""

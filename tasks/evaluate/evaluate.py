@@ -195,11 +195,18 @@ def evaluate_report(
     hardware: str,
     max_new_tokens: int = 64,
     rounds: int = WALL_CLOCK_ROUNDS,
+    pregate_margin: float | None = None,
+    champion: str = "champion",
     progress: bool = True,
 ) -> EvaluationReport:
     """Run the interleaved evaluation (see the module docstring): every contender's
     drafting cost profiled first (:mod:`tasks.evaluate.costs`), then ``rounds`` timed
-    rounds over the prompts."""
+    rounds over the prompts.
+
+    With a ``pregate_margin``, every contender's modelled speedup is predicted first
+    (:mod:`tasks.evaluate.pregate`), and a contender other than ``champion`` predicted
+    below the champion's (plain decoding's, without one) by more than the margin is not
+    timed: the report names it in ``untimed`` with the reason."""
     from tqdm.auto import tqdm
 
     if not prompts:
@@ -218,6 +225,14 @@ def evaluate_report(
         raise BadInputError(f"evaluation prompts without tokens: {empty[:3]}")
     curve = list(engine_target(hardware).curve)
     costs = _profile_costs(runs, encoded, curve, max_new_tokens, progress)
+    predicted: dict[str, float | None] = {}
+    untimed: dict[str, str] = {}
+    if pregate_margin is not None:
+        predicted, untimed = _pregate(
+            runs, encoded, target=target, curve=curve, costs=costs,
+            max_new_tokens=max_new_tokens, margin=pregate_margin, champion=champion,
+        )  # fmt: skip
+        runs = [run for run in runs if run.name not in untimed]
     rows: dict[str, list[_Generation]] = {run.name: [] for run in runs}
     bar = tqdm(
         total=rounds * len(prompts) * len(runs),
@@ -286,7 +301,9 @@ def evaluate_report(
         rounds=rounds,
         verify_curve=curve,
         draft_costs=costs,
-        contenders={c.name: str(c.package) for c in contenders},
+        predicted_speedups=predicted,
+        untimed=untimed,
+        contenders={c.name: str(c.package) for c in contenders if c.name not in untimed},
         results={name: _summary(name_rows, reference_tps) for name, name_rows in rows.items()},
         by_workload=grouped(lambda workload: workload),
         by_source=grouped(source_of),
@@ -323,6 +340,50 @@ def _profile_costs(
             log.info("%s drafts at %.4f one-token passes a token (median of %d steps)",
                      run.name, cost, steps)  # fmt: skip
     return costs
+
+
+def _pregate(
+    runs: Sequence[_Run],
+    encoded: Sequence[list[int]],
+    *,
+    target,
+    curve: Sequence[float],
+    costs: dict[str, float],
+    max_new_tokens: int,
+    margin: float,
+    champion: str,
+) -> tuple[dict[str, float | None], dict[str, str]]:
+    """Every contender's predicted modelled speedup, and the challengers not to time with
+    the reason (see :func:`evaluate_report`)."""
+    from tasks.evaluate.pregate import predict
+
+    if not 0 <= margin < 1:
+        raise BadInputError(f"pregate_margin must be in [0, 1), got {margin!r}")
+    plain = next(run.decoder for run in runs if run.name == REFERENCE)
+    predictions = predict(
+        {run.name: run.decoder for run in runs if run.name != REFERENCE},
+        plain,
+        encoded,
+        target=target,
+        curve=curve,
+        draft_costs=costs,
+        max_new_tokens=max_new_tokens,
+    )
+    speedups = {name: p.speedup for name, p in predictions.items()}
+    has_champion = champion in predictions
+    baseline = speedups[champion] if has_champion else 1.0
+    over = "the champion's" if has_champion else "plain decoding's"
+    untimed: dict[str, str] = {}
+    for name, speedup in speedups.items():
+        if name == champion or speedup is None or baseline is None:
+            continue
+        if speedup < baseline * (1.0 - margin):
+            untimed[name] = (
+                f"pre-gate: predicted modelled speedup {speedup:.3f}, more than {margin:.0%} "
+                f"below {over} {baseline:.3f}: not timed"
+            )
+            log.info("%s: %s", name, untimed[name])
+    return speedups, untimed
 
 
 def evaluate(

@@ -84,3 +84,7 @@ class EvaluationReport(BaseModel):
     # one-token target passes (tasks/evaluate/costs.py). Empty in older reports.
     verify_curve: list[Number] = Field(default_factory=list)
     draft_costs: dict[str, Number] = Field(default_factory=dict)
+    # The pre-gate (tasks/evaluate/pregate.py): each contender's predicted modelled speedup,
+    # and the challengers left untimed with the reason (absent from the results).
+    predicted_speedups: dict[str, Number | None] = Field(default_factory=dict)
+    untimed: dict[str, str] = Field(default_factory=dict)

@@ -282,6 +282,7 @@ def evaluate_and_decide(
         tokenizer=tokenizer,
         hardware=hardware,
         max_new_tokens=max_new_tokens,
+        pregate_margin=gate_config.load_gates().pregate_margin,
         progress=progress,
     )
     return decide(
@@ -318,6 +319,12 @@ def decide(
     kept = {"contender": None, **report.model_dump(mode="json", exclude={"per_prompt"})}
     gates: dict[str, GateResult] = {}
     for name, draft in by_name.items():
+        if name in report.untimed:  # the pre-gate refused it: nothing was timed to log
+            reason = report.untimed[name]
+            registry.tag_version(draft, f"pregate.{hardware}", reason)
+            check = Check(name="pre-gate", passed=False, detail=reason)
+            gates[name] = GateResult.of([check], config.decided_by)
+            continue
         registry.log_evaluation(
             draft,
             hardware,

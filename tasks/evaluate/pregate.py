@@ -1,0 +1,177 @@
+"""The pre-gate: predict each contender's modelled speed before any timed generation, so a
+challenger that cannot win is not timed.
+
+Under greedy decoding the target's output on a prompt does not depend on the draft. So
+plain decoding runs once per prompt (untimed), and each contender then decodes the same
+prompts against :class:`RecordedTarget` — the target as recorded: every pass returns, at
+each of its positions, logits whose argmax is the recorded next token (and, for drafters
+that read the target's features, the hidden states of one teacher-forced pass over the
+recorded sequence). The engine, the drafter and its policy (its drafting cost profiled
+first, :mod:`tasks.evaluate.costs`) run exactly as they would; only the target's
+arithmetic is skipped. An n-gram or suffix contender's steps are then exactly those of a
+real run; a head's or a model draft's are its own drafts on the recorded context (a head
+reads features from one full pass where a real run reads them pass by pass, which can
+round differently). Its steps, priced as the gates price them
+(:mod:`tasks.evaluate.modelled`), give a predicted speedup; the loop leaves untimed a
+challenger predicted below the champion's by more than ``pregate_margin``
+(``configs/gates.yaml``), with the reason.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+from serving.engine import SpeculativeDecoder
+from serving.errors import SpecOpsError
+from tasks.evaluate.priced import Pricing
+
+log = logging.getLogger(__name__)
+
+
+class _Length:
+    """A cache that is only a length (the recorded target keeps nothing else)."""
+
+    def __init__(self) -> None:
+        self.length = 0
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.length
+
+    def crop(self, max_length: int) -> None:
+        self.length = self.length + max_length if max_length < 0 else min(max_length, self.length)
+
+
+class _Caches:
+    def new_cache(self) -> _Length:
+        return _Length()
+
+
+class RecordedTarget(torch.nn.Module):
+    """``target`` as recorded on one sequence at a time (see the module docstring):
+    :meth:`use` gives it the sequence (prompt and plain output) and, where a drafter reads
+    them, that sequence's final hidden states."""
+
+    def __init__(self, target) -> None:
+        super().__init__()
+        self.config = target.config
+        weight = next(target.parameters())
+        # The engine reads the model's device and dtype from its parameters.
+        self.anchor = torch.nn.Parameter(
+            torch.zeros(1, device=weight.device, dtype=weight.dtype), requires_grad=False
+        )
+        self.specops_lean = _Caches()  # serving.kv.new_cache hands out its caches
+        self.sequence: list[int] = []
+        self.hidden: torch.Tensor | None = None
+
+    def use(self, sequence: Sequence[int], hidden: torch.Tensor | None = None) -> None:
+        self.sequence, self.hidden = list(sequence), hidden
+
+    def forward(self, input_ids=None, past_key_values=None, **kwargs):  # type: ignore[override]
+        cache = past_key_values
+        if not isinstance(cache, _Length):
+            raise SpecOpsError("the recorded target decodes only with its own caches")
+        rows = int(input_ids.shape[-1])
+        start = cache.length
+        keep = int(kwargs.get("logits_to_keep") or 0)
+        first = start + rows - keep if 0 < keep < rows else start
+        positions = range(first, start + rows)
+        vocab = int(self.config.vocab_size)
+        logits = torch.zeros(len(positions), vocab, device=self.anchor.device)
+        if start + 1 > len(self.sequence):
+            raise SpecOpsError(
+                f"the recorded target was asked past its {len(self.sequence)} recorded tokens"
+            )
+        for row, position in enumerate(positions):
+            # Past the recording: drafts beyond the token budget's end, which a verification
+            # block may carry but nothing emits (zeros: any token would do).
+            if position + 1 < len(self.sequence):
+                logits[row, self.sequence[position + 1]] = 1.0
+        hidden = None
+        if kwargs.get("output_hidden_states"):
+            if self.hidden is None:
+                raise SpecOpsError("a drafter asked for hidden states none were recorded for")
+            part = self.hidden[start : start + rows]
+            if part.shape[0] < rows:  # likewise past the recording
+                pad = part.new_zeros(rows - part.shape[0], part.shape[1])
+                part = torch.cat([part, pad])
+            hidden = (part[None],)
+        cache.length += rows
+        return CausalLMOutputWithPast(logits=logits[None], hidden_states=hidden)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """One contender's predicted modelled speedup over plain decoding on the prompts."""
+
+    speedup: float | None
+    tokens: int
+    checks: int
+    reproduced: int  # prompts whose replayed output equals plain decoding's
+    prompts: int
+
+
+def predict(
+    decoders: Mapping[str, SpeculativeDecoder],
+    plain: SpeculativeDecoder,
+    encoded: Sequence[list[int]],
+    *,
+    target,
+    curve: Sequence[float],
+    draft_costs: Mapping[str, float],
+    max_new_tokens: int,
+) -> dict[str, Prediction]:
+    """Each contender's :class:`Prediction`: ``plain`` decodes ``encoded`` once (the
+    recording), every decoder of ``decoders`` then decodes it against the recorded target
+    with its own drafter and policy, priced with ``curve`` and ``draft_costs``."""
+    recordings = [
+        list(ids) + plain.generate(list(ids), max_new_tokens=max_new_tokens).token_ids
+        for ids in encoded
+    ]
+    recorded = RecordedTarget(target)
+    pricing = Pricing(curve, 0.0, draft_costs)
+    hidden_cache: dict[int, torch.Tensor] = {}
+    out: dict[str, Prediction] = {}
+    for name, decoder in decoders.items():
+        replay = SpeculativeDecoder(
+            recorded, drafter=decoder.drafter, policy=decoder.policy,
+            eos_token_ids=sorted(decoder.eos_token_ids),
+        )  # fmt: skip
+        wants_hidden = decoder.drafter is not None and decoder.drafter.needs_target_hidden
+        tokens = checks = reproduced = 0
+        cost = 0.0
+        for index, (ids, sequence) in enumerate(zip(encoded, recordings, strict=True)):
+            hidden = None
+            if wants_hidden:
+                if index not in hidden_cache:
+                    hidden_cache[index] = _final_hidden(target, sequence)
+                hidden = hidden_cache[index]
+            recorded.use(sequence, hidden)
+            result = replay.generate(list(ids), max_new_tokens=max_new_tokens)
+            reproduced += result.token_ids == sequence[len(ids) :]
+            blocks: dict[int, int] = {}
+            for step in result.steps:
+                blocks[step.proposed] = blocks.get(step.proposed, 0) + 1
+            tokens += len(result.token_ids)
+            checks += len(result.steps)
+            cost += pricing.checks(blocks, name)
+        # Plain decoding costs one one-token pass a token: the speedup is tokens per pass.
+        speedup = tokens / cost if cost else None
+        out[name] = Prediction(speedup, tokens, checks, reproduced, len(encoded))
+        if reproduced < len(encoded):
+            log.warning("%s: the replay reproduced plain output on %d of %d prompts",
+                        name, reproduced, len(encoded))  # fmt: skip
+    return out
+
+
+@torch.inference_mode()
+def _final_hidden(target, sequence: Sequence[int]) -> torch.Tensor:
+    """The target's final hidden states over ``sequence`` in one teacher-forced pass
+    (transformers' forward: no cache of the engine's)."""
+    device = next(target.parameters()).device
+    ids = torch.tensor([list(sequence)], dtype=torch.int64, device=device)
+    return target(input_ids=ids, output_hidden_states=True).hidden_states[-1][0]
