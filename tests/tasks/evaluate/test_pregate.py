@@ -14,7 +14,7 @@ from serving.drafters.prompt_lookup import PromptLookupDrafter
 from serving.engine import SpeculativeDecoder
 from serving.errors import SpecOpsError
 from serving.models.head import DraftHead, head_config_for
-from serving.policy import CostAwareK, FixedK
+from serving.policy import FixedK
 from tasks.evaluate.evaluate import Contender, evaluate_report
 from tasks.evaluate.pregate import RecordedTarget, predict
 
