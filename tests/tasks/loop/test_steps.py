@@ -78,6 +78,40 @@ def test_evaluate_and_decide_logs_gates_and_promotes(
     assert registry.get("ngram", draft.version).tags["cpu/speedup"] == repr(measured)
 
 
+@pytest.mark.slow
+def test_a_challenger_the_pre_gate_refused_is_tagged_and_never_timed(
+    tmp_path, tiny, registry, make_prompts, monkeypatch
+):
+    use_priced_gates(monkeypatch, tmp_path)
+    gates_file = tmp_path / "gates.yaml"  # the pre-gate on, with no margin
+    gates_file.write_text(
+        gates_file.read_text().replace("pregate_margin: null", "pregate_margin: 0.0")
+    )
+    champion = registry.log_draft(
+        write_package(tmp_path / "pld", DraftManifest(drafter="pld:3", k=4, policy="cost")),
+        family="ngram",
+    )
+    registry.log_evaluation(champion, "cpu", {"speedup": 1.0})
+    registry.promote(registry.get("ngram", champion.version), "cpu", reason="test setup")
+    # The target's first layer as a draft: a share of a pass per drafted token.
+    layer = registry.log_draft(
+        write_package(tmp_path / "layer", DraftManifest(drafter="layers:1", k=4, policy="fixed")),
+        family="layers",
+    )
+    decision = loop.evaluate_and_decide(
+        registry, [layer], make_prompts(), hardware="cpu", cache=tmp_path / "cache",
+        max_new_tokens=16, progress=False,
+    )  # fmt: skip
+    gate = decision.gates[layer.label]
+    if gate.passed or "pre-gate" not in gate.reason:
+        pytest.skip("on this tiny target the layer draft was not predicted to lose")
+    assert [c.name for c in gate.checks] == ["pre-gate"]
+    assert decision.promoted is None and "challenger-0" not in decision.results
+    tag = registry.get("layers", layer.version).tags["pregate.cpu"]
+    assert tag.startswith("pre-gate: predicted modelled speedup")
+    assert not registry.get("layers", layer.version).evaluated_on("cpu")  # nothing timed
+
+
 def test_no_champion_is_a_clear_error(tmp_path, registry):
     with pytest.raises(BadInputError, match="no champion on hardware target 'cpu'"):
         loop.champion_package(registry, "cpu", tmp_path)
