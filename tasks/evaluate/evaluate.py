@@ -16,6 +16,7 @@ not forget.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -224,7 +225,15 @@ def evaluate_report(
         empty = [p.id for p, ids in zip(prompts, encoded, strict=True) if not ids]
         raise BadInputError(f"evaluation prompts without tokens: {empty[:3]}")
     curve = list(engine_target(hardware).curve)
+    clock = [time.perf_counter()]
+    phase_s: dict[str, float] = {}
+
+    def lap(phase: str) -> None:
+        clock.append(time.perf_counter())
+        phase_s[phase] = round(clock[-1] - clock[-2], 3)
+
     costs = _profile_costs(runs, encoded, curve, max_new_tokens, progress)
+    lap("profile")
     predicted: dict[str, float | None] = {}
     untimed: dict[str, str] = {}
     if pregate_margin is not None:
@@ -233,6 +242,7 @@ def evaluate_report(
             max_new_tokens=max_new_tokens, margin=pregate_margin, champion=champion,
         )  # fmt: skip
         runs = [run for run in runs if run.name not in untimed]
+        lap("pregate")
     rows: dict[str, list[_Generation]] = {run.name: [] for run in runs}
     bar = tqdm(
         total=rounds * len(prompts) * len(runs),
@@ -283,6 +293,7 @@ def evaluate_report(
                 )
             )
     bar.close()
+    lap("timed")
     reference_tps = _summary(rows[REFERENCE], None).tokens_per_s
 
     def grouped(key: Callable[[str], str]) -> dict[str, Group]:
@@ -303,6 +314,7 @@ def evaluate_report(
         draft_costs=costs,
         predicted_speedups=predicted,
         untimed=untimed,
+        phase_s=phase_s,
         contenders={c.name: str(c.package) for c in contenders if c.name not in untimed},
         results={name: _summary(name_rows, reference_tps) for name, name_rows in rows.items()},
         by_workload=grouped(lambda workload: workload),

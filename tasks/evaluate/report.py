@@ -88,3 +88,5 @@ class EvaluationReport(BaseModel):
     # and the challengers left untimed with the reason (absent from the results).
     predicted_speedups: dict[str, Number | None] = Field(default_factory=dict)
     untimed: dict[str, str] = Field(default_factory=dict)
+    # Wall seconds of the evaluation's phases: profile (drafting costs), pregate, timed.
+    phase_s: dict[str, Number] = Field(default_factory=dict)

@@ -102,6 +102,7 @@ def test_a_challenger_predicted_to_lose_is_not_timed(
     )  # fmt: skip
     predicted = report.predicted_speedups
     assert set(predicted) == {"champion", "challenger"}
+    assert set(report.phase_s) == {"profile", "pregate", "timed"}
     if predicted["challenger"] >= predicted["champion"]:
         pytest.skip("on this tiny target the layer draft was predicted to win")
     assert "pre-gate: predicted modelled speedup" in report.untimed["challenger"]
