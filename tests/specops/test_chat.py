@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from serving.models.real import cache_root
 from serving.paths import PROJECT_ROOT
 from serving.records.schema import parse_record
 from serving.records.store import part_files
@@ -43,6 +44,9 @@ def chat(tmp_path: Path, chat_model: Path, *args: str) -> Terminal:
     (tmp_path / "home").mkdir()
     env.update(
         HOME=str(tmp_path / "home"),  # Prefect's home and the caches too
+        # ... but the lean step's C++ ops come from the machine's cache, where the test
+        # command builds them first (a compile in here would eat the terminal's timeout).
+        SPECOPS_CACHE=str(cache_root()),
         TERM="xterm-256color",
         SPECOPS_MLFLOW_URI=f"sqlite:///{tmp_path}/mlflow.db",
         SPECOPS_MLFLOW_ARTIFACTS=str(tmp_path / "artifacts"),
