@@ -339,6 +339,16 @@ def collect(
         )
     summary = steps.validate(store, dataset, window=window, threshold=threshold)
     data_version = steps.version(store) if version else None
+    # The watched champion first: a collapse is rolled back before any retrain, whose gates
+    # then compare against the restored champion.
+    watch = steps.watch_champion(store, hardware=hardware)
+    for line in watch.reasons:
+        logger.info("watch: %s", line)
+    if watch.rolled_back_to:
+        logger.warning("watch: %s collapsed; rolled back to %s", watch.champion,
+                       watch.rolled_back_to)  # fmt: skip
+    if watch.alarm:
+        logger.error("watch: ALARM: %s", watch.alarm)
     trigger = steps.retrain_trigger(
         store,
         hardware=hardware,
@@ -375,4 +385,5 @@ def collect(
         data_version=data_version,
         trigger=trigger,
         retrained=retrained,
+        watch=watch,
     )

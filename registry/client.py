@@ -83,6 +83,7 @@ class _AnyChampion(enum.Enum):
     ANY = "any"
 
 
+ROLLED_BACK = "rolled_back"  # version tag rolled_back.<hw>: held out of promotion there
 ANY_CHAMPION = _AnyChampion.ANY
 """``promote(expected_champion=ANY_CHAMPION)``: promote whatever the champion is now."""
 ExpectedChampion = str | None | Literal[_AnyChampion.ANY]
@@ -732,6 +733,13 @@ class Registry:
         and the alias move happen under the target's lock (:func:`promotion_lock_path`)."""
         with self._store(f"promote {draft.label} on {hardware!r}"), self._alias_lock(hardware):
             current = self.get(draft.family, draft.version)  # exists, with fresh tags
+            held = current.tags.get(f"{ROLLED_BACK}.{hardware}")
+            if held is not None:
+                raise RegistryError(
+                    f"{draft.label} was rolled back on {hardware!r} ({held}); examine it, then "
+                    f"clear it with `specops registry clear-rollback {draft.family} "
+                    f"{draft.version} --hardware {hardware}` before promoting it again"
+                )
             if not current.evaluated_on(hardware):
                 raise RegistryError(
                     f"{draft.label} has not been evaluated on {hardware!r}; evaluate it there "
@@ -763,11 +771,32 @@ class Registry:
             self._point(current, hardware, previous)
         return run_id
 
-    def rollback(self, hardware: str, *, reason: str = "rollback") -> DraftVersion:
-        """Give ``champion-<hw>`` back to the version the last promotion displaced."""
+    def rollback(
+        self,
+        hardware: str,
+        *,
+        reason: str = "rollback",
+        expected_champion: ExpectedChampion = ANY_CHAMPION,
+        hold: bool = False,
+    ) -> DraftVersion:
+        """Give ``champion-<hw>`` back to the version the last promotion displaced.
+
+        ``expected_champion``: the label of the champion the caller judged; when another
+        serves now (a promotion or a rollback came first), nothing moves and a
+        :class:`RegistryError` says so — two watchers racing on one collapse move the alias
+        once. ``hold`` tags the displaced version ``rolled_back.<hw>`` with the reason, so
+        that no promotion puts it back unexamined (:meth:`clear_rollback` lifts it)."""
         from mlflow.entities import ViewType
 
         with self._store(f"roll back {hardware!r}"), self._alias_lock(hardware):
+            serving = self.champion(hardware)
+            found = serving.label if serving else None
+            if expected_champion is not ANY_CHAMPION and found != expected_champion:
+                raise RegistryError(
+                    f"the champion of {hardware!r} is {_shown(found)}, not "
+                    f"{_shown(expected_champion)}: it moved since it was judged; "
+                    "nothing rolled back"
+                )
             runs = self.client.search_runs(
                 [self.promotions_id],
                 filter_string=(
@@ -790,11 +819,26 @@ class Registry:
                     f"the last promotion on {hardware!r} had no previous champion to return to"
                 )
             target = self.get(family, version)
-            current = self.champion(hardware)
+            current = serving
             self._audit("rollback", hardware, draft=target, previous=current, reason=reason)
+            if hold and current is not None:
+                self.client.set_model_version_tag(
+                    current.name, current.version, f"{ROLLED_BACK}.{hardware}", reason
+                )
             self._point(target, hardware, current)
             self.client.set_tag(last.info.run_id, "rolled_back", "true")
         return target
+
+    def clear_rollback(self, draft: DraftVersion, hardware: str) -> bool:
+        """Lift the hold a rollback put on ``draft`` on ``hardware`` (an operator examined
+        it); whether there was one."""
+        key = f"{ROLLED_BACK}.{hardware}"
+        with self._store(f"clear the rollback of {draft.label} on {hardware!r}"):
+            current = self.get(draft.family, draft.version)
+            if key not in current.tags:
+                return False
+            self.client.delete_model_version_tag(draft.name, draft.version, key)
+        return True
 
     @contextmanager
     def _run(self, **kwargs: Any) -> Iterator[Any]:

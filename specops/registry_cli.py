@@ -166,6 +166,27 @@ def rollback(
     typer.echo(f"champion-{hardware} -> {draft.label}")
 
 
+@registry_app.command("clear-rollback")
+def clear_rollback(
+    version: Annotated[str, typer.Argument(help="FAMILY/VERSION (head/3) or the full label.")],
+    hardware: Annotated[str, typer.Option(help="The hardware target it was rolled back on.")],
+) -> None:
+    """Let a version the watched champion rolled back (tasks/loop/watch.py) be promoted on
+    that target again, once someone has examined it."""
+    from serving.hardware import hardware_target
+
+    with _refusing():
+        hardware_target(hardware)
+        registry = _registry()
+        draft = registry.resolve(version)
+        cleared = registry.clear_rollback(draft, hardware)
+    typer.echo(
+        f"{draft.label} may be promoted on {hardware} again"
+        if cleared
+        else f"{draft.label} was not held on {hardware}: nothing to clear"
+    )
+
+
 @registry_app.command("describe")
 def describe(
     version: Annotated[str, typer.Argument(help="FAMILY/VERSION (head/3) or the full label.")],

@@ -32,17 +32,19 @@ from serving.policy import DraftLengthPolicy, make_policy
 from serving.records.schema import RequestRecord
 from tasks.data.prompts import Prompt
 from tasks.evaluate.interleave import interleave
-from tasks.evaluate.report import ContenderResult, EvaluationReport, Group, PromptRun
+from tasks.evaluate.report import (
+    REFERENCE,
+    TRAFFIC_PREFIX,
+    ContenderResult,
+    EvaluationReport,
+    Group,
+    PromptRun,
+    source_of,
+)
 
-REFERENCE = "plain"
 WALL_CLOCK_ROUNDS = 2  # timed rounds over the prompts (the gates' interval reads them all)
 PROFILE_TOKENS = 48  # tokens a drafting-cost profile's generation makes (tasks/evaluate/costs.py)
 log = logging.getLogger(__name__)
-
-
-TRAFFIC = "traffic"  # prompts replayed from held-out collected traffic
-BUILTIN = "builtin"  # prompts of the packaged workloads' held-out split
-TRAFFIC_PREFIX = f"{TRAFFIC}:"  # their workload in reports: traffic:<recorded workload>
 
 
 @dataclass(frozen=True)
@@ -74,10 +76,6 @@ def traffic_prompts(
         taken[workload] = taken.get(workload, 0) + 1
         picked.append(EncodedPrompt(record.id, f"{TRAFFIC_PREFIX}{workload}", list(ids)))
     return sorted(picked, key=lambda p: (p.workload, p.id))
-
-
-def source_of(workload: str) -> str:
-    return TRAFFIC if workload.startswith(TRAFFIC_PREFIX) else BUILTIN
 
 
 @dataclass(frozen=True)

@@ -35,10 +35,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from serving.errors import BadInputError
 from serving.paths import CONFIG_DIR
-from tasks.evaluate.evaluate import REFERENCE, TRAFFIC, source_of
 from tasks.evaluate.interval import wall_clock_interval
 from tasks.evaluate.priced import Pricing, priced_report
-from tasks.evaluate.report import ContenderResult, EvaluationReport
+from tasks.evaluate.report import REFERENCE, TRAFFIC, ContenderResult, EvaluationReport, source_of
 
 GATES_CONFIG = CONFIG_DIR / "gates.yaml"
 

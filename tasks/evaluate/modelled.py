@@ -19,9 +19,8 @@ measured figure (docs/gates.md reports by how much).
 from __future__ import annotations
 
 from serving.errors import BadInputError
-from tasks.evaluate.evaluate import REFERENCE
 from tasks.evaluate.priced import Pricing, priced_report
-from tasks.evaluate.report import EvaluationReport
+from tasks.evaluate.report import REFERENCE, EvaluationReport
 
 REMEDY = (
     "evaluate again (the evaluation profiles every drafter before timing it), or judge "

@@ -17,8 +17,7 @@ from typing import Any
 
 from serving.errors import BadInputError
 from serving.policy import curve_cost, normalise_curve
-from tasks.evaluate.evaluate import REFERENCE, source_of
-from tasks.evaluate.report import EvaluationReport, Group, PromptRun
+from tasks.evaluate.report import REFERENCE, EvaluationReport, Group, PromptRun, source_of
 
 
 class Pricing:

@@ -13,6 +13,16 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+REFERENCE = "plain"  # plain decoding, the contender every speedup is relative to
+TRAFFIC = "traffic"  # prompts replayed from held-out collected traffic
+BUILTIN = "builtin"  # prompts of the packaged workloads' held-out split
+TRAFFIC_PREFIX = f"{TRAFFIC}:"  # their workload in reports: traffic:<recorded workload>
+
+
+def source_of(workload: str) -> str:
+    return TRAFFIC if workload.startswith(TRAFFIC_PREFIX) else BUILTIN
+
+
 Count = Annotated[int, Field(ge=0)]
 Number = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 _STRICT = ConfigDict(extra="forbid", strict=True)

@@ -24,6 +24,7 @@ from tasks.loop.predictor_step import PredictorOutcome
 from tasks.loop.results import DraftRef, RegisteredDraft, Replayed
 from tasks.loop.steps import Decision
 from tasks.loop.triggers import ChampionTrigger
+from tasks.loop.watch import Watch
 from tasks.settings import loop_settings, promotion_limit
 from tasks.train.store_teacher import Answered
 
@@ -146,6 +147,42 @@ def retrain_trigger(
         now=now,
     )
     return ChampionTrigger(**dict(trigger), champion=None if champion is None else champion.label)
+
+
+@task(name="watch-champion", cache_policy=NO_CACHE)
+def watch_champion(store: str, *, hardware: str) -> Watch:
+    """The watched champion (:mod:`tasks.loop.watch`): judge the champion of ``hardware`` on
+    the requests it served; when it collapsed, restore the previous champion (the judged
+    one expected under the target's lock, the displaced version held out of promotion), or
+    raise the alarm when there is none to restore."""
+    from registry.client import RegistryError
+    from tasks.loop.retrain_config import load_retrain_config
+    from tasks.loop.watch import judge
+    from tasks.train.suffix_index import read_valid_records
+
+    settings = load_retrain_config().watch
+    registry = open_registry()
+    champion = registry.champion(hardware)
+    if champion is None or not settings.enabled:
+        return Watch(champion=None if champion is None else champion.label, collapsed=False,
+                     reasons=[])  # fmt: skip
+    collapsed, reasons = judge(
+        read_valid_records(Path(store), hardware=hardware), hardware=hardware,
+        champion=champion.label, champion_tags=champion.tags, settings=settings,
+    )  # fmt: skip
+    if not collapsed:
+        return Watch(champion=champion.label, collapsed=False, reasons=reasons)
+    reason = "watch: live acceptance collapsed: " + "; ".join(reasons)
+    try:
+        restored = registry.rollback(
+            hardware, reason=reason, expected_champion=champion.label, hold=True
+        )
+    except RegistryError as error:
+        alarm = f"{champion.label} collapsed and was not rolled back: {error}"
+        return Watch(champion=champion.label, collapsed=True, reasons=reasons, alarm=alarm)
+    return Watch(
+        champion=champion.label, collapsed=True, reasons=reasons, rolled_back_to=restored.label
+    )
 
 
 @task(name="train-suffix", cache_policy=NO_CACHE)

@@ -18,6 +18,7 @@ from tasks.loop.learned import Trained
 from tasks.loop.predictor_step import PredictorOutcome
 from tasks.loop.steps import Decision
 from tasks.loop.triggers import ChampionTrigger
+from tasks.loop.watch import Watch
 
 
 class _Result(BaseModel):
@@ -91,6 +92,7 @@ class Collected(_Result):
     data_version: str | None
     trigger: ChampionTrigger
     retrained: Retrained | DeploymentRun | None
+    watch: Watch | None = None  # the watched champion (tasks/loop/watch.py), judged first
 
 
 class DemoResult(_Result):

@@ -101,10 +101,61 @@ def test_a_randomly_initialised_draft_is_refused(harness, world):
     )  # fmt: skip
     assert decision.promoted is None
     (result,) = decision.gates.values()
-    assert not result.passed and "faster than the champion" in result.reason
+    # A draft as dear as the target that accepts ~nothing: the pre-gate predicts it far
+    # below the lookup champion, so it is never timed; the reason is on its version.
+    assert not result.passed and "pre-gate: predicted modelled speedup" in result.reason
     assert Registry().champion("cpu").label == f"{champion.name}/{champion.version}"
-    # The evaluation is logged per hardware target on both versions.
-    assert Registry().get("lora", challenger.version).evaluated_on("cpu")
+    refused = Registry().get("lora", challenger.version)
+    assert refused.tags["pregate.cpu"] == result.checks[0].detail
+    assert not refused.evaluated_on("cpu")  # nothing was timed to log
+    # The champion's evaluation is logged per hardware target.
+    assert Registry().get("ngram", champion.version).evaluated_on("cpu")
+
+
+def test_collect_rolls_a_collapsed_champion_back(harness, world, monkeypatch):
+    from flows.loop import collect
+
+    monkeypatch.setattr(
+        retrain_config, "load_retrain_config",
+        lambda path=None: LOAD(world / "retrain.yaml").model_copy(
+            update={"watch": retrain_config.WatchSettings(newest=4, share=0.5)}
+        ),
+    )  # fmt: skip
+    registry = Registry()
+    first = register_pld(world)
+    registry.log_evaluation(registry.get("ngram", first.version), "cpu", {"speedup": 1.0})
+    registry.promote(registry.get("ngram", first.version), "cpu", reason="test setup")
+    # Promoted next: a draft whose evaluation said it accepts 90 %, but whose weights serve
+    # untrained (as after damage): it accepts ~nothing on live traffic.
+    tiny_llama(seed=11).save_pretrained(world / "damaged-weights")
+    package = write_package(
+        world / "damaged",
+        DraftManifest(drafter="model:weights", k=4, policy="fixed", family="lora"),
+        files={"weights": world / "damaged-weights"},
+    )
+    second = steps.register.fn(str(package), "lora")
+    registry.log_evaluation(registry.get("lora", second.version), "cpu", {"acceptance_rate": 0.9})
+    registry.promote(registry.get("lora", second.version), "cpu", reason="test setup")
+    result = collect(
+        hardware="cpu", store=str(world / "store"), work=str(world / "work"),
+        replay_workload="grounded", replay_prompts=6, run_id="w1", max_new_tokens=24,
+        version=False, trigger_retrain=False,
+    )  # fmt: skip
+    watch = result.watch
+    assert watch is not None and watch.collapsed, watch
+    assert watch.champion == f"{second.name}/{second.version}"
+    assert watch.rolled_back_to == f"{first.name}/{first.version}"
+    assert Registry().champion("cpu").label == watch.rolled_back_to
+    held = Registry().get("lora", second.version)
+    assert held.tags["rolled_back.cpu"].startswith("watch: live acceptance collapsed")
+    # The retrain trigger then weighs the restored champion, not the damaged one.
+    assert result.trigger.champion == watch.rolled_back_to
+    # A second collect on the same records: the damaged version no longer serves.
+    again = collect(
+        hardware="cpu", store=str(world / "store"), work=str(world / "work"),
+        version=False, trigger_retrain=False,
+    )  # fmt: skip
+    assert again.watch is not None and not again.watch.collapsed
 
 
 def test_collect_triggers_retrain_and_a_rerun_duplicates_nothing(harness, world, monkeypatch):

@@ -82,6 +82,33 @@ def test_promote_cross_family_then_roll_back(registry, package, tmp_path):
         registry.rollback(hw)
 
 
+def test_a_watched_rollback_moves_only_the_judged_champion_and_holds_it(registry, package):
+    hw = "cpu-int8"
+    first = evaluated(registry, registry.log_draft(package("pld:1"), family="ngram"), hw)
+    registry.promote(first, hw, reason="bootstrap")
+    second = evaluated(registry, registry.log_draft(package("pld:2"), family="ngram"), hw)
+    registry.promote(second, hw, reason="faster")
+    # Another collect judged a champion that no longer serves: nothing moves.
+    with pytest.raises(RegistryError, match="moved since it was judged; nothing rolled back"):
+        registry.rollback(hw, reason="watch", expected_champion=first.label, hold=True)
+    assert registry.champion(hw).label == second.label
+    restored = registry.rollback(
+        hw, reason="watch: collapsed", expected_champion=second.label, hold=True
+    )
+    assert restored.label == first.label == registry.champion(hw).label
+    held = registry.get("ngram", second.version)
+    assert held.tags[f"rolled_back.{hw}"] == "watch: collapsed"
+    # The same collapse seen by a second collect: the alias moved already, once.
+    with pytest.raises(RegistryError, match="moved since it was judged"):
+        registry.rollback(hw, reason="watch", expected_champion=second.label, hold=True)
+    # Held out of promotion until an operator clears it.
+    with pytest.raises(RegistryError, match=r"was rolled back on 'cpu-int8' \(watch: collapsed\)"):
+        registry.promote(held, hw, reason="retrain")
+    assert registry.clear_rollback(held, hw) and not registry.clear_rollback(held, hw)
+    registry.promote(registry.get("ngram", second.version), hw, reason="examined")
+    assert registry.champion(hw).label == second.label
+
+
 def test_champions_are_per_hardware_target(registry, package):
     a = evaluated(registry, registry.log_draft(package("pld:1"), family="ngram"), "cpu")
     b = evaluated(registry, registry.log_draft(package("pld:2"), family="ngram"), "cpu-stock")

@@ -171,6 +171,22 @@ def test_rollback_gives_the_champion_back(registry, draft):
     assert audit.data.tags["hardware"] == "cpu"
 
 
+def test_a_held_version_is_promoted_only_after_clear_rollback(registry, draft):
+    first, second = draft("pld:3", family="ngram"), draft("ngram:3", family="head")
+    for version in (first, second):
+        registry.log_evaluation(version, "cpu", {"speedup": 1.2})
+        registry.promote(registry.get(version.family, version.version), "cpu", reason="setup")
+    registry.rollback("cpu", reason="watch: collapsed", expected_champion=second.label, hold=True)
+    held = f"head/{second.version}"
+    _refused(_invoke("promote", held, "--hardware", "cpu"), 1, "clear-rollback")
+    result = _invoke("clear-rollback", held, "--hardware", "cpu")
+    assert result.exit_code == 0 and "may be promoted on cpu again" in result.output
+    again = _invoke("clear-rollback", held, "--hardware", "cpu")
+    assert again.exit_code == 0 and "nothing to clear" in again.output
+    assert _invoke("promote", held, "--hardware", "cpu").exit_code == 0
+    assert registry.champion("cpu").label == second.label
+
+
 def test_rollback_without_a_promotion_is_refused(registry, draft):
     draft()
     # exit 2 (specops.exit.fail), unlike promote's refusals (exit 1): as the command does today
