@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from registry.client import DraftVersion, Registry, RegistryError, alias
+from registry.client import ROLLED_BACK, DraftVersion, Registry, RegistryError, alias
 
 RETRAIN = "retrain"
 
@@ -48,11 +48,17 @@ def last_retrain(registry: Registry, hardware: str) -> float | None:
 
 
 def newest_evaluated(registry: Registry, family: str, hardware: str) -> DraftVersion | None:
-    """``family``'s newest version evaluated on ``hardware``, or None (also when the
-    family has no registered model yet)."""
+    """``family``'s newest version evaluated on ``hardware`` and not rolled back there (a
+    retrain never continues from a version the watched champion held), or None (also when
+    the family has no registered model yet)."""
     name = registry.model_name(family)
     versions = registry.client.search_model_versions(f"name = '{name}'")
-    evaluated = [v for v in versions if (v.tags or {}).get(f"evaluated.{hardware}")]
+    evaluated = [
+        v
+        for v in versions
+        if (v.tags or {}).get(f"evaluated.{hardware}")
+        and f"{ROLLED_BACK}.{hardware}" not in (v.tags or {})
+    ]
     if not evaluated:
         return None
     newest = max(evaluated, key=lambda v: int(v.version))

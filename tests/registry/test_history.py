@@ -30,6 +30,9 @@ def test_the_newest_version_evaluated_on_a_target_is_found(registry, tmp_path):
         registry.log_evaluation(draft, "cpu", {"mean_accepted_length": 1.5})
     assert newest_evaluated(registry, "head", "cpu").version == second.version
     assert newest_evaluated(registry, "head", "cpu-stock") is None
+    # A version the watched champion rolled back is not one to continue from.
+    registry.tag_version(second, "rolled_back.cpu", "watch: collapsed")
+    assert newest_evaluated(registry, "head", "cpu").version == first.version
 
 
 def test_a_slot_is_marked_once_however_often_its_retrain_runs(registry):
