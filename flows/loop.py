@@ -114,6 +114,10 @@ def evaluate_and_promote(
     logger = get_run_logger()
     for label, result in decision.gates.items():
         logger.info("%s: %s", label, result.reason)
+    if decision.phase_s:
+        logger.info(
+            "evaluation: %s", ", ".join(f"{k} {v:.0f} s" for k, v in decision.phase_s.items())
+        )
     logger.info("champion on %s: %s", hardware, decision.promoted or f"kept {decision.champion}")
     return decision
 

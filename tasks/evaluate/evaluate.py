@@ -389,7 +389,7 @@ def _pregate(
             continue
         if speedup < baseline * (1.0 - margin):
             untimed[name] = (
-                f"pre-gate: predicted modelled speedup {speedup:.3f}, more than {margin:.0%} "
+                f"predicted modelled speedup {speedup:.3f}, more than {margin:.0%} "
                 f"below {over} {baseline:.3f}: not timed"
             )
             log.info("%s: %s", name, untimed[name])

@@ -217,6 +217,10 @@ class Decision(BaseModel):
     results: Group
     by_workload: dict[str, Group]
     by_source: dict[str, Group] = Field(default_factory=dict)
+    # The evaluation's phases in wall seconds (profile, pregate, timed) and the pre-gate's
+    # predicted modelled speedups, by contender label.
+    phase_s: dict[str, float] = Field(default_factory=dict)
+    predicted: dict[str, float | None] = Field(default_factory=dict)
 
 
 # What an evaluation records per contender (overall, and per workload with a prefix).
@@ -378,4 +382,8 @@ def decide(
         results=report.results,
         by_workload=report.by_workload,
         by_source=report.by_source,
+        phase_s=dict(report.phase_s),
+        predicted={
+            by_name[n].label: v for n, v in report.predicted_speedups.items() if n in by_name
+        },
     )

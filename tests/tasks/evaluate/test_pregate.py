@@ -105,6 +105,6 @@ def test_a_challenger_predicted_to_lose_is_not_timed(
     assert set(report.phase_s) == {"profile", "pregate", "timed"}
     if predicted["challenger"] >= predicted["champion"]:
         pytest.skip("on this tiny target the layer draft was predicted to win")
-    assert "pre-gate: predicted modelled speedup" in report.untimed["challenger"]
+    assert report.untimed["challenger"].startswith("predicted modelled speedup")
     assert set(report.results) == {"plain", "champion"}  # the loser was never timed
     assert "challenger" not in (report.per_prompt or {})

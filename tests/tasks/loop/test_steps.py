@@ -108,7 +108,7 @@ def test_a_challenger_the_pre_gate_refused_is_tagged_and_never_timed(
     assert [c.name for c in gate.checks] == ["pre-gate"]
     assert decision.promoted is None and "challenger-0" not in decision.results
     tag = registry.get("layers", layer.version).tags["pregate.cpu"]
-    assert tag.startswith("pre-gate: predicted modelled speedup")
+    assert tag.startswith("predicted modelled speedup")
     assert not registry.get("layers", layer.version).evaluated_on("cpu")  # nothing timed
 
 
