@@ -48,15 +48,18 @@ def last_retrain(registry: Registry, hardware: str) -> float | None:
 
 
 def newest_evaluated(registry: Registry, family: str, hardware: str) -> DraftVersion | None:
-    """``family``'s newest version evaluated on ``hardware`` and not rolled back there (a
-    retrain never continues from a version the watched champion held), or None (also when
-    the family has no registered model yet)."""
+    """``family``'s newest version judged on ``hardware`` — evaluated there, or refused by
+    the pre-gate there (``pregate.<hw>``: judged by prediction, never timed) — and not
+    rolled back there (a retrain never continues from a version the watched champion
+    held), or None (also when the family has no registered model yet)."""
     name = registry.model_name(family)
     versions = registry.client.search_model_versions(f"name = '{name}'")
     evaluated = [
         v
         for v in versions
-        if (v.tags or {}).get(f"evaluated.{hardware}")
+        if (
+            (v.tags or {}).get(f"evaluated.{hardware}") or (v.tags or {}).get(f"pregate.{hardware}")
+        )
         and f"{ROLLED_BACK}.{hardware}" not in (v.tags or {})
     ]
     if not evaluated:

@@ -33,6 +33,10 @@ def test_the_newest_version_evaluated_on_a_target_is_found(registry, tmp_path):
     # A version the watched champion rolled back is not one to continue from.
     registry.tag_version(second, "rolled_back.cpu", "watch: collapsed")
     assert newest_evaluated(registry, "head", "cpu").version == first.version
+    # One the pre-gate judged (and left untimed) is.
+    third = registry.log_draft(package, family="head")
+    registry.tag_version(third, "pregate.cpu", "predicted modelled speedup 0.9, ...")
+    assert newest_evaluated(registry, "head", "cpu").version == third.version
 
 
 def test_a_slot_is_marked_once_however_often_its_retrain_runs(registry):
