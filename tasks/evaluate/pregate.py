@@ -2,16 +2,17 @@
 challenger that cannot win is not timed.
 
 Under greedy decoding the target's output on a prompt does not depend on the draft. So
-plain decoding runs once per prompt (untimed), and each contender then decodes the same
-prompts against :class:`RecordedTarget` — the target as recorded: every pass returns, at
-each of its positions, logits whose argmax is the recorded next token (and, for drafters
-that read the target's features, the hidden states of one teacher-forced pass over the
-recorded sequence). The engine, the drafter and its policy (its drafting cost profiled
-first, :mod:`tasks.evaluate.costs`) run exactly as they would; only the target's
-arithmetic is skipped. An n-gram or suffix contender's steps are then exactly those of a
-real run; a head's or a model draft's are its own drafts on the recorded context (a head
-reads features from one full pass where a real run reads them pass by pass, which can
-round differently). Its steps, priced as the gates price them
+plain decoding runs once per prompt (the evaluation times that run and, with a champion
+timed beside the challengers, does not time plain decoding again), and each contender then
+decodes the same prompts against :class:`RecordedTarget` — the target as recorded: every
+pass returns, at each of its positions, logits whose argmax is the recorded next token
+(and, for drafters that read the target's features, the hidden states of one
+teacher-forced pass over the recorded sequence). The engine, the drafter and its policy
+(its drafting cost profiled first, :mod:`tasks.evaluate.costs`) run exactly as they would;
+only the target's arithmetic is skipped. An n-gram or suffix contender's steps are then
+exactly those of a real run; a head's or a model draft's are its own drafts on the
+recorded context (a head reads features from one full pass where a real run reads them
+pass by pass, which can round differently). Its steps, priced as the gates price them
 (:mod:`tasks.evaluate.modelled`), give a predicted speedup; the loop leaves untimed a
 challenger predicted below the champion's by more than ``pregate_margin``
 (``configs/gates.yaml``), with the reason.
@@ -117,21 +118,20 @@ class Prediction:
 
 def predict(
     decoders: Mapping[str, SpeculativeDecoder],
-    plain: SpeculativeDecoder,
     encoded: Sequence[list[int]],
+    outputs: Sequence[Sequence[int]],
     *,
     target,
     curve: Sequence[float],
     draft_costs: Mapping[str, float],
-    max_new_tokens: int,
 ) -> dict[str, Prediction]:
-    """Each contender's :class:`Prediction`: ``plain`` decodes ``encoded`` once (the
-    recording), every decoder of ``decoders`` then decodes it against the recorded target
-    with its own drafter and policy, priced with ``curve`` and ``draft_costs``."""
-    recordings = [
-        list(ids) + plain.generate(list(ids), max_new_tokens=max_new_tokens).token_ids
-        for ids in encoded
-    ]
+    """Each contender's :class:`Prediction`: every decoder of ``decoders`` decodes each
+    prompt of ``encoded`` against the target as recorded — the prompt and plain decoding's
+    greedy ``outputs`` for it (the recording) — with its own drafter and policy, for as many
+    tokens as plain decoding made, priced with ``curve`` and ``draft_costs``."""
+    if len(encoded) != len(outputs):
+        raise SpecOpsError(f"{len(encoded)} prompts but {len(outputs)} recorded outputs")
+    recordings = [list(ids) + list(out) for ids, out in zip(encoded, outputs, strict=True)]
     recorded = RecordedTarget(target)
     pricing = Pricing(curve, 0.0, draft_costs)
     hidden_cache: dict[int, torch.Tensor] = {}
@@ -151,7 +151,8 @@ def predict(
                     hidden_cache[index] = _final_hidden(target, sequence)
                 hidden = hidden_cache[index]
             recorded.use(sequence, hidden)
-            result = replay.generate(list(ids), max_new_tokens=max_new_tokens)
+            made = len(sequence) - len(ids)  # plain decoding's: EOS or its token budget
+            result = replay.generate(list(ids), max_new_tokens=max(made, 1))
             reproduced += result.token_ids == sequence[len(ids) :]
             blocks: dict[int, int] = {}
             for step in result.steps:

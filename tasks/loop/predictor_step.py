@@ -29,8 +29,9 @@ from registry.predictor import (
 )
 from serving.errors import BadInputError
 from tasks.data.prompts import Prompt
+from tasks.evaluate import gates as gate_config
 from tasks.evaluate.evaluate import Contender, EncodedPrompt, evaluate_report
-from tasks.evaluate.gates import GateResult, gate, judged_report
+from tasks.evaluate.gates import Check, GateResult, gate, judged_report
 from tasks.loop import steps as loop_steps
 from tasks.train.predictor import train_predictor
 
@@ -101,6 +102,7 @@ def retrain_predictor(
             Contender("challenger", package, predictor=trained.folder),
         ]
         model, tokenizer = loop_steps.target_for(hardware)
+        config = gate_config.load_gates()
         report = evaluate_report(
             contenders,
             prompts,
@@ -108,13 +110,22 @@ def retrain_predictor(
             tokenizer=tokenizer,
             hardware=hardware,
             max_new_tokens=max_new_tokens,
+            pregate_margin=config.pregate_margin,  # the same draft under another k: exact
             progress=progress,
         )
     except BadInputError as error:  # the predictor never saw the champion's kind of draft
         outcome.skipped = f"not judged: {error}"
         return outcome
-    judged = judged_report(report)
-    result = gate(judged, challenger="challenger", champion="champion", check_acceptance=False)
+    if "challenger" in report.untimed:
+        reason = report.untimed["challenger"]
+        check = Check(name="pre-gate", passed=False, detail=reason)
+        outcome.gate = GateResult.of([check], config.decided_by)
+        return outcome
+    judged = judged_report(report, config)
+    result = gate(
+        judged, challenger="challenger", champion="champion", check_acceptance=False,
+        config=config,
+    )  # fmt: skip
     outcome.gate = result
     if result.passed and promote:
         promote_predictor(

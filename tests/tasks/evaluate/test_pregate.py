@@ -57,10 +57,10 @@ def test_a_head_reads_the_recorded_features():
         "head": SpeculativeDecoder(target, drafter=HeadDrafter(head, target), policy=FixedK(2))
     }
     plain = SpeculativeDecoder(target)
+    outputs = [plain.generate(p, max_new_tokens=16).token_ids for p in PROMPTS]
     predictions = predict(
-        decoders, plain, PROMPTS, target=target, curve=CURVE, draft_costs={"head": 0.1},
-        max_new_tokens=16,
-    )  # fmt: skip
+        decoders, PROMPTS, outputs, target=target, curve=CURVE, draft_costs={"head": 0.1}
+    )
     head_prediction = predictions["head"]
     assert head_prediction.reproduced == len(PROMPTS)  # emitted tokens are the recorded ones
     assert head_prediction.checks > 0 and head_prediction.speedup is not None
@@ -76,11 +76,14 @@ def test_past_the_recording_is_an_error(target):
 
 def test_predicted_speedups_price_the_replayed_steps(target):
     plain = SpeculativeDecoder(target)
+    outputs = [plain.generate(p, max_new_tokens=24).token_ids for p in PROMPTS]
     lookup = SpeculativeDecoder(target, drafter=PromptLookupDrafter(), policy=FixedK(4))
     predictions = predict(
-        {"lookup": lookup, "none": SpeculativeDecoder(target)}, plain, PROMPTS, target=target,
-        curve=CURVE, draft_costs={"lookup": 0.0}, max_new_tokens=24,
+        {"lookup": lookup, "none": SpeculativeDecoder(target)}, PROMPTS, outputs, target=target,
+        curve=CURVE, draft_costs={"lookup": 0.0},
     )  # fmt: skip
+    with pytest.raises(SpecOpsError, match="3 prompts but 2 recorded outputs"):
+        predict({}, PROMPTS, outputs[:2], target=target, curve=CURVE, draft_costs={})
     assert predictions["none"].speedup == pytest.approx(1.0)  # a pass a token, as plain
     lookup_prediction = predictions["lookup"]
     assert lookup_prediction.reproduced == len(PROMPTS)
@@ -98,7 +101,7 @@ def test_a_challenger_predicted_to_lose_is_not_timed(
     report = evaluate_report(
         [Contender("champion", champion), Contender("challenger", loser)], prompts,
         target=target, tokenizer=char_tokenizer, hardware="cpu", max_new_tokens=16,
-        rounds=1, pregate_margin=0.0, progress=False,
+        rounds=2, pregate_margin=0.0, progress=False,
     )  # fmt: skip
     predicted = report.predicted_speedups
     assert set(predicted) == {"champion", "challenger"}
@@ -107,4 +110,7 @@ def test_a_challenger_predicted_to_lose_is_not_timed(
         pytest.skip("on this tiny target the layer draft was predicted to win")
     assert report.untimed["challenger"].startswith("predicted modelled speedup")
     assert set(report.results) == {"plain", "champion"}  # the loser was never timed
+    # Plain decoding was timed once, in the recording, not again in the rounds.
+    assert all(len(run.round_seconds) == 1 for run in (report.per_prompt or {})["plain"])
+    assert all(len(run.round_seconds) == 2 for run in (report.per_prompt or {})["champion"])
     assert "challenger" not in (report.per_prompt or {})
