@@ -143,8 +143,8 @@ def test_collect_rolls_a_collapsed_champion_back(harness, world, monkeypatch):
     )  # fmt: skip
     watch = result.watch
     assert watch is not None and watch.collapsed, watch
-    assert watch.champion == f"{second.name}/{second.version}"
-    assert watch.rolled_back_to == f"{first.name}/{first.version}"
+    assert watch.champion == second.label
+    assert watch.rolled_back_to == first.label
     assert Registry().champion("cpu").label == watch.rolled_back_to
     held = Registry().get("lora", second.version)
     assert held.tags["rolled_back.cpu"].startswith("watch: live acceptance collapsed")
