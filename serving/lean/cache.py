@@ -17,7 +17,25 @@ from serving.errors import SpecOpsError
 INITIAL_CAPACITY = 512
 
 
-class LeanCache:
+class Length:
+    """A cache's length and the two methods the engine calls on a transformers cache
+    (``get_seq_length``, ``crop``): every cache of a lean step is one."""
+
+    length: int
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.length
+
+    def crop(self, max_length: int) -> None:
+        """transformers' rule: a negative count drops that many trailing tokens; a
+        non-negative one keeps at most that many."""
+        new = self.length + max_length if max_length < 0 else min(max_length, self.length)
+        if new < 0:
+            raise SpecOpsError(f"cannot crop {-max_length} tokens from a cache of {self.length}")
+        self.length = new
+
+
+class LeanCache(Length):
     def __init__(
         self,
         layers: int,
@@ -37,17 +55,6 @@ class LeanCache:
     @property
     def capacity(self) -> int:
         return int(self.keys.shape[2])
-
-    def get_seq_length(self, layer_idx: int = 0) -> int:
-        return self.length
-
-    def crop(self, max_length: int) -> None:
-        """transformers' rule: a negative count drops that many trailing tokens; a
-        non-negative one keeps at most that many."""
-        new = self.length + max_length if max_length < 0 else min(max_length, self.length)
-        if new < 0:
-            raise SpecOpsError(f"cannot crop {-max_length} tokens from a cache of {self.length}")
-        self.length = new
 
     def reserve(self, rows: int) -> None:
         """Room for ``rows`` more tokens, or a :class:`SpecOpsError` naming the limit."""

@@ -39,6 +39,7 @@ import torch
 from torch.nn import functional as F
 
 from serving.errors import BadInputError, SpecOpsError
+from serving.lean.cache import Length
 from serving.lean.step import LeanOutput
 
 log = logging.getLogger(__name__)
@@ -78,29 +79,20 @@ def unsupported_reason(model: Any) -> str | None:
     return None
 
 
-class GraphedCache:
+class GraphedCache(Length):
     """One request's place in a :class:`GraphedStep`: its length, and its keys and values
-    while another request is resident. The methods the engine calls on a transformers
-    cache are here (``get_seq_length``, ``crop``), as on :class:`~serving.lean.cache.LeanCache`."""
+    while another request is resident."""
 
     def __init__(self, step: GraphedStep) -> None:
         self.step = step
         self.length = 0
         self.spilled: tuple[torch.Tensor, torch.Tensor] | None = None
 
-    def get_seq_length(self, layer_idx: int = 0) -> int:
-        return self.length
-
     def crop(self, max_length: int) -> None:
-        """transformers' rule: a negative count drops that many trailing tokens; a
-        non-negative one keeps at most that many."""
-        new = self.length + max_length if max_length < 0 else min(max_length, self.length)
-        if new < 0:
-            raise SpecOpsError(f"cannot crop {-max_length} tokens from a cache of {self.length}")
-        self.length = new
+        super().crop(max_length)
         if self.spilled is not None:
             keys, values = self.spilled
-            self.spilled = (keys[:, :, :new], values[:, :, :new])
+            self.spilled = (keys[:, :, : self.length], values[:, :, : self.length])
 
 
 class _Graph:

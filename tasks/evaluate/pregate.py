@@ -29,22 +29,17 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from serving.engine import SpeculativeDecoder
 from serving.errors import SpecOpsError
+from serving.lean.cache import Length
 from tasks.evaluate.priced import Pricing
 
 log = logging.getLogger(__name__)
 
 
-class _Length:
+class _Length(Length):
     """A cache that is only a length (the recorded target keeps nothing else)."""
 
     def __init__(self) -> None:
         self.length = 0
-
-    def get_seq_length(self, layer_idx: int = 0) -> int:
-        return self.length
-
-    def crop(self, max_length: int) -> None:
-        self.length = self.length + max_length if max_length < 0 else min(max_length, self.length)
 
 
 class _Caches:
