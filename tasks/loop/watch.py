@@ -8,8 +8,9 @@ retrain trigger (:mod:`tasks.loop.triggers`) would only retrain it — after its
 Here, per workload, over the newest ``newest`` requests the champion itself served, its
 pooled acceptance is compared with what it accepted when evaluated on that workload (its
 held-out traffic slice first: :func:`tasks.loop.triggers.champion_acceptance`); below
-``share`` of it (or drafting nothing at all over those requests), the champion collapsed.
-A group with fewer requests, or a champion never evaluated, is not judged. Settings:
+``share`` of it, the champion collapsed. A group with fewer requests, one where it drafted
+nothing at all (a lookup that found nothing to look up: a broken draft still proposes, and
+a cost-aware policy still probes), or a champion never evaluated, is not judged. Settings:
 ``configs/retrain.yaml``'s ``watch``.
 
 What follows a collapse is the registry's: :meth:`registry.client.Registry.rollback` with
@@ -74,14 +75,19 @@ def judge(
         newest = rows[-settings.newest :]
         drafted = sum(r.draft_tokens for r in newest)
         accepted = sum(r.accepted_tokens for r in newest)
-        live = accepted / drafted if drafted else 0.0
+        if not drafted:  # a lookup that found nothing to look up: no evidence either way
+            reasons.append(
+                f"{workload}@{hardware}: {champion} drafted nothing over its newest "
+                f"{len(newest)} requests: not judged"
+            )
+            continue
+        live = accepted / drafted
         floor = settings.share * expected[0]
         low = live < floor
         collapsed |= low
-        seen = "drafted nothing" if not drafted else f"accepted {live:.3f}"
         reasons.append(
-            f"{workload}@{hardware}: {champion} {seen} over its newest {len(newest)} requests, "
-            f"{'<' if low else '>='} {floor:.3f} ({settings.share:g} x {expected[0]:.3f} "
-            f"accepted on {expected[1]})"
+            f"{workload}@{hardware}: {champion} accepted {live:.3f} over its newest "
+            f"{len(newest)} requests, {'<' if low else '>='} {floor:.3f} "
+            f"({settings.share:g} x {expected[0]:.3f} accepted on {expected[1]})"
         )
     return collapsed, reasons
