@@ -77,6 +77,8 @@ class GateConfig(BaseModel):
     # The wall clock's bootstrap interval (of the challenger's per-prompt speed ratio) at
     # this confidence may not lie wholly below 1.0; 0 turns the check off.
     wall_clock_confidence: float = Field(0.95, ge=0.0, lt=1.0)
+    # Timed rounds over the prompts (the interval reads every one); at least two for it.
+    wall_clock_rounds: int = Field(2, ge=1, le=20)
     # The pre-gate (tasks/evaluate/pregate.py): a challenger whose predicted modelled
     # speedup is more than this far below the champion's is not timed; None: time every one.
     pregate_margin: float | None = Field(0.10, ge=0.0, lt=1.0)

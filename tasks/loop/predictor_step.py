@@ -110,6 +110,7 @@ def retrain_predictor(
             tokenizer=tokenizer,
             hardware=hardware,
             max_new_tokens=max_new_tokens,
+            rounds=config.wall_clock_rounds,
             pregate_margin=config.pregate_margin,  # the same draft under another k: exact
             progress=progress,
         )

@@ -279,6 +279,7 @@ def evaluate_and_decide(
         name = f"challenger-{index}"
         contenders.append(Contender(name, registry.download(draft, cache)))
         by_name[name] = draft
+    gates_now = gate_config.load_gates()
     report = evaluate_report(
         contenders,
         prompts,
@@ -286,7 +287,8 @@ def evaluate_and_decide(
         tokenizer=tokenizer,
         hardware=hardware,
         max_new_tokens=max_new_tokens,
-        pregate_margin=gate_config.load_gates().pregate_margin,
+        rounds=gates_now.wall_clock_rounds,
+        pregate_margin=gates_now.pregate_margin,
         progress=progress,
     )
     return decide(

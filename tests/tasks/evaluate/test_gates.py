@@ -95,10 +95,15 @@ def test_a_missing_challenger_and_a_bad_config_are_errors(tmp_path):
     bad.write_text("min_speedup_gain: -1\n")
     with pytest.raises(BadInputError, match="min_speedup_gain"):
         load_gates(bad)
+    bad.write_text("wall_clock_rounds: 0\n")
+    with pytest.raises(BadInputError, match="wall_clock_rounds"):
+        load_gates(bad)
 
 
 def test_the_shipped_config_loads():
-    assert load_gates().min_prompts >= 1
+    shipped = load_gates()
+    assert shipped.min_prompts >= 1
+    assert shipped.wall_clock_rounds >= 2  # the interval needs more than one round
 
 
 def with_sources(overall_new, overall_old, traffic_new, traffic_old, builtin_new, builtin_old):

@@ -8,7 +8,8 @@ drafting is free, as for a memory-bound target and a lookup drafter. Under it a 
 draft can only save passes (every check costs one pass and emits at least one token), so
 with no gain required the gates must pass it: the verdict is a fact, the same on every
 machine. The wall clock's interval check is off for the same reason: it reads the
-clock (tests/tasks/evaluate/test_interval.py tests it); and so is the pre-gate, which
+clock (tests/tasks/evaluate/test_interval.py tests it), so one timed round does; and so
+is the pre-gate, which
 predicts with the contenders' own profiled costs, not this profile
 (tests/tasks/evaluate/test_pregate.py).
 """
@@ -28,6 +29,7 @@ min_speedup_gain: 0.0
 max_mean_accepted_length_drop: 0.05
 max_workload_slowdown: 0.10
 wall_clock_confidence: 0
+wall_clock_rounds: 1
 pregate_margin: null
 speed_profile:
   verify_curve: [{", ".join(["1.0"] * 17)}]
