@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -196,6 +196,7 @@ def evaluate_report(
     rounds: int = WALL_CLOCK_ROUNDS,
     pregate_margin: float | None = None,
     champion: str = "champion",
+    stop_confidence: float = 0.0,
     progress: bool = True,
 ) -> EvaluationReport:
     """Run the interleaved evaluation (see the module docstring): every contender's
@@ -205,7 +206,13 @@ def evaluate_report(
     With a ``pregate_margin``, every contender's modelled speedup is predicted first
     (:mod:`tasks.evaluate.pregate`), and a contender other than ``champion`` predicted
     below the champion's (plain decoding's, without one) by more than the margin is not
-    timed: the report names it in ``untimed`` with the reason."""
+    timed: the report names it in ``untimed`` with the reason.
+
+    With a ``stop_confidence`` (and more than one round), a challenger whose wall-clock
+    interval at that confidence after the first round (its per-prompt speed over the
+    champion's, over plain decoding's without one) lies wholly below 1.0 runs no more
+    rounds: the gates' clock check could no longer pass it. The report names it in
+    ``stopped_early`` with the interval."""
     from tqdm.auto import tqdm
 
     if not prompts:
@@ -264,19 +271,33 @@ def evaluate_report(
         )
         for name, decoder in decoders.items()
     }
-    timed_rounds = interleave(
-        calls,
-        rounds * count,
-        # warm-up: first-call costs (kernels, allocations) stay out of timings
-        warm_up=lambda name: decoders[name].generate(
-            encoded[0], max_new_tokens=min(8, max_new_tokens)
-        ),
-        on_end=lambda *_: bar.update(),
-    )
     timings: list[dict[str, list]] = [{name: [] for name in decoders} for _ in prompts]
-    for index, timed in enumerate(timed_rounds):
-        for name, run in timed.items():
-            timings[index % count][name].append(run)
+
+    def time_rounds(names: Sequence[str], first: int, total: int) -> None:
+        timed_rounds = interleave(
+            {name: calls[name] for name in names},
+            total,
+            # warm-up: first-call costs (kernels, allocations) stay out of timings
+            warm_up=None
+            if first
+            else lambda name: decoders[name].generate(
+                encoded[0], max_new_tokens=min(8, max_new_tokens)
+            ),
+            on_end=lambda *_: bar.update(),
+            first_round=first,
+        )
+        for index, timed in enumerate(timed_rounds, start=first):
+            for name, run in timed.items():
+                timings[index % count][name].append(run)
+
+    stopped: dict[str, str] = {}
+    if stop_confidence and rounds > 1:
+        time_rounds(list(decoders), 0, count)  # the first round over every prompt
+        stopped = _stop_early(timings, champion, stop_confidence)
+        bar.total -= len(stopped) * (rounds - 1) * count
+        time_rounds([n for n in decoders if n not in stopped], count, (rounds - 1) * count)
+    else:
+        time_rounds(list(decoders), 0, rounds * count)
     for index, (prompt, by_name) in enumerate(zip(prompts, timings, strict=True)):
         if plain_once:
             by_name = {REFERENCE: [recording[index]], **by_name}
@@ -323,6 +344,7 @@ def evaluate_report(
         draft_costs=costs,
         predicted_speedups=predicted,
         untimed=untimed,
+        stopped_early=stopped,
         phase_s=phase_s,
         contenders={c.name: str(c.package) for c in contenders if c.name not in untimed},
         results={name: _summary(name_rows, reference_tps) for name, name_rows in rows.items()},
@@ -330,6 +352,35 @@ def evaluate_report(
         by_source=grouped(source_of),
         per_prompt={name: [row.run() for row in name_rows] for name, name_rows in rows.items()},
     )
+
+
+def _stop_early(
+    timings: Sequence[Mapping[str, Sequence[Timed]]], champion: str, confidence: float
+) -> dict[str, str]:
+    """The challengers whose first round already puts their wall-clock interval wholly
+    below the champion's speed (plain decoding's without one), with the reason."""
+    from tasks.evaluate.interval import log_ratio_interval, speed_log_ratios
+
+    names = list(timings[0])
+    baseline = champion if champion in names else REFERENCE
+    if baseline not in names:
+        return {}
+
+    def pairs(name: str) -> list[tuple[int, float]]:
+        return [(by[name][0].value.stats.generated_tokens, by[name][0].seconds) for by in timings]
+
+    stopped: dict[str, str] = {}
+    for name in names:
+        if name in (baseline, REFERENCE, champion):
+            continue
+        logs = speed_log_ratios(pairs(name), pairs(baseline))
+        if not logs:
+            continue
+        interval = log_ratio_interval(logs, confidence)
+        if interval.high < 1.0:
+            stopped[name] = interval.describe(name, baseline) + " after one round: stopped"
+            log.info("%s: %s", name, stopped[name])
+    return stopped
 
 
 def _profile_costs(
@@ -427,6 +478,7 @@ def evaluate(
     hardware: str,
     max_new_tokens: int = 64,
     rounds: int = WALL_CLOCK_ROUNDS,
+    stop_confidence: float = 0.0,
     progress: bool = True,
 ) -> dict[str, Any]:
     """:func:`evaluate_report` as the JSON that commands and studies write."""
@@ -438,6 +490,7 @@ def evaluate(
         hardware=hardware,
         max_new_tokens=max_new_tokens,
         rounds=rounds,
+        stop_confidence=stop_confidence,
         progress=progress,
     )
     return report.model_dump(mode="json")

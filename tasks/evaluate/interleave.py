@@ -57,9 +57,11 @@ def interleave(
     warm_up: Callable[[str], object] | None = None,
     on_start: Callable[[str, int], None] | None = None,
     on_end: Callable[[str, int], None] | None = None,
+    first_round: int = 0,
 ) -> Iterator[dict[str, Timed[T]]]:
     """Run ``calls[name](round_index)`` for every name in each of ``rounds`` rounds, in
     :func:`round_order`; yield each round's results keyed by name, in the order they ran.
+    Round indices start at ``first_round`` (a run that goes on where another stopped).
 
     ``warm_up(name)`` runs once per name, in the given order, before the first round.
     ``on_start(name, round_index)`` and ``on_end(name, round_index)`` are called around each
@@ -71,12 +73,15 @@ def interleave(
         raise ValueError(f"unknown order {order!r}; choose one of {ORDERS}")
     if not calls:
         raise ValueError("nothing to interleave: give at least one method")
-    return _rounds(dict(calls), rounds, order, warm_up, on_start, on_end)
+    if isinstance(first_round, bool) or not isinstance(first_round, int) or first_round < 0:
+        raise ValueError(f"first_round must be an integer >= 0, got {first_round!r}")
+    indices = range(first_round, first_round + rounds)
+    return _rounds(dict(calls), indices, order, warm_up, on_start, on_end)
 
 
 def _rounds(
     calls: dict[str, Callable[[int], T]],
-    rounds: int,
+    indices: range,
     order: Order,
     warm_up: Callable[[str], object] | None,
     on_start: Callable[[str, int], None] | None,
@@ -87,7 +92,7 @@ def _rounds(
     if warm_up is not None:
         for name in names:
             warm_up(name)
-    for round_index in range(rounds):
+    for round_index in indices:
         results: dict[str, Timed[T]] = {}
         for name in round_order(names, round_index, order):
             if on_start is not None:

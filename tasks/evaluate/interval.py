@@ -11,7 +11,7 @@ may be unsure, but it must not say the challenger is slower.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -69,6 +69,24 @@ def wall_clock_interval(
     ]
     if not logs:
         raise BadInputError(f"no prompt timed both {contender!r} and {baseline!r}")
+    return log_ratio_interval(logs, confidence)
+
+
+def speed_log_ratios(
+    mine: Sequence[tuple[int, float]], theirs: Sequence[tuple[int, float]]
+) -> list[float]:
+    """Per-prompt log speed ratios from (tokens, seconds) pairs, prompt by prompt; a
+    prompt where either produced nothing or took no time is left out."""
+    return [
+        math.log((a / s) / (b / t))
+        for (a, s), (b, t) in zip(mine, theirs, strict=True)
+        if a > 0 and s > 0 and b > 0 and t > 0
+    ]
+
+
+def log_ratio_interval(logs: Sequence[float], confidence: float) -> RatioInterval:
+    """The percentile bootstrap interval of the geometric mean of per-prompt ratios, given
+    their logs (at least one)."""
     centre = math.exp(float(np.mean(logs)))
     if len(logs) < 2 or max(logs) == min(logs):
         return RatioInterval(centre, centre, centre, len(logs), confidence)

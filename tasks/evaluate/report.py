@@ -98,5 +98,8 @@ class EvaluationReport(BaseModel):
     # and the challengers left untimed with the reason (absent from the results).
     predicted_speedups: dict[str, Number | None] = Field(default_factory=dict)
     untimed: dict[str, str] = Field(default_factory=dict)
+    # Challengers whose timing stopped after the first round (their wall-clock interval
+    # already excluded passing), with the reason; their rows hold that one round.
+    stopped_early: dict[str, str] = Field(default_factory=dict)
     # Wall seconds of the evaluation's phases: profile (drafting costs), pregate, timed.
     phase_s: dict[str, Number] = Field(default_factory=dict)

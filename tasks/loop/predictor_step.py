@@ -111,6 +111,7 @@ def retrain_predictor(
             hardware=hardware,
             max_new_tokens=max_new_tokens,
             rounds=config.wall_clock_rounds,
+            stop_confidence=config.wall_clock_confidence,
             pregate_margin=config.pregate_margin,  # the same draft under another k: exact
             progress=progress,
         )

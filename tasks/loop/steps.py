@@ -288,6 +288,7 @@ def evaluate_and_decide(
         hardware=hardware,
         max_new_tokens=max_new_tokens,
         rounds=gates_now.wall_clock_rounds,
+        stop_confidence=gates_now.wall_clock_confidence,
         pregate_margin=gates_now.pregate_margin,
         progress=progress,
     )

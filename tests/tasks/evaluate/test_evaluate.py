@@ -1,3 +1,5 @@
+import time
+
 import pytest
 
 import tasks.evaluate.evaluate as evaluate_module
@@ -46,7 +48,7 @@ def test_every_contender_is_lossless_and_measured(target, char_tokenizer, make_p
     assert list(report) == [
         "hardware", "prompts", "max_new_tokens", "contenders", "results", "by_workload",
         "by_source", "per_prompt", "rounds", "verify_curve", "draft_costs",
-        "predicted_speedups", "untimed", "phase_s",
+        "predicted_speedups", "untimed", "stopped_early", "phase_s",
     ]  # fmt: skip
     assert set(report["phase_s"]) == {"profile", "timed"}  # no pre-gate asked for
     # Two timed rounds by default, each prompt's seconds their mean; the drafting cost of
@@ -87,6 +89,38 @@ def test_an_output_that_differs_from_plain_decoding_is_caught(
     assert report["results"]["champion"]["lossless"]
     assert not report["results"]["challenger"]["lossless"]
     assert report["results"]["challenger"]["mismatched_prompts"]
+
+
+def test_a_challenger_the_first_round_shows_slower_is_timed_no_more(
+    monkeypatch, target, char_tokenizer, make_prompts, contenders
+):
+    """With a stopping confidence, a challenger whose first round puts its wall-clock
+    interval wholly below the champion's runs no second round; the champion does."""
+    build = evaluate_module._decoders
+
+    def with_a_slow_challenger(*args):
+        runs = build(*args)
+        decoder = runs[-1].decoder
+        generate = decoder.generate
+
+        def slow(*a, **k):
+            time.sleep(0.5)  # far slower than the tiny target decodes 12 tokens
+            return generate(*a, **k)
+
+        monkeypatch.setattr(decoder, "generate", slow)
+        return runs
+
+    monkeypatch.setattr(evaluate_module, "_decoders", with_a_slow_challenger)
+    prompts = make_prompts()
+    report = evaluate(
+        contenders, prompts, target=target, tokenizer=char_tokenizer, hardware="cpu",
+        max_new_tokens=12, rounds=3, stop_confidence=0.95, progress=False,
+    )  # fmt: skip
+    assert list(report["stopped_early"]) == ["challenger"]
+    assert "after one round" in report["stopped_early"]["challenger"]
+    assert all(len(run["round_seconds"]) == 1 for run in report["per_prompt"]["challenger"])
+    assert all(len(run["round_seconds"]) == 3 for run in report["per_prompt"]["champion"])
+    assert report["results"]["challenger"]["lossless"]
 
 
 def test_bad_evaluations_fail_clearly(target, char_tokenizer, make_prompts, contenders):
