@@ -6,13 +6,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from registry.acceptance import evaluated_acceptance
 from registry.client import Registry, RegistryError
+from serving.records.schema import LIVE_WORKLOAD
 
 
 @dataclass(frozen=True)
 class ServingChampion:
     label: str  # <registered model>/<version>
     package: Path  # the local copy of its draft package
+    # What it accepted when evaluated on this target, on live traffic where it was judged on
+    # some (registry.acceptance): the yardstick of the server's acceptance alert.
+    evaluated_acceptance: float | None = None
 
 
 class ChampionLookup:
@@ -28,7 +33,12 @@ class ChampionLookup:
         draft = self.registry.champion(self.hardware)
         if draft is None:
             return None
-        return ServingChampion(draft.label, self.registry.download(draft, self.cache))
+        evaluated = evaluated_acceptance(draft.tags, self.hardware, LIVE_WORKLOAD)
+        return ServingChampion(
+            draft.label,
+            self.registry.download(draft, self.cache),
+            evaluated_acceptance=evaluated[0] if evaluated else None,
+        )
 
     def current(self) -> ServingChampion:
         """The champion, downloaded; :class:`RegistryError` while the target has none."""

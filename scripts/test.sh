@@ -21,6 +21,9 @@ source scripts/env.sh
 mkdir -p .reports
 # The lean step's C++ ops, compiled once here rather than inside whichever test first loads them.
 .venv/bin/python -m serving.lean.build
+# promtool for the alerting rules (configs/monitoring/): required, not skipped, here.
+bash scripts/install_promtool.sh
+export SPECOPS_REQUIRE_PROMTOOL=1
 # One pytest-xdist worker per core, at most four (SPECOPS_TEST_WORKERS overrides; 0 runs in
 # one process), a test file to a worker so that a module's fixtures are built once, in the
 # collection's order (tests/conftest.py puts the longest module first).

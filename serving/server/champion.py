@@ -38,6 +38,7 @@ class ChampionRef:
     package: Path | None = None  # a draft package folder (draft.json inside)
     policy: str = "cost"
     k: int = 10
+    evaluated_acceptance: float | None = None  # registry: what its evaluation accepted
 
 
 class ChampionSource(ABC):
@@ -129,6 +130,7 @@ class RegistryChampion(ChampionSource):
             package=champion.package,
             policy=manifest.policy,
             k=manifest.k,
+            evaluated_acceptance=champion.evaluated_acceptance,
         )
 
 

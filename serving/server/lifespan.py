@@ -47,7 +47,9 @@ async def housekeeping(state: ServerState, tick_s: float = 0.5) -> None:
                 if swapped:
                     current = state.watcher.current
                     metrics.labels(metrics.swaps).inc()
-                    metrics.set_draft(current.ref.version, str(current.spec))
+                    metrics.set_draft(
+                        current.ref.version, str(current.spec), current.ref.evaluated_acceptance
+                    )
             if state.predictors is not None and time.monotonic() >= next_predictor_poll:
                 await asyncio.to_thread(state.predictors.poll)
                 next_predictor_poll = time.monotonic() + config.cascade.poll_s

@@ -23,6 +23,7 @@ from prometheus_client import (
 )
 
 from serving.metrics import StepRecord, position_counts
+from serving.records.schema import LIVE_WORKLOAD
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 60, 120, 300)
 TOKEN_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
@@ -124,6 +125,16 @@ class ServerMetrics:
             registry=r,
         )
 
+        self.evaluated_acceptance = Gauge(
+            "specops:champion_evaluated_acceptance_rate",
+            "The acceptance rate the serving champion's evaluation measured on this target "
+            "(on held-out traffic of this workload where it had some): what the live "
+            "acceptance (spec_decode_num_accepted_tokens / spec_decode_num_draft_tokens) "
+            "is held against.",
+            [*labels, "version", "workload"],
+            registry=r,
+        )
+
     def labels(self, metric, **extra: str):
         return metric.labels(**self._labels, **extra)
 
@@ -172,9 +183,18 @@ class ServerMetrics:
         self.labels(self.running).set(running)
         self.labels(self.waiting).set(waiting)
 
-    def set_draft(self, version: str, drafter: str) -> None:
+    def set_draft(
+        self, version: str, drafter: str, evaluated_acceptance: float | None = None
+    ) -> None:
+        """The draft serving now, and what its evaluation accepted on live traffic (the
+        gauge is absent when nothing says: a static drafter, a champion never evaluated)."""
         self.draft_info.clear()
         self.labels(self.draft_info, version=version, drafter=drafter).set(1)
+        self.evaluated_acceptance.clear()
+        if evaluated_acceptance is not None:
+            self.labels(self.evaluated_acceptance, version=version, workload=LIVE_WORKLOAD).set(
+                evaluated_acceptance
+            )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -199,7 +199,11 @@ def build_state(
 
     watcher = ChampionWatcher(source, loader)
     metrics = ServerMetrics(model_name=config.model_name, hardware=config.hardware)
-    metrics.set_draft(watcher.current.ref.version, str(watcher.current.spec))
+    metrics.set_draft(
+        watcher.current.ref.version,
+        str(watcher.current.spec),
+        watcher.current.ref.evaluated_acceptance,
+    )
     capture = Capture(
         root=Path(config.capture.store),
         share=config.capture.share,

@@ -13,10 +13,10 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from registry.acceptance import TRAFFIC, TRAFFIC_PREFIX
+
 REFERENCE = "plain"  # plain decoding, the contender every speedup is relative to
-TRAFFIC = "traffic"  # prompts replayed from held-out collected traffic
 BUILTIN = "builtin"  # prompts of the packaged workloads' held-out split
-TRAFFIC_PREFIX = f"{TRAFFIC}:"  # their workload in reports: traffic:<recorded workload>
 
 
 def source_of(workload: str) -> str:

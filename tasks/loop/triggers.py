@@ -16,8 +16,8 @@ from collections.abc import Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
+from registry.acceptance import evaluated_acceptance
 from tasks.data.acceptance import PooledAcceptance
-from tasks.evaluate.evaluate import TRAFFIC_PREFIX
 
 
 class Trigger(BaseModel):
@@ -46,24 +46,6 @@ class ChampionTrigger(Trigger):
     champion: str | None  # its label; None without a champion
 
 
-def champion_acceptance(
-    tags: Mapping[str, str], hardware: str, workload: str
-) -> tuple[float, str] | None:
-    """What the champion accepted on ``workload`` when evaluated on ``hardware`` (from its
-    version's evaluation tags), and which evaluation that was; None if never evaluated."""
-    for key, source in (
-        (f"{hardware}/{TRAFFIC_PREFIX}{workload}/acceptance_rate", "its held-out traffic"),
-        (f"{hardware}/{workload}/acceptance_rate", f"built-in {workload}"),
-        (f"{hardware}/acceptance_rate", "its evaluation overall"),
-    ):
-        if key in tags:
-            try:
-                return float(tags[key]), source
-            except ValueError:
-                continue
-    return None
-
-
 def decide_retrain(
     groups: Sequence[PooledAcceptance],
     *,
@@ -86,7 +68,7 @@ def decide_retrain(
         if group.hardware != hardware or acceptance is None:
             continue
         workload = group.workload
-        reference = champion_acceptance(champion_tags or {}, hardware, workload)
+        reference = evaluated_acceptance(champion_tags or {}, hardware, workload)
         if reference is None:
             threshold, basis = absolute, "the absolute threshold (champion never evaluated)"
         else:

@@ -7,7 +7,7 @@ can fall to accepting nothing while serving goes on, slower than plain decoding,
 retrain trigger (:mod:`tasks.loop.triggers`) would only retrain it — after its cool-down.
 Here, per workload, over the newest ``newest`` requests the champion itself served, its
 pooled acceptance is compared with what it accepted when evaluated on that workload (its
-held-out traffic slice first: :func:`tasks.loop.triggers.champion_acceptance`); below
+held-out traffic slice first: :func:`registry.acceptance.evaluated_acceptance`); below
 ``share`` of it, the champion collapsed. A group with fewer requests, one where it drafted
 nothing at all (a lookup that found nothing to look up: a broken draft still proposes, and
 a cost-aware policy still probes), or a champion never evaluated, is not judged. Settings:
@@ -26,8 +26,8 @@ from collections.abc import Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from registry.acceptance import evaluated_acceptance
 from serving.records.schema import RequestRecord
-from tasks.loop.triggers import champion_acceptance
 
 
 class WatchSettings(BaseModel):
@@ -69,7 +69,7 @@ def judge(
     for workload, rows in sorted(served.items()):
         if len(rows) < settings.newest:
             continue
-        expected = champion_acceptance(champion_tags, hardware, workload)
+        expected = evaluated_acceptance(champion_tags, hardware, workload)
         if expected is None:
             continue
         newest = rows[-settings.newest :]

@@ -122,20 +122,22 @@ def test_the_registry_champion_is_served_and_swapped(tmp_path, target, packages,
     with pytest.raises(RegistryError, match="no champion for hardware target 'cpu'"):
         source.current()
 
-    def promote(package, family):
+    def promote(package, family, **metrics):
         draft = registry.log_draft(package, family=family)
-        registry.log_evaluation(draft, "cpu", {"mean_accepted_length": 1.0})
+        registry.log_evaluation(draft, "cpu", {"mean_accepted_length": 1.0, **metrics})
         registry.promote(registry.get(family, draft.version), "cpu", reason="test")
         return draft
 
-    first = promote(packages["pld"], "ngram")
+    first = promote(packages["pld"], "ngram", acceptance_rate=0.6)
     watcher = ChampionWatcher(source, lambda ref: load_draft(ref, target, None, verify_curve=CURVE))
     assert watcher.current.ref.version == first.label
     assert str(watcher.current.spec) == "pld:3"
-    second = promote(packages["ngram"], "suffix")
+    assert watcher.current.ref.evaluated_acceptance == 0.6  # its evaluation overall
+    second = promote(packages["ngram"], "suffix", **{"traffic:live/acceptance_rate": 0.4})
     assert watcher.poll()
     assert watcher.current.ref.version == second.label
     assert str(watcher.current.spec) == "ngram:4"
+    assert watcher.current.ref.evaluated_acceptance == 0.4  # its held-out live traffic
 
 
 def test_with_missing_plain_a_replica_serves_plain_until_the_first_champion(

@@ -1,7 +1,7 @@
 import pytest
 
 from tasks.data.acceptance import PooledAcceptance
-from tasks.loop.triggers import champion_acceptance, decide_retrain
+from tasks.loop.triggers import decide_retrain
 
 
 def group(workload: str, acceptance: float | None, hardware: str = "cpu") -> PooledAcceptance:
@@ -34,13 +34,6 @@ def decide(groups, tags=TAGS, **overrides):
         "now": 10_000.0,
     }
     return decide_retrain(groups, **{**settings, **overrides})
-
-
-def test_the_champions_own_evaluation_sets_each_workloads_threshold():
-    assert champion_acceptance(TAGS, "cpu", "humaneval") == (0.3, "its held-out traffic")
-    assert champion_acceptance(TAGS, "cpu", "grounded") == (0.9, "built-in grounded")
-    assert champion_acceptance(TAGS, "cpu", "sharegpt") == (0.6, "its evaluation overall")
-    assert champion_acceptance({}, "cpu", "grounded") is None
 
 
 def test_a_drop_relative_to_the_champion_triggers_where_an_absolute_threshold_would_not():
