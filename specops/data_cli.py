@@ -231,15 +231,16 @@ def version(
     ),
     push: Annotated[bool, typer.Option("--push/--no-push", help="Push to the remote.")] = True,
 ) -> None:
-    """Snapshot the store with DVC (`dvc add` + `dvc push`); commit the .dvc file to git."""
+    """Snapshot the store with DVC (`dvc add` + `dvc push`; a store outside the repository
+    goes straight to the remote, its pointer is stores/NAME.dvc); commit the .dvc file."""
     from serving.errors import SpecOpsError
-    from tasks.data.version import version_store
+    from tasks.data.version import pointer, version_store
 
     try:
         digest = version_store(store_root, push=push)
     except SpecOpsError as error:
         fail(str(error))
-    typer.echo(f"{store_root} versioned as {digest}; `git add {store_root}.dvc` to record it")
+    typer.echo(f"{store_root} versioned as {digest}; `git add {pointer(store_root)}` to record it")
 
 
 # The dataset folders validated from the live store: the collect flow's, and `data validate`'s.

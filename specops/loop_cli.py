@@ -21,9 +21,11 @@ loop_app = typer.Typer(help="The closed loop: drift demo, flows, scheduled deplo
 
 
 def _prefect_env() -> None:
-    # Prefect's temporary local server takes 12-25 s to start on 2 cores.
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
-    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO")
+    """Before any flow: the temporary Prefect server sends nothing out and stops on
+    SIGTERM as on Ctrl-C (:mod:`specops.prefect_env`)."""
+    from specops.prefect_env import prepare_prefect
+
+    prepare_prefect()
 
 
 @loop_app.command()

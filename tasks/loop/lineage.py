@@ -15,25 +15,32 @@ import yaml
 
 from serving.paths import PROJECT_ROOT
 from serving.records import store as record_store
+from tasks.data.version import pointer
 
 
 def data_version(store: Path) -> str:
-    """``dvc:<md5>`` when ``<store>.dvc`` tracks the store and its parts are what DVC
-    recorded, else ``parts:<sha256>`` over the committed part files (name and bytes): a
-    store outside DVC (the demo's) or changed since ``dvc add`` still gets an exact id."""
+    """``dvc:<md5>`` when the store's pointer tracks it (``<store>.dvc``, or
+    ``stores/<name>.dvc`` for a store outside the repository:
+    :func:`tasks.data.version.pointer`), beside ``parts:<sha256>`` over the committed part
+    files (name and bytes), which alone is the id of a store outside DVC (the demo's):
+    changed since ``dvc add``, it still gets an exact id."""
     store = Path(store)
     digest = hashlib.sha256()
     for part in record_store.part_files(store):
         digest.update(str(part.relative_to(store)).encode())
         digest.update(hashlib.sha256(part.read_bytes()).digest())
     parts = f"parts:{digest.hexdigest()[:16]}"
-    meta = store.with_name(store.name + ".dvc")
+    meta = pointer(store)
     if not meta.is_file():
         return parts
     try:
-        recorded = yaml.safe_load(meta.read_text())["outs"][0]
-    except (OSError, yaml.YAMLError, KeyError, IndexError, TypeError):
+        content = yaml.safe_load(meta.read_text())
+        recorded = content["outs"][0]
+        source = (content.get("meta") or {}).get("source")
+    except (OSError, yaml.YAMLError, KeyError, IndexError, TypeError, AttributeError):
         return parts
+    if source is not None and source != str(store.resolve()):
+        return parts  # the pointer of another store outside the repository
     # DVC's md5 covers the folder as added; the part digest says whether it still is.
     return f"dvc:{recorded.get('md5', '?')} {parts}"
 

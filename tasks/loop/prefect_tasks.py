@@ -1,6 +1,7 @@
 """The loop's steps as Prefect tasks: each wraps one plain function of ``tasks/`` (tested
-without Prefect) with a name, retries where a retry can help, and no result caching
-(every step reads state that changes: the store, the registry)."""
+without Prefect) with a name, retries where a retry can help (never for an error that a
+retry repeats: :func:`retry_transient`), and no result caching (every step reads state
+that changes: the store, the registry)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ from pathlib import Path
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
+from prefect.client.schemas.objects import State, TaskRun
 
 from registry.client import Registry
+from serving.errors import BadInputError
 from tasks.data.curate import CurateSummary
 from tasks.data.dataset import read_part
 from tasks.data.prompts import Prompt
@@ -37,7 +40,17 @@ def open_registry() -> Registry:
     return Registry()  # configs/registry.yaml, SPECOPS_MLFLOW_URI overrides
 
 
-@task(name="replay-traffic", cache_policy=NO_CACHE, retries=1)
+def retry_transient(task: object, task_run: TaskRun, state: State) -> bool:
+    """Prefect's ``retry_condition_fn``: retry a failed task run unless its error says a
+    retry would fail the same way: bad input, or an error marked ``retryable = False``
+    (:class:`tasks.data.version.VersionError` when DVC refused the data)."""
+    error = state.data
+    if isinstance(error, BadInputError):
+        return False
+    return bool(getattr(error, "retryable", True))
+
+
+@task(name="replay-traffic", cache_policy=NO_CACHE, retries=1, retry_condition_fn=retry_transient)
 def replay_traffic(
     workload: str,
     n: int,
@@ -68,14 +81,14 @@ def replay_traffic(
     return Replayed(**dict(summary), champion=draft.label)
 
 
-@task(name="retention", cache_policy=NO_CACHE, retries=1)
+@task(name="retention", cache_policy=NO_CACHE, retries=1, retry_condition_fn=retry_transient)
 def retention(store: str, dataset: str, *, days: float | None, now: float) -> RetentionReport:
     """Remove the store's traffic older than ``days`` (default: ``configs/store.yaml``) and
     the dataset's copies of it, before validation (a retry finishes a killed run)."""
     return loop.retention_step(Path(store), Path(dataset), days=days, now=now)
 
 
-@task(name="validate", cache_policy=NO_CACHE, retries=1)
+@task(name="validate", cache_policy=NO_CACHE, retries=1, retry_condition_fn=retry_transient)
 def validate(
     store: str, out: str, *, window: int = 50, threshold: float = 0.5, full: bool = False
 ) -> CurateSummary:
@@ -86,7 +99,13 @@ def validate(
     )
 
 
-@task(name="version", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=5)
+@task(
+    name="version",
+    cache_policy=NO_CACHE,
+    retries=2,
+    retry_condition_fn=retry_transient,
+    retry_delay_seconds=5,
+)
 def version(store: str) -> str | None:
     """The store's new DVC version, pushed; None while nothing was captured (a scheduled
     collect on a fresh deployment finds no store yet)."""
@@ -100,7 +119,7 @@ def version(store: str) -> str | None:
     return version_store(Path(store), remote=loop_settings().dvc_remote)
 
 
-@task(name="retrain-trigger", cache_policy=NO_CACHE, retries=1)
+@task(name="retrain-trigger", cache_policy=NO_CACHE, retries=1, retry_condition_fn=retry_transient)
 def retrain_trigger(
     store: str,
     *,
@@ -213,7 +232,7 @@ def _captured_pairs(store: str | None, hardware: str) -> list[Pair]:
     return pairs
 
 
-@task(name="train-learned", cache_policy=NO_CACHE, retries=1)
+@task(name="train-learned", cache_policy=NO_CACHE, retries=1, retry_condition_fn=retry_transient)
 def train_learned(
     dataset: str,
     out: str,
@@ -241,7 +260,7 @@ def train_learned(
     return train_learned_challengers(mix, Path(out), config, init_head=init_head)
 
 
-@task(name="retrain-record", cache_policy=NO_CACHE, retries=1)
+@task(name="retrain-record", cache_policy=NO_CACHE, retries=1, retry_condition_fn=retry_transient)
 def record_retrain(hardware: str, slot: str, summary: dict[str, str | list[str]]) -> str:
     """Mark a retrain on ``hardware`` (the cool-down counts from it)."""
     from registry.history import log_retrain
@@ -262,14 +281,14 @@ def builtin_package(drafter: str, folder: str, *, k: int, policy: str, family: s
     return str(loop.builtin_package(drafter, Path(folder), k=k, policy=policy, family=family))
 
 
-@task(name="champion", cache_policy=NO_CACHE, retries=1)
+@task(name="champion", cache_policy=NO_CACHE, retries=1, retry_condition_fn=retry_transient)
 def champion(hardware: str) -> str | None:
     """The label of ``hardware``'s champion, or None."""
     draft = open_registry().champion(hardware)
     return None if draft is None else draft.label
 
 
-@task(name="register", cache_policy=NO_CACHE, retries=1)
+@task(name="register", cache_policy=NO_CACHE, retries=1, retry_condition_fn=retry_transient)
 def register(
     package: str,
     family: str,
