@@ -37,6 +37,10 @@ class KitSettings:
     retrain: dict[str, Any] = field(default_factory=dict)  # configs/retrain.yaml's target
     command_s: int = 600
     total_s: int = 720
+    # What the tests step runs there (pytest ids): the device tests, which run on the GPU
+    # where torch sees one (the CPU rehearsal names only GPU-only ones: the suite runs the
+    # rest here already).
+    tests: tuple[str, ...] = ("tests/serving/test_device.py", "tests/serving/lean/test_graphed.py")
 
 
 @dataclass(frozen=True)
@@ -64,7 +68,10 @@ class KitManifest:
     def from_dict(cls, data: dict[str, Any]) -> KitManifest:
         data = dict(data)
         data["files"] = {role: SplitFile.from_dict(f) for role, f in data["files"].items()}
-        data["settings"] = KitSettings(**data["settings"])
+        settings = dict(data["settings"])
+        if "tests" in settings:  # a JSON list
+            settings["tests"] = tuple(settings["tests"])
+        data["settings"] = KitSettings(**settings)
         return cls(**data)
 
 

@@ -176,8 +176,7 @@ def tests(kit: Path, manifest: KitManifest, out: Path) -> None:
             "no:cacheprovider",
             "-o",
             "addopts=",
-            "tests/serving/test_device.py",
-            "tests/serving/lean/test_graphed.py",  # the captured step against eager
+            *manifest.settings.tests,  # the device tests; the captured step against eager
         ],
         capture_output=True,
         text=True,
