@@ -20,7 +20,7 @@ import contextlib
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, NoReturn, TypedDict
 
 from serving.errors import BadInputError
 from serving.security.keys import ApiKeyError, read_private
@@ -57,14 +57,23 @@ class ServerTls:
     cert: Path
     key: Path
 
-    def uvicorn_options(self) -> dict[str, str]:
-        return {"ssl_certfile": str(self.cert), "ssl_keyfile": str(self.key)}
-
     def grpc_credentials(self) -> grpc.ServerCredentials:
         import grpc
 
         pair = (_read_key(self.key), self.cert.read_bytes())
         return grpc.ssl_server_credentials([pair])
+
+
+class UvicornTls(TypedDict, total=False):
+    ssl_certfile: str
+    ssl_keyfile: str
+
+
+def uvicorn_tls(tls: ServerTls | None) -> UvicornTls:
+    """uvicorn's options (``uvicorn.run(..., **uvicorn_tls(tls))``): none without TLS."""
+    if tls is None:
+        return {}
+    return {"ssl_certfile": str(tls.cert), "ssl_keyfile": str(tls.key)}
 
 
 def server_tls(cert: Path | str | None, key: Path | str | None) -> ServerTls | None:

@@ -21,7 +21,7 @@ from starlette.routing import Route
 from serving.gateway.front import Front, Upstream
 from serving.gateway.vllm_process import free_port
 from serving.security.keys import from_keys
-from serving.security.tls import ServerTls, ca_context, server_tls
+from serving.security.tls import ServerTls, ca_context, server_tls, uvicorn_tls
 
 
 def fake_vllm(name: str, delay_s: float = 0.0, release: threading.Event | None = None) -> Starlette:
@@ -71,9 +71,10 @@ class Served:
     def __init__(self, app, tls: ServerTls | None = None) -> None:
         self.port = free_port()
         self.scheme = "https" if tls else "http"
-        options = tls.uvicorn_options() if tls else {}
         self.server = uvicorn.Server(
-            uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", **options)
+            uvicorn.Config(
+                app, host="127.0.0.1", port=self.port, log_level="warning", **uvicorn_tls(tls)
+            )
         )
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()

@@ -8,18 +8,18 @@ import shutil
 
 import pytest
 
-from serving.security.tls import TlsError, ca_context, read_ca, server_tls
+from serving.security.tls import TlsError, ca_context, read_ca, server_tls, uvicorn_tls
 
 
 def test_a_good_pair_loads_and_says_how_to_serve_it(tls_files):
     tls = server_tls(tls_files.cert, tls_files.key)
     assert tls is not None
-    assert tls.uvicorn_options() == {
+    assert uvicorn_tls(tls) == {
         "ssl_certfile": str(tls_files.cert),
         "ssl_keyfile": str(tls_files.key),
     }
     assert tls.grpc_credentials() is not None
-    assert server_tls(None, None) is None
+    assert server_tls(None, None) is None and uvicorn_tls(None) == {}
 
 
 @pytest.mark.parametrize("given", ["cert", "key"])

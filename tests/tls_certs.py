@@ -1,4 +1,5 @@
-"""Fixtures of the serving tests: TLS files for real TLS on loopback."""
+"""TLS files made for a test: a CA and a server certificate it signed for loopback, to run
+real TLS (uvicorn's, grpcio's) with (the ``tls_files`` fixture of tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,6 @@ import ipaddress
 import os
 from dataclasses import dataclass
 from pathlib import Path
-
-import pytest
 
 CA_USAGE = dict.fromkeys(
     ("content_commitment", "key_encipherment", "data_encipherment", "key_agreement",
@@ -25,7 +24,7 @@ class TlsFiles:
     other_ca: Path  # a CA that signed nothing here: a client trusting it must refuse
 
 
-def _certificates(folder: Path) -> TlsFiles:
+def make_tls_files(folder: Path) -> TlsFiles:
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -101,9 +100,3 @@ def _certificates(folder: Path) -> TlsFiles:
     files.ca.write_bytes(ca_cert.public_bytes(pem))
     files.other_ca.write_bytes(other_cert.public_bytes(pem))
     return files
-
-
-@pytest.fixture(scope="session")
-def tls_files(tmp_path_factory) -> TlsFiles:
-    """A CA, and a server certificate it signed for loopback, generated for the session."""
-    return _certificates(tmp_path_factory.mktemp("tls"))
