@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -38,7 +39,8 @@ class ServerProcess:
         """``tls_ca``: the server serves TLS (``args`` give ``--tls-cert`` and ``--tls-key``)
         with a certificate this CA file signed; its url is https and checked with it."""
         self.port = port or free_port()
-        self.verify = ca_context(tls_ca) if tls_ca is not None else None
+        # What a client of it verifies it with (httpx's verify=).
+        self.verify: ssl.SSLContext | bool = ca_context(tls_ca) if tls_ca is not None else True
         self.url = f"{'https' if tls_ca is not None else 'http'}://127.0.0.1:{self.port}"
         self.args = [*args]
         self.log_path = log_path
@@ -75,7 +77,7 @@ class ServerProcess:
                     f"ready; see {self.log_path or 'its output'}"
                 )
             try:
-                health = httpx.get(f"{self.url}/health", timeout=2.0, verify=self.verify or True)
+                health = httpx.get(f"{self.url}/health", timeout=2.0, verify=self.verify)
                 if health.status_code == 200:
                     return self
             except httpx.HTTPError:
