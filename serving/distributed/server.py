@@ -8,6 +8,10 @@ Deadlines and cancellation: a handler waits for its job only while the call is a
 verify cancelled (or past its deadline) before its pass started is dropped and the session
 is as it was; one whose pass already ran has moved the session on without the client
 knowing how far, so the session is closed (a later call gets NOT_FOUND saying why).
+
+Access (:func:`serve_target`): with API keys every call passes the key check of
+:mod:`serving.distributed.auth` before its handler; with no key a host beyond loopback is
+refused; a certificate and key make the port a TLS one (docs/security.md).
 """
 
 from __future__ import annotations

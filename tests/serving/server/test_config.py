@@ -24,5 +24,5 @@ def test_a_tls_certificate_without_its_key_fails_at_load():
     assert load_server_config().security.tls_cert is None
     loaded = load_server_config(**{"security.tls_cert": "c.pem", "security.tls_key": "k.pem"})
     assert (str(loaded.security.tls_cert), str(loaded.security.tls_key)) == ("c.pem", "k.pem")
-    with pytest.raises(BadInputError, match="security: .*tls_cert and tls_key go together"):
+    with pytest.raises(BadInputError, match=r"security: .*tls_cert and tls_key go together"):
         load_server_config(**{"security.tls_cert": "c.pem"})
