@@ -11,8 +11,16 @@ from typing import Annotated
 
 import typer
 
-from specops.exit import failing
-from specops.options import AllowUnauthenticated, ApiKeyFile, Target, security_overrides
+from specops.exit import fail, failing
+from specops.options import (
+    AllowUnauthenticated,
+    ApiKeyFile,
+    Target,
+    TlsCa,
+    TlsCert,
+    TlsKey,
+    security_overrides,
+)
 
 deploy_app = typer.Typer(
     help="Deploy a hardware target's champion on an inference server.", no_args_is_help=True
@@ -50,12 +58,14 @@ def vllm(
     config: Annotated[
         Path,
         typer.Option(
-            help="Serving config: its security section (API keys), limits.max_body_bytes "
+            help="Serving config: its security section (API keys, TLS), limits.max_body_bytes "
             "and capture redaction apply to the front too."
         ),
     ] = Path("configs/serving.yaml"),
     api_key_file: ApiKeyFile = None,
     allow_unauthenticated: AllowUnauthenticated = False,
+    tls_cert: TlsCert = None,
+    tls_key: TlsKey = None,
 ) -> None:
     """Run the front on HOST:PORT and keep the champion's vLLM server behind it: on a
     promotion or rollback, start the new configuration beside the old, wait for it to
@@ -64,6 +74,7 @@ def vllm(
 
     from serving.gateway.front import Front
     from serving.security import logs
+    from serving.security.tls import server_tls, uvicorn_tls
     from serving.server.config import load_server_config
     from serving.server.state import server_keys
     from tasks.loop.vllm_deploy import deployment_for
@@ -71,10 +82,10 @@ def vllm(
 
     _log_progress()
     with failing():
-        settings = load_server_config(
-            config, **{"host": host, **security_overrides(api_key_file, allow_unauthenticated)}
-        )
+        overrides = security_overrides(api_key_file, allow_unauthenticated, tls_cert, tls_key)
+        settings = load_server_config(config, **{"host": host, **overrides})
         keys = server_keys(settings)
+        tls = server_tls(settings.security.tls_cert, settings.security.tls_key)
         vllm_target(hardware)  # before the registry is opened
     logs.install(keys.secrets)
     front = Front(
@@ -98,7 +109,9 @@ def vllm(
             redact_patterns=list(capture.redact_patterns) if capture.redact else None,
         )
     deployment.start()
-    server = uvicorn.Server(uvicorn.Config(front.app(), host=host, port=port, log_level="warning"))
+    server = uvicorn.Server(
+        uvicorn.Config(front.app(), host=host, port=port, log_level="warning", **uvicorn_tls(tls))
+    )
     signal.signal(signal.SIGTERM, lambda *_: setattr(server, "should_exit", True))
     try:
         server.run()
@@ -122,10 +135,14 @@ def cycle(
     max_tokens: Annotated[int, typer.Option(help="Tokens per completion.")] = 24,
     pause_s: Annotated[float, typer.Option(help="Each client's pause between requests.")] = 1.0,
     out: Annotated[Path, typer.Option(help="The report.")] = Path("results/vllm-deploy.json"),
+    tls_cert: TlsCert = None,
+    tls_key: TlsKey = None,
+    tls_ca: TlsCa = None,
 ) -> None:
     """Register two drafts, evaluate them through vLLM, promote the first, serve it with
     `deploy vllm`'s machinery under a steady load, promote the second, roll back; report
     every request's outcome and each switch's times (uses the configured registry)."""
+    from serving.security.tls import ca_context, server_tls
     from tasks.loop.vllm_cycle import run_cycle
     from tasks.loop.vllm_target import vllm_target
 
@@ -137,10 +154,15 @@ def cycle(
     signal.signal(signal.SIGTERM, interrupt)
     with failing():
         vllm_target(hardware)  # before anything is registered or promoted
+        tls = server_tls(tls_cert, tls_key)
+        if tls_ca is not None:
+            ca_context(tls_ca)  # a bad CA file fails here, not under load
+            if tls is None:
+                fail("--tls-ca is for a front served with TLS: give --tls-cert and --tls-key")
         report = run_cycle(
             hardware=hardware, target=target, work=work, store=store,
             drafters=(first, second), workers=workers, max_tokens=max_tokens,
-            pause_s=pause_s, out=out,
+            pause_s=pause_s, out=out, tls=tls, tls_ca=tls_ca,
         )  # fmt: skip
     typer.echo(json.dumps({k: report[k] for k in ("requests", "failed", "timeline")}, indent=2))
     typer.echo(f"report: {out}")

@@ -12,7 +12,15 @@ import typer
 
 from specops.exit import fail, failing
 from specops.load import load_engine_target
-from specops.options import Policy, Target
+from specops.options import (
+    AllowUnauthenticated,
+    ApiKeyFile,
+    Policy,
+    Target,
+    TlsCa,
+    TlsCert,
+    TlsKey,
+)
 
 distributed_app = typer.Typer(
     help="Distributed speculative decoding over gRPC: the target on a server, the drafter "
@@ -41,17 +49,31 @@ def serve_target(
     ready_file: Annotated[
         Path | None, typer.Option(help="Write the bound port here once serving.")
     ] = None,
+    api_key_file: ApiKeyFile = None,
+    allow_unauthenticated: AllowUnauthenticated = False,
+    tls_cert: TlsCert = None,
+    tls_key: TlsKey = None,
 ) -> None:
-    """Serve the target model's verification over gRPC until interrupted."""
+    """Serve the target model's verification over gRPC until interrupted. With API keys
+    (``$SPECOPS_API_KEYS``, --api-key-file) every call needs one; without, a host beyond
+    loopback is refused unless --allow-unauthenticated (docs/security.md)."""
     import logging
 
     from serving.atomic import write_text_atomic
     from serving.distributed.server import TargetLimits, TargetService
     from serving.distributed.server import serve_target as start
     from serving.loader import eos_ids
+    from serving.security import logs
+    from serving.security.keys import check_bind, load_api_keys
+    from serving.security.tls import server_tls
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     with failing():
+        # Keys, binding and TLS files checked before the model loads.
+        keys = load_api_keys(path=api_key_file)
+        check_bind(host, keys, allow_open=allow_unauthenticated, key_file="--api-key-file")
+        tls = server_tls(tls_cert, tls_key)
+        logs.install(keys.secrets)
         limits = TargetLimits(
             max_sessions=max_sessions,
             idle_timeout_s=idle_timeout,
@@ -69,10 +91,17 @@ def serve_target(
             cost=hw.pass_cost(),
             verify_curve=hw.curve,
         )
-        running = start(service, host=host, port=port)
+        running = start(
+            service, host=host, port=port, keys=keys, tls=tls,
+            allow_unauthenticated=allow_unauthenticated,
+        )  # fmt: skip
     if ready_file is not None:
         write_text_atomic(ready_file, f"{running.port}\n")
-    typer.echo(f"target server on {host}:{running.port}", err=True)
+    access = f"API keys: {len(keys.digests)}" if keys.enabled else "no API key (open)"
+    typer.echo(
+        f"target server on {host}:{running.port} ({'TLS' if tls else 'no TLS'}, {access})",
+        err=True,
+    )
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -108,6 +137,14 @@ def client(
     seed: Annotated[int | None, typer.Option(help="Sampling seed.")] = None,
     fused: Annotated[bool, typer.Option("--fused", help="Draft on the server instead.")] = False,
     rtt_ms: Annotated[float, typer.Option(help="Inject this round-trip time (ms).")] = 0.0,
+    api_key_file: Annotated[
+        Path | None,
+        typer.Option(help="Send this file's first key (mode 600); default: $SPECOPS_API_KEYS'."),
+    ] = None,
+    tls: Annotated[
+        bool, typer.Option("--tls", help="TLS, trusting the system's CAs (or --tls-ca's).")
+    ] = False,
+    tls_ca: TlsCa = None,
 ) -> None:
     """Decode one prompt against a target server; print the answer and the statistics."""
     from serving.distributed.client import TargetClient, run_distributed, run_fused
@@ -115,11 +152,16 @@ def client(
     from serving.loader import encode_prompt
     from serving.policy import make_policy
     from serving.sampling import SamplingParams
+    from serving.security.keys import client_key
 
     with failing():
         spec = parse_drafter_spec(drafter)
         sampling = SamplingParams(temperature=temperature, seed=seed)
-        with TargetClient(address, rtt_s=rtt_ms / 1000.0) as remote:
+        remote = TargetClient(
+            address, rtt_s=rtt_ms / 1000.0, api_key=client_key(path=api_key_file), tls=tls,
+            tls_ca=tls_ca,
+        )  # fmt: skip
+        with remote:
             remote.wait_ready(10.0)
             model, tokenizer = _client_side(None if fused else spec.kind)
             ids = encode_prompt(tokenizer, prompt)

@@ -38,11 +38,30 @@ AllowUnauthenticated = Annotated[
 ]
 
 
+# TLS served by a server itself (serving/security/tls.py), and trusted by a client.
+TlsCert = Annotated[
+    Path | None,
+    typer.Option(help="Serve TLS with this certificate chain (PEM); needs --tls-key."),
+]
+TlsKey = Annotated[
+    Path | None, typer.Option(help="The certificate's private key (PEM, unencrypted, mode 600).")
+]
+TlsCa = Annotated[
+    Path | None,
+    typer.Option(help="Reach the server over TLS, trusting this CA file (PEM) to sign its cert."),
+]
+
+
 def security_overrides(
-    api_key_file: Path | None, allow_unauthenticated: bool
+    api_key_file: Path | None,
+    allow_unauthenticated: bool,
+    tls_cert: Path | None = None,
+    tls_key: Path | None = None,
 ) -> dict[str, str | bool | None]:
-    """The serving config's keys these two options override (``None``: the file's value)."""
+    """The serving config's keys these options override (``None``: the file's value)."""
     return {
         "security.api_key_file": str(api_key_file) if api_key_file else None,
         "security.allow_unauthenticated": allow_unauthenticated or None,
+        "security.tls_cert": str(tls_cert) if tls_cert else None,
+        "security.tls_key": str(tls_key) if tls_key else None,
     }

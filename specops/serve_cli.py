@@ -10,7 +10,14 @@ from typing import Annotated
 import typer
 
 from specops.exit import fail, failing
-from specops.options import AllowUnauthenticated, ApiKeyFile, security_overrides
+from specops.options import (
+    AllowUnauthenticated,
+    ApiKeyFile,
+    TlsCa,
+    TlsCert,
+    TlsKey,
+    security_overrides,
+)
 
 
 def serve(
@@ -41,6 +48,8 @@ def serve(
     workers: Annotated[int | None, typer.Option(help="Decode threads.")] = None,
     api_key_file: ApiKeyFile = None,
     allow_unauthenticated: AllowUnauthenticated = False,
+    tls_cert: TlsCert = None,
+    tls_key: TlsKey = None,
 ) -> None:
     """Serve the target with its champion draft: an OpenAI-compatible HTTP endpoint."""
     import logging
@@ -48,6 +57,7 @@ def serve(
     import uvicorn
 
     from serving.security import logs
+    from serving.security.tls import server_tls, uvicorn_tls
     from serving.server.app import create_app
     from serving.server.config import load_server_config
     from serving.server.state import build_state, server_keys
@@ -72,16 +82,18 @@ def serve(
                 "limits.queue_size": queue_size,
                 "limits.max_active": max_active,
                 "limits.workers": workers,
-                **security_overrides(api_key_file, allow_unauthenticated),
+                **security_overrides(api_key_file, allow_unauthenticated, tls_cert, tls_key),
             },
         )
         keys = server_keys(settings)  # before the model loads: a bad key file fails fast
+        tls = server_tls(settings.security.tls_cert, settings.security.tls_key)
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
         logs.install(keys.secrets)
         state = build_state(settings, api_keys=keys)
     access = f"API keys: {len(keys.digests)}" if keys.enabled else "no API key (open)"
     typer.echo(
-        f"serving {settings.model_name} on http://{settings.host}:{settings.port}/v1 "
+        f"serving {settings.model_name} on {'https' if tls else 'http'}://{settings.host}:"
+        f"{settings.port}/v1 "
         f"(hardware {settings.hardware}, draft {state.watcher.current.ref.version}, {access})",
         err=True,
     )
@@ -95,6 +107,7 @@ def serve(
         log_config=None,
         log_level="warning",
         timeout_graceful_shutdown=10,
+        **uvicorn_tls(tls),
     )
 
 
@@ -122,12 +135,15 @@ def loadtest(
     serve_args: Annotated[
         str, typer.Option(help="Extra `specops serve` options when starting the server.")
     ] = "",
+    tls_ca: TlsCa = None,
     out: Annotated[
         Path, typer.Option(help="Results file; the table (.md) and plot (.png) go beside it.")
     ] = Path("results/loadtest.json"),
 ) -> None:
     """Load-test a server on loopback at several concurrency levels with the official openai
-    client; write a results file, a table and a plot."""
+    client; write a results file, a table and a plot. It sends the first of
+    $SPECOPS_API_KEYS; --tls-ca: the server (given, or started with --serve-args
+    '--tls-cert ... --tls-key ...') serves TLS signed by this CA."""
     import asyncio
     import shlex
 
@@ -143,19 +159,23 @@ def loadtest(
 
     settings = LoadTestSettings(
         requests=requests, max_tokens=max_tokens, temperature=temperature, workload=workload,
-        drafter=drafter, skeleton=skeleton,
+        drafter=drafter, skeleton=skeleton, tls_ca=tls_ca,
     )  # fmt: skip
     server = None
     try:
         with failing():
             levels = parse_levels(clients)
+            # The url checked before a server starts: the given one, or the one it will have.
+            settings.url = url or ("https://127.0.0.1" if tls_ca else "http://127.0.0.1")
             settings.check()
             check_levels(levels, requests)
             if url is None:
                 out.parent.mkdir(parents=True, exist_ok=True)
                 log_path = out.with_suffix(".server.log")
                 typer.echo(f"starting a server (log: {log_path}) ...", err=True)
-                server = ServerProcess(shlex.split(serve_args), log_path=log_path).start()
+                server = ServerProcess(
+                    shlex.split(serve_args), log_path=log_path, tls_ca=tls_ca
+                ).start()
                 url = server.url
             settings.url = url
             results = asyncio.run(run_load_sweep(settings, levels))

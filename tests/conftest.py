@@ -382,3 +382,12 @@ def prefect_harness():
 
     with prefect_test_harness(server_startup_timeout=180):
         yield PREFECT_API_URL.value()
+
+
+@pytest.fixture(scope="session")
+def tls_files(tmp_path_factory):
+    """A CA, and a server certificate it signed for loopback, made for the session
+    (tests/tls_certs.py)."""
+    from tests.tls_certs import make_tls_files
+
+    return make_tls_files(tmp_path_factory.mktemp("tls"))

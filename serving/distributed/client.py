@@ -10,6 +10,10 @@ real one is ~0.1 ms): every unary call sleeps ``rtt_s / 2`` before it is sent an
 reply arrives; a stream's request waits ``rtt_s / 2`` and each of its messages is handed on
 ``rtt_s / 2`` after it arrived (a stream pays the delay once, not per message, as on a real
 link). The server never sees the delay.
+
+Every call carries the client's API key as ``authorization: Bearer <key>`` metadata (the
+target server's keys, :mod:`serving.distributed.auth`); ``tls``/``tls_ca`` make the channel
+a TLS one (docs/security.md).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import contextlib
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import grpc
 
@@ -27,6 +32,8 @@ from serving.drafters.base import Drafter, DraftProposal, DraftRequest, StepFeed
 from serving.errors import BadInputError, SpecOpsError
 from serving.policy import DraftLengthPolicy
 from serving.sampling import SamplingParams, make_sampler
+from serving.security.keys import client_key
+from serving.security.tls import grpc_channel_credentials
 
 
 class RemoteError(SpecOpsError):
@@ -73,7 +80,20 @@ def _sampling(params: SamplingParams) -> pb.Sampling:
 class TargetClient:
     """A connection to one target server. Thread-safe (gRPC channels are)."""
 
-    def __init__(self, address: str, *, rtt_s: float = 0.0, timeout_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        address: str,
+        *,
+        rtt_s: float = 0.0,
+        timeout_s: float = 60.0,
+        api_key: str | None = None,
+        tls: bool = False,
+        tls_ca: Path | None = None,
+    ) -> None:
+        """``api_key``: sent with every call (``authorization: Bearer``); None: the first of
+        ``$SPECOPS_API_KEYS`` (:func:`~serving.security.keys.client_key`). ``tls``: a TLS
+        channel that trusts the system's certificates, or those of the CA file ``tls_ca``
+        (which implies ``tls``)."""
         if not rtt_s >= 0:
             raise BadInputError(f"rtt_s must be >= 0, got {rtt_s!r}")
         if not timeout_s > 0:
@@ -81,7 +101,16 @@ class TargetClient:
         self.address = address
         self.rtt_s = float(rtt_s)
         self.timeout_s = float(timeout_s)
-        self.channel = grpc.insecure_channel(address)
+        key = client_key() if api_key is None else api_key
+        # Metadata, not call credentials: grpcio sends those on TLS channels only, and a
+        # loopback server may have keys without TLS.
+        self.metadata = (("authorization", f"Bearer {key}"),)
+        self.tls = tls or tls_ca is not None
+        if self.tls:
+            credentials = grpc_channel_credentials(tls_ca)
+            self.channel = grpc.secure_channel(address, credentials)
+        else:
+            self.channel = grpc.insecure_channel(address)
         self.stub = pb_grpc.TargetServiceStub(self.channel)
 
     def close(self) -> None:
@@ -97,8 +126,11 @@ class TargetClient:
         try:
             grpc.channel_ready_future(self.channel).result(timeout=timeout_s)
         except grpc.FutureTimeoutError:
+            handshake = " (or its TLS handshake failed: is it TLS, and is --tls-ca its CA?)"
             raise RemoteError(
-                "connect", grpc.StatusCode.UNAVAILABLE, f"no target server at {self.address}"
+                "connect",
+                grpc.StatusCode.UNAVAILABLE,
+                f"no target server at {self.address}{handshake if self.tls else ''}",
             ) from None
 
     def _call(self, name: str, request, timeout_s: float | None = None):
@@ -106,7 +138,9 @@ class TargetClient:
         if half:
             time.sleep(half)
         try:
-            reply = getattr(self.stub, name)(request, timeout=timeout_s or self.timeout_s)
+            reply = getattr(self.stub, name)(
+                request, timeout=timeout_s or self.timeout_s, metadata=self.metadata
+            )
         except grpc.RpcError as error:
             raise RemoteError(name, error.code(), error.details() or "") from None
         if half:
@@ -153,7 +187,9 @@ class TargetClient:
         if half:
             time.sleep(half)
         stream = self.stub.Generate(
-            pb.GenerateRequest(session_id=session_id), timeout=timeout_s or self.timeout_s
+            pb.GenerateRequest(session_id=session_id),
+            timeout=timeout_s or self.timeout_s,
+            metadata=self.metadata,
         )
         try:
             for message in stream:

@@ -8,6 +8,10 @@ Deadlines and cancellation: a handler waits for its job only while the call is a
 verify cancelled (or past its deadline) before its pass started is dropped and the session
 is as it was; one whose pass already ran has moved the session on without the client
 knowing how far, so the session is closed (a later call gets NOT_FOUND saying why).
+
+Access (:func:`serve_target`): with API keys every call passes the key check of
+:mod:`serving.distributed.auth` before its handler; with no key a host beyond loopback is
+refused; a certificate and key make the port a TLS one (docs/security.md).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import NoReturn
 import grpc
 
 from serving.batch.plan import BatchLimits, PassCost
+from serving.distributed.auth import KeyInterceptor
 from serving.distributed.proto import specops_distributed_pb2 as pb
 from serving.distributed.proto import specops_distributed_pb2_grpc as pb_grpc
 from serving.distributed.scheduler import Scheduler, StepDone
@@ -30,6 +35,8 @@ from serving.engine import SpeculativeDecoder
 from serving.errors import BadInputError, SpecOpsError
 from serving.policy import FixedK, check_k, check_policy, make_policy
 from serving.sampling import SamplingParams
+from serving.security.keys import ApiKeys, check_bind, is_loopback
+from serving.security.tls import ServerTls
 
 log = logging.getLogger(__name__)
 
@@ -354,25 +361,61 @@ class RunningServer:
 
 
 def serve_target(
-    service: TargetService, *, host: str = "127.0.0.1", port: int = 0, handlers: int = 0
+    service: TargetService,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    handlers: int = 0,
+    keys: ApiKeys | None = None,
+    tls: ServerTls | None = None,
+    allow_unauthenticated: bool = False,
 ) -> RunningServer:
-    """Start serving ``service`` on ``host:port`` (0: any free port); returns at once."""
+    """Start serving ``service`` on ``host:port`` (0: any free port); returns at once.
+
+    With ``keys`` every call needs one of them (:class:`~serving.distributed.auth.KeyInterceptor`);
+    without, a host beyond loopback is refused unless ``allow_unauthenticated``, as the HTTP
+    server refuses it. With ``tls`` the port is a TLS one (grpcio's own)."""
+    keys = keys or ApiKeys((), ())
+    try:
+        check_bind(host, keys, allow_open=allow_unauthenticated, key_file="--api-key-file")
+    except BadInputError:
+        service.close()
+        raise
+    if keys.enabled and tls is None and not is_loopback(host):
+        log.warning(
+            "serving %s with API keys but no TLS: the keys cross the network in clear text "
+            "(--tls-cert/--tls-key, docs/security.md)",
+            host,
+        )
     workers = handlers or service.limits.max_sessions + 8
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="specops-grpc"),
+        interceptors=[KeyInterceptor(keys)] if keys.enabled else None,
         # Bounded: past this many calls in flight a new call is refused at once.
         maximum_concurrent_rpcs=workers,
     )
     pb_grpc.add_TargetServiceServicer_to_server(service, server)
+    address = f"{host}:{port}"
     # Older grpcio returns 0 for an address it cannot bind; newer raises RuntimeError.
     try:
-        bound = server.add_insecure_port(f"{host}:{port}")
-    except RuntimeError as error:
+        if tls is None:
+            bound = server.add_insecure_port(address)
+        else:
+            bound = server.add_secure_port(address, tls.grpc_credentials())
+    except (RuntimeError, BadInputError) as error:
         service.close()
-        raise BadInputError(f"cannot bind the target server to {host}:{port}: {error}") from None
+        if isinstance(error, BadInputError):
+            raise
+        raise BadInputError(f"cannot bind the target server to {address}: {error}") from None
     if bound == 0:
         service.close()
-        raise BadInputError(f"cannot bind the target server to {host}:{port}")
+        raise BadInputError(f"cannot bind the target server to {address}")
     server.start()
-    log.info("target server listening on %s:%d", host, bound)
+    log.info(
+        "target server listening on %s:%d (%s, %s)",
+        host,
+        bound,
+        "TLS" if tls else "no TLS",
+        f"{len(keys.digests)} API keys" if keys.enabled else "no API key",
+    )
     return RunningServer(server, service, bound)

@@ -17,6 +17,7 @@ import json
 from collections.abc import Awaitable, Callable, Collection, MutableMapping
 from typing import Any
 
+from serving.security.bearer import MISSING, bearer_verdict
 from serving.security.keys import ApiKeys
 
 Scope = MutableMapping[str, Any]
@@ -75,22 +76,10 @@ class ApiKeyGuard:
 
     def _verdict(self, scope: Scope) -> tuple[str, str] | None:
         """None when the request may pass; else (reason, message)."""
-        raw = _header(scope, b"authorization")
-        if raw is None:
-            return "missing", (
-                "no API key: send it as 'Authorization: Bearer <key>' (the openai client's api_key)"
-            )
-        try:
-            text = raw.decode("ascii")
-        except UnicodeDecodeError:
-            return "malformed", "malformed Authorization header: it is not ASCII"
-        scheme, _, token = text.strip().partition(" ")
-        token = token.strip()
-        if scheme.lower() != "bearer" or not token or " " in token:
-            return "malformed", "malformed Authorization header: expected 'Bearer <key>'"
-        if not self.keys.check(token):
-            return "invalid", "invalid API key"
-        return None
+        verdict = bearer_verdict(self.keys, _header(scope, b"authorization"))
+        if verdict is not None and verdict[0] == "missing":
+            return "missing", f"{MISSING} (the openai client's api_key)"
+        return verdict
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (

@@ -78,26 +78,40 @@ def keys_from_env(name: str = DEFAULT_KEY_ENV, environ: dict[str, str] | None = 
     return [_checked(k, f"${name} (key {i + 1})") for i, k in enumerate(keys)]
 
 
-def client_key(env: str = DEFAULT_KEY_ENV, environ: dict[str, str] | None = None) -> str:
-    """The key specops's own clients (load test, deployment cycle) send to a server started
-    in the same environment: the first of ``$SPECOPS_API_KEYS``, or a placeholder when there
-    is none (the openai client wants some key; an open server ignores it)."""
-    keys = keys_from_env(env, environ)
+def client_key(
+    env: str = DEFAULT_KEY_ENV, environ: dict[str, str] | None = None, *, path: Path | None = None
+) -> str:
+    """The key specops's own clients (load test, deployment cycle, distributed client) send
+    to its servers: the first key of the key file ``path`` when given, else the first of
+    ``$SPECOPS_API_KEYS`` (a server started in the same environment reads it too), else a
+    placeholder (the openai client wants some key; an open server ignores it)."""
+    keys = keys_from_file(path) if path is not None else keys_from_env(env, environ)
     return keys[0] if keys else "specops"
+
+
+def read_private(path: Path, what: str = "API key file") -> bytes:
+    """The bytes of a secret's file (an API key file, a TLS private key), refused when the
+    file's group or others have any access to it: ``what`` names it in the message."""
+    path = Path(path)
+    try:
+        mode = path.stat().st_mode
+        data = path.read_bytes()
+    except OSError as error:
+        raise ApiKeyError(f"cannot read the {what} {str(path)!r}: {error.strerror}") from None
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise ApiKeyError(
+            f"the {what} {str(path)!r} is readable by others (mode "
+            f"{stat.filemode(mode)}); run: chmod 600 {path}"
+        )
+    return data
 
 
 def keys_from_file(path: Path) -> list[str]:
     path = Path(path)
     try:
-        mode = path.stat().st_mode
-        text = path.read_text()
-    except OSError as error:
-        raise ApiKeyError(f"cannot read the API key file {str(path)!r}: {error.strerror}") from None
-    if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise ApiKeyError(
-            f"the API key file {str(path)!r} is readable by others (mode "
-            f"{stat.filemode(mode)}); run: chmod 600 {path}"
-        )
+        text = read_private(path).decode()
+    except UnicodeDecodeError:
+        raise ApiKeyError(f"the API key file {str(path)!r} is not text") from None
     keys = []
     for number, line in enumerate(text.splitlines(), start=1):
         line = line.strip()
@@ -139,13 +153,15 @@ def is_loopback(host: str) -> bool:
         return False  # a host name: it may resolve to anything
 
 
-def check_bind(host: str, keys: ApiKeys, *, allow_open: bool) -> None:
-    """Refuse to serve beyond loopback without keys unless explicitly allowed."""
+def check_bind(
+    host: str, keys: ApiKeys, *, allow_open: bool, key_file: str = "security.api_key_file"
+) -> None:
+    """Refuse to serve beyond loopback without keys unless explicitly allowed; ``key_file``
+    names the setting that gives a key file (a config key, or a command's option)."""
     if keys.enabled or allow_open or is_loopback(host):
         return
     raise BadInputError(
         f"refusing to bind {host!r} (beyond loopback) with no API key: anyone who can reach "
-        f"it could use the model and fill the capture store. Set ${DEFAULT_KEY_ENV} or "
-        "security.api_key_file (docs/security.md), or pass --allow-unauthenticated to "
-        "serve openly on purpose"
+        f"it could use the model. Set ${DEFAULT_KEY_ENV} or {key_file} (docs/security.md), "
+        "or pass --allow-unauthenticated to serve openly on purpose"
     )

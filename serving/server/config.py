@@ -86,12 +86,22 @@ class SecurityConfig(_Section):
     """Who may call the server (docs/security.md). Keys come from the environment variable
     ``api_key_env`` and/or the file ``api_key_file`` (mode 600), never from the command
     line; with none, the server answers anyone and refuses to bind beyond loopback unless
-    ``allow_unauthenticated``."""
+    ``allow_unauthenticated``. With ``tls_cert`` and ``tls_key`` it serves HTTPS itself."""
 
     api_key_env: str = Field(DEFAULT_KEY_ENV, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     api_key_file: Path | None = None
     metrics_open: bool = False  # /metrics without a key (for a scraper); /health always is
     allow_unauthenticated: bool = False
+    # TLS served by the server itself (uvicorn's): a PEM certificate chain and its key
+    # (unencrypted, mode 600), both or neither; the files are checked by server_tls.
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> SecurityConfig:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("tls_cert and tls_key go together: give both or neither")
+        return self
 
 
 class CascadeConfig(_Section):

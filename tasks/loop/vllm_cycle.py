@@ -13,6 +13,7 @@ the acceptance windows scraped from vLLM.
 from __future__ import annotations
 
 import json
+import ssl
 import threading
 import time
 from collections import Counter
@@ -28,6 +29,7 @@ from serving.gateway.front import Front
 from serving.gateway.sink import ACCEPTANCE, PAIRS, area_parts
 from serving.gateway.vllm_process import free_port
 from serving.security.keys import client_key
+from serving.security.tls import ServerTls, ca_context, uvicorn_tls
 from tasks.data.traffic import build_workload
 from tasks.loop.target_promotion import evaluate_registered
 from tasks.loop.vllm_deploy import deployment_for
@@ -58,10 +60,17 @@ class Load:
         workers: int,
         max_tokens: int,
         pause_s: float = 1.0,
+        verify: ssl.SSLContext | None = None,
     ):
-        from openai import OpenAI
+        from openai import DefaultHttpxClient, OpenAI
 
-        self.client = OpenAI(base_url=f"{url}/v1", api_key=client_key(), max_retries=0, timeout=600)
+        self.client = OpenAI(
+            base_url=f"{url}/v1",
+            api_key=client_key(),
+            max_retries=0,
+            timeout=600,
+            http_client=DefaultHttpxClient(verify=verify) if verify is not None else None,
+        )
         self.prompts = prompts
         self.max_tokens = max_tokens
         self.pause_s = pause_s
@@ -108,11 +117,17 @@ class Load:
             thread.join()
 
 
-def _wait_for(front_url: str, champion: str, timeout_s: float) -> float:
+def _health(front_url: str, verify: ssl.SSLContext | bool) -> dict[str, Any]:
+    return httpx.get(f"{front_url}/health", timeout=5, verify=verify).json()
+
+
+def _wait_for(
+    front_url: str, champion: str, timeout_s: float, verify: ssl.SSLContext | bool = True
+) -> float:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
-            health = httpx.get(f"{front_url}/health", timeout=5).json()
+            health = _health(front_url, verify)
         except httpx.HTTPError:
             health = {}
         if (health.get("upstream") or {}).get("champion") == champion:
@@ -138,7 +153,11 @@ def run_cycle(
     eval_tokens: int = 16,
     registry: Registry | None = None,
     out: Path | None = None,
+    tls: ServerTls | None = None,
+    tls_ca: Path | None = None,
 ) -> dict[str, Any]:
+    """``tls``: the front serves TLS with it, and the cycle's clients trust ``tls_ca``
+    (the CA that signed it; None: the system's CAs)."""
     import uvicorn
 
     registry = registry or Registry()
@@ -164,18 +183,21 @@ def run_cycle(
         poll_s=1.0, scrape_s=2.0, redact_patterns=[],  # captured pairs redacted, as deployed
     )  # fmt: skip
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(front.app(), port=port, log_level="warning"))
+    server = uvicorn.Server(
+        uvicorn.Config(front.app(), port=port, log_level="warning", **uvicorn_tls(tls))
+    )
     serving = threading.Thread(target=server.run, daemon=True)
     serving.start()
-    url = f"http://127.0.0.1:{port}"
+    url = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
+    verify = ca_context(tls_ca) if tls else None
     deployment.start()
     load = None
     timeline: list[dict[str, Any]] = []
     try:
-        _wait_for(url, first.label, timeout_s)
+        _wait_for(url, first.label, timeout_s, verify or True)
         load = Load(
             url, [p.messages for p in prompts], workers=workers, max_tokens=max_tokens,
-            pause_s=pause_s,
+            pause_s=pause_s, verify=verify,
         )  # fmt: skip
         load.start()
         time.sleep(settle_s)
@@ -186,13 +208,13 @@ def run_cycle(
         for label, act in acts if rollback else acts[:1]:
             acted = time.time()
             act()
-            moved = _wait_for(url, label, timeout_s)
+            moved = _wait_for(url, label, timeout_s, verify or True)
             timeline.append({"to": label, "acted_to_serving_s": round(moved - acted, 3)})
             time.sleep(settle_s)
     finally:
         if load is not None:
             load.stop()
-        health = httpx.get(f"{url}/health", timeout=5).json()
+        health = _health(url, verify or True)
         deployment.stop()
         server.should_exit = True
         serving.join(timeout=30)

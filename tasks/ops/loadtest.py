@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import math
 import re
+import ssl
 import statistics
 import time
 from collections import Counter
@@ -32,6 +33,7 @@ from typing import Any
 
 from serving.atomic import atomic_path, write_json_atomic, write_text_atomic
 from serving.errors import BadInputError
+from serving.security.tls import ca_context
 
 RSS_PATTERN = re.compile(r"^process_resident_memory_bytes\s+([0-9.e+]+)", re.MULTILINE)
 DEFAULT_LEVELS = (1, 2, 4, 8)
@@ -57,16 +59,27 @@ class LoadTestSettings:
     drafter: str | None = None  # None: the server's champion
     skeleton: bool = False  # send `skeleton: true` (skeleton-of-thought decoding) per request
     prompts: list[str] = field(default_factory=list)  # empty: the workload's held-out prompts
+    tls_ca: Path | None = None  # an https url's server is verified with this CA file
+
+    def verify(self) -> ssl.SSLContext | None:
+        """What the clients verify an https server with (None: plain HTTP)."""
+        return ca_context(self.tls_ca) if self.url.startswith("https://") else None
 
     def check(self) -> None:
         for name in ("clients", "requests", "max_tokens"):
             _check_positive(name, getattr(self, name))
         if self.temperature < 0:
             raise BadInputError(f"temperature must be >= 0, got {self.temperature!r}")
-        if not self.url.startswith(("http://127.", "http://localhost", "http://[::1]")):
+        loopback = ("127.", "localhost", "[::1]")
+        if not self.url.startswith(
+            tuple(f"{s}://{h}" for s in ("http", "https") for h in loopback)
+        ):
             raise BadInputError(
                 f"the load test only targets loopback addresses, got url={self.url!r}"
             )
+        if self.tls_ca is not None and not self.url.startswith("https://"):
+            raise BadInputError(f"a CA file (tls_ca) is for an https server, got url={self.url!r}")
+        self.verify()  # a bad CA file fails here
 
 
 def parse_levels(text: str) -> list[int]:
@@ -183,10 +196,17 @@ async def _one(client, settings: LoadTestSettings, prompt: str) -> _Sample:
     )
 
 
-async def _sample_memory(url: str, stop: asyncio.Event, peaks: list[float]) -> None:
+async def _sample_memory(
+    settings: LoadTestSettings, stop: asyncio.Event, peaks: list[float]
+) -> None:
     import httpx
 
-    async with httpx.AsyncClient(timeout=5.0) as http:
+    from serving.security.keys import client_key
+
+    url = settings.url
+    verify = settings.verify() or True
+    headers = {"Authorization": f"Bearer {client_key()}"}  # /metrics needs the key too
+    async with httpx.AsyncClient(timeout=5.0, verify=verify, headers=headers) as http:
         while not stop.is_set():
             try:
                 text = (await http.get(f"{url}/metrics")).text
@@ -225,7 +245,7 @@ async def _measure_level(
 
     stop = asyncio.Event()
     memory: list[float] = []
-    sampler = asyncio.create_task(_sample_memory(settings.url, stop, memory))
+    sampler = asyncio.create_task(_sample_memory(settings, stop, memory))
     started = time.perf_counter()
     try:
         await asyncio.gather(*(worker() for _ in range(clients)))
@@ -242,7 +262,7 @@ async def run_load_sweep(
 ) -> dict[str, Any]:
     """Measure each concurrency level in ``levels`` (ascending) against one server, after one
     unmeasured warm-up request; the results of :func:`sweep_results`."""
-    from openai import AsyncOpenAI
+    from openai import AsyncOpenAI, DefaultAsyncHttpxClient
 
     from serving.security.keys import client_key
 
@@ -251,11 +271,13 @@ async def run_load_sweep(
     prompts = load_prompts(settings)
     if not prompts:
         raise BadInputError("the load test has no prompts")
+    verify = settings.verify()
     client = AsyncOpenAI(
         base_url=f"{settings.url}/v1",
         api_key=client_key(),  # $SPECOPS_API_KEYS' first, as the server it started reads
         max_retries=0,  # a 429 is a result here, not something to hide
         timeout=settings.timeout_s,
+        http_client=DefaultAsyncHttpxClient(verify=verify) if verify else None,
     )
     measured: dict[int, tuple[list[_Sample], float, list[float]]] = {}
     try:

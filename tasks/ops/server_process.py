@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import IO
 
 from serving.errors import SpecOpsError
+from serving.security.tls import ca_context
 
 
 def free_port() -> int:
@@ -32,9 +34,14 @@ class ServerProcess:
         log_path: Path | None = None,
         env: dict[str, str] | None = None,
         ready_timeout_s: float = 180.0,
+        tls_ca: Path | None = None,
     ) -> None:
+        """``tls_ca``: the server serves TLS (``args`` give ``--tls-cert`` and ``--tls-key``)
+        with a certificate this CA file signed; its url is https and checked with it."""
         self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        # What a client of it verifies it with (httpx's verify=).
+        self.verify: ssl.SSLContext | bool = ca_context(tls_ca) if tls_ca is not None else True
+        self.url = f"{'https' if tls_ca is not None else 'http'}://127.0.0.1:{self.port}"
         self.args = [*args]
         self.log_path = log_path
         self.env = {**os.environ, **(env or {})}
@@ -70,7 +77,8 @@ class ServerProcess:
                     f"ready; see {self.log_path or 'its output'}"
                 )
             try:
-                if httpx.get(f"{self.url}/health", timeout=2.0).status_code == 200:
+                health = httpx.get(f"{self.url}/health", timeout=2.0, verify=self.verify)
+                if health.status_code == 200:
                     return self
             except httpx.HTTPError:
                 pass

@@ -50,6 +50,11 @@ def test_vllm_without_the_environment_names_its_install_command(no_vllm, registr
         (["--hardware", "cuda-vllm"], "'cuda-vllm' (vllm on cuda) cannot run on this machine"),
         (["--hardware", "tpu"], "unknown hardware target 'tpu'"),
         (["--hardware", "cpu-vllm", "--host", "0.0.0.0"], "refusing to bind '0.0.0.0'"),
+        (["--hardware", "cpu-vllm", "--tls-cert", "cert.pem"], "tls_cert and tls_key go together"),
+        (
+            ["--hardware", "cpu-vllm", "--tls-cert", "/no/cert.pem", "--tls-key", "/no/key.pem"],
+            "cannot read the TLS key '/no/key.pem'",
+        ),
         (["--port", "8100"], "Missing option '--hardware'"),
     ],
 )

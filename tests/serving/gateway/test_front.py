@@ -21,6 +21,7 @@ from starlette.routing import Route
 from serving.gateway.front import Front, Upstream
 from serving.gateway.vllm_process import free_port
 from serving.security.keys import from_keys
+from serving.security.tls import ServerTls, ca_context, server_tls, uvicorn_tls
 
 
 def fake_vllm(name: str, delay_s: float = 0.0, release: threading.Event | None = None) -> Starlette:
@@ -67,10 +68,13 @@ def fake_vllm(name: str, delay_s: float = 0.0, release: threading.Event | None =
 class Served:
     """An ASGI app on a free loopback port, in a thread."""
 
-    def __init__(self, app) -> None:
+    def __init__(self, app, tls: ServerTls | None = None) -> None:
         self.port = free_port()
+        self.scheme = "https" if tls else "http"
         self.server = uvicorn.Server(
-            uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning")
+            uvicorn.Config(
+                app, host="127.0.0.1", port=self.port, log_level="warning", **uvicorn_tls(tls)
+            )
         )
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
@@ -81,7 +85,7 @@ class Served:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{self.scheme}://127.0.0.1:{self.port}"
 
     def stop(self) -> None:
         self.server.should_exit = True
@@ -92,8 +96,8 @@ class Served:
 def served():
     started: list[Served] = []
 
-    def serve(app) -> Served:
-        started.append(Served(app))
+    def serve(app, tls: ServerTls | None = None) -> Served:
+        started.append(Served(app, tls))
         return started[-1]
 
     yield serve
@@ -258,3 +262,23 @@ def test_keys_guard_the_front_and_opt_outs_are_not_captured(served):
     metrics = httpx.get(f"{app.url}/metrics", headers=auth).text
     assert "specops_gateway_capture_opt_outs_total 3.0" in metrics
     assert 'specops_gateway_rejected_total{reason="body_size"} 1.0' in metrics
+
+
+def test_the_front_serves_tls_itself(served, tls_files):
+    """uvicorn's own TLS with a certificate generated for the test: a client with the CA
+    file and the key gets its completion; one that trusts only the system's CAs, or speaks
+    plain HTTP to the port, gets nothing."""
+    fake = served(fake_vllm("up"))
+    front = Front(keys=from_keys([KEY]))
+    front.switch(upstream(fake, "up"))
+    app = served(front.app(), tls=server_tls(tls_files.cert, tls_files.key))
+    assert app.url.startswith("https://")
+    auth = {"Authorization": f"Bearer {KEY}"}
+    with httpx.Client(verify=ca_context(tls_files.ca)) as client:
+        assert client.post(f"{app.url}/v1/completions", json={"prompt": "a"}).status_code == 401
+        reply = client.post(f"{app.url}/v1/completions", json={"prompt": "a"}, headers=auth)
+        assert reply.status_code == 200 and reply.json()["choices"][0]["text"]
+    with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
+        httpx.get(f"{app.url}/health", verify=ca_context(None))
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"http://127.0.0.1:{app.port}/health")

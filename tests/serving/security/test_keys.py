@@ -79,6 +79,8 @@ def test_binding_beyond_loopback_needs_a_key_or_an_explicit_opening():
     check_bind("0.0.0.0", from_keys([]), allow_open=True)
     with pytest.raises(BadInputError, match=r"refusing to bind '0\.0\.0\.0'"):
         check_bind("0.0.0.0", from_keys([]), allow_open=False)
+    with pytest.raises(BadInputError, match=r"Set \$SPECOPS_API_KEYS or --api-key-file"):
+        check_bind("0.0.0.0", from_keys([]), allow_open=False, key_file="--api-key-file")
 
 
 def test_specops_clients_send_the_first_key_of_the_environment():
@@ -86,3 +88,13 @@ def test_specops_clients_send_the_first_key_of_the_environment():
 
     assert client_key("K", {"K": f"{KEY},{OTHER}"}) == KEY
     assert client_key("K", {}) == "specops"
+
+
+def test_a_client_key_file_wins_over_the_environment_and_is_checked(tmp_path):
+    from serving.security.keys import client_key
+
+    path = key_file(tmp_path, f"# mine\n{OTHER}\n{KEY}\n")
+    assert client_key("K", {"K": KEY}, path=path) == OTHER  # the file's first key
+    os.chmod(path, 0o644)
+    with pytest.raises(ApiKeyError, match="readable by others"):
+        client_key("K", {}, path=path)

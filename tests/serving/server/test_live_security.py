@@ -1,4 +1,5 @@
-"""A real `specops serve` process with API keys, driven by the official openai client:
+"""A real `specops serve` process with API keys and TLS (its own, with a certificate made
+for the test), driven by the official openai client:
 no key, a wrong key and a malformed header get 401 and never reach the queue; bodies over
 the limits get 413/400; a client's capture opt-out is honoured (nothing written); planted
 secrets are redacted and the captured record still validates; no key appears in the log.
@@ -34,7 +35,7 @@ capture: {share: 1.0, store: STORE, redact_patterns: ['PROJECT-[0-9]{4}']}
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory, model_folder):
+def setup(tmp_path_factory, model_folder, tls_files):
     root = tmp_path_factory.mktemp("secure")
     keys = root / "keys"
     keys.write_text(f"# the team's key\n{FILE_KEY}\n")
@@ -44,20 +45,29 @@ def setup(tmp_path_factory, model_folder):
     args = [
         "--config", str(config), "--target", str(model_folder), "--threads", "1",
         "--api-key-file", str(keys),
+        "--tls-cert", str(tls_files.cert), "--tls-key", str(tls_files.key),
     ]  # fmt: skip
     return root, args
 
 
 @pytest.fixture(scope="module")
-def server(setup):
+def server(setup, tls_files):
     root, args = setup
-    process = ServerProcess(args, log_path=root / "server.log", env={"SPECOPS_API_KEYS": ENV_KEY})
+    process = ServerProcess(
+        args, log_path=root / "server.log", env={"SPECOPS_API_KEYS": ENV_KEY}, tls_ca=tls_files.ca
+    )
     with process:
         yield process
 
 
 def client(server, key):
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key=key, max_retries=0)
+    """The openai client, trusting the test's CA (the servers here serve TLS themselves)."""
+    http = openai.DefaultHttpxClient(verify=server.verify)
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key=key, max_retries=0, http_client=http)
+
+
+def request(server, method, path, **kwargs):
+    return httpx.request(method, f"{server.url}{path}", verify=server.verify, **kwargs)
 
 
 def chat(server, key, content="hello there", **extra):
@@ -77,6 +87,19 @@ def test_either_key_is_accepted(server):
         assert client(server, key).models.list().data[0].id == "smollm2"
 
 
+def test_the_server_serves_tls_itself(server, setup, tls_files):
+    """`specops serve --tls-cert --tls-key`: uvicorn's own TLS. A client with the CA file
+    gets answers (every test here goes over it); one trusting only the system's CAs, or
+    speaking plain HTTP to the port, gets nothing."""
+    assert server.url.startswith("https://")
+    with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
+        httpx.get(f"{server.url}/health")
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"http://127.0.0.1:{server.port}/health")
+    root, _ = setup
+    assert f"on https://127.0.0.1:{server.port}/v1" in (root / "server.log").read_text()
+
+
 @pytest.mark.parametrize("key", [WRONG_KEY, "x"])
 def test_a_wrong_key_is_401(server, key):
     with pytest.raises(openai.AuthenticationError) as error:
@@ -88,8 +111,10 @@ def test_a_wrong_key_is_401(server, key):
 
 def test_a_malformed_authorization_header_is_401_not_500(server):
     for header in ("Bearer", "Basic abc", "Bearer a b", "Token " + FILE_KEY):
-        response = httpx.post(
-            f"{server.url}/v1/completions",
+        response = request(
+            server,
+            "POST",
+            "/v1/completions",
             json={"model": "smollm2", "prompt": "hi"},
             headers={"Authorization": header},
         )
@@ -98,9 +123,9 @@ def test_a_malformed_authorization_header_is_401_not_500(server):
 
 
 def test_health_is_open_and_metrics_needs_a_key(server):
-    assert httpx.get(f"{server.url}/health").status_code == 200
-    assert httpx.get(f"{server.url}/metrics").status_code == 401
-    metrics = httpx.get(f"{server.url}/metrics", headers={"Authorization": f"Bearer {ENV_KEY}"})
+    assert request(server, "GET", "/health").status_code == 200
+    assert request(server, "GET", "/metrics").status_code == 401
+    metrics = request(server, "GET", "/metrics", headers={"Authorization": f"Bearer {ENV_KEY}"})
     assert metrics.status_code == 200
     assert (
         'specops:requests_rejected_total{hardware="cpu",model_name="smollm2",reason="invalid"}'
@@ -110,9 +135,9 @@ def test_health_is_open_and_metrics_needs_a_key(server):
 
 def test_a_flood_of_unauthenticated_requests_never_reaches_the_queue(server):
     for _ in range(50):  # no key at all
-        response = httpx.post(f"{server.url}/v1/completions", content=b"{}")
+        response = request(server, "POST", "/v1/completions", content=b"{}")
         assert response.status_code == 401 and "no API key" in response.text
-    health = httpx.get(f"{server.url}/health").json()
+    health = request(server, "GET", "/health").json()
     assert health["requests_waiting"] == 0 and health["requests_running"] == 0
     assert chat(server, FILE_KEY).choices  # and the server still serves
 
@@ -134,13 +159,16 @@ def test_too_many_messages_or_characters_are_400_naming_the_limit(server):
         api.completions.create(model="smollm2", prompt="y" * 2001, max_tokens=4)
 
 
-def test_opt_out_is_honoured_and_secrets_are_redacted(setup, model_folder, tmp_path):
+def test_opt_out_is_honoured_and_secrets_are_redacted(setup, model_folder, tmp_path, tls_files):
     """A server of its own, stopped before the store is read (a stop flushes the capture)."""
     root, args = setup
     store_root = root / "store"
     log = tmp_path / "server.log"
     secret_prompt = f"Mail {EMAIL}, key {PLANTED_KEY}, ticket PROJECT-1234. Mail {EMAIL}."
-    with ServerProcess(args, log_path=log, env={"SPECOPS_API_KEYS": ENV_KEY}) as server:
+    process = ServerProcess(
+        args, log_path=log, env={"SPECOPS_API_KEYS": ENV_KEY}, tls_ca=tls_files.ca
+    )
+    with process as server:
         chat(server, FILE_KEY, content=OPTED_OUT, extra_body={"capture": False})
         chat(server, FILE_KEY, content=OPTED_OUT + " (store)", extra_body={"store": False})
         client(server, FILE_KEY).with_options(
@@ -158,8 +186,8 @@ def test_opt_out_is_honoured_and_secrets_are_redacted(setup, model_folder, tmp_p
             )
         chat(server, FILE_KEY, content=secret_prompt)
         chat(server, FILE_KEY, content="plain words, nothing secret")
-        metrics = httpx.get(
-            f"{server.url}/metrics", headers={"Authorization": f"Bearer {FILE_KEY}"}
+        metrics = request(
+            server, "GET", "/metrics", headers={"Authorization": f"Bearer {FILE_KEY}"}
         ).text
     assert 'specops:capture_opt_outs_total{hardware="cpu",model_name="smollm2"} 3.0' in metrics
     redactions = 'specops:capture_redactions_total{hardware="cpu",kind="%s",model_name="smollm2"}'

@@ -84,6 +84,23 @@ def test_a_level_above_the_request_count_is_refused():
 def test_only_loopback_is_targeted():
     with pytest.raises(BadInputError, match="only targets loopback"):
         LoadTestSettings(url="http://10.0.0.1:8000").check()
+    with pytest.raises(BadInputError, match="only targets loopback"):
+        LoadTestSettings(url="https://10.0.0.1:8000").check()
+
+
+def test_an_https_server_is_verified_with_the_ca_file(tls_files, tmp_path):
+    settings = LoadTestSettings(url="https://127.0.0.1:8443", tls_ca=tls_files.ca)
+    settings.check()
+    verify = settings.verify()
+    assert verify is not None and verify.get_ca_certs()[0]["subject"]
+    assert LoadTestSettings(url="https://localhost:8443").verify() is not None  # the system's
+    assert LoadTestSettings(url="http://127.0.0.1:8000").verify() is None
+    with pytest.raises(BadInputError, match=r"a CA file \(tls_ca\) is for an https server"):
+        LoadTestSettings(url="http://127.0.0.1:8000", tls_ca=tls_files.ca).check()
+    not_pem = tmp_path / "ca.pem"
+    not_pem.write_text("nothing\n")
+    with pytest.raises(BadInputError, match="holds no PEM certificate"):
+        LoadTestSettings(url="https://127.0.0.1:8443", tls_ca=not_pem).check()
 
 
 def test_levels_are_summarised_against_the_one_client_level():
