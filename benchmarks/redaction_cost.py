@@ -46,6 +46,7 @@ def _records(tokenizer) -> dict[str, dict]:
     for name, text in (("plain", PARAGRAPH * 11), ("two_secrets", PARAGRAPH * 10 + SECRETS)):
         prompt = tokenizer(text, add_special_tokens=False)["input_ids"]
         record = decoder.generate(prompt, max_new_tokens=64, mode="detailed").record
+        assert record is not None  # detailed mode always records
         rows[name] = from_detailed(
             record, record_key=name, prompt_id=name, workload="live", split="train",
             prompt=text, output_text=tokenizer.decode(record.output_token_ids),
