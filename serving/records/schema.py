@@ -1,4 +1,4 @@
-"""The collected-record schema (version 2): one request record per line, details nested.
+"""The collected-record schema (version 3): one request record per line, details nested.
 
 A request record is what one request through the engine in detailed mode leaves behind: the
 prompt and the target's output, per-request acceptance, every draft/target disagreement,
@@ -16,10 +16,12 @@ and NaN/inf at parse time, with the field named in the reason. Its disagreements
 tokens are the engine's own dataclasses (:class:`serving.detailed.Disagreement`,
 :class:`serving.features.DraftedToken`), held to the same rules. Every reader goes through
 :func:`parse_record`, which also reads the older versions still in users' stores and DVC
-remotes (:func:`migrate_record`: version 1 had no ``drafted``/``unverified``); writers
-always write the current version.
+remotes (:func:`migrate_record`: version 1 had no ``drafted``/``unverified``, version 2 no
+``masked_disagreements``); writers always write the current version.
 
-Versions: 1, the first; 2 added ``drafted`` and ``unverified``.
+Versions: 1, the first; 2 added ``drafted`` and ``unverified``; 3 added
+``masked_disagreements`` (the disagreements redaction removed because a secret touched
+them, :mod:`serving.security.redact`).
 """
 
 from __future__ import annotations
@@ -37,8 +39,8 @@ from serving.detailed import DetailedRecord, Disagreement
 from serving.errors import BadInputError
 from serving.features import DraftedToken
 
-SCHEMA_VERSION: Literal[2] = 2
-READABLE_VERSIONS = (1, SCHEMA_VERSION)  # what parse_record reads; it returns SCHEMA_VERSION
+SCHEMA_VERSION: Literal[3] = 3
+READABLE_VERSIONS = (1, 2, SCHEMA_VERSION)  # what parse_record reads; it returns SCHEMA_VERSION
 DEFAULT_FAILURE_THRESHOLD = 0.5
 
 # Workload and split names, declared once here for every layer above (traffic, params,
@@ -85,7 +87,7 @@ _AS_ROW = GetPydanticSchema(_row)
 
 
 class RequestRecord(_Strict):
-    schema_version: Literal[2]
+    schema_version: Literal[3]
     id: str = Field(min_length=1)
     prompt_id: str
     workload: str  # one of RECORD_WORKLOADS (checked by validation, not at parse)
@@ -114,6 +116,9 @@ class RequestRecord(_Strict):
     # Per drafted token the target ruled on, in order (ranges are checked by validation).
     drafted: list[Annotated[DraftedToken, _AS_ROW]]
     unverified: list[int]  # output positions kept although the target disagreed (relaxed)
+    # Disagreements removed by redaction: their draft or target token carried a secret, so
+    # both would be the mask token (no disagreement left to learn from). >= 0 (validation).
+    masked_disagreements: int = 0
 
 
 class UnknownSchemaVersionError(BadInputError):
@@ -126,7 +131,9 @@ def migrate_record(row: dict) -> dict:
     A version-1 record gains ``drafted=[]`` and ``unverified=[]``: version 1 never recorded
     per-token features, so an empty ``drafted`` there means *not recorded*, not *nothing
     drafted* (``draft_tokens`` still says how many were), and the acceptance predictor has
-    nothing to learn from it. A current record is returned as it is; so is one without
+    nothing to learn from it. Versions 1 and 2 gain ``masked_disagreements=0``: they
+    removed no disagreement (redaction masked both of its tokens instead, which
+    validation refuses). A current record is returned as it is; so is one without
     ``schema_version``, which the schema then refuses by name. Any other version raises
     :class:`UnknownSchemaVersionError` naming it. ``row`` itself is never modified.
     """
@@ -140,7 +147,9 @@ def migrate_record(row: dict) -> dict:
             "it, or the row is damaged; upgrade specops to read it"
         )
     if version == 1:
-        return {**row, "schema_version": SCHEMA_VERSION, "drafted": [], "unverified": []}
+        row = {**row, "drafted": [], "unverified": []}
+    if version in (1, 2):
+        return {**row, "schema_version": SCHEMA_VERSION, "masked_disagreements": 0}
     return row
 
 

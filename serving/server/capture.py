@@ -1,6 +1,6 @@
 """Traffic capture: a share of requests runs in detailed mode and lands in the store.
 
-Captured requests become schema-v1 records (workload ``live``, split ``train``) in the
+Captured requests become current-schema records (workload ``live``, split ``train``) in the
 same append-only store that ``specops data collect`` writes and the collect flow
 validates: ``<store>/records/hardware=<target>/date=<day>/part-serve-....jsonl``. Records
 are buffered and flushed as atomic parts (every ``chunk_size`` records, every

@@ -119,6 +119,8 @@ def request_expectations(
         # Unverified (relaxed) positions lie inside the output, on tokens that came from drafts.
         _greater("output_token_count", "unverified_max", or_equal=False),
         _in_set("unverified_from_draft", [True]),
+        # Disagreements redaction removed (a secret touched them), counted, never negative.
+        _between("masked_disagreements", 0),
     ]
 
 
@@ -128,7 +130,9 @@ def disagreement_expectations() -> list[_Expectation]:
         _between("position", 0),
         _greater("output_length", "position", or_equal=False),
         _between("draft_index", 0),
-        _in_set("draft_token_differs", [True]),  # GE has no "pair not equal" check
+        # GE has no "pair not equal" check. Redaction removes a disagreement a secret touched
+        # (counted in the request's masked_disagreements) rather than mask both tokens.
+        _in_set("draft_token_differs", [True]),
         _between("target_prob_of_draft", 0, 1),
         _between("target_prob_of_target", 0, 1),
         _between("draft_prob_of_draft", 0, 1),
@@ -196,6 +200,7 @@ def _request_frame(records: Sequence[RequestRecord]) -> pd.DataFrame:
                 "unverified_from_draft": all(
                     0 <= p < len(r.from_draft) and r.from_draft[p] for p in r.unverified
                 ),
+                "masked_disagreements": r.masked_disagreements,
             }
             for row, r in enumerate(records)
         ]

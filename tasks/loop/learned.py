@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from serving.errors import BadInputError, IncompatibleDraftError, ModelSourceError
 from serving.loader import eos_ids, load_target, set_threads
+from serving.security.redact import mask_token
 from tasks.loop.retrain_config import FamilySettings, LearnedFamily, TargetRetrain
 from tasks.train.store_teacher import Answered, TooLittleDataError, build_store_teacher
 
@@ -238,6 +239,7 @@ def train_learned_challengers(
                 model,
                 work / TEACHER_DIR,
                 eos_token_ids=eos_ids(model, tokenizer),
+                mask_token_id=mask_token(tokenizer),
                 min_sequences=config.min_sequences,
                 min_answer_tokens=config.min_answer_tokens,
                 progress=progress,

@@ -21,6 +21,7 @@ from typing import Literal
 
 import torch
 
+from tasks.train.masked_labels import unmasked_labels
 from tasks.train.teacher import TeacherSequence
 
 LossKind = Literal["ce", "kl"]
@@ -62,7 +63,8 @@ def make_batch(
         attention_mask[row, :length] = 1
         top_ids[row, :length] = sequence.top_ids[here]
         top_logprobs[row, :length] = sequence.top_logprobs[here]
-        valid[row, :length] = True
+        # Padding and the positions that touch redaction's mask token are out of the loss.
+        valid[row, :length] = unmasked_labels(sequence, start, length, reach=1)
         # The label at i predicts x_{i+1}: an answer token once i + 1 >= prompt_len.
         answer[row, :length] = torch.arange(start, start + length) + 1 >= sequence.prompt_len
     if answers_only:

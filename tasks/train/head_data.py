@@ -4,7 +4,8 @@ Head position ``i`` of a sequence pairs the target's feature ``f_i`` with the ne
 ``x_{i+1}``; its targets are the next feature ``f_{i+1}`` and the target's next-token
 distribution at ``i + 1`` (the token after ``x_{i+1}``). A sequence of ``T`` tokens has
 ``T - 1`` head positions; a window covers at most ``max_len`` of them and is right-padded
-inside its batch (padding is masked out of every loss and metric).
+inside its batch (padding is masked out of every loss and metric, as are the positions
+that touch redaction's mask token, :mod:`tasks.train.masked_labels`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass, fields
 import torch
 
 from serving.errors import BadInputError
+from tasks.train.masked_labels import unmasked_labels
 from tasks.train.teacher import TeacherSequence
 
 
@@ -94,7 +96,8 @@ def make_batch(
         top_ids[row, :length] = sequence.top_ids[after]
         top_logprobs[row, :length] = sequence.top_logprobs[after]
         positions[row, :length] = torch.arange(start, start + length)
-        valid[row, :length] = True
+        # Padding and the positions that touch redaction's mask token are out of the loss.
+        valid[row, :length] = unmasked_labels(sequence, start, length, reach=2)
         # The label at i is the token after x_{i+1}: an answer token once i + 2 >= prompt_len.
         answer[row, :length] = positions[row, :length] + 2 >= sequence.prompt_len
     if answers_only:

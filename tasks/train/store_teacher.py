@@ -117,6 +117,7 @@ def build_store_teacher(
     top_k: int = 8,
     min_sequences: int = MIN_SEQUENCES,
     min_answer_tokens: int = MIN_ANSWER_TOKENS,
+    mask_token_id: int | None = None,
     progress: bool = True,
 ) -> StoreTeacherReport:
     """A teacher cache at ``cache_dir`` from collected ``records`` (request records or
@@ -127,7 +128,9 @@ def build_store_teacher(
     skips the shards already written.
 
     ``max_new_tokens`` of the cache's :class:`TeacherConfig` is the longest answer kept, so
-    a cache built from other records is refused rather than mixed (use a new folder)."""
+    a cache built from other records is refused rather than mixed (use a new folder).
+    ``mask_token_id``: the token redaction masked secrets with (captured traffic), left out
+    of the trainers' losses."""
     if min_sequences < 1 or min_answer_tokens < 1:
         raise BadInputError(
             f"min_sequences and min_answer_tokens must be >= 1, got {min_sequences} and "
@@ -146,6 +149,7 @@ def build_store_teacher(
         eos_token_ids=eos_token_ids,
         config=config,
         answers=usable.answers,
+        mask_token_id=mask_token_id,
         progress=progress,
     )
     return StoreTeacherReport(

@@ -58,6 +58,9 @@ class TeacherManifest(BaseModel):
     target: dict[str, object]  # see target_fingerprint
     eos_token_ids: list[int]
     config: TeacherConfig
+    # The token redaction put in place of a secret's tokens (serving.security.redact); the
+    # trainers leave the positions that read or predict it out of every loss. None: none.
+    mask_token_id: int | None = None
     shards: list[ShardEntry] = Field(default_factory=list)
 
     @property
@@ -73,6 +76,7 @@ class TeacherSequence:
     top_ids: torch.Tensor  # [seq, top_k] int64, the target's top next tokens after x_i
     top_logprobs: torch.Tensor  # [seq, top_k] float32
     prompt_len: int
+    mask_token_id: int | None = None  # redaction's mask token (the manifest's), see masked_labels
 
 
 # -------------------------------------------------------------------------- target side
@@ -146,6 +150,7 @@ def load_teacher_data(cache_dir: str | Path) -> tuple[TeacherManifest, list[Teac
                     top_ids=top_ids[span],
                     top_logprobs=top_logprobs[span],
                     prompt_len=int(prompt_lens[j]),
+                    mask_token_id=manifest.mask_token_id,
                 )
             )
     return manifest, sequences

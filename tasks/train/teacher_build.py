@@ -184,13 +184,16 @@ def build_teacher_cache(
     pad_token_id: int | None = None,
     config: TeacherConfig | None = None,
     answers: Mapping[str, Sequence[int]] | None = None,
+    mask_token_id: int | None = None,
     progress: bool = True,
 ) -> TeacherReport:
     """Generate and record teacher data for ``prompts`` under ``cache_dir`` (resumable).
 
     With ``answers`` (prompt id -> the target's greedy answer, e.g. from
     :mod:`tasks.train.teacher_answers` run on a GPU), nothing is generated: each prompt's given
-    answer is teacher-forced instead.
+    answer is teacher-forced instead. ``mask_token_id`` (redaction's mask token, for
+    answers from captured traffic) is kept in the manifest: the trainers leave the positions
+    that read or predict it out of their losses (:mod:`tasks.train.masked_labels`).
     """
     from tqdm.auto import tqdm
 
@@ -211,13 +214,18 @@ def build_teacher_cache(
     pad = int(pad_token_id if pad_token_id is not None else (target.config.pad_token_id or 0))
     existing = read_manifest(cache_dir)
     if existing is not None and (
-        existing.target != fingerprint or existing.config != config or existing.eos_token_ids != eos
+        existing.target != fingerprint
+        or existing.config != config
+        or existing.eos_token_ids != eos
+        or existing.mask_token_id != mask_token_id
     ):
         raise BadInputError(
             f"{cache_dir} holds teacher data of another target or other settings "
             f"({existing.target}, {existing.config}); use a new folder"
         )
-    manifest = TeacherManifest(target=fingerprint, eos_token_ids=eos, config=config)
+    manifest = TeacherManifest(
+        target=fingerprint, eos_token_ids=eos, config=config, mask_token_id=mask_token_id
+    )
     dtype = getattr(torch, config.feature_dtype)
     shards = [prompts[i : i + config.shard_size] for i in range(0, len(prompts), config.shard_size)]
     written = skipped = generated = forwarded = 0

@@ -51,7 +51,7 @@ def _record(index: int, accepted: int, *, workload: str = "grounded", split: str
     steps = [[2, min(accepted, 2)], [2, max(accepted - 2, 0)]]
     rate = accepted / 4
     return RequestRecord(
-        schema_version=2,
+        schema_version=3,
         id=f"req-{index}",
         prompt_id=f"p{index}",
         workload=workload,

@@ -94,7 +94,7 @@ def test_train_draft_writes_a_package(target_dir, teacher_dir, tmp_path, kind):
 
 def _record(index: int, split: str = "train") -> dict:
     return RequestRecord(
-        schema_version=2, id=f"req-{index}", prompt_id=f"p{index}", workload="sharegpt",
+        schema_version=3, id=f"req-{index}", prompt_id=f"p{index}", workload="sharegpt",
         split=split, prompt="hi", prompt_token_ids=[1, 5, 6], output_text="...",
         output_token_ids=[10 + index, 11, 12, 13], from_draft=[False] * 4,
         acceptance_rate=None, mean_accepted_length=1.0, draft_tokens=0, accepted_tokens=0,

@@ -241,7 +241,7 @@ def test_run_collect_validates_versions_and_weighs_a_retrain(demo, loop_world, m
     assert printed.startswith('{\n  "replayed": null,\n  "retention": {')
     assert '"removed": []' in printed  # nothing is 30 days old
     valid = DEMO["before_prompts"] + DEMO["after_prompts"]
-    assert '"validation": {\n    "validation": {\n      "schema_version": 2,' in printed
+    assert '"validation": {\n    "validation": {\n      "schema_version": 3,' in printed
     assert f'"total": {valid},\n      "valid": {valid},' in printed
     meta = yaml.safe_load((loop_world / f"{store}.dvc").read_text())  # `git add` records it
     assert meta["outs"][0]["md5"].endswith(".dir")

@@ -137,7 +137,7 @@ def test_drafted_row_has_exactly_the_engine_fields(detailed):
 
 def test_drafted_tokens_are_recorded_and_consistent(detailed):
     row = _build(detailed)
-    assert SCHEMA_VERSION == 2
+    assert SCHEMA_VERSION == 3
     assert row["drafted"] == [d.to_dict() for d in detailed.drafted]
     assert row["unverified"] == [] == detailed.unverified  # exact verification
     drafted = row["drafted"]
@@ -209,10 +209,12 @@ def _fixture_lines() -> list[str]:
 def test_records_written_before_read_and_write_back_byte_for_byte():
     lines = _fixture_lines()
     assert len(lines) == 4
-    for line in lines:
-        assert json.dumps(parse_record(json.loads(line)).model_dump(mode="json")) == line
-        assert RequestRecord.model_validate_json(line).model_dump_json() == (
-            RequestRecord.model_validate(json.loads(line)).model_dump_json()
+    for line in lines:  # version 2, read as version 3: nothing else changes
+        current = {**json.loads(line), "schema_version": 3, "masked_disagreements": 0}
+        assert parse_record(json.loads(line)).model_dump(mode="json") == current
+        assert json.dumps(parse_record(current).model_dump(mode="json")) == json.dumps(current)
+        assert RequestRecord.model_validate_json(json.dumps(current)).model_dump_json() == (
+            RequestRecord.model_validate(current).model_dump_json()
         )
     rows = [json.loads(line) for line in lines]
     assert any(r["disagreements"] for r in rows) and any(r["unverified"] for r in rows)
@@ -224,7 +226,7 @@ def test_the_engine_writes_the_fields_of_records_written_before(detailed, relaxe
     before = json.loads(_fixture_lines()[0])
     for record in (detailed, relaxed):
         row = _build(record)
-        assert list(row) == list(before)
+        assert list(row) == [*before, "masked_disagreements"]  # version 3 added it
         assert list(row["sampling"]) == list(before["sampling"])
         assert {tuple(d) for d in row["disagreements"]} == {tuple(before["disagreements"][0])}
         assert {tuple(d) for d in row["drafted"]} == {tuple(before["drafted"][0])}
@@ -311,7 +313,9 @@ def test_a_version_1_record_is_read_as_the_current_version():
     assert record.schema_version == SCHEMA_VERSION
     assert (record.drafted, record.unverified) == ([], [])  # never recorded in version 1
     current = record.model_dump(mode="json")
-    assert {k: v for k, v in current.items() if k not in ("drafted", "unverified")} == {
+    assert current["masked_disagreements"] == 0  # nothing was removed by redaction then
+    added = ("drafted", "unverified", "masked_disagreements")
+    assert {k: v for k, v in current.items() if k not in added} == {
         **old,
         "schema_version": SCHEMA_VERSION,
     }
@@ -321,10 +325,18 @@ def test_a_version_1_record_is_read_as_the_current_version():
         RequestRecord.model_validate(old)  # only the reader knows old versions
 
 
-@pytest.mark.parametrize("version", [0, 3, 99, "1", 1.0, True, None])
+def test_a_version_2_record_gains_no_masked_disagreements():
+    old = {**json.loads(V1_LINE), "schema_version": 2, "drafted": [], "unverified": []}
+    current = parse_record(old).model_dump(mode="json")
+    assert current == {**old, "schema_version": SCHEMA_VERSION, "masked_disagreements": 0}
+    negative = {**current, "masked_disagreements": -1}  # parses; validation refuses it
+    assert parse_record(negative).masked_disagreements == -1
+
+
+@pytest.mark.parametrize("version", [0, 4, 99, "1", 1.0, True, None])
 def test_an_unknown_version_is_refused_naming_it(version):
     row = {**json.loads(V1_LINE), "schema_version": version}
-    with pytest.raises(UnknownSchemaVersionError, match="it reads 1, 2") as raised:
+    with pytest.raises(UnknownSchemaVersionError, match="it reads 1, 2, 3") as raised:
         parse_record(row)
     assert str(raised.value).startswith(f"schema_version: {version!r} is not a record version")
     assert isinstance(raised.value, BadInputError)

@@ -38,7 +38,7 @@ def _mode(path: Path) -> int:
 def _record(index: int) -> dict:
     """A well-formed record that drafted nothing (the store only checks the schema)."""
     return RequestRecord(
-        schema_version=2,
+        schema_version=3,
         id=f"req-{index}",
         prompt_id=f"p{index}",
         workload="grounded",

@@ -1,7 +1,10 @@
 """Redaction: secrets found in text, confined to the tokens that carry them, and a captured
 record that still validates with its positions kept."""
 
+import json
+
 import pytest
+import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from serving.drafters.prompt_lookup import PromptLookupDrafter
@@ -147,3 +150,134 @@ def test_captured_pairs_are_redacted_or_dropped_through_the_sink(tmp_path, token
     sink = PartSink(tmp_path / "b", PAIRS, hardware="cpu-vllm", run_id="r", transform=dropping)
     sink.add({"timestamp": 1.0, "prompt_token_ids": prompt, "output_token_ids": output})
     assert sink.flush() == 0 and events[-1] == ("dropped:no_mask_token", 1)
+
+
+def test_jwts_cards_private_keys_and_url_passwords_are_caught():
+    jwt = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0In0.abcDEF123_-x"
+    pem = "-----BEGIN RSA PRIVATE KEY-----\nMIIEow\nIBAAK\n-----END RSA PRIVATE KEY-----"
+    text = (
+        f"auth {jwt} card 4111 1111 1111 1111 or 5500-0000-0000-0004 key\n{pem}\n"
+        "db postgres://admin:s3cr3t-pw@db.example:5432/app and ghp_abcdefghijklmnopqrstuvwxyz12 "
+        "and AKIAABCDEFGHIJKLMNOP"
+    )
+    redacted, counts = Redactor().redact_text(text)
+    for secret in (jwt, "4111 1111", "5500-0000", "MIIEow", "s3cr3t", "ghp_", "AKIA"):
+        assert secret not in redacted, secret
+    assert "db postgres://[REDACTED:url_password]" in redacted  # "pw@db.example": e-mail-like too
+    assert counts == {"jwt": 1, "card_number": 2, "private_key": 1, "url_password": 1, "api_key": 2}
+    # Ordinary digit runs survive: Luhn fails, a network's first digit is missing, too long.
+    plain = "order 1234 5678 1234 5678, id 9111111111111111, 41111111111111111111111, 3.14159"
+    assert Redactor().redact_text(plain) == (plain, {})
+    cut = "-----BEGIN PRIVATE KEY-----\nMIIEvQIBADAN"  # pasted without its END line
+    assert Redactor().redact_text(cut)[0] == "[REDACTED:private_key]"
+
+
+def _planted_record(tokenizer, index: int = 0) -> tuple[dict, dict[str, int]]:
+    """A record of one rejected draft per step, with secrets planted in the prompt, the
+    output, a rejected draft copying the prompt's key, a rejected draft completing a
+    password and (all of them) the disagreements' contexts and the drafted rows; and how
+    many disagreements each kind of position holds."""
+    encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    prompt = f"Card 4111 1111 1111 1111, key {KEY}, order 1234 5678 1234 5678 #{index}."
+    jwt = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0In0.abcDEF123"
+    pieces = [" Sure, the token is ", jwt, " and the password=hunte", " is short. Done now."]
+    output = [t for piece in pieces for t in encode(piece)]
+    prompt_ids = encode(prompt)
+    jwt_at = len(encode(pieces[0]))
+    completes = jwt_at + len(encode(pieces[1])) + len(encode(pieces[2]))  # after "hunte"
+    copies = len(output) - 2
+    plain = encode(" the")[0]
+    drafts = [plain if t != plain else encode(" a")[0] for t in output]
+    drafts[completes] = encode("r")[0]  # "password=hunter": a secret the draft completes
+    drafts[copies] = encode("proj")[0]  # a token of the prompt's key, copied by a lookup
+    sequence = prompt_ids + output
+    n_out = len(output)
+    disagreements = [
+        {
+            "position": p, "draft_index": 0, "draft_token": drafts[p], "target_token": output[p],
+            "target_prob_of_draft": 0.1, "target_prob_of_target": 0.6,
+            "draft_prob_of_draft": 1.0, "draft_prob_of_target": 0.0,
+            "context": sequence[: len(prompt_ids) + p][-32:],
+        }
+        for p in range(n_out)
+    ]  # fmt: skip
+    drafted = [
+        {
+            "stage": "pld", "stage_index": 0, "position": 0, "draft_confidence": None,
+            "draft_entropy": None, "match_len": 1, "target_entropy": 1.0,
+            "recent_logprob": -1.0, "length_ratio": 0.5, "step": p, "token": drafts[p],
+            "accepted": False, "kept": False,
+        }
+        for p in range(n_out)
+    ]  # fmt: skip
+    row = {
+        "schema_version": 3, "id": f"planted-{index}", "prompt_id": "live-x", "workload": "live",
+        "split": "train", "prompt": prompt, "prompt_token_ids": prompt_ids,
+        "output_text": "".join(pieces), "output_token_ids": output,
+        "from_draft": [False] * n_out, "acceptance_rate": 0.0, "mean_accepted_length": 1.0,
+        "draft_tokens": n_out, "accepted_tokens": 0, "checks": n_out,
+        "steps": [[1, 0]] * n_out, "is_failure": True, "failure_threshold": 0.5,
+        "drafter": "pld", "drafter_version": "builtin", "policy": "fixed", "hardware": "cpu",
+        "sampling": {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "seed": 0},
+        "timestamp": 1_750_000_000.0 + index, "run_id": "serve-test",
+        "disagreements": disagreements, "drafted": drafted, "unverified": [],
+        "masked_disagreements": 0,
+    }  # fmt: skip
+    jwt_tokens = len(encode(jwt))
+    return row, {"output": jwt_tokens, "completes": 1, "copies": 1, "total": n_out}
+
+
+def test_secrets_at_every_position_leave_a_record_the_suites_and_training_accept(tokenizer):
+    from serving.records.schema import parse_record
+    from tasks.data.dataset import build_dataset
+    from tasks.data.validate import validate_records
+    from tasks.train.distill_data import make_batch as distill_batch
+    from tasks.train.head_data import make_batch as head_batch
+    from tasks.train.teacher import TeacherSequence
+
+    mask = tokenizer.unk_token_id
+    rows = []
+    for index in range(4):
+        row, planted = _planted_record(tokenizer, index)
+        redacted, counts = redact_record(row, Redactor(), tokenizer, mask)
+        assert set(counts) >= {"card_number", "api_key", "jwt", "secret_assignment"}
+        kept = redacted["disagreements"]
+        removed = planted["output"] + planted["completes"] + planted["copies"]
+        # The JWT's masked run may reach a token on either side; every other one stays.
+        assert planted["total"] - removed - 2 <= len(kept) <= planted["total"] - removed
+        assert redacted["masked_disagreements"] == planted["total"] - len(kept)
+        assert all(mask not in (d["draft_token"], d["target_token"]) for d in kept)
+        assert all(mask in d["context"] for d in kept), "the prompt's secrets are in each context"
+        masked_rows = [d for d in redacted["drafted"] if d["token"] == mask]
+        assert len(masked_rows) >= planted["completes"] + planted["copies"]
+        text = tokenizer.decode(redacted["prompt_token_ids"] + redacted["output_token_ids"])
+        for secret in ("4111 1111", "AbCdEf", "eyJhbGci"):
+            assert secret not in text, secret
+        assert "1234 5678 1234 5678" in text, "an ordinary digit run survives"
+        stored = json.dumps(redacted)
+        assert (
+            "hunter" not in stored and f'"draft_token": {tokenizer.encode("proj")[0]}' not in stored
+        )
+        rows.append((f"row-{index}", redacted))
+    result = validate_records(rows, known_hardware={"cpu"}, now=1_750_000_100.0)
+    assert result.quarantined == [], result.quarantined
+    mix = build_dataset(result.valid, heldout_share=0.25).train_mix
+    assert mix, "a training mix is built from the redacted records"
+    # Training leaves every position that reads or predicts the mask token out of the loss.
+    record = parse_record(rows[0][1])
+    tokens = torch.tensor(record.prompt_token_ids + record.output_token_ids)
+    top_ids = torch.roll(tokens, -1).unsqueeze(1)  # a target that predicts the next token
+    sequence = TeacherSequence(
+        "p", tokens, torch.zeros(len(tokens), 4), top_ids, torch.zeros(len(tokens), 1),
+        len(record.prompt_token_ids), mask_token_id=mask,
+    )  # fmt: skip
+    masked = (tokens == mask).tolist()
+    for batch, reach in (
+        (distill_batch([(sequence, 0)], 512), 1),
+        (head_batch([(sequence, 0)], 512), 2),
+    ):
+        valid = batch.valid[0].tolist()
+        assert 0 < sum(valid) < len(valid)
+        for i, ok in enumerate(valid):
+            touches = any(masked[i : i + reach + 1])
+            assert ok == (not touches), (reach, i)

@@ -25,6 +25,17 @@ WRONG_KEY = "sk-wrong-key-0123456789abcdef"
 EMAIL = "alice.smith@example.com"
 PLANTED_KEY = "sk-proj-AbCdEfGhIjKlMnOpQrStUv123456"
 OPTED_OUT = "this prompt opted out of capture"
+# The issue's seven: one secret a request, the kinds a user pastes (each repeated, so that the
+# lookup drafter proposes it again as a draft the target may reject).
+SEVEN = {
+    "email": EMAIL,
+    "api_key": PLANTED_KEY,
+    "aws": "AKIAABCDEFGHIJKLMNOP",
+    "github": "ghp_abcdefghijklmnopqrstuvwxyz0123456789",
+    "jwt": "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0In0.abcDEF123",
+    "card_number": "4111 1111 1111 1111",
+    "secret_assignment": "password=hunter22x",
+}
 OPTED_OUT_HEADER = "this prompt opted out by header"
 CONFIG = """
 model_name: smollm2
@@ -185,23 +196,27 @@ def test_opt_out_is_honoured_and_secrets_are_redacted(setup, model_folder, tmp_p
                 model="smollm2", messages=[{"role": "user", "content": "hi"}], max_tokens=4
             )
         chat(server, FILE_KEY, content=secret_prompt)
+        for secret in SEVEN.values():
+            chat(server, FILE_KEY, content=f"Keep {secret} safe; again: {secret} {secret}")
         chat(server, FILE_KEY, content="plain words, nothing secret")
         metrics = request(
             server, "GET", "/metrics", headers={"Authorization": f"Bearer {FILE_KEY}"}
         ).text
     assert 'specops:capture_opt_outs_total{hardware="cpu",model_name="smollm2"} 3.0' in metrics
     redactions = 'specops:capture_redactions_total{hardware="cpu",kind="%s",model_name="smollm2"}'
-    assert redactions % "email" + " 2.0" in metrics and redactions % "pattern_1" + " 1.0" in metrics
+    assert redactions % "email" + " 5.0" in metrics and redactions % "pattern_1" + " 1.0" in metrics
     parts = store.part_files(store_root)
     raw = "".join(p.read_text() for p in parts)
     assert OPTED_OUT not in raw and OPTED_OUT_HEADER not in raw, "an opted-out prompt was kept"
-    for secret in (EMAIL, PLANTED_KEY, "PROJECT-1234"):
+    for secret in (EMAIL, PLANTED_KEY, "PROJECT-1234", *SEVEN.values()):
         assert secret not in raw
     result = validate_store(store_root, known_hardware={"cpu"}, run_id="security-test")
     assert result.summary.quarantined == 0, result.quarantined
     prompts = [r.prompt for r in result.valid]
     assert "plain words, nothing secret" in prompts
-    (redacted,) = [p for p in prompts if "[REDACTED:" in p]
+    (redacted,) = [p for p in prompts if "[REDACTED:pattern_1]" in p]
+    kept = [p for p in prompts if p.startswith("Keep [REDACTED:")]
+    assert len(kept) == len(SEVEN), "a redacted record was dropped or quarantined"
     assert redacted.count("[REDACTED:email]") == 2 and "[REDACTED:pattern_1]" in redacted
     log_text = log.read_text() + (root / "server.log").read_text()
     for secret in (FILE_KEY, ENV_KEY, WRONG_KEY, EMAIL, PLANTED_KEY):

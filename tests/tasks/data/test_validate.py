@@ -56,7 +56,7 @@ def make_record(index: int, **fields) -> dict:
     drafted tokens (kept, rejected; kept, rejected) are all drafted rows."""
     values = dict(
         id=f"req-{index}",
-        schema_version=2,
+        schema_version=3,
         prompt_id=f"prompt-{index}",
         workload="sharegpt",
         split="train",
@@ -255,10 +255,10 @@ BAD = {
         ["drafted.2.target_entropy: Input should be a finite number"],
     ),
     "unknown schema version": (
-        changed(122, schema_version=3),
+        changed(122, schema_version=4),
         "parse",
         [
-            "schema_version: 3 is not a record version this code reads (it reads 1, 2): a "
+            "schema_version: 4 is not a record version this code reads (it reads 1, 2, 3): a "
             "newer specops wrote it, or the row is damaged; upgrade specops to read it"
         ],
     ),
@@ -336,6 +336,11 @@ BAD = {
         changed_drafted(137, 2, kept=False),
         "expectations",
         ["drafted 2: expect_column_values_to_be_in_set(kept_if_accepted)"],
+    ),
+    "negative masked disagreements": (
+        changed(138, masked_disagreements=-1),
+        "expectations",
+        ["expect_column_values_to_be_between(masked_disagreements)"],
     ),
     "duplicate id": (
         make_record(0),
@@ -426,10 +431,10 @@ def test_valid_rows_kept_in_order_and_every_row_accounted_for(mixed):
     assert len(drafted["unexpected"]) == 12
     assert drafted["unexpected"]["expect_column_values_to_be_in_set(stage)"] == 1
     assert drafted["unexpected"]["expect_column_values_to_be_between(draft_entropy)"] == 1
-    assert len(requests["unexpected"]) == 25
+    assert len(requests["unexpected"]) == 26
     # Every row that parsed, duplicates included, was stored in the current version.
     parsed = len(rows) - summary["by_stage"]["parse"]
-    assert summary["versions_read"] == {"2": parsed}
+    assert summary["versions_read"] == {"3": parsed}
     json.dumps(summary, allow_nan=False)
 
 
@@ -448,7 +453,7 @@ def test_the_summary_of_a_subset_is_that_of_validating_it(mixed, kept):
     ]
     quarantined = [e for e in result.quarantined if e["source"] in sources]
     parsed = len(valid) + sum(e["stage"] != "parse" for e in quarantined)
-    summary = summary_of_subset(result.summary, valid, quarantined, Counter({2: parsed}))
+    summary = summary_of_subset(result.summary, valid, quarantined, Counter({3: parsed}))
     assert summary == validate_records(subset, known_hardware=HARDWARE, now=NOW).summary
 
 
@@ -529,9 +534,15 @@ def test_a_version_1_record_passes_after_migration():
     assert result.quarantined == []
     migrated, current = _json(result.valid)
     assert current == make_record(0)
-    assert migrated == {**old, "schema_version": 2, "drafted": [], "unverified": []}
+    assert migrated == {
+        **old,
+        "schema_version": 3,
+        "drafted": [],
+        "unverified": [],
+        "masked_disagreements": 0,
+    }
     summary = result.summary
-    assert (summary.schema_version, summary.versions_read) == (2, {"1": 1, "2": 1})
+    assert (summary.schema_version, summary.versions_read) == (3, {"1": 1, "3": 1})
     assert summary.suites["drafted"].rows == 4  # the old record has none
 
 
@@ -544,7 +555,7 @@ def test_an_old_store_validates_and_only_version_1_rows_run_every_suite(tmp_path
     write_jsonl_atomic(partition_dir(root, "cpu", NOW) / "part-old-00000.jsonl", [old, broken])
     result = validate_store(root, known_hardware=HARDWARE, run_id="old", now=NOW)
     assert [r.id for r in result.valid] == [old["id"]]
-    assert result.valid[0].drafted == [] and result.valid[0].schema_version == 2
+    assert result.valid[0].drafted == [] and result.valid[0].schema_version == 3
     [entry] = result.quarantined
     assert entry["record"] == broken and entry["stage"] == "expectations"
     assert "expect_column_values_to_be_between(checks)" in entry["reasons"]
