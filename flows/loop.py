@@ -353,6 +353,13 @@ def collect(
                        watch.rolled_back_to)  # fmt: skip
     if watch.alarm:
         logger.error("watch: ALARM: %s", watch.alarm)
+    shadow = steps.shadow_scores(store, work, hardware=hardware)
+    for score in shadow.scores:
+        logger.info(
+            "shadow: %s (%s) on %s: acceptance %s, modelled speedup %s over %d records",
+            score.label, score.role, score.workload, _shown(score.acceptance_rate),
+            _shown(score.modelled_speedup), score.records,
+        )  # fmt: skip
     trigger = steps.retrain_trigger(
         store,
         hardware=hardware,
@@ -390,4 +397,9 @@ def collect(
         trigger=trigger,
         retrained=retrained,
         watch=watch,
+        shadow=shadow,
     )
+
+
+def _shown(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"

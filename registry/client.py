@@ -786,8 +786,6 @@ class Registry:
         :class:`RegistryError` says so — two watchers racing on one collapse move the alias
         once. ``hold`` tags the displaced version ``rolled_back.<hw>`` with the reason, so
         that no promotion puts it back unexamined (:meth:`clear_rollback` lifts it)."""
-        from mlflow.entities import ViewType
-
         with self._store(f"roll back {hardware!r}"), self._alias_lock(hardware):
             serving = self.champion(hardware)
             found = serving.label if serving else None
@@ -797,19 +795,9 @@ class Registry:
                     f"{_shown(expected_champion)}: it moved since it was judged; "
                     "nothing rolled back"
                 )
-            runs = self.client.search_runs(
-                [self.promotions_id],
-                filter_string=(
-                    f"tags.hardware = '{hardware}' and tags.action = 'promote' "
-                    "and tags.rolled_back = 'false'"
-                ),
-                run_view_type=ViewType.ACTIVE_ONLY,
-                order_by=["attributes.start_time DESC"],
-                max_results=1,
-            )
-            if not runs:
+            last = self._last_promotion(hardware)
+            if last is None:
                 raise RegistryError(f"no promotion on {hardware!r} to roll back")
-            last = runs[0]
             family, version = (
                 last.data.tags.get("previous_family"),
                 last.data.tags.get("previous_version"),
@@ -828,6 +816,39 @@ class Registry:
             self._point(target, hardware, current)
             self.client.set_tag(last.info.run_id, "rolled_back", "true")
         return target
+
+    def _last_promotion(self, hardware: str):
+        """The audit run of the newest promotion on ``hardware`` not rolled back, or None."""
+        from mlflow.entities import ViewType
+
+        runs = self.client.search_runs(
+            [self.promotions_id],
+            filter_string=(
+                f"tags.hardware = '{hardware}' and tags.action = 'promote' "
+                "and tags.rolled_back = 'false'"
+            ),
+            run_view_type=ViewType.ACTIVE_ONLY,
+            order_by=["attributes.start_time DESC"],
+            max_results=1,
+        )
+        return runs[0] if runs else None
+
+    def previous_champion(self, hardware: str) -> DraftVersion | None:
+        """The version the newest promotion on ``hardware`` displaced (what a rollback would
+        restore), or None."""
+        with self._store(f"read the previous champion of {hardware!r}"):
+            last = self._last_promotion(hardware)
+            if last is None:
+                return None
+            family = last.data.tags.get("previous_family")
+            version = last.data.tags.get("previous_version")
+            return self.get(family, version) if family and version else None
+
+    def challengers(self, hardware: str) -> list[DraftVersion]:
+        """The versions holding ``challenger-<hw>`` (the last evaluated there, per family)."""
+        name = alias(CHALLENGER, hardware)
+        with self._store(f"read the challengers of {hardware!r}"):
+            return [d for family in self.families() if (d := self.by_alias(family, name))]
 
     def clear_rollback(self, draft: DraftVersion, hardware: str) -> bool:
         """Lift the hold a rollback put on ``draft`` on ``hardware`` (an operator examined

@@ -118,6 +118,17 @@ def _decoders(contenders, target, tokenizer, hardware: str) -> list[_Run]:
     return runs
 
 
+def contender_decoders(
+    contenders: Sequence[Contender], target, tokenizer, hardware: str
+) -> dict[str, tuple[SpeculativeDecoder, int]]:
+    """Each contender's decoder, as the evaluation builds it, with its package's k."""
+    return {
+        run.name: (run.decoder, run.k)
+        for run in _decoders(contenders, target, tokenizer, hardware)
+        if run.name != REFERENCE
+    }
+
+
 def _predicted(drafter, contender: Contender, k: int, curve, hardware: str):
     """The package's drafter as the single stage of a cascade driven by the contender's
     predictor (refused, naming it, when the predictor never saw that kind of drafter)."""

@@ -109,6 +109,8 @@ class Prediction:
     checks: int
     reproduced: int  # prompts whose replayed output equals plain decoding's
     prompts: int
+    drafted: int = 0  # draft tokens proposed
+    accepted: int = 0  # of them, accepted
 
 
 def predict(
@@ -137,7 +139,7 @@ def predict(
             eos_token_ids=sorted(decoder.eos_token_ids),
         )  # fmt: skip
         wants_hidden = decoder.drafter is not None and decoder.drafter.needs_target_hidden
-        tokens = checks = reproduced = 0
+        tokens = checks = reproduced = drafted = accepted = 0
         cost = 0.0
         for index, (ids, sequence) in enumerate(zip(encoded, recordings, strict=True)):
             hidden = None
@@ -154,10 +156,12 @@ def predict(
                 blocks[step.proposed] = blocks.get(step.proposed, 0) + 1
             tokens += len(result.token_ids)
             checks += len(result.steps)
+            drafted += sum(step.proposed for step in result.steps)
+            accepted += sum(step.accepted for step in result.steps)
             cost += pricing.checks(blocks, name)
         # Plain decoding costs one one-token pass a token: the speedup is tokens per pass.
         speedup = tokens / cost if cost else None
-        out[name] = Prediction(speedup, tokens, checks, reproduced, len(encoded))
+        out[name] = Prediction(speedup, tokens, checks, reproduced, len(encoded), drafted, accepted)
         if reproduced < len(encoded):
             log.warning("%s: the replay reproduced plain output on %d of %d prompts",
                         name, reproduced, len(encoded))  # fmt: skip

@@ -25,6 +25,7 @@ from tasks.loop import steps as loop
 from tasks.loop.learned import Trained
 from tasks.loop.predictor_step import PredictorOutcome
 from tasks.loop.results import DraftRef, RegisteredDraft, Replayed
+from tasks.loop.shadow import Shadow
 from tasks.loop.steps import Decision
 from tasks.loop.triggers import ChampionTrigger
 from tasks.loop.watch import Watch
@@ -202,6 +203,56 @@ def watch_champion(store: str, *, hardware: str) -> Watch:
     return Watch(
         champion=champion.label, collapsed=True, reasons=reasons, rolled_back_to=restored.label
     )
+
+
+@task(name="shadow-scores", cache_policy=NO_CACHE)
+def shadow_scores(store: str, work: str, *, hardware: str) -> Shadow:
+    """Shadow scores (:mod:`tasks.loop.shadow`): the champion, the previous champion and
+    the registered challengers of ``hardware`` replayed over the newest captured records,
+    logged to MLflow. A failure is logged and returned, never raised: collect goes on."""
+    from prefect import get_run_logger
+
+    from registry.shadow import log_shadow
+    from tasks.loop.retrain_config import load_retrain_config
+    from tasks.loop.shadow import as_metrics
+    from tasks.loop.shadow import shadow_scores as score
+    from tasks.train.suffix_index import read_valid_records
+
+    settings = load_retrain_config().shadow
+    if not settings.enabled:
+        return Shadow(hardware=hardware, scores=[], skipped={}, error="shadow.enabled is false")
+    try:
+        registry = open_registry()
+        roles: dict[str, tuple[str, Path, dict[str, str]]] = {}
+        champion = registry.champion(hardware)
+        previous = registry.previous_champion(hardware)
+        cache = Path(work) / "packages"
+        for role, drafts in (
+            ("champion", [champion]),
+            ("previous champion", [previous]),
+            ("challenger", registry.challengers(hardware)),
+        ):
+            for draft in drafts:
+                if draft is not None and draft.label not in roles:
+                    roles[draft.label] = (role, registry.download(draft, cache), draft.tags)
+        if not roles:
+            return Shadow(hardware=hardware, scores=[], skipped={})
+        model, tokenizer = loop.target_for(hardware)
+        records = read_valid_records(Path(store), hardware=hardware)
+        scores, skipped = score(
+            records, roles, target=model, tokenizer=tokenizer, hardware=hardware,
+            settings=settings,
+        )  # fmt: skip
+        run_id = None
+        if scores:
+            run_id = log_shadow(
+                registry, hardware, as_metrics(scores),
+                roles={label: role for label, (role, _, _) in roles.items()}, skipped=skipped,
+            )  # fmt: skip
+        return Shadow(hardware=hardware, scores=scores, skipped=skipped, run_id=run_id)
+    except Exception as error:  # a shadow score is advice: collect goes on without it
+        get_run_logger().warning("shadow scores on %s failed: %s", hardware, error)
+        return Shadow(hardware=hardware, scores=[], skipped={}, error=str(error))
 
 
 @task(name="train-suffix", cache_policy=NO_CACHE)

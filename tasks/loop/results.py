@@ -16,6 +16,7 @@ from tasks.data.curate import CurateSummary
 from tasks.data.retention import RetentionReport
 from tasks.loop.learned import Trained
 from tasks.loop.predictor_step import PredictorOutcome
+from tasks.loop.shadow import Shadow
 from tasks.loop.steps import Decision
 from tasks.loop.triggers import ChampionTrigger
 from tasks.loop.watch import Watch
@@ -93,6 +94,7 @@ class Collected(_Result):
     trigger: ChampionTrigger
     retrained: Retrained | DeploymentRun | None
     watch: Watch | None = None  # the watched champion (tasks/loop/watch.py), judged first
+    shadow: Shadow | None = None  # shadow scores on the newest traffic (tasks/loop/shadow.py)
 
 
 class DemoResult(_Result):

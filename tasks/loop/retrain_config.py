@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from serving.errors import BadInputError
 from serving.paths import CONFIG_DIR
 from serving.policy import PolicyName
+from tasks.loop.shadow import ShadowSettings
 from tasks.loop.watch import WatchSettings
 
 RETRAIN_CONFIG = CONFIG_DIR / "retrain.yaml"
@@ -75,6 +76,7 @@ class RetrainConfig(BaseModel):
     cooldown_minutes: float = Field(default=360, ge=0)
     traffic_prompts_per_workload: int = Field(default=8, ge=1)
     watch: WatchSettings = Field(default_factory=WatchSettings)  # tasks/loop/watch.py
+    shadow: ShadowSettings = Field(default_factory=ShadowSettings)  # tasks/loop/shadow.py
     targets: dict[str, TargetRetrain] = Field(default_factory=dict)
 
     def target(self, hardware: str) -> TargetRetrain:

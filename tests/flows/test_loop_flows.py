@@ -150,6 +150,12 @@ def test_collect_rolls_a_collapsed_champion_back(harness, world, monkeypatch):
     assert held.tags["rolled_back.cpu"].startswith("watch: live acceptance collapsed")
     # The retrain trigger then weighs the restored champion, not the damaged one.
     assert result.trigger.champion == watch.rolled_back_to
+    # Its shadow scores: the restored champion replayed over the traffic the damaged one
+    # served (the rolled-back promotion displaced nothing to score as a previous champion).
+    shadow = result.shadow
+    assert shadow is not None and shadow.error is None, shadow
+    assert [(s.label, s.role, s.records) for s in shadow.scores] == [(first.label, "champion", 6)]
+    assert Registry().client.get_run(shadow.run_id).data.tags["kind"] == "shadow"
     # A second collect on the same records: the damaged version no longer serves.
     again = collect(
         hardware="cpu", store=str(world / "store"), work=str(world / "work"),

@@ -109,6 +109,30 @@ def test_a_watched_rollback_moves_only_the_judged_champion_and_holds_it(registry
     assert registry.champion(hw).label == second.label
 
 
+def test_the_previous_champion_the_challengers_and_a_shadow_run(registry, package):
+    from registry.shadow import log_shadow
+
+    hw = "cpu-int4"
+    assert registry.previous_champion(hw) is None and registry.challengers(hw) == []
+    first = evaluated(registry, registry.log_draft(package("pld:1"), family="ngram"), hw)
+    registry.promote(first, hw, reason="bootstrap")
+    assert registry.previous_champion(hw) is None  # the first promotion displaced nothing
+    second = evaluated(registry, registry.log_draft(package("pld:2"), family="ngram"), hw)
+    registry.promote(second, hw, reason="faster")
+    assert registry.previous_champion(hw).label == first.label
+    head = registry.log_draft(package("pld:3"), family="head")
+    registry.set_challenger(head, hw)
+    assert [d.label for d in registry.challengers(hw)] == [head.label]
+    run_id = log_shadow(
+        registry, hw, {f"{second.label}/live/acceptance_rate": 0.5},
+        roles={second.label: "champion"}, skipped={"sampled": 2},
+    )  # fmt: skip
+    run = registry.client.get_run(run_id)
+    assert run.data.tags["kind"] == "shadow" and run.data.tags["hardware"] == hw
+    assert run.data.tags[f"role/{second.label}"] == "champion"
+    assert run.data.metrics == {f"{second.label}/live/acceptance_rate": 0.5, "skipped/sampled": 2}
+
+
 def test_champions_are_per_hardware_target(registry, package):
     a = evaluated(registry, registry.log_draft(package("pld:1"), family="ngram"), "cpu")
     b = evaluated(registry, registry.log_draft(package("pld:2"), family="ngram"), "cpu-stock")
