@@ -81,6 +81,7 @@ def vllm(
         hardware=hardware,
         keys=keys,
         max_body_bytes=settings.limits.max_body_bytes,
+        max_json_depth=settings.limits.max_json_depth,
         metrics_open=settings.security.metrics_open,
     )
     capture = settings.capture

@@ -58,6 +58,9 @@ class Limits(_Section):
     request_timeout_s: float = Field(300.0, gt=0)
     # Checked before the body is parsed (bytes) or tokenised (messages, characters).
     max_body_bytes: int = Field(1 << 20, ge=1024)
+    # Nesting of JSON arrays/objects, counted before the body is parsed (a deeper one is a
+    # 400, never the parser's recursion); a chat request with tools nests about 8 deep.
+    max_json_depth: int = Field(64, ge=4, le=512)
     max_messages: int = Field(256, ge=1)
     max_prompt_chars: int = Field(100_000, ge=1)
 

@@ -6,7 +6,6 @@ so the event loop never runs a model. The routes shape the outcome into a respon
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from serving.constrained import Constraint
 from serving.errors import BadInputError, SpecOpsError
 from serving.metrics import RequestStats
 from serving.sampling import SamplingParams
+from serving.security.body import BodyError, parse_object
 from serving.security.consent import CAPTURE_HEADER, header_consent
 from serving.server.api_errors import APIError, bad_request
 from serving.server.responses import FinishReason, SpeculationStats, SpeculativeUsage
@@ -49,18 +49,16 @@ class Outcome:
 async def parse(request: Request, state: ServerState, model: type[Body]) -> Body:
     """The body as ``model``, within the server's limits and naming its model; a bad one
     raises :class:`APIError` (or FastAPI's validation error, answered as a 400)."""
+    config = state.config
+    limits = config.limits
     try:
-        raw = await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise bad_request(f"the body is not valid JSON: {error}") from None
-    if not isinstance(raw, dict):
-        raise bad_request(f"the body must be a JSON object, got {type(raw).__name__}")
+        raw = parse_object(await request.body(), max_depth=limits.max_json_depth)
+    except BodyError as error:
+        raise bad_request(str(error)) from None
     try:
         body = model.model_validate(raw)
     except ValidationError as error:
         raise RequestValidationError(error.errors()) from None
-    config = state.config
-    limits = config.limits
     if isinstance(body, ChatCompletionRequest) and len(body.messages) > limits.max_messages:
         raise bad_request(
             f"the request has {len(body.messages)} messages; this server takes at most "

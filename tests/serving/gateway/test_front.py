@@ -258,3 +258,33 @@ def test_keys_guard_the_front_and_opt_outs_are_not_captured(served):
     metrics = httpx.get(f"{app.url}/metrics", headers=auth).text
     assert "specops_gateway_capture_opt_outs_total 3.0" in metrics
     assert 'specops_gateway_rejected_total{reason="body_size"} 1.0' in metrics
+
+
+def test_a_body_that_is_not_a_shallow_json_object_is_a_400_vllm_never_sees(served):
+    seen: list[str] = []
+    fake = fake_vllm("up")
+
+    async def spy(scope, receive, send):
+        if scope["type"] == "http":
+            seen.append(scope["path"])
+        await fake(scope, receive, send)
+
+    front = Front(capture=lambda pair: None, max_json_depth=8)
+    front.switch(upstream(served(spy), "up"))
+    url = f"{served(front.app()).url}/v1/completions"
+    json_type = {"content-type": "application/json"}
+    hostile = [
+        (b"[" * 900_000, "at most 8 (limits.max_json_depth)"),
+        (b'{"prompt": ' + b"[" * 9 + b"]" * 9 + b"}", "at most 8 (limits.max_json_depth)"),
+        (b"{not json", "not valid JSON"),
+        (b'["a list"]', "must be a JSON object, got list"),
+    ]
+    for raw, needle in hostile:
+        response = httpx.post(url, content=raw, headers=json_type)
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert error["type"] == "invalid_request_error" and needle in error["message"]
+    assert not seen, "a refused body reached vLLM"
+    assert httpx.post(url, json={"prompt": "ok"}).status_code == 200
+    metrics = httpx.get(f"{url.rsplit('/v1', 1)[0]}/metrics").text
+    assert 'specops_gateway_rejected_total{reason="body"} 4.0' in metrics
