@@ -51,7 +51,7 @@ async def send_error(
     await send({"type": "http.response.body", "body": payload})
 
 
-def _header(scope: Scope, name: bytes) -> bytes | None:
+def header(scope: Scope, name: bytes) -> bytes | None:
     for key, value in scope.get("headers", ()):
         if key.lower() == name:
             return value
@@ -75,7 +75,7 @@ class ApiKeyGuard:
 
     def _verdict(self, scope: Scope) -> tuple[str, str] | None:
         """None when the request may pass; else (reason, message)."""
-        raw = _header(scope, b"authorization")
+        raw = header(scope, b"authorization")
         if raw is None:
             return "missing", (
                 "no API key: send it as 'Authorization: Bearer <key>' (the openai client's api_key)"
@@ -136,7 +136,7 @@ class BodyLimit:
         if scope["type"] != "http" or scope.get("method") not in ("POST", "PUT", "PATCH"):
             await self.app(scope, receive, send)
             return
-        declared = _header(scope, b"content-length")
+        declared = header(scope, b"content-length")
         if declared is not None:
             try:
                 size = int(declared)

@@ -61,6 +61,11 @@ class Limits(_Section):
     # Nesting of JSON arrays/objects, counted before the body is parsed (a deeper one is a
     # 400, never the parser's recursion); a chat request with tools nests about 8 deep.
     max_json_depth: int = Field(64, ge=4, le=512)
+    # Token buckets per API key (per client address without keys), checked before the body
+    # is read; a request past its bucket gets 429 with Retry-After. None: off (the full
+    # queue is refused before parsing anyway); see docs/security.md for when to set it.
+    rate_per_s: float | None = Field(None, gt=0)
+    burst: int = Field(16, ge=1)
     max_messages: int = Field(256, ge=1)
     max_prompt_chars: int = Field(100_000, ge=1)
 

@@ -21,7 +21,7 @@ from serving.metrics import RequestStats
 from serving.sampling import SamplingParams
 from serving.security.body import BodyError, parse_object
 from serving.security.consent import CAPTURE_HEADER, header_consent
-from serving.server.api_errors import APIError, bad_request
+from serving.server.api_errors import APIError, bad_request, too_many
 from serving.server.responses import FinishReason, SpeculationStats, SpeculativeUsage
 from serving.server.scheduler import Job, QueueFullError, SchedulerClosedError
 from serving.server.schemas import ChatCompletionRequest, SpecOpsFields, prompt_chars
@@ -144,7 +144,7 @@ def new_decode(
 
 def submit(state: ServerState, decode: Decode) -> tuple[Job, Events]:
     """Queue the decode on the scheduler; its events arrive on the returned queue. A full
-    queue is a 429, a closing server a 503."""
+    queue is a 429 with ``Retry-After``, a closing server a 503."""
     loop = asyncio.get_running_loop()
     events: Events = asyncio.Queue()
 
@@ -159,7 +159,7 @@ def submit(state: ServerState, decode: Decode) -> tuple[Job, Events]:
     try:
         state.scheduler.submit(job)
     except QueueFullError as error:
-        raise APIError(429, str(error), kind="rate_limit_error") from None
+        raise too_many(str(error), error.retry_after_s) from None
     except SchedulerClosedError as error:
         raise APIError(503, str(error), kind="service_unavailable") from None
     return job, events
