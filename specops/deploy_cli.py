@@ -64,6 +64,7 @@ def vllm(
 
     from serving.gateway.front import Front
     from serving.security import logs
+    from serving.security.rate import TokenBuckets
     from serving.server.config import load_server_config
     from serving.server.state import server_keys
     from tasks.loop.vllm_deploy import deployment_for
@@ -82,6 +83,11 @@ def vllm(
         keys=keys,
         max_body_bytes=settings.limits.max_body_bytes,
         max_json_depth=settings.limits.max_json_depth,
+        buckets=(
+            TokenBuckets(settings.limits.rate_per_s, settings.limits.burst)
+            if settings.limits.rate_per_s
+            else None
+        ),
         metrics_open=settings.security.metrics_open,
     )
     capture = settings.capture

@@ -20,7 +20,8 @@ Access and consent, as on the engine's server (:mod:`serving.security`): with AP
 front answers 401 to a request without a right ``Authorization: Bearer`` key before reading
 its body (``/health`` stays open; ``/metrics`` needs a key unless ``metrics_open``), a body
 over ``max_body_bytes`` is a 413, one that is not a JSON object (or nests deeper than
-``max_json_depth``) a 400, and the key is not forwarded upstream. A request that
+``max_json_depth``) a 400, a client past its token bucket (``limits.rate_per_s``, per key
+or address) a 429 with ``Retry-After``, and the key is not forwarded upstream. A request that
 opts out (``"capture": false`` or ``"store": false`` in its body, or the header
 ``X-SpecOps-Capture: off``) is never captured; the deployment redacts the pairs it writes.
 """
@@ -46,10 +47,12 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from serving.errors import BadInputError
+from serving.security.admission import Admission
 from serving.security.asgi import ApiKeyGuard, ASGIApp, BodyLimit
 from serving.security.body import BodyError, parse_object
 from serving.security.consent import CAPTURE_HEADER, header_consent
 from serving.security.keys import ApiKeys
+from serving.security.rate import TokenBuckets
 
 log = logging.getLogger(__name__)
 
@@ -180,10 +183,12 @@ class Front:
         max_body_bytes: int = 1 << 20,
         max_json_depth: int = 64,
         metrics_open: bool = False,
+        buckets: TokenBuckets | None = None,
     ) -> None:
         self.keys = keys or ApiKeys((), ())
         self.max_body_bytes = max_body_bytes
         self.max_json_depth = max_json_depth
+        self.buckets = buckets  # per API key (per address without keys); None: no rate limit
         self.metrics_open = metrics_open
         self.upstream: Upstream | None = None
         self.state = "starting"
@@ -210,7 +215,8 @@ class Front:
         )
         self.rejected = Counter(
             "specops_gateway_rejected",
-            "Requests refused before vLLM saw them (401 API key, 413 body size, 400 body)",
+            "Requests refused before vLLM saw them "
+            "(401 API key, 413 body size, 400 body, 429 rate limit)",
             ["reason"],
             registry=self.metrics,
         )
@@ -268,14 +274,23 @@ class Front:
 
     # ---------------------------------------------------------------- the ASGI app
     def app(self) -> ASGIApp:
-        """The proxy behind the body limit, behind the API-key guard."""
+        """The proxy behind the body limit, behind the rate limit, behind the API-key
+        guard: each refuses before a byte of the body is read."""
 
         def rejected(status: int, reason: str) -> None:
             self.requests.labels("rejected").inc()
             self.rejected.labels(reason).inc()
 
         open_paths = {"/health", *(("/metrics",) if self.metrics_open else ())}
-        limited = BodyLimit(self._starlette(), self.max_body_bytes, on_reject=rejected)
+        limited: ASGIApp = BodyLimit(self._starlette(), self.max_body_bytes, on_reject=rejected)
+        if self.buckets is not None:
+            limited = Admission(
+                limited,
+                paths=CAPTURED_PATHS,
+                buckets=self.buckets,
+                keyed=self.keys.enabled,
+                on_reject=rejected,
+            )
         return ApiKeyGuard(limited, self.keys, open_paths=open_paths, on_reject=rejected)
 
     def _starlette(self) -> Starlette:

@@ -21,6 +21,7 @@ from starlette.routing import Route
 from serving.gateway.front import Front, Upstream
 from serving.gateway.vllm_process import free_port
 from serving.security.keys import from_keys
+from serving.security.rate import TokenBuckets
 
 
 def fake_vllm(name: str, delay_s: float = 0.0, release: threading.Event | None = None) -> Starlette:
@@ -288,3 +289,17 @@ def test_a_body_that_is_not_a_shallow_json_object_is_a_400_vllm_never_sees(serve
     assert httpx.post(url, json={"prompt": "ok"}).status_code == 200
     metrics = httpx.get(f"{url.rsplit('/v1', 1)[0]}/metrics").text
     assert 'specops_gateway_rejected_total{reason="body"} 4.0' in metrics
+
+
+def test_a_client_past_its_bucket_is_a_429_with_retry_after(served):
+    front = Front(buckets=TokenBuckets(0.01, 1))
+    front.switch(upstream(served(fake_vllm("up")), "up"))
+    app = served(front.app())
+    url = f"{app.url}/v1/completions"
+    assert httpx.post(url, json={"prompt": "a"}).status_code == 200
+    refused = httpx.post(url, json={"prompt": "b"})
+    assert refused.status_code == 429 and refused.headers["Retry-After"] == "100"
+    assert refused.json()["error"]["type"] == "rate_limit_error"
+    assert httpx.get(f"{app.url}/health").status_code == 200  # probes pass
+    metrics = httpx.get(f"{app.url}/metrics").text
+    assert 'specops_gateway_rejected_total{reason="rate_limit"} 1.0' in metrics
