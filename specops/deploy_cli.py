@@ -88,6 +88,7 @@ def vllm(
             if settings.limits.rate_per_s
             else None
         ),
+        refusal_delay_s=settings.limits.refusal_delay_s,
         metrics_open=settings.security.metrics_open,
     )
     capture = settings.capture

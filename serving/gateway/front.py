@@ -184,11 +184,13 @@ class Front:
         max_json_depth: int = 64,
         metrics_open: bool = False,
         buckets: TokenBuckets | None = None,
+        refusal_delay_s: float = 0.0,
     ) -> None:
         self.keys = keys or ApiKeys((), ())
         self.max_body_bytes = max_body_bytes
         self.max_json_depth = max_json_depth
         self.buckets = buckets  # per API key (per address without keys); None: no rate limit
+        self.refusal_delay_s = refusal_delay_s
         self.metrics_open = metrics_open
         self.upstream: Upstream | None = None
         self.state = "starting"
@@ -290,6 +292,7 @@ class Front:
                 buckets=self.buckets,
                 keyed=self.keys.enabled,
                 on_reject=rejected,
+                delay_s=self.refusal_delay_s,
             )
         return ApiKeyGuard(limited, self.keys, open_paths=open_paths, on_reject=rejected)
 

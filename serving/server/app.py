@@ -38,6 +38,7 @@ def create_app(state: ServerState) -> FastAPI:
         keyed=state.api_keys.enabled,
         busy=partial(_queue_full, state),
         on_reject=rejected,
+        delay_s=limits.refusal_delay_s,
     )
     open_paths = {"/health", *(("/metrics",) if config.security.metrics_open else ())}
     app.add_middleware(ApiKeyGuard, keys=state.api_keys, open_paths=open_paths, on_reject=rejected)

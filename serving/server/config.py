@@ -66,6 +66,9 @@ class Limits(_Section):
     # queue is refused before parsing anyway); see docs/security.md for when to set it.
     rate_per_s: float | None = Field(None, gt=0)
     burst: int = Field(16, ge=1)
+    # A 429 is held this long before it is sent: a client that retries at once is paced to
+    # one request per delay, at no CPU cost (serving/security/admission.py). 0: at once.
+    refusal_delay_s: float = Field(1.0, ge=0.0, le=30.0)
     max_messages: int = Field(256, ge=1)
     max_prompt_chars: int = Field(100_000, ge=1)
 

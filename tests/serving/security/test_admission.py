@@ -1,6 +1,8 @@
 """The admission middleware in front of a small Starlette app: a refusal is a 429 with
 Retry-After and OpenAI's error body, and the app never sees the refused request."""
 
+import time
+
 import pytest
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -14,7 +16,7 @@ from serving.security.rate import TokenBuckets
 
 @pytest.fixture
 def make():
-    def build(*, buckets=None, busy=lambda: None, keyed=False):
+    def build(*, buckets=None, busy=lambda: None, keyed=False, **held):
         seen: list[str] = []
         rejected: list[tuple[int, str]] = []
 
@@ -36,6 +38,7 @@ def make():
             keyed=keyed,
             busy=busy,
             on_reject=lambda status, reason: rejected.append((status, reason)),
+            **held,
         )
         return TestClient(app), seen, rejected
 
@@ -86,3 +89,17 @@ def test_a_busy_refusal_spends_no_token(make):
     assert client.post("/v1/completions").status_code == 429
     busy[0] = False
     assert client.post("/v1/completions").status_code == 200
+
+
+def test_a_refusal_is_held_for_the_delay_unless_too_many_are_held(make):
+    def full():
+        return Refusal("queue_full", "full", 1)
+
+    client, _, _ = make(busy=full, delay_s=0.3)
+    started = time.perf_counter()
+    assert client.post("/v1/completions").status_code == 429
+    assert time.perf_counter() - started >= 0.3
+    client, _, _ = make(busy=full, delay_s=30, max_held=0)
+    started = time.perf_counter()
+    assert client.post("/v1/completions").status_code == 429
+    assert time.perf_counter() - started < 5

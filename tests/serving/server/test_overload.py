@@ -24,7 +24,8 @@ LEGIT, FLOOD, BURSTY, OTHER = (
 
 @pytest.fixture(scope="module")
 def client(model_folder, tmp_path_factory):
-    """One decode slot, two queue places, buckets of 3 per key refilled every 2 s."""
+    """One decode slot, two queue places, buckets of 3 per key refilled every 2 s, each
+    refusal held 0.2 s."""
     from transformers import AutoTokenizer
 
     from serving.models.tiny import tiny_llama
@@ -37,6 +38,7 @@ def client(model_folder, tmp_path_factory):
             "limits.queue_size": 2,
             "limits.rate_per_s": 0.5,
             "limits.burst": 3,
+            "limits.refusal_delay_s": 0.2,
             "threads": 1,
         }
     )
