@@ -56,7 +56,7 @@ from tasks.ops.server_process import ServerProcess
 TARGET = 0.8  # the issue's: the storm keeps 80 % of the light phase's decode throughput
 LOCUSTFILE = Path(__file__).with_name("overload_locust.py")
 PROMPT = "Write a long story about a lighthouse keeper and a storm."
-ASYNCIO_LABEL = "asyncio+httpx, in this file (NOT locust)"
+ASYNCIO_LABEL = "asyncio, hand-written HTTP/1.1, in this file (NOT locust)"
 
 
 def _count_key(name: str, labels: dict[str, str]) -> str | None:

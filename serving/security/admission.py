@@ -11,7 +11,8 @@ Only ``POST`` to ``paths`` (the routes that decode) is admitted or refused; heal
 costs no parsing, tokenisation, routing or queue slot: about 0.2 ms of the event loop's
 CPU on this machine, most of it uvicorn's HTTP parsing. That is still too much for clients
 that retry the moment they are answered: such a storm sends as fast as it is refused
-(64 users were refused ~1,100 times a second, and the decoding on the same core lost ~40 %).
+(64 users were refused 1,778 times a second, and half the server's CPU went to refusing:
+docs/security.md, "Overload").
 So a refusal is held ``delay_s`` before it is sent (``limits.refusal_delay_s``), which
 paces a retrying client to one request per ``delay_s`` at no CPU cost; at most ``max_held``
 are held at once. Each refusal is reported to ``on_reject(429, reason)`` (the servers count
