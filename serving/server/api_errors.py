@@ -26,10 +26,11 @@ class APIError(Exception):
         kind: str,
         param: str | None = None,
         headers: dict[str, str] | None = None,
+        code: str | None = None,
     ):
         super().__init__(message)
         self.status, self.message, self.kind, self.param = status, message, kind, param
-        self.headers = headers
+        self.headers, self.code = headers, code
 
 
 def bad_request(message: str, param: str | None = None) -> APIError:
@@ -39,7 +40,11 @@ def bad_request(message: str, param: str | None = None) -> APIError:
 def too_many(message: str, retry_after_s: int) -> APIError:
     """A 429 that tells the client when to come back."""
     return APIError(
-        429, message, kind="rate_limit_error", headers={"Retry-After": str(retry_after_s)}
+        429,
+        message,
+        kind="rate_limit_error",
+        headers={"Retry-After": str(retry_after_s)},
+        code="rate_limit_exceeded",  # as the admission middleware's refusals
     )
 
 
@@ -47,7 +52,7 @@ async def on_api_error(request: Request, error: Exception) -> JSONResponse:
     assert isinstance(error, APIError)
     server_state(request).metrics.error(error.status)
     return JSONResponse(
-        error_body(error.message, kind=error.kind, param=error.param),
+        error_body(error.message, kind=error.kind, param=error.param, code=error.code),
         status_code=error.status,
         headers=error.headers,
     )
