@@ -74,6 +74,7 @@ def vllm(
 
     from serving.gateway.front import Front
     from serving.security import logs
+    from serving.security.rate import TokenBuckets
     from serving.security.tls import server_tls, uvicorn_tls
     from serving.server.config import load_server_config
     from serving.server.state import server_keys
@@ -92,6 +93,13 @@ def vllm(
         hardware=hardware,
         keys=keys,
         max_body_bytes=settings.limits.max_body_bytes,
+        max_json_depth=settings.limits.max_json_depth,
+        buckets=(
+            TokenBuckets(settings.limits.rate_per_s, settings.limits.burst)
+            if settings.limits.rate_per_s
+            else None
+        ),
+        refusal_delay_s=settings.limits.refusal_delay_s,
         metrics_open=settings.security.metrics_open,
     )
     capture = settings.capture

@@ -19,7 +19,9 @@ would see from vLLM directly.
 Access and consent, as on the engine's server (:mod:`serving.security`): with API keys the
 front answers 401 to a request without a right ``Authorization: Bearer`` key before reading
 its body (``/health`` stays open; ``/metrics`` needs a key unless ``metrics_open``), a body
-over ``max_body_bytes`` is a 413, and the key is not forwarded upstream. A request that
+over ``max_body_bytes`` is a 413, one that is not a JSON object (or nests deeper than
+``max_json_depth``) a 400, a client past its token bucket (``limits.rate_per_s``, per key
+or address) a 429 with ``Retry-After``, and the key is not forwarded upstream. A request that
 opts out (``"capture": false`` or ``"store": false`` in its body, or the header
 ``X-SpecOps-Capture: off``) is never captured; the deployment redacts the pairs it writes.
 """
@@ -45,9 +47,12 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from serving.errors import BadInputError
+from serving.security.admission import Admission
 from serving.security.asgi import ApiKeyGuard, ASGIApp, BodyLimit
+from serving.security.body import BodyError, parse_object
 from serving.security.consent import CAPTURE_HEADER, header_consent
 from serving.security.keys import ApiKeys
+from serving.security.rate import TokenBuckets
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +74,8 @@ _DROPPED_HEADERS = {
     CAPTURE_HEADER.lower(),
 }
 
+# Bodies the front passes on unread; every other body must be a JSON object.
+_FORM_TYPES = ("multipart/form-data", "application/x-www-form-urlencoded")
 _TOKEN_ID_FIELDS = ("prompt_token_ids", "token_ids")
 REQUEST_TIMEOUT_S = 600.0
 
@@ -174,10 +181,16 @@ class Front:
         hardware: str = "",
         keys: ApiKeys | None = None,
         max_body_bytes: int = 1 << 20,
+        max_json_depth: int = 64,
         metrics_open: bool = False,
+        buckets: TokenBuckets | None = None,
+        refusal_delay_s: float = 0.0,
     ) -> None:
         self.keys = keys or ApiKeys((), ())
         self.max_body_bytes = max_body_bytes
+        self.max_json_depth = max_json_depth
+        self.buckets = buckets  # per API key (per address without keys); None: no rate limit
+        self.refusal_delay_s = refusal_delay_s
         self.metrics_open = metrics_open
         self.upstream: Upstream | None = None
         self.state = "starting"
@@ -204,7 +217,8 @@ class Front:
         )
         self.rejected = Counter(
             "specops_gateway_rejected",
-            "Requests refused before they were read (401 API key, 413 body size)",
+            "Requests refused before vLLM saw them "
+            "(401 API key, 413 body size, 400 body, 429 rate limit)",
             ["reason"],
             registry=self.metrics,
         )
@@ -262,14 +276,24 @@ class Front:
 
     # ---------------------------------------------------------------- the ASGI app
     def app(self) -> ASGIApp:
-        """The proxy behind the body limit, behind the API-key guard."""
+        """The proxy behind the body limit, behind the rate limit, behind the API-key
+        guard: each refuses before a byte of the body is read."""
 
         def rejected(status: int, reason: str) -> None:
             self.requests.labels("rejected").inc()
             self.rejected.labels(reason).inc()
 
         open_paths = {"/health", *(("/metrics",) if self.metrics_open else ())}
-        limited = BodyLimit(self._starlette(), self.max_body_bytes, on_reject=rejected)
+        limited: ASGIApp = BodyLimit(self._starlette(), self.max_body_bytes, on_reject=rejected)
+        if self.buckets is not None:
+            limited = Admission(
+                limited,
+                paths=CAPTURED_PATHS,
+                buckets=self.buckets,
+                keyed=self.keys.enabled,
+                on_reject=rejected,
+                delay_s=self.refusal_delay_s,
+            )
         return ApiKeyGuard(limited, self.keys, open_paths=open_paths, on_reject=rejected)
 
     def _starlette(self) -> Starlette:
@@ -302,18 +326,24 @@ class Front:
             lifespan=lifespan,
         )
 
-    def _prepare(self, request: Request, body: bytes) -> tuple[bytes, dict | None, bool]:
+    def _parse(self, request: Request, raw: bytes) -> dict[str, Any] | None:
+        """The body as a JSON object (vLLM's API takes nothing else), or None for a body
+        the front does not read: none, or a form (vLLM's audio uploads). A body nested
+        deeper than ``max_json_depth``, not JSON or not an object raises :class:`BodyError`
+        before vLLM sees it."""
+        content_type = request.headers.get("content-type", "").lower()
+        if not raw or content_type.startswith(_FORM_TYPES):
+            return None
+        return parse_object(raw, max_depth=self.max_json_depth)
+
+    def _prepare(
+        self, request: Request, body: bytes, payload: dict[str, Any] | None
+    ) -> tuple[bytes, dict | None, bool]:
         """The body to send, the parsed request when this one is captured, and whether the
         front added ``return_token_ids`` (then it strips the ids from the answer)."""
-        if self.capture is None or request.method != "POST":
+        if self.capture is None or request.method != "POST" or payload is None:
             return body, None, False
         if request.url.path not in CAPTURED_PATHS:
-            return body, None, False
-        try:
-            payload = json.loads(body)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return body, None, False  # vLLM answers it with its own 400
-        if not isinstance(payload, dict):
             return body, None, False
         consent = payload.pop("capture", True)  # specops's field; vLLM does not know it
         header = header_consent(request.headers.get(CAPTURE_HEADER))  # checked in _proxy
@@ -342,8 +372,11 @@ class Front:
         raw = await request.body()  # before choosing an upstream: a slow body holds none
         try:
             header_consent(request.headers.get(CAPTURE_HEADER))
+            payload = self._parse(request, raw)
         except BadInputError as error:
             self.requests.labels("rejected").inc()
+            if isinstance(error, BodyError):
+                self.rejected.labels("body").inc()
             return openai_error(400, str(error), "invalid_request_error")
         upstream = self._claim()
         if upstream is None:
@@ -353,7 +386,7 @@ class Front:
                 503, f"no vLLM server is ready ({self.state}){detail}", "service_unavailable"
             )
         self.inflight.inc()
-        body, captured, added = self._prepare(request, raw)
+        body, captured, added = self._prepare(request, raw, payload)
         url = upstream.url + request.url.path
         if request.url.query:
             url += "?" + request.url.query

@@ -52,7 +52,7 @@ async def send_error(
     await send({"type": "http.response.body", "body": payload})
 
 
-def _header(scope: Scope, name: bytes) -> bytes | None:
+def header(scope: Scope, name: bytes) -> bytes | None:
     for key, value in scope.get("headers", ()):
         if key.lower() == name:
             return value
@@ -76,7 +76,7 @@ class ApiKeyGuard:
 
     def _verdict(self, scope: Scope) -> tuple[str, str] | None:
         """None when the request may pass; else (reason, message)."""
-        verdict = bearer_verdict(self.keys, _header(scope, b"authorization"))
+        verdict = bearer_verdict(self.keys, header(scope, b"authorization"))
         if verdict is not None and verdict[0] == "missing":
             return "missing", f"{MISSING} (the openai client's api_key)"
         return verdict
@@ -125,7 +125,7 @@ class BodyLimit:
         if scope["type"] != "http" or scope.get("method") not in ("POST", "PUT", "PATCH"):
             await self.app(scope, receive, send)
             return
-        declared = _header(scope, b"content-length")
+        declared = header(scope, b"content-length")
         if declared is not None:
             try:
                 size = int(declared)

@@ -18,20 +18,43 @@ log = logging.getLogger(__name__)
 
 
 class APIError(Exception):
-    def __init__(self, status: int, message: str, *, kind: str, param: str | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        kind: str,
+        param: str | None = None,
+        headers: dict[str, str] | None = None,
+        code: str | None = None,
+    ):
         super().__init__(message)
         self.status, self.message, self.kind, self.param = status, message, kind, param
+        self.headers, self.code = headers, code
 
 
 def bad_request(message: str, param: str | None = None) -> APIError:
     return APIError(400, message, kind="invalid_request_error", param=param)
 
 
+def too_many(message: str, retry_after_s: int) -> APIError:
+    """A 429 that tells the client when to come back."""
+    return APIError(
+        429,
+        message,
+        kind="rate_limit_error",
+        headers={"Retry-After": str(retry_after_s)},
+        code="rate_limit_exceeded",  # as the admission middleware's refusals
+    )
+
+
 async def on_api_error(request: Request, error: Exception) -> JSONResponse:
     assert isinstance(error, APIError)
     server_state(request).metrics.error(error.status)
     return JSONResponse(
-        error_body(error.message, kind=error.kind, param=error.param), status_code=error.status
+        error_body(error.message, kind=error.kind, param=error.param, code=error.code),
+        status_code=error.status,
+        headers=error.headers,
     )
 
 

@@ -58,6 +58,17 @@ class Limits(_Section):
     request_timeout_s: float = Field(300.0, gt=0)
     # Checked before the body is parsed (bytes) or tokenised (messages, characters).
     max_body_bytes: int = Field(1 << 20, ge=1024)
+    # Nesting of JSON arrays/objects, counted before the body is parsed (a deeper one is a
+    # 400, never the parser's recursion); a chat request with tools nests about 8 deep.
+    max_json_depth: int = Field(64, ge=4, le=512)
+    # Token buckets per API key (per client address without keys), checked before the body
+    # is read; a request past its bucket gets 429 with Retry-After. None: off (the full
+    # queue is refused before parsing anyway); see docs/security.md for when to set it.
+    rate_per_s: float | None = Field(None, gt=0)
+    burst: int = Field(16, ge=1)
+    # A 429 is held this long before it is sent: a client that retries at once is paced to
+    # one request per delay, at no CPU cost (serving/security/admission.py). 0: at once.
+    refusal_delay_s: float = Field(1.0, ge=0.0, le=30.0)
     max_messages: int = Field(256, ge=1)
     max_prompt_chars: int = Field(100_000, ge=1)
 

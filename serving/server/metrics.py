@@ -80,7 +80,8 @@ class ServerMetrics:
         )
         self.rejected = counter(
             "requests_rejected",
-            "Requests refused before parsing (401 no/bad API key, 413 body size), by reason.",
+            "Requests refused before parsing (401 no/bad API key, 413 body size, "
+            "429 rate_limit/queue_full), by reason.",
             ("reason",),
         )
         self.swaps = counter("draft_swaps", "Hot swaps to a newly promoted draft.")

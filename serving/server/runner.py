@@ -6,7 +6,6 @@ so the event loop never runs a model. The routes shape the outcome into a respon
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -20,8 +19,9 @@ from serving.constrained import Constraint
 from serving.errors import BadInputError, SpecOpsError
 from serving.metrics import RequestStats
 from serving.sampling import SamplingParams
+from serving.security.body import BodyError, parse_object
 from serving.security.consent import CAPTURE_HEADER, header_consent
-from serving.server.api_errors import APIError, bad_request
+from serving.server.api_errors import APIError, bad_request, too_many
 from serving.server.responses import FinishReason, SpeculationStats, SpeculativeUsage
 from serving.server.scheduler import Job, QueueFullError, SchedulerClosedError
 from serving.server.schemas import ChatCompletionRequest, SpecOpsFields, prompt_chars
@@ -49,18 +49,16 @@ class Outcome:
 async def parse(request: Request, state: ServerState, model: type[Body]) -> Body:
     """The body as ``model``, within the server's limits and naming its model; a bad one
     raises :class:`APIError` (or FastAPI's validation error, answered as a 400)."""
+    config = state.config
+    limits = config.limits
     try:
-        raw = await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise bad_request(f"the body is not valid JSON: {error}") from None
-    if not isinstance(raw, dict):
-        raise bad_request(f"the body must be a JSON object, got {type(raw).__name__}")
+        raw = parse_object(await request.body(), max_depth=limits.max_json_depth)
+    except BodyError as error:
+        raise bad_request(str(error)) from None
     try:
         body = model.model_validate(raw)
     except ValidationError as error:
         raise RequestValidationError(error.errors()) from None
-    config = state.config
-    limits = config.limits
     if isinstance(body, ChatCompletionRequest) and len(body.messages) > limits.max_messages:
         raise bad_request(
             f"the request has {len(body.messages)} messages; this server takes at most "
@@ -146,7 +144,7 @@ def new_decode(
 
 def submit(state: ServerState, decode: Decode) -> tuple[Job, Events]:
     """Queue the decode on the scheduler; its events arrive on the returned queue. A full
-    queue is a 429, a closing server a 503."""
+    queue is a 429 with ``Retry-After``, a closing server a 503."""
     loop = asyncio.get_running_loop()
     events: Events = asyncio.Queue()
 
@@ -161,7 +159,7 @@ def submit(state: ServerState, decode: Decode) -> tuple[Job, Events]:
     try:
         state.scheduler.submit(job)
     except QueueFullError as error:
-        raise APIError(429, str(error), kind="rate_limit_error") from None
+        raise too_many(str(error), error.retry_after_s) from None
     except SchedulerClosedError as error:
         raise APIError(503, str(error), kind="service_unavailable") from None
     return job, events

@@ -1,7 +1,8 @@
 """The decode loop of the server: continuous batching on worker threads.
 
 Requests wait in a bounded queue (a full queue refuses at once, so the HTTP layer answers
-429). Each of ``workers`` threads owns a :class:`serving.batch.batch.Batch` of up to its
+429, with ``Retry-After`` from the queue's measured drain rate: :mod:`serving.server.drain`).
+Each of ``workers`` threads owns a :class:`serving.batch.batch.Batch` of up to its
 share of ``max_active`` requests (and of the hardware target's ``max_batch``). Between two
 steps a worker takes in waiting requests (each is prefilled alone as it joins), drops the
 ones that finished, failed, were cancelled or ran past their deadline, and then runs one
@@ -29,12 +30,17 @@ from serving.batch.batch import Batch
 from serving.batch.plan import BatchLimits, PassCost
 from serving.engine import Decoding, Generation
 from serving.errors import SpecOpsError
+from serving.server.drain import DrainRate
 
 log = logging.getLogger(__name__)
 
 
 class QueueFullError(SpecOpsError):
-    """The request queue is full: try again later (HTTP 429)."""
+    """The request queue is full: try again in ``retry_after_s`` (HTTP 429)."""
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class SchedulerClosedError(SpecOpsError):
@@ -90,6 +96,7 @@ class Scheduler:
         self.target = target
         self.cost = cost or PassCost()
         self.on_pass = on_pass
+        self.drain = DrainRate()
         self._waiting: deque[Job] = deque()
         self._active: list[list[Job]] = [[] for _ in range(workers)]
         self._wake = threading.Condition()
@@ -102,6 +109,20 @@ class Scheduler:
     @property
     def waiting(self) -> int:
         return len(self._waiting)
+
+    @property
+    def full(self) -> bool:
+        """Whether a new request would be refused now (read without the lock: a hint for
+        refusing before a body is parsed; :meth:`submit` decides)."""
+        return len(self._waiting) >= self.queue_size
+
+    def full_error(self) -> QueueFullError:
+        waiting = len(self._waiting)
+        retry_after = self.drain.retry_after_s(waiting)
+        return QueueFullError(
+            f"the request queue is full ({waiting} waiting); retry in {retry_after} s",
+            retry_after,
+        )
 
     @property
     def running(self) -> int:
@@ -126,9 +147,7 @@ class Scheduler:
             if self._stopping:
                 raise SchedulerClosedError("the server is shutting down")
             if len(self._waiting) >= self.queue_size:
-                raise QueueFullError(
-                    f"the request queue is full ({self.queue_size} waiting); retry later"
-                )
+                raise self.full_error()
             self._waiting.append(job)
             self._wake.notify()
 
@@ -229,6 +248,7 @@ class Scheduler:
                 payload = generation.result
         if job in active:
             active.remove(job)
+        self.drain.record()
         try:
             job.emit(kind, payload)
         except Exception:  # a dead client must not stop the loop

@@ -21,6 +21,7 @@ from starlette.routing import Route
 from serving.gateway.front import Front, Upstream
 from serving.gateway.vllm_process import free_port
 from serving.security.keys import from_keys
+from serving.security.rate import TokenBuckets
 from serving.security.tls import ServerTls, ca_context, server_tls, uvicorn_tls
 
 
@@ -282,3 +283,47 @@ def test_the_front_serves_tls_itself(served, tls_files):
         httpx.get(f"{app.url}/health", verify=ca_context(None))
     with pytest.raises(httpx.HTTPError):
         httpx.get(f"http://127.0.0.1:{app.port}/health")
+
+
+def test_a_body_that_is_not_a_shallow_json_object_is_a_400_vllm_never_sees(served):
+    seen: list[str] = []
+    fake = fake_vllm("up")
+
+    async def spy(scope, receive, send):
+        if scope["type"] == "http":
+            seen.append(scope["path"])
+        await fake(scope, receive, send)
+
+    front = Front(capture=lambda pair: None, max_json_depth=8)
+    front.switch(upstream(served(spy), "up"))
+    url = f"{served(front.app()).url}/v1/completions"
+    json_type = {"content-type": "application/json"}
+    hostile = [
+        (b"[" * 900_000, "at most 8 (limits.max_json_depth)"),
+        (b'{"prompt": ' + b"[" * 9 + b"]" * 9 + b"}", "at most 8 (limits.max_json_depth)"),
+        (b"{not json", "not valid JSON"),
+        (b'["a list"]', "must be a JSON object, got list"),
+    ]
+    for raw, needle in hostile:
+        response = httpx.post(url, content=raw, headers=json_type)
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert error["type"] == "invalid_request_error" and needle in error["message"]
+    assert not seen, "a refused body reached vLLM"
+    assert httpx.post(url, json={"prompt": "ok"}).status_code == 200
+    metrics = httpx.get(f"{url.rsplit('/v1', 1)[0]}/metrics").text
+    assert 'specops_gateway_rejected_total{reason="body"} 4.0' in metrics
+
+
+def test_a_client_past_its_bucket_is_a_429_with_retry_after(served):
+    front = Front(buckets=TokenBuckets(0.01, 1))
+    front.switch(upstream(served(fake_vllm("up")), "up"))
+    app = served(front.app())
+    url = f"{app.url}/v1/completions"
+    assert httpx.post(url, json={"prompt": "a"}).status_code == 200
+    refused = httpx.post(url, json={"prompt": "b"})
+    assert refused.status_code == 429 and refused.headers["Retry-After"] == "100"
+    assert refused.json()["error"]["type"] == "rate_limit_error"
+    assert httpx.get(f"{app.url}/health").status_code == 200  # probes pass
+    metrics = httpx.get(f"{app.url}/metrics").text
+    assert 'specops_gateway_rejected_total{reason="rate_limit"} 1.0' in metrics

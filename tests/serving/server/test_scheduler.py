@@ -7,6 +7,7 @@ from serving.drafters.prompt_lookup import PromptLookupDrafter
 from serving.engine import SpeculativeDecoder
 from serving.errors import SpecOpsError
 from serving.policy import FixedK
+from serving.server.drain import UNKNOWN_RETRY_AFTER_S
 from serving.server.scheduler import Job, QueueFullError, Scheduler
 
 
@@ -59,9 +60,13 @@ def test_a_full_queue_refuses_at_once(target, prompt):
     scheduler = Scheduler(queue_size=2, max_active=1)  # not started: nothing leaves the queue
     for _ in range(2):
         scheduler.submit(job(decoder(target).stream(prompt, max_new_tokens=4), Collector()))
-    with pytest.raises(QueueFullError, match="queue is full"):
+    assert scheduler.full
+    with pytest.raises(QueueFullError, match="queue is full") as refused:
         scheduler.submit(job(decoder(target).stream(prompt, max_new_tokens=4), Collector()))
     assert scheduler.waiting == 2
+    # nothing has left yet: the drain rate is unknown, Retry-After its conservative default
+    assert refused.value.retry_after_s == UNKNOWN_RETRY_AFTER_S
+    assert f"retry in {UNKNOWN_RETRY_AFTER_S} s" in str(refused.value)
 
 
 def test_a_cancelled_request_stops_and_reports_what_it_decoded(target, prompt):
