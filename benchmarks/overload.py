@@ -210,7 +210,7 @@ async def run_phase(
                 "--spawn-rate",
                 str(total),
                 "--run-time",
-                f"{args.duration_s}s",
+                f"{round(args.duration_s)}s",  # locust takes whole seconds
                 "--stop-timeout",
                 "0",
                 "--host",
@@ -219,7 +219,7 @@ async def run_phase(
                 str(prefix),
                 env=env,
                 stdout=asyncio.subprocess.DEVNULL,
-                stderr=asyncio.subprocess.DEVNULL,
+                stderr=(work / f"{prefix.name}.log").open("w"),
             )
         else:
             load = asyncio.create_task(
@@ -231,6 +231,9 @@ async def run_phase(
         after, window_s = await scrape(metrics), time.monotonic() - window_start
         if generator == "locust":
             await asyncio.wait_for(process.wait(), timeout=120)
+            if not Path(f"{prefix}_stats.csv").is_file():
+                log = (work / f"{prefix.name}.log").read_text()[-3000:]
+                raise SpecOpsError(f"locust exited {process.returncode} with no stats:\n{log}")
             client_side: dict[str, Any] = _locust_stats(prefix)
         else:
             stop.set()
