@@ -41,7 +41,7 @@ class ShadowSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     enabled: bool = True
-    newest: int = Field(default=16, ge=1)  # the newest replayable records per workload
+    newest: int = Field(default=8, ge=1)  # the newest replayable records per workload
 
 
 class ShadowScore(BaseModel):
