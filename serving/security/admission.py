@@ -25,7 +25,16 @@ import asyncio
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
-from serving.security.asgi import ASGIApp, OnReject, Receive, Scope, Send, header, send_error
+from serving.security.asgi import (
+    ASGIApp,
+    OnReject,
+    Receive,
+    Scope,
+    Send,
+    header,
+    ignore_rejection,
+    send_error,
+)
 from serving.security.rate import TokenBuckets, client_of
 
 # Refusals held at once at most; past it they are sent at once (an open-loop flood that
@@ -44,10 +53,6 @@ def _never_busy() -> Refusal | None:
     return None
 
 
-def _ignore(status: int, reason: str) -> None:
-    return None
-
-
 class Admission:
     def __init__(
         self,
@@ -57,7 +62,7 @@ class Admission:
         buckets: TokenBuckets | None = None,
         keyed: bool = False,
         busy: Callable[[], Refusal | None] = _never_busy,
-        on_reject: OnReject = _ignore,
+        on_reject: OnReject = ignore_rejection,
         delay_s: float = 0.0,
         max_held: int = MAX_HELD,
     ) -> None:

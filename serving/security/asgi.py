@@ -59,7 +59,8 @@ def header(scope: Scope, name: bytes) -> bytes | None:
     return None
 
 
-def _ignore(status: int, reason: str) -> None:
+def ignore_rejection(status: int, reason: str) -> None:
+    """The default ``on_reject``: count nothing."""
     return None
 
 
@@ -70,7 +71,7 @@ class ApiKeyGuard:
         keys: ApiKeys,
         *,
         open_paths: Collection[str] = ("/health",),
-        on_reject: OnReject = _ignore,
+        on_reject: OnReject = ignore_rejection,
     ) -> None:
         self.app, self.keys, self.open_paths, self.on_reject = app, keys, set(open_paths), on_reject
 
@@ -111,7 +112,9 @@ class _TooLarge(Exception):
 
 
 class BodyLimit:
-    def __init__(self, app: ASGIApp, max_bytes: int, *, on_reject: OnReject = _ignore) -> None:
+    def __init__(
+        self, app: ASGIApp, max_bytes: int, *, on_reject: OnReject = ignore_rejection
+    ) -> None:
         self.app, self.max_bytes, self.on_reject = app, max_bytes, on_reject
 
     def _too_large(self, size: int | None) -> str:

@@ -120,34 +120,33 @@ def shadow_scores(
     groups = newest_by_workload(kept, settings.newest)
     if not groups or not contenders:
         return [], skipped
-    names = {label: f"c{index}" for index, label in enumerate(contenders)}
     built = contender_decoders(
-        [Contender(names[label], package) for label, (_, package, _) in contenders.items()],
+        [Contender(label, package) for label, (_, package, _) in contenders.items()],
         target, tokenizer, hardware,
     )  # fmt: skip
     curve = list(engine_target(hardware).curve)
     prompts = [r.prompt_token_ids for rows in groups.values() for r in rows]
     costs: dict[str, float] = {}
     for label, (_, _, tags) in contenders.items():
-        decoder, k = built[names[label]]
+        decoder, k = built[label]
         cost = _evaluated_cost(tags, hardware)
         if cost is None and decoder.drafter is not None:
             cost, _ = profile_draft_cost(
                 decoder, prompts, curve=curve, k=max(k, 1), max_new_tokens=PROFILE_TOKENS
             )
         if cost is not None:
-            costs[names[label]] = cost
+            costs[label] = cost
             fix_draft_cost(decoder, cost)
     scores: list[ShadowScore] = []
     for workload, rows in groups.items():
         predictions = predict(
-            {names[label]: built[names[label]][0] for label in contenders},
+            {label: decoder for label, (decoder, _) in built.items()},
             [r.prompt_token_ids for r in rows],
             [r.output_token_ids for r in rows],
             target=target, curve=curve, draft_costs=costs,
         )  # fmt: skip
         for label, (role, _, _) in contenders.items():
-            made = predictions[names[label]]
+            made = predictions[label]
             scores.append(
                 ShadowScore(
                     label=label,
@@ -157,7 +156,7 @@ def shadow_scores(
                     acceptance_rate=made.accepted / made.drafted if made.drafted else None,
                     mean_accepted_length=made.tokens / made.checks if made.checks else 1.0,
                     modelled_speedup=made.speedup,
-                    draft_cost=costs.get(names[label]),
+                    draft_cost=costs.get(label),
                 )
             )
     return scores, skipped
