@@ -13,7 +13,12 @@
    failure/replay mix; each is registered, evaluated against the champion on the held-out
    slice of the drifted traffic and on the built-in workloads, gated, and the fastest
    passing one promoted;
-5. report: before/after figures, a plot, and where to look (MLflow, Prefect).
+5. drill: the last retrain's head (a draft with weights) is evaluated and promoted by
+   hand, then its weights are scrambled on the serving machine's disk (it still loads,
+   and proposes wrong tokens); the next ``collect`` serves traffic with it, and its watch
+   (:mod:`tasks.loop.watch`) finds live acceptance collapsed against the evaluated one and
+   restores the champion the head displaced, holding the head out of promotion;
+6. report: before/after figures, a plot, and where to look (MLflow, Prefect).
 
 The demo compresses hours of traffic into minutes, so it turns the retrain cool-down off
 and keeps the training budgets small (``budgets``; ``configs/retrain.yaml`` has the
@@ -26,9 +31,12 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
-from flows.loop import bootstrap, collect, retrain
+from flows.loop import bootstrap, collect, evaluate_and_promote, retrain
 from tasks.loop import prefect_tasks as steps
-from tasks.loop.results import Collected, DemoResult, Retrained
+from tasks.loop.results import Collected, DemoResult, DraftRef, Drill, Retrained
+
+# The drill's draft: a family whose package carries weights to damage.
+DRILL_FAMILY = "head"
 
 
 @flow(name="drift-demo")
@@ -42,6 +50,7 @@ def drift_demo(
     eval_prompts: int = 4,
     max_new_tokens: int = 96,
     budgets: dict[str, float] | None = None,
+    drill: bool = True,
 ) -> DemoResult:
     logger = get_run_logger()
     store = f"{work}/store"
@@ -100,9 +109,84 @@ def drift_demo(
             f"the retrain went to deployment {retrained.deployment}; the main job runs its "
             "retrains in this process: unset SPECOPS_RETRAIN_DEPLOYMENT"
         )
+    drilled = None
+    if drill:
+        weighted = [c for c in retrained.challengers if c.family == DRILL_FAMILY]
+        if not weighted:
+            reason = f"the last retrain registered no {DRILL_FAMILY} draft (no weights to damage)"
+            logger.warning("drill skipped: %s", reason)
+            drilled = Drill(skipped=reason)
+        else:
+            drilled = damaged_champion_drill(
+                hardware=hardware,
+                store=store,
+                work=work,
+                draft=DraftRef(family=weighted[0].family, version=weighted[0].version),
+                workload=after_workload,
+                eval_prompts=eval_prompts,
+                max_new_tokens=max_new_tokens // 2,
+            )
     return DemoResult(
         bootstrap=bootstrapped,
         phases=phases,
         daily_retrain=scheduled,
         retrained=retrained,
+        drill=drilled,
     )
+
+
+@flow(name="drill-damaged-champion")
+def damaged_champion_drill(
+    hardware: str,
+    store: str,
+    work: str,
+    draft: DraftRef,
+    workload: str = "humaneval",
+    eval_prompts: int = 4,
+    max_new_tokens: int = 48,
+) -> Drill:
+    """Evaluate ``draft`` (a draft with weights) on ``workload`` and promote it by hand,
+    scramble its weights where serving loads them, and collect: the watch must roll it
+    back to the champion it displaced."""
+    from tasks.loop.retrain_config import load_retrain_config
+
+    logger = get_run_logger()
+    displaced = steps.champion(hardware)
+    # Promotion by hand needs an evaluation on the target: every contender timed, the
+    # pre-gate's prediction aside (it refused the head in the retrain).
+    evaluated = evaluate_and_promote(
+        [draft],
+        hardware=hardware,
+        workloads=[workload],
+        prompts_per_workload=eval_prompts,
+        max_new_tokens=max_new_tokens,
+        cache=f"{work}/packages",
+        promote=False,
+        store=store,
+        pregate=False,
+    )
+    label = steps.promote_by_hand(
+        draft, hardware=hardware, reason="main job drill: promoted by hand, to be damaged"
+    )
+    scrambled = steps.scramble_champion(hardware)
+    logger.warning("drill: %s promoted, then its weights scrambled on disk: %s", label,
+                   ", ".join(scrambled))  # fmt: skip
+    collected = collect(
+        hardware=hardware,
+        store=store,
+        work=work,
+        replay_workload=workload,
+        replay_prompts=load_retrain_config().watch.newest,
+        run_id="demo-drill",
+        max_new_tokens=max_new_tokens,
+        version=False,
+        trigger_retrain=False,
+        cooldown_minutes=0.0,
+    )
+    result = Drill(draft=label, displaced=displaced, evaluated=evaluated,
+                   scrambled=scrambled, collected=collected)  # fmt: skip
+    if result.restored:
+        logger.info("drill: the watch rolled %s back to %s", label, displaced)
+    else:
+        logger.error("drill: the watch did not restore %s over the damaged %s", displaced, label)
+    return result

@@ -95,9 +95,11 @@ def evaluate_and_promote(
     traffic_per_workload: int = 8,
     store: str = "data",
     lineage: dict[str, str] | None = None,
+    pregate: bool = True,
 ) -> Decision:
     """``lineage`` (default: the data version of ``store`` and the git commit) tags every
-    evaluation run."""
+    evaluation run; ``pregate`` False times every challenger, however slow the pre-gate
+    predicts it."""
     lineage = lineage or steps.lineage(store)
     decision = steps.evaluate_gate_promote(
         challengers,
@@ -110,6 +112,7 @@ def evaluate_and_promote(
         traffic=traffic,
         traffic_per_workload=traffic_per_workload,
         lineage=lineage,
+        pregate=pregate,
     )
     logger = get_run_logger()
     for label, result in decision.gates.items():

@@ -47,6 +47,14 @@ def demo(
     lora_seconds: Annotated[
         float, typer.Option(help="LoRA training budget per retrain (seconds).")
     ] = 60.0,
+    drill: Annotated[
+        bool,
+        typer.Option(
+            "--drill/--no-drill",
+            help="Last, promote the head by hand, scramble its weights, and let the watch "
+            "roll it back.",
+        ),
+    ] = True,
 ) -> None:
     """The main job: bootstrap a champion, replay drift, retrain, evaluate, gate, promote."""
     from serving.errors import SpecOpsError
@@ -72,6 +80,7 @@ def demo(
             after_prompts=after_prompts,
             max_new_tokens=max_new_tokens,
             budgets={"head": head_seconds, "lora": lora_seconds},
+            drill=drill,
         )
         summary = write_report(result, work / "store", Path("results/main"))
         ba = summary.before_after
@@ -123,6 +132,19 @@ def demo(
                     else " (the drift cost it nothing to regain)"
                 )
             )
+    drilled = summary.drill
+    if drilled is not None:
+        typer.echo(
+            f"drill: {drilled.draft} promoted by hand, its weights scrambled on disk, served "
+            f"{drilled.requests} requests; "
+            + (
+                f"the watch rolled it back to {drilled.rolled_back_to}"
+                if drilled.restored
+                else f"NOT restored ({drilled.alarm or 'the watch did not fire'})"
+            )
+        )
+        for line in drilled.watch:
+            typer.echo(f"  watch: {line}")
     from registry.config import mask_uri
 
     typer.echo(

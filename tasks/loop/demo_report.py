@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, SerializationInfo, model_serializer
 from serving.atomic import write_json_atomic
 from tasks.evaluate.gates import GateResult
 from tasks.evaluate.report import ContenderResult
-from tasks.loop.results import DemoResult
+from tasks.loop.results import DemoResult, Drill
 from tasks.loop.steps import Decision
 from tasks.train.suffix_index import read_valid_records
 
@@ -83,6 +83,18 @@ class Regained(_Figures):
     champion_speedup: float | None
 
 
+class DrillSummary(_Figures):
+    """The drill's outcome: the damaged champion, what the watch saw, what it restored."""
+
+    draft: str
+    displaced: str | None
+    restored: bool  # the watch put ``displaced`` back
+    rolled_back_to: str | None
+    alarm: str | None
+    watch: list[str]  # the watch's line per judged workload
+    requests: int  # served by the damaged draft before the rollback
+
+
 class DemoReport(_Figures):
     """``results/main/loop.json`` (with the flow's result beside it)."""
 
@@ -91,6 +103,23 @@ class DemoReport(_Figures):
     daily_retrain: BeforeAfter | None
     regained: Regained | None
     bootstrap: str | None  # the first champion's label, if bootstrap promoted one
+    drill: DrillSummary | None = None  # None: the drill did not run (see the flow result)
+
+
+def drill_summary(drill: Drill | None) -> DrillSummary | None:
+    if drill is None or drill.draft is None or drill.collected is None:
+        return None
+    watch = drill.collected.watch
+    replayed = drill.collected.replayed
+    return DrillSummary(
+        draft=drill.draft,
+        displaced=drill.displaced,
+        restored=drill.restored,
+        rolled_back_to=None if watch is None else watch.rolled_back_to,
+        alarm=None if watch is None else watch.alarm,
+        watch=[] if watch is None else watch.reasons,
+        requests=0 if replayed is None else replayed.written,
+    )
 
 
 def acceptance_over_time(store: Path, *, window: int = 8) -> list[AcceptancePoint]:
@@ -224,6 +253,7 @@ def write_report(
         daily_retrain=None if daily is None else before_after(daily),
         regained=regained(daily, decision, before=before, drifted=drifted),
         bootstrap=None if result.bootstrap is None else result.bootstrap.promoted,
+        drill=drill_summary(result.drill),
     )
     write_json_atomic(
         out_dir / "loop.json",
@@ -238,6 +268,10 @@ def write_report(
     left.axhline(
         0.5, color="grey", ls="--", lw=1, label="absolute threshold (unevaluated champion)"
     )
+    damaged = [p.request for p in series if summary.drill and p.drafter == summary.drill.draft]
+    if damaged:
+        left.axvspan(min(damaged) - 0.5, max(damaged) + 0.5, color="red", alpha=0.12,
+                     label="drill: damaged champion, then rolled back")  # fmt: skip
     left.set(xlabel="request (serving order)", ylabel="acceptance (rolling, 8 requests)",
              title="drift: acceptance of the champion draft", ylim=(0, 1))  # fmt: skip
     left.legend()

@@ -205,6 +205,28 @@ def watch_champion(store: str, *, hardware: str) -> Watch:
     )
 
 
+@task(name="promote-by-hand", cache_policy=NO_CACHE)
+def promote_by_hand(draft: DraftRef, *, hardware: str, reason: str) -> str:
+    """Promote ``draft`` over whatever serves now, as ``specops registry promote`` does
+    (it must have been evaluated on ``hardware``); its label."""
+    registry = open_registry()
+    version = registry.get(draft.family, draft.version)
+    registry.promote(version, hardware, reason=reason)
+    return version.label
+
+
+@task(name="scramble-champion", cache_policy=NO_CACHE)
+def scramble_champion(hardware: str) -> list[str]:
+    """Damage the serving machine's copy of ``hardware``'s champion (the download cache the
+    server and the traffic replay load from): its weights permuted in place
+    (:func:`tasks.loop.damage.scramble_weights`); the files changed."""
+    from serving.models.real import cache_root
+    from tasks.loop.damage import scramble_weights
+
+    _, package = loop.champion_package(open_registry(), hardware, cache_root() / "registry")
+    return [str(path) for path in scramble_weights(package)]
+
+
 @task(name="shadow-scores", cache_policy=NO_CACHE)
 def shadow_scores(store: str, work: str, *, hardware: str) -> Shadow:
     """Shadow scores (:mod:`tasks.loop.shadow`): the champion, the previous champion and
@@ -397,10 +419,12 @@ def evaluate_gate_promote(
     traffic: str | None = None,
     traffic_per_workload: int = 8,
     lineage: dict[str, str] | None = None,
+    pregate: bool = True,
 ) -> Decision:
     """Evaluate on ``workloads``' held-out prompts and, with ``traffic`` (a dataset folder),
     on its held-out traffic (``heldout_traffic.jsonl``): the newest collected requests,
-    never trained on. ``lineage`` (data version, git commit) tags every evaluation run."""
+    never trained on. ``lineage`` (data version, git commit) tags every evaluation run;
+    ``pregate`` False times every challenger (:func:`loop.evaluate_and_decide`)."""
     from prefect.concurrency.sync import concurrency
 
     registry = open_registry()
@@ -422,6 +446,7 @@ def evaluate_gate_promote(
             max_new_tokens=max_new_tokens,
             promote=promote,
             tags=lineage,
+            pregate=pregate,
         )
     return decision
 

@@ -97,6 +97,27 @@ class Collected(_Result):
     shadow: Shadow | None = None  # shadow scores on the newest traffic (tasks/loop/shadow.py)
 
 
+class Drill(_Result):
+    """The main job's drill (:func:`flows.demo.damaged_champion_drill`): a draft with
+    weights is evaluated and promoted by hand, its weights are scrambled on the serving
+    machine's disk, and the next ``collect``'s watch must restore the champion it
+    displaced."""
+
+    skipped: str | None = None  # why the drill did not run (then nothing else is set)
+    draft: str | None = None  # the damaged champion's label
+    displaced: str | None = None  # the champion it displaced: what the watch should restore
+    evaluated: Decision | None = None  # the draft's evaluation before its promotion
+    scrambled: list[str] = Field(default_factory=list)  # the files damaged
+    collected: Collected | None = None  # the collect after the damage (its watch)
+
+    @property
+    def restored(self) -> bool:
+        """The watch rolled the damaged draft back to the champion it displaced."""
+        watch = None if self.collected is None else self.collected.watch
+        restored = None if watch is None else watch.rolled_back_to
+        return restored is not None and restored == self.displaced
+
+
 class DemoResult(_Result):
     """The main job's flow (:mod:`flows.demo`)."""
 
@@ -104,3 +125,4 @@ class DemoResult(_Result):
     phases: list[Collected] = Field(min_length=2, max_length=2)  # before, after the drift
     daily_retrain: Retrained | None
     retrained: Retrained
+    drill: Drill | None = None  # the damaged champion and its rollback (None: not run)

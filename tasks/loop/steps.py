@@ -264,9 +264,12 @@ def evaluate_and_decide(
     promote: bool = True,
     progress: bool = True,
     tags: dict[str, str] | None = None,
+    pregate: bool = True,
 ) -> Decision:
     """Evaluate the champion and every challenger in one interleaved run on ``hardware``,
-    then :func:`decide` (``tags``, the lineage, go on every evaluation run)."""
+    then :func:`decide` (``tags``, the lineage, go on every evaluation run). ``pregate``
+    False times every challenger, however slow the pre-gate predicts it (an operator's
+    evaluation of a version before promoting it by hand)."""
     model, tokenizer = target_for(hardware)
     current = registry.champion(hardware)
     contenders: list[Contender] = []
@@ -289,7 +292,7 @@ def evaluate_and_decide(
         max_new_tokens=max_new_tokens,
         rounds=gates_now.wall_clock_rounds,
         stop_confidence=gates_now.wall_clock_confidence,
-        pregate_margin=gates_now.pregate_margin,
+        pregate_margin=gates_now.pregate_margin if pregate else None,
         progress=progress,
     )
     return decide(

@@ -55,8 +55,16 @@ def run_request(request: dict, tmp_path: Path, timeout: float = 900) -> dict:
 
 
 def request_for(
-    fixtures: Path, backend: str, model: str, contenders: dict, *, prompts: int, max_new_tokens: int
+    fixtures: Path,
+    backend: str,
+    model: str,
+    contenders: dict,
+    *,
+    prompts: int,
+    max_new_tokens: int,
+    prompt_tokens: int | None = None,
 ) -> dict:
+    """An evaluation request; ``prompt_tokens`` keeps each prompt's first that many tokens."""
     from serving.backends.exports import load_export
 
     speculations = {
@@ -72,7 +80,10 @@ def request_for(
         "target": str((fixtures / model).resolve()),
         "options": {"threads": 2, "dtype": "float32", "device": "cpu"},
         "contenders": speculations,
-        "prompts": json.loads((fixtures / "prompts.json").read_text())[:prompts],
+        "prompts": [
+            {**prompt, "token_ids": prompt["token_ids"][:prompt_tokens]}
+            for prompt in json.loads((fixtures / "prompts.json").read_text())[:prompts]
+        ],
         "max_new_tokens": max_new_tokens,
     }
 

@@ -164,6 +164,51 @@ def test_collect_rolls_a_collapsed_champion_back(harness, world, monkeypatch):
     assert again.watch is not None and not again.watch.collapsed
 
 
+def test_the_drill_damages_a_promoted_draft_and_the_watch_restores_its_predecessor(
+    harness, world, monkeypatch, target
+):
+    """The main job's drill (flows/demo.py) on the tiny target: a draft with weights (the
+    target's own, so it accepts every draft when whole) is evaluated and promoted by hand,
+    its weights are scrambled where serving loads them, and the next collect rolls it back."""
+    from flows.demo import damaged_champion_drill
+    from tasks.loop.results import DraftRef
+
+    monkeypatch.setattr(
+        retrain_config, "load_retrain_config",
+        lambda path=None: LOAD(world / "retrain.yaml").model_copy(
+            update={"watch": retrain_config.WatchSettings(newest=4, share=0.5)}
+        ),
+    )  # fmt: skip
+    registry = Registry()
+    first = register_pld(world)
+    registry.log_evaluation(registry.get("ngram", first.version), "cpu", {"speedup": 1.0})
+    registry.promote(registry.get("ngram", first.version), "cpu", reason="test setup")
+    target.save_pretrained(world / "self-weights")
+    package = write_package(
+        world / "self",
+        DraftManifest(drafter="model:weights", k=4, policy="fixed", family="head"),
+        files={"weights": world / "self-weights"},
+    )
+    draft = steps.register.fn(str(package), "head")
+    drill = damaged_champion_drill(
+        hardware="cpu", store=str(world / "store"), work=str(world / "work"),
+        draft=DraftRef(family="head", version=draft.version), workload="grounded",
+        eval_prompts=4, max_new_tokens=24,
+    )  # fmt: skip
+    assert (drill.draft, drill.displaced) == (draft.label, first.label)
+    # Evaluated before its promotion: whole, it accepted (nearly) every draft.
+    evaluated = Registry().get("head", draft.version)
+    assert evaluated.evaluated_on("cpu") and float(evaluated.tags["cpu/acceptance_rate"]) > 0.9
+    assert drill.scrambled and all(name.endswith(".safetensors") for name in drill.scrambled)
+    # Damaged, it served the collect's requests (it loaded), then the watch restored the pld.
+    assert drill.collected is not None and drill.collected.replayed is not None
+    assert drill.collected.replayed.champion == draft.label
+    watch = drill.collected.watch
+    assert watch is not None and watch.collapsed and drill.restored, watch
+    assert Registry().champion("cpu").label == first.label
+    assert "rolled_back.cpu" in Registry().get("head", draft.version).tags
+
+
 def test_collect_triggers_retrain_and_a_rerun_duplicates_nothing(harness, world, monkeypatch):
     from flows.loop import collect
 

@@ -134,32 +134,36 @@ def test_the_main_job_runs_end_to_end_on_the_tiny_target(demo, loop_world, monke
     assert result.exit_code == 0, result.output
     assert "bootstrap champion: specops-draft-ngram/1" in result.output
     assert "results: results/main/loop.json, plot results/main/loop.png" in result.output
+    assert "promoted by hand, its weights scrambled on disk" in result.output
 
-    # The records: every replayed request, valid, before the drift then after it.
-    rows = [row for _, row in read_raw(work / "store")]
-    assert [r["workload"] for r in sorted(rows, key=lambda r: r["timestamp"])] == [
+    # The records: every replayed request, valid, before the drift, after it, then the
+    # drill's (served by the damaged head).
+    report = json.loads((loop_world / "results/main/loop.json").read_text())
+    flow = report["flow_result"]
+    drill = flow["drill"]
+    drilled = drill["collected"]["replayed"]["written"]
+    rows = sorted((row for _, row in read_raw(work / "store")), key=lambda r: r["timestamp"])
+    assert [r["workload"] for r in rows] == [
         "grounded"
-    ] * DEMO["before_prompts"] + ["humaneval"] * DEMO["after_prompts"]
+    ] * DEMO["before_prompts"] + ["humaneval"] * (DEMO["after_prompts"] + drilled)
     assert {r["drafter_version"] for r in rows[: DEMO["before_prompts"]]} == {
         "specops-draft-ngram/1"
     }
     assert all(len(r["output_token_ids"]) <= DEMO["max_new_tokens"] for r in rows)
 
     # The report: the series, the before/after figures and the flow's result beside them.
-    report = json.loads((loop_world / "results/main/loop.json").read_text())
     assert list(report) == [
         "acceptance_over_time", "before_after", "daily_retrain", "regained", "bootstrap",
-        "flow_result",
+        "drill", "flow_result",
     ]  # fmt: skip
     assert [p["request"] for p in report["acceptance_over_time"]] == list(range(1, len(rows) + 1))
     assert report["bootstrap"] == "specops-draft-ngram/1"
-    flow = report["flow_result"]
-    assert list(flow) == ["bootstrap", "phases", "daily_retrain", "retrained"]
+    assert list(flow) == ["bootstrap", "phases", "daily_retrain", "retrained", "drill"]
     assert flow["bootstrap"]["promoted"] == "specops-draft-ngram/1"
     before, after = flow["phases"]
     assert before["replayed"]["written"] == DEMO["before_prompts"]
     assert after["replayed"]["written"] == DEMO["after_prompts"]
-    assert after["validation"]["validation"]["valid"] == len(rows)
+    assert after["validation"]["validation"]["valid"] == len(rows) - drilled
     retrained = flow["retrained"]
     assert retrained["slot"] in ("demo-phase-2", "demo-daily-2")
     assert retrained.get("scheduled") is (True if retrained["slot"] == "demo-daily-2" else None)
@@ -172,9 +176,26 @@ def test_the_main_job_runs_end_to_end_on_the_tiny_target(demo, loop_world, monke
     png = (loop_world / "results/main/loop.png").read_bytes()
     assert png.startswith(b"\x89PNG") and len(png) > 10_000
 
-    # The registry: the champion alias where the last decision left it, the report logged.
+    # The drill: the retrain's head evaluated, promoted by hand over the champion the
+    # retrain left, its weights scrambled where serving loads them, then a collect whose
+    # watch judged it. (Whether the tiny target's head collapses is chance: a whole one
+    # rolled back is tests/flows/test_loop_flows.py's.)
+    (head,) = [c for c in retrained["challengers"] if c["family"] == "head"]
+    assert drill["skipped"] is None and drill["draft"] == head["label"]
+    assert drill["displaced"] == (ba["promoted"] or ba["champion_before"])
+    assert drill["scrambled"] and drill["evaluated"]["promoted"] is None
+    assert drill["collected"]["replayed"]["champion"] == head["label"] and drilled > 0
+    assert drill["collected"]["watch"]["champion"] == head["label"]
+    assert drill["collected"]["validation"]["validation"]["valid"] == len(rows)
+    assert report["drill"]["draft"] == head["label"] and report["drill"]["requests"] == drilled
+    assert all(
+        r["drafter_version"] == head["label"] for r in rows if r["run_id"] == "demo-drill"
+    )
+
+    # The registry: the champion alias where the drill left it, the report logged.
     registry = _registry(work, monkeypatch)
-    assert registry.champion("cpu").label == (ba["promoted"] or ba["champion_before"])
+    restored = report["drill"]["restored"]
+    assert registry.champion("cpu").label == (drill["displaced"] if restored else head["label"])
     for challenger in retrained["challengers"]:
         assert registry.get(challenger["family"], challenger["version"]).evaluated_on("cpu")
     (run,) = registry.client.search_runs(
@@ -240,7 +261,8 @@ def test_run_collect_validates_versions_and_weighs_a_retrain(demo, loop_world, m
     printed = result.stdout  # the flow's result as JSON (its first 4,000 characters)
     assert printed.startswith('{\n  "replayed": null,\n  "retention": {')
     assert '"removed": []' in printed  # nothing is 30 days old
-    valid = DEMO["before_prompts"] + DEMO["after_prompts"]
+    valid = sum(1 for _ in read_raw(work / "store"))  # before, after the drift, the drill's
+    assert valid > DEMO["before_prompts"] + DEMO["after_prompts"]
     assert '"validation": {\n    "validation": {\n      "schema_version": 3,' in printed
     assert f'"total": {valid},\n      "valid": {valid},' in printed
     meta = yaml.safe_load((loop_world / f"{store}.dvc").read_text())  # `git add` records it
