@@ -1,13 +1,16 @@
 """Is the gates' modelled speed right? Planted contenders, modelled against measured.
 
 One evaluation (:func:`tasks.evaluate.evaluate.evaluate_report`, as the loop runs it) of
-built-in contenders — prompt lookup, the suffix drafter, the target's first N layers — on
+built-in contenders — prompt lookup, the target's first N layers — and of draft packages
+(``--package NAME=FOLDER``: a suffix draft or a head the loop trained, say) on
 held-out prompts of each workload, with ``--rounds`` timed rounds (3). Per contender and
 workload it reports the modelled speedup (:mod:`tasks.evaluate.modelled`), the median of
 the rounds' measured speedups (each round's tokens/s over plain decoding's in the same
 round), the relative error, and whether both sit on the same side of 1.0 and of the first
 contender (the would-be champion). Run it alone, with an explicit thread count, from the
 repository root: ``python -m benchmarks.modelled_speed --threads 2 --out FILE.json``.
+A suffix draft needs its corpus, so it comes as a package; the built-ins are ``--drafter``
+(default: ``pld:3`` and ``layers:8``).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from tasks.evaluate.modelled import modelled_report
 from tasks.evaluate.report import EvaluationReport
 from tasks.loop.steps import builtin_package
 
-DRAFTERS = ("pld:3", "suffix", "layers:8")
+DRAFTERS = ("pld:3", "layers:8")
 ERROR_TARGET = 0.10  # the issue's: modelled within 10 % of the measured median
 
 
@@ -89,8 +92,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--drafter", action="append", default=None)
+    parser.add_argument(
+        "--package", action="append", default=[], metavar="NAME=FOLDER",
+        help="a draft package as a contender (repeatable)",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
+    packages = []
+    for item in args.package:
+        name, _, folder = item.partition("=")
+        if not name or not folder or not (Path(folder) / "draft.json").is_file():
+            parser.error(f"--package {item!r}: expected NAME=FOLDER of a draft package")
+        packages.append((name, Path(folder)))
 
     def study() -> None:
         set_threads(args.threads)
@@ -104,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
             contenders = [
                 Contender(f"{index}-{spec}", builtin_package(spec, Path(folder), k=8))
                 for index, spec in enumerate(args.drafter or DRAFTERS)
-            ]
+            ] + [Contender(name, package) for name, package in packages]
             started = time.perf_counter()
             report = evaluate_report(
                 contenders, prompts, target=target, tokenizer=tokenizer,

@@ -45,10 +45,10 @@ def drift_demo(
     work: str = ".specops/demo",
     before_workload: str = "grounded",
     after_workload: str = "humaneval",
-    before_prompts: int = 24,
-    after_prompts: int = 32,
+    before_prompts: int = 16,
+    after_prompts: int = 24,
     eval_prompts: int = 4,
-    max_new_tokens: int = 96,
+    max_new_tokens: int = 64,
     budgets: dict[str, float] | None = None,
     drill: bool = True,
 ) -> DemoResult:
@@ -62,7 +62,7 @@ def drift_demo(
         work=work,
     ).bootstrapped
     logger.info("champion before drift: %s", steps.champion(hardware))
-    budgets = budgets if budgets is not None else {"head": 60.0, "lora": 60.0}
+    budgets = budgets if budgets is not None else {"head": 30.0, "lora": 30.0}
     retrain_options: dict[str, Any] = {
         "eval_workloads": [before_workload, after_workload],
         "eval_prompts_per_workload": eval_prompts,

@@ -37,16 +37,19 @@ def demo(
         bool, typer.Option("--fresh/--resume", help="Start over, or resume a killed run.")
     ] = True,
     hardware: Annotated[str, typer.Option(help="Hardware target.")] = "cpu",
-    before_prompts: Annotated[int, typer.Option(help="Grounded requests before the drift.")] = 24,
-    after_prompts: Annotated[int, typer.Option(help="HumanEval requests after it.")] = 32,
-    max_new_tokens: Annotated[int, typer.Option(help="Tokens per request.")] = 96,
+    before_prompts: Annotated[int, typer.Option(help="Grounded requests before the drift.")] = 16,
+    after_prompts: Annotated[int, typer.Option(help="HumanEval requests after it.")] = 24,
+    max_new_tokens: Annotated[int, typer.Option(help="Tokens per request.")] = 64,
+    eval_prompts: Annotated[
+        int, typer.Option(help="Built-in prompts per workload in each evaluation.")
+    ] = 4,
     threads: Annotated[int, typer.Option(help="torch threads.")] = 2,
     head_seconds: Annotated[
         float, typer.Option(help="Head training budget per retrain (seconds).")
-    ] = 60.0,
+    ] = 30.0,
     lora_seconds: Annotated[
         float, typer.Option(help="LoRA training budget per retrain (seconds).")
-    ] = 60.0,
+    ] = 30.0,
     drill: Annotated[
         bool,
         typer.Option(
@@ -79,6 +82,7 @@ def demo(
             before_prompts=before_prompts,
             after_prompts=after_prompts,
             max_new_tokens=max_new_tokens,
+            eval_prompts=eval_prompts,
             budgets={"head": head_seconds, "lora": lora_seconds},
             drill=drill,
         )

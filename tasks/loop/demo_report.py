@@ -270,8 +270,9 @@ def write_report(
     )
     damaged = [p.request for p in series if summary.drill and p.drafter == summary.drill.draft]
     if damaged:
+        outcome = "rolled back" if summary.drill and summary.drill.restored else "NOT rolled back"
         left.axvspan(min(damaged) - 0.5, max(damaged) + 0.5, color="red", alpha=0.12,
-                     label="drill: damaged champion, then rolled back")  # fmt: skip
+                     label=f"drill: damaged champion, {outcome}")  # fmt: skip
     left.set(xlabel="request (serving order)", ylabel="acceptance (rolling, 8 requests)",
              title="drift: acceptance of the champion draft", ylim=(0, 1))  # fmt: skip
     left.legend()
