@@ -143,9 +143,9 @@ def test_the_main_job_runs_end_to_end_on_the_tiny_target(demo, loop_world, monke
     drill = flow["drill"]
     drilled = drill["collected"]["replayed"]["written"]
     rows = sorted((row for _, row in read_raw(work / "store")), key=lambda r: r["timestamp"])
-    assert [r["workload"] for r in rows] == [
-        "grounded"
-    ] * DEMO["before_prompts"] + ["humaneval"] * (DEMO["after_prompts"] + drilled)
+    assert [r["workload"] for r in rows] == ["grounded"] * DEMO["before_prompts"] + [
+        "humaneval"
+    ] * (DEMO["after_prompts"] + drilled)
     assert {r["drafter_version"] for r in rows[: DEMO["before_prompts"]]} == {
         "specops-draft-ngram/1"
     }
@@ -188,9 +188,7 @@ def test_the_main_job_runs_end_to_end_on_the_tiny_target(demo, loop_world, monke
     assert drill["collected"]["watch"]["champion"] == head["label"]
     assert drill["collected"]["validation"]["validation"]["valid"] == len(rows)
     assert report["drill"]["draft"] == head["label"] and report["drill"]["requests"] == drilled
-    assert all(
-        r["drafter_version"] == head["label"] for r in rows if r["run_id"] == "demo-drill"
-    )
+    assert all(r["drafter_version"] == head["label"] for r in rows if r["run_id"] == "demo-drill")
 
     # The registry: the champion alias where the drill left it, the report logged.
     registry = _registry(work, monkeypatch)
