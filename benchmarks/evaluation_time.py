@@ -13,15 +13,12 @@ run's seconds by phase and which contenders were timed. Run it alone, after
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import time
 from pathlib import Path
 
 from benchmarks.cli import run_study
 from serving.atomic import write_json_atomic
-from serving.errors import BadInputError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,28 +32,20 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     def study() -> None:
-        os.environ.setdefault("SPECOPS_MLFLOW_URI", f"sqlite:///{args.work.resolve()}/mlflow.db")
-        os.environ.setdefault("SPECOPS_MLFLOW_ARTIFACTS", str(args.work.resolve() / "mlartifacts"))
-        from registry.client import Registry
+        from benchmarks.demo_workspace import last_retrain_decision, open_workspace, retrain_prompts
         from serving.loader import set_threads
         from tasks.evaluate import gates as gate_config
         from tasks.evaluate.evaluate import Contender, evaluate_report
-        from tasks.loop.prefect_tasks import _heldout_prompts
         from tasks.loop.steps import target_for
 
-        report_file = Path("results/main/loop.json")
-        if not report_file.is_file():
-            raise BadInputError(f"{report_file} is missing: run `bash scripts/main.sh` first")
-        decision = json.loads(report_file.read_text())["flow_result"]["retrained"]["decision"]
+        registry = open_workspace(args.work)
+        decision = last_retrain_decision()
         set_threads(args.threads)
-        registry = Registry()
         contenders = [
             Contender(name, registry.download(registry.resolve(label), args.work / "packages"))
             for name, label in decision["labels"].items()
         ]
-        prompts = _heldout_prompts(
-            ["grounded", "humaneval"], args.prompts, 0, str(args.work / "dataset"), 8
-        )
+        prompts = retrain_prompts(args.work, args.prompts)
         target, tokenizer = target_for(args.hardware)
         config = gate_config.load_gates()
         runs: dict[str, dict] = {}

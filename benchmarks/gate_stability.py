@@ -16,7 +16,6 @@ Run it alone, after ``bash scripts/main.sh`` (its workspace holds the registry):
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -27,7 +26,6 @@ from typing import Any
 
 from benchmarks.cli import run_study
 from serving.atomic import write_json_atomic
-from serving.errors import BadInputError
 
 BURNER = "while True: pass"
 
@@ -65,7 +63,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hardware", default="cpu")
     parser.add_argument("--threads", type=int, required=True)
     parser.add_argument("--runs", type=int, default=10, help="alone, and again busy")
-    parser.add_argument("--workload", action="append", default=None)
     parser.add_argument("--prompts", type=int, default=4, help="built-in, per workload")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--champion", help="label (default: the last retrain's champion)")
@@ -74,24 +71,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     def study() -> None:
-        os.environ.setdefault("SPECOPS_MLFLOW_URI", f"sqlite:///{args.work.resolve()}/mlflow.db")
-        os.environ.setdefault("SPECOPS_MLFLOW_ARTIFACTS", str(args.work.resolve() / "mlartifacts"))
-        from registry.client import Registry
+        from benchmarks.demo_workspace import last_retrain_decision, open_workspace, retrain_prompts
         from serving.loader import set_threads
         from tasks.evaluate import gates as gate_config
         from tasks.evaluate.evaluate import Contender, evaluate_report
-        from tasks.loop.prefect_tasks import _heldout_prompts
         from tasks.loop.steps import target_for
 
-        report_file = Path("results/main/loop.json")
+        registry = open_workspace(args.work)
         champion, challengers = args.champion, args.challenger
         if champion is None or challengers is None:
-            if not report_file.is_file():
-                raise BadInputError(
-                    f"{report_file} is missing: run `bash scripts/main.sh` first, or name "
-                    "--champion and --challenger"
-                )
-            decision = json.loads(report_file.read_text())["flow_result"]["retrained"]["decision"]
+            decision = last_retrain_decision(", or name --champion and --challenger")
             labels, verdicts = decision["labels"], decision["gates"]
             champion = champion or labels["champion"]
             challengers = challengers or [
@@ -100,7 +89,6 @@ def main(argv: list[str] | None = None) -> int:
                 if name != "champion" and "pre-gate:" not in verdicts[label]["reason"]
             ]
         set_threads(args.threads)
-        registry = Registry()
         cache = args.work / "packages"
         names = {"champion": champion}
         contenders = [Contender("champion", registry.download(registry.resolve(champion), cache))]
@@ -109,10 +97,7 @@ def main(argv: list[str] | None = None) -> int:
             contenders.append(
                 Contender(f"challenger-{index}", registry.download(registry.resolve(label), cache))
             )
-        prompts = _heldout_prompts(
-            args.workload or ["grounded", "humaneval"], args.prompts, 0,
-            str(args.work / "dataset"), 8,
-        )  # fmt: skip
+        prompts = retrain_prompts(args.work, args.prompts)
         target, tokenizer = target_for(args.hardware)
         config = gate_config.load_gates()
         wall_clock = config.model_copy(update={"speed": "measured", "wall_clock_confidence": 0.0})

@@ -77,6 +77,22 @@ def register_pld(tmp_path):
     return steps.register.fn(str(package), "ngram")
 
 
+def watched_pld_champion(world, monkeypatch):
+    """A pld champion, evaluated and promoted, under a watch over each workload's newest 4
+    requests (half the evaluated acceptance)."""
+    monkeypatch.setattr(
+        retrain_config, "load_retrain_config",
+        lambda path=None: LOAD(world / "retrain.yaml").model_copy(
+            update={"watch": retrain_config.WatchSettings(newest=4, share=0.5)}
+        ),
+    )  # fmt: skip
+    registry = Registry()
+    first = register_pld(world)
+    registry.log_evaluation(registry.get("ngram", first.version), "cpu", {"speedup": 1.0})
+    registry.promote(registry.get("ngram", first.version), "cpu", reason="test setup")
+    return first
+
+
 def test_a_randomly_initialised_draft_is_refused(harness, world):
     from flows.loop import evaluate_and_promote
 
@@ -115,16 +131,8 @@ def test_a_randomly_initialised_draft_is_refused(harness, world):
 def test_collect_rolls_a_collapsed_champion_back(harness, world, monkeypatch):
     from flows.loop import collect
 
-    monkeypatch.setattr(
-        retrain_config, "load_retrain_config",
-        lambda path=None: LOAD(world / "retrain.yaml").model_copy(
-            update={"watch": retrain_config.WatchSettings(newest=4, share=0.5)}
-        ),
-    )  # fmt: skip
     registry = Registry()
-    first = register_pld(world)
-    registry.log_evaluation(registry.get("ngram", first.version), "cpu", {"speedup": 1.0})
-    registry.promote(registry.get("ngram", first.version), "cpu", reason="test setup")
+    first = watched_pld_champion(world, monkeypatch)
     # Promoted next: a draft whose evaluation said it accepts 90 %, but whose weights serve
     # untrained (as after damage): it accepts ~nothing on live traffic.
     tiny_llama(seed=11).save_pretrained(world / "damaged-weights")
@@ -173,16 +181,7 @@ def test_the_drill_damages_a_promoted_draft_and_the_watch_restores_its_predecess
     from flows.demo import damaged_champion_drill
     from tasks.loop.results import DraftRef
 
-    monkeypatch.setattr(
-        retrain_config, "load_retrain_config",
-        lambda path=None: LOAD(world / "retrain.yaml").model_copy(
-            update={"watch": retrain_config.WatchSettings(newest=4, share=0.5)}
-        ),
-    )  # fmt: skip
-    registry = Registry()
-    first = register_pld(world)
-    registry.log_evaluation(registry.get("ngram", first.version), "cpu", {"speedup": 1.0})
-    registry.promote(registry.get("ngram", first.version), "cpu", reason="test setup")
+    first = watched_pld_champion(world, monkeypatch)
     target.save_pretrained(world / "self-weights")
     package = write_package(
         world / "self",
