@@ -69,9 +69,21 @@ def assert_retry_after(response, reason_needle: str) -> int:
     return retry_after
 
 
-def test_admitted_requests_finish_while_a_flood_is_refused(client):
+def test_admitted_requests_finish_while_a_flood_is_refused(client, monkeypatch):
     test_client, state = client
     scheduler = state.scheduler
+    # Decoding waits until the flood has been refused once: otherwise, on a busy machine,
+    # the tiny target can finish a request before the next one is admitted, and the queue
+    # never fills (seen in CI).
+    release = threading.Event()
+    step = scheduler._step
+
+    def held_step(batch, active):
+        release.wait(60)
+        step(batch, active)
+
+    monkeypatch.setattr(scheduler, "_step", held_step)
+    seen: list = []
     with ThreadPoolExecutor(7) as pool:
         # Fill the decode slot and both queue places, then flood.
         legit = [pool.submit(completion, test_client, LEGIT, 64) for _ in range(3)]
@@ -85,9 +97,14 @@ def test_admitted_requests_finish_while_a_flood_is_refused(client):
             answers = []
             while not stop.is_set():
                 answers.append(completion(test_client, FLOOD, 1))
+                seen.append(answers[-1].status_code)
             return answers
 
         flooders = [pool.submit(flood) for _ in range(4)]
+        while 429 not in seen:
+            assert time.monotonic() < deadline + 30, "the flood was never refused"
+            time.sleep(0.005)
+        release.set()
         answers = [future.result(timeout=60) for future in legit]
         stop.set()
         flooded = [answer for future in flooders for answer in future.result(timeout=60)]
