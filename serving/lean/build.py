@@ -1,13 +1,16 @@
-"""Compile and load the lean step's C++ ops (``ops.cpp``, ``int4.cpp``, ``int8.cpp``) once
-per machine.
+"""Compile and load the lean step's C++ ops (``ops.cpp``, ``attend.cpp``, ``int4.cpp``,
+``int8.cpp``) once per machine.
 
 A compiler call per source against torch's headers, then one link (no ninja, no Python
 module: the ops register themselves with ``TORCH_LIBRARY`` and are reached as
 ``torch.ops.specops_lean``). The library is written whole and renamed into place.
 
 ``ops.cpp`` is compiled with ``-ffast-math`` (its row reductions vectorise only so; a row's
-order is still fixed whatever the rows beside it); the integer kernels without, because
-their vector and plain paths must agree bit for bit. The link never sees ``-ffast-math``:
+order is still fixed whatever the rows beside it); ``attend.cpp`` without it (its vector
+code is written lane by lane with the order it must run in, and fast-math would let the
+compiler reassociate it differently where pairs are computed side by side), contracting
+multiply-adds; the integer kernels with neither, because their vector and plain paths must
+agree bit for bit. The link never sees ``-ffast-math``:
 with it, GCC before 13 links ``crtfastmath.o`` into a shared library, whose constructor
 turns on flush-to-zero for the thread that loads it, changing every float op torch runs
 there.
@@ -43,7 +46,12 @@ MARCH = os.environ.get("SPECOPS_LEAN_MARCH", "native")
 FLAGS = ["-O3", f"-march={MARCH}", "-fopenmp", "-std=c++17", "-fPIC"]
 # Each source with its own extra flags (see the module docstring).
 EXACT = ["-ffp-contract=off"]
-SOURCES = {HERE / "ops.cpp": ["-ffast-math"], HERE / "int4.cpp": EXACT, HERE / "int8.cpp": EXACT}
+SOURCES = {
+    HERE / "ops.cpp": ["-ffast-math"],
+    HERE / "attend.cpp": ["-ffp-contract=fast"],
+    HERE / "int4.cpp": EXACT,
+    HERE / "int8.cpp": EXACT,
+}
 _lock = threading.Lock()
 _loaded: Path | None = None
 

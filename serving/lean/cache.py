@@ -1,8 +1,11 @@
 """The lean step's KV cache: preallocated buffers and a length; a rewind sets the length.
 
-Keys and values of every layer live in two ``[layers, kv_heads, capacity, head_dim]``
-float32 buffers. A pass writes its rows at ``length..length + rows`` and attends to
-``0..position``; rejecting drafts only lowers :attr:`length` (nothing is freed or copied).
+Values of every layer live in one ``[layers, kv_heads, capacity, head_dim]`` float32
+buffer; keys in one ``[layers, kv_heads, capacity / 16, head_dim, 16]``, transposed in
+blocks of 16 positions (a position's key is a column of its block), so that the attention
+op computes a row's scores for 16 positions as one chain of multiply-adds. A pass writes
+its rows at ``length..length + rows`` and attends to ``0..position``; rejecting drafts only
+lowers :attr:`length` (nothing is freed or copied).
 The buffers grow (doubling, copied once) when a request outgrows them, up to the model's
 position limit. The methods the engine calls on a transformers cache are here too
 (``get_seq_length``, ``crop``), so every front keeps its bookkeeping in :mod:`serving.kv`.
@@ -15,6 +18,11 @@ import torch
 from serving.errors import SpecOpsError
 
 INITIAL_CAPACITY = 512
+KEY_BLOCK = 16  # positions per transposed key block (serving/lean/ops.cpp's kBlock)
+
+
+def _blocks(positions: int) -> int:
+    return -(-positions // KEY_BLOCK)
 
 
 class Length:
@@ -46,15 +54,17 @@ class LeanCache(Length):
         capacity: int = INITIAL_CAPACITY,
     ) -> None:
         self.limit = limit
-        capacity = min(capacity, limit)
-        # Uninitialised: a pass reads only positions some pass has written (0..its own).
-        self.keys = torch.empty(layers, kv_heads, capacity, head_dim)
-        self.values = torch.empty_like(self.keys)
+        blocks = _blocks(min(capacity, limit))
+        # Uninitialised: a pass reads only positions some pass has written (0..its own;
+        # the op clears a key block when it writes the block's first position).
+        self.keys = torch.empty(layers, kv_heads, blocks, head_dim, KEY_BLOCK)
+        self.values = torch.empty(layers, kv_heads, blocks * KEY_BLOCK, head_dim)
         self.length = 0
 
     @property
     def capacity(self) -> int:
-        return int(self.keys.shape[2])
+        """Positions the buffers hold (a whole number of key blocks)."""
+        return int(self.values.shape[2])
 
     def reserve(self, rows: int) -> None:
         """Room for ``rows`` more tokens, or a :class:`SpecOpsError` naming the limit."""
@@ -65,10 +75,11 @@ class LeanCache(Length):
             )
         if needed <= self.capacity:
             return
-        capacity = min(self.limit, max(needed, 2 * self.capacity))
-        layers, kv_heads, _, head_dim = self.keys.shape
-        for name in ("keys", "values"):
-            old = getattr(self, name)
-            grown = torch.empty(layers, kv_heads, capacity, head_dim)
-            grown[:, :, : self.length] = old[:, :, : self.length]
-            setattr(self, name, grown)
+        blocks = _blocks(min(self.limit, max(needed, 2 * self.capacity)))
+        layers, kv_heads, _, head_dim = self.values.shape
+        keys = torch.empty(layers, kv_heads, blocks, head_dim, KEY_BLOCK)
+        kept = _blocks(self.length)
+        keys[:, :, :kept] = self.keys[:, :, :kept]
+        values = torch.empty(layers, kv_heads, blocks * KEY_BLOCK, head_dim)
+        values[:, :, : self.length] = self.values[:, :, : self.length]
+        self.keys, self.values = keys, values

@@ -124,6 +124,11 @@ inline int32_t quad(const int8_t* a, int kk) {
   return value;
 }
 
+// Rotary embeddings, the KV write and attention for a packed pass (attend.cpp).
+Tensor rope_attend(Tensor qkv, Tensor cos, Tensor sin, at::TensorList keys,
+                   at::TensorList values, at::IntArrayRef starts, at::IntArrayRef bounds,
+                   int64_t layer, int64_t heads, int64_t kv_heads, double scale, bool bf16);
+
 // x [rows, K] float32 or bfloat16 times int8 tiles (int8.cpp's layout), per-output scales
 // float32 [N] -> [rows, N] float32.
 Tensor int8_mm(Tensor x, Tensor tiles, Tensor scales, bool plain);

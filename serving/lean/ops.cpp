@@ -1,8 +1,8 @@
 // The lean decode step's fused ops (serving/lean): everything in a Llama decoder layer but
-// its matmuls, each one call, each computing a row exactly as it would alone.
+// its matmuls and attention (attend.cpp), each one call, each computing a row exactly as it
+// would alone; the whole stack in one call; the ops' registration.
 //
-// Row invariance is the point: every output row (and, in attention, every (row, head)
-// pair) is computed by the same code in the same order whatever the number of rows that
+// Row invariance is the point: every output row is computed by the same code in the same order whatever the number of rows that
 // share the call, so a verification pass over a block gives each position bit for bit what
 // a one-token pass gives there. Parallel work is split by rows or (row, head) pairs only,
 // never inside a reduction.
@@ -15,7 +15,6 @@
 #include <torch/library.h>
 
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -132,167 +131,6 @@ Tensor silu_mul(Tensor gu, bool bf16) {
     run(static_cast<const BFloat16*>(in.data_ptr<BFloat16>()));
   else
     run(static_cast<const float*>(in.data_ptr<float>()));
-  return out;
-}
-
-// ---------------------------------------------------------------------------------------
-// Rotary embeddings, the KV write and attention for a packed pass over several sequences.
-//
-// qkv [N, (heads + 2 * kv_heads) * d]; cos, sin [N, d / 2] (each row's own position);
-// keys[s], values[s] [layers, kv_heads, capacity, d] (sequence s's cache); row n of sequence
-// s sits at position starts[s] + (n - bounds[s]) and attends to positions 0..its own.
-
-// One (row, head) pair's pieces, each a function so every pair runs the same code.
-__attribute__((noinline)) float dot(const float* q, const float* k, int64_t d) {
-  float sum = 0.0f;
-  for (int64_t j = 0; j < d; ++j) sum += q[j] * k[j];
-  return sum;
-}
-__attribute__((noinline)) void axpy(float p, const float* v, float* acc, int64_t d) {
-  for (int64_t j = 0; j < d; ++j) acc[j] += p * v[j];
-}
-
-template <typename I, typename O>
-void rope_attend_impl(const I* qkv, const float* cos, const float* sin,
-                      const std::vector<float*>& keys, const std::vector<float*>& values,
-                      const std::vector<int64_t>& starts, const std::vector<int64_t>& bounds,
-                      int64_t layer, int64_t capacity, int64_t heads, int64_t kv_heads,
-                      int64_t d, float scale, O* out) {
-  const int64_t rows = bounds.back();
-  const int64_t sequences = static_cast<int64_t>(starts.size());
-  const int64_t half = d / 2, width = (heads + 2 * kv_heads) * d;
-  const int64_t group = heads / kv_heads;
-  std::vector<int64_t> seq_of(rows), pos_of(rows);
-  for (int64_t s = 0; s < sequences; ++s)
-    for (int64_t n = bounds[s]; n < bounds[s + 1]; ++n) {
-      seq_of[n] = s;
-      pos_of[n] = starts[s] + (n - bounds[s]);
-    }
-  std::vector<float> queries(rows * heads * d);
-  auto rotate = [&](const I* src, const float* c, const float* si, float* dst) {
-    for (int64_t j = 0; j < half; ++j) {
-      const float a = load(src, j), b = load(src, j + half);
-      dst[j] = a * c[j] - b * si[j];
-      dst[j + half] = b * c[j] + a * si[j];
-    }
-  };
-  // 1. Rotate the queries and keys, write keys and values into their caches (a few
-  // thousand multiplies: on this thread).
-  {
-    for (int64_t n = 0; n < rows; ++n) {
-      const I* row = qkv + n * width;
-      const float* c = cos + n * half;
-      const float* si = sin + n * half;
-      for (int64_t h = 0; h < heads; ++h) rotate(row + h * d, c, si, &queries[(n * heads + h) * d]);
-      const int64_t layer_base = (layer * kv_heads) * capacity;
-      for (int64_t g = 0; g < kv_heads; ++g) {
-        const int64_t at_pos = ((layer_base + g * capacity) + pos_of[n]) * d;
-        rotate(row + (heads + g) * d, c, si, keys[seq_of[n]] + at_pos);
-        float* v = values[seq_of[n]] + at_pos;
-        const I* src = row + (heads + kv_heads + g) * d;
-        for (int64_t j = 0; j < d; ++j) v[j] = load(src, j);
-      }
-    }
-  }
-  // 2. Each head of each sequence sweeps that sequence's cache once for a chunk of up to
-  // kChunk of its rows (a verification block is one chunk: the keys and values are read
-  // once per pass, not once per row; a long prefill is many, so the scores stay small and
-  // the work splits across threads). Each (row, head) pair's arithmetic — its dot
-  // products, softmax and weighted sum, positions in order — is the same whatever the rows
-  // beside it.
-  constexpr int64_t kChunk = 16;
-  std::vector<std::array<int64_t, 3>> tasks;  // (sequence, head, first row of the chunk)
-  for (int64_t s = 0; s < sequences; ++s)
-    for (int64_t h = 0; h < heads; ++h)
-      for (int64_t c = bounds[s]; c < bounds[s + 1]; c += kChunk) tasks.push_back({s, h, c});
-  at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores, acc, inverse;
-    for (int64_t task = begin; task < end; ++task) {
-      const auto [s, h, first] = tasks[task];
-      const int64_t g = h / group;
-      const int64_t count = std::min(kChunk, bounds[s + 1] - first);
-      const int64_t start = starts[s] + (first - bounds[s]);  // the chunk's first position
-      const int64_t span = start + count;  // positions its last row sees
-      const int64_t base = ((layer * kv_heads + g) * capacity) * d;
-      const float* k = keys[s] + base;
-      const float* v = values[s] + base;
-      scores.resize(count * span);
-      for (int64_t t = 0; t < span; ++t) {
-        const float* kt = k + t * d;
-        for (int64_t i = std::max<int64_t>(0, t - start); i < count; ++i)
-          scores[i * span + t] = dot(&queries[((first + i) * heads + h) * d], kt, d) * scale;
-      }
-      acc.assign(count * d, 0.0f);
-      inverse.resize(count);
-      for (int64_t i = 0; i < count; ++i) {
-        float* row = &scores[i * span];
-        const int64_t visible = start + i + 1;
-        float best = -3.0e38f;
-        for (int64_t t = 0; t < visible; ++t) best = row[t] > best ? row[t] : best;
-        float total = 0.0f;
-        for (int64_t t = 0; t < visible; ++t) {
-          row[t] = std::exp(row[t] - best);
-          total += row[t];
-        }
-        inverse[i] = 1.0f / total;
-      }
-      for (int64_t t = 0; t < span; ++t) {
-        const float* vt = v + t * d;
-        for (int64_t i = std::max<int64_t>(0, t - start); i < count; ++i)
-          axpy(scores[i * span + t], vt, &acc[i * d], d);
-      }
-      for (int64_t i = 0; i < count; ++i) {
-        O* target = out + ((first + i) * heads + h) * d;
-        for (int64_t j = 0; j < d; ++j) store(target, j, acc[i * d + j] * inverse[i]);
-      }
-    }
-  });
-}
-
-Tensor rope_attend(Tensor qkv, Tensor cos, Tensor sin, at::TensorList keys,
-                   at::TensorList values, at::IntArrayRef starts, at::IntArrayRef bounds,
-                   int64_t layer, int64_t heads, int64_t kv_heads, double scale, bool bf16) {
-  check(qkv.dim() == 2 && qkv.is_contiguous(), "qkv must be contiguous [rows, width]");
-  check(keys.size() == values.size() && keys.size() == starts.size() &&
-            bounds.size() == starts.size() + 1 && !keys.empty(),
-        "one key cache, value cache and start per sequence; bounds one longer");
-  check(heads % kv_heads == 0, "heads must be a multiple of kv_heads");
-  const int64_t d = keys[0].size(3), capacity = keys[0].size(2);
-  check(qkv.size(1) == (heads + 2 * kv_heads) * d, "qkv width must be (heads + 2 kv_heads) d");
-  check(bounds.front() == 0 && bounds.back() == qkv.size(0), "bounds must cover the rows");
-  check(cos.scalar_type() == at::kFloat && cos.is_contiguous() && sin.is_contiguous() &&
-            cos.size(0) == qkv.size(0) && cos.size(1) == d / 2,
-        "cos and sin must be contiguous float32 [rows, d / 2]");
-  std::vector<float*> key_ptrs, value_ptrs;
-  for (size_t s = 0; s < keys.size(); ++s) {
-    check(keys[s].is_contiguous() && values[s].is_contiguous() &&
-              keys[s].scalar_type() == at::kFloat && keys[s].sizes() == keys[0].sizes() &&
-              values[s].sizes() == keys[0].sizes(),
-          "caches must be contiguous float32 [layers, kv_heads, capacity, d], all alike");
-    check(layer >= 0 && layer < keys[s].size(0) && keys[s].size(1) == kv_heads,
-          "layer or kv_heads outside the cache");
-    check(starts[s] >= 0 && starts[s] + (bounds[s + 1] - bounds[s]) <= capacity,
-          "the pass runs past a cache's capacity");
-    key_ptrs.push_back(keys[s].data_ptr<float>());
-    value_ptrs.push_back(values[s].data_ptr<float>());
-  }
-  std::vector<int64_t> start_list(starts.begin(), starts.end());
-  std::vector<int64_t> bound_list(bounds.begin(), bounds.end());
-  Tensor out = at::empty({qkv.size(0), heads * d}, qkv.options().dtype(out_type(bf16)));
-  auto run = [&](auto* src) {
-    if (bf16)
-      rope_attend_impl(src, cos.data_ptr<float>(), sin.data_ptr<float>(), key_ptrs, value_ptrs,
-                       start_list, bound_list, layer, capacity, heads, kv_heads, d,
-                       static_cast<float>(scale), out.data_ptr<BFloat16>());
-    else
-      rope_attend_impl(src, cos.data_ptr<float>(), sin.data_ptr<float>(), key_ptrs, value_ptrs,
-                       start_list, bound_list, layer, capacity, heads, kv_heads, d,
-                       static_cast<float>(scale), out.data_ptr<float>());
-  };
-  if (qkv.scalar_type() == at::kBFloat16)
-    run(static_cast<const BFloat16*>(qkv.data_ptr<BFloat16>()));
-  else
-    run(static_cast<const float*>(qkv.data_ptr<float>()));
   return out;
 }
 
