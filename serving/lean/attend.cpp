@@ -32,49 +32,53 @@ namespace {
 
 constexpr int64_t kBlock = 16;   // key positions per transposed block (serving/lean/cache.py)
 constexpr int64_t kChunk = 16;   // rows of one sequence per task at most
-constexpr int kBundle = 4;       // (row, head) pairs computed side by side at most
 
-using Lanes = float __attribute__((vector_size(kBlock * sizeof(float))));
-using IntLanes = int32_t __attribute__((vector_size(kBlock * sizeof(int32_t))));
+// The CPU's vector width in floats. Every function below computes lane by lane (a lane is a
+// position of a key block, or an element of a head's output), so the width changes how many
+// lanes one instruction carries, never what a lane computes.
+#if defined(__AVX512F__)
+constexpr int64_t kWidth = 16;
+#elif defined(__AVX__)
+constexpr int64_t kWidth = 8;
+#else
+constexpr int64_t kWidth = 4;
+#endif
+constexpr int64_t kParts = kBlock / kWidth;  // vectors per key block
+// (row, head) pairs computed side by side at most: as many as keep their accumulators in
+// the vector registers (32 with AVX-512, 16 below).
+constexpr int kBundle = kWidth == 16 ? 4 : 2;
 
-inline Lanes load_lanes(const float* p) {
-  Lanes v;
+using Vec = float __attribute__((vector_size(kWidth * sizeof(float))));
+using IntVec = int32_t __attribute__((vector_size(kWidth * sizeof(int32_t))));
+
+inline Vec load_vec(const float* p) {
+  Vec v;
   std::memcpy(&v, p, sizeof v);
   return v;
 }
-inline void store_lanes(float* p, Lanes v) { std::memcpy(p, &v, sizeof v); }
-inline Lanes splat(float x) { return Lanes{} + x; }
+inline void store_vec(float* p, Vec v) { std::memcpy(p, &v, sizeof v); }
+inline Vec splat(float x) { return Vec{} + x; }
 
 // e^x lane by lane for x <= 0, within 2 ulp: 2^n times a degree-6 polynomial of the
 // remainder (|r| <= ln 2 / 2). Below -86 it is 0 (no subnormals: they would cost a
 // microcode assist on every multiply that meets one).
-inline Lanes exp_lanes(Lanes x) {
+inline Vec exp_vec(Vec x) {
   x = x < -100.0f ? splat(-100.0f) : x;  // every lane finite below
-  const Lanes t = x * 1.44269504088896341f;
-  const Lanes n = (t + 12582912.0f) - 12582912.0f;  // round to nearest (|t| < 2^22)
-  Lanes r = x - n * 0.693145751953125f;             // ln 2 in two parts
+  const Vec t = x * 1.44269504088896341f;
+  const Vec n = (t + 12582912.0f) - 12582912.0f;  // round to nearest (|t| < 2^22)
+  Vec r = x - n * 0.693145751953125f;             // ln 2 in two parts
   r = r - n * 1.42860682030941723e-6f;
-  Lanes p = splat(1.0f / 720.0f);
+  Vec p = splat(1.0f / 720.0f);
   p = p * r + 1.0f / 120.0f;
   p = p * r + 1.0f / 24.0f;
   p = p * r + 1.0f / 6.0f;
   p = p * r + 0.5f;
   p = p * r + 1.0f;
   p = p * r + 1.0f;
-  const IntLanes ni = __builtin_convertvector(n, IntLanes);
-  const IntLanes bits = (ni + 127) << 23;
-  Lanes two_n;
+  const IntVec bits = (__builtin_convertvector(n, IntVec) + 127) << 23;
+  Vec two_n;
   std::memcpy(&two_n, &bits, sizeof two_n);
   return x < -86.0f ? splat(0.0f) : p * two_n;
-}
-
-// Lane sums in one fixed tree.
-inline float lane_sum(Lanes v) {
-  float a[kBlock];
-  store_lanes(a, v);
-  for (int64_t width = kBlock / 2; width > 0; width /= 2)
-    for (int64_t i = 0; i < width; ++i) a[i] = a[i] + a[i + width];
-  return a[0];
 }
 
 // B pairs' scaled scores for one key block: lane p of pair b's scores is q_b's dot product
@@ -82,14 +86,16 @@ inline float lane_sum(Lanes v) {
 template <int B>
 void block_scores(const float* const* q, const float* block, int64_t d, float scale,
                   float* const* out) {
-  Lanes c[B][4] = {};
-  for (int64_t j = 0; j < d; j += 4)
-    for (int64_t m = 0; m < 4; ++m) {
-      const Lanes k = load_lanes(block + (j + m) * kBlock);
-      for (int b = 0; b < B; ++b) c[b][m] = q[b][j + m] * k + c[b][m];
-    }
-  for (int b = 0; b < B; ++b)
-    store_lanes(out[b], ((c[b][0] + c[b][1]) + (c[b][2] + c[b][3])) * scale);
+  for (int64_t part = 0; part < kParts; ++part) {
+    Vec c[B][4] = {};
+    for (int64_t j = 0; j < d; j += 4)
+      for (int64_t m = 0; m < 4; ++m) {
+        const Vec k = load_vec(block + (j + m) * kBlock + part * kWidth);
+        for (int b = 0; b < B; ++b) c[b][m] = q[b][j + m] * k + c[b][m];
+      }
+    for (int b = 0; b < B; ++b)
+      store_vec(out[b] + part * kWidth, ((c[b][0] + c[b][1]) + (c[b][2] + c[b][3])) * scale);
+  }
 }
 
 // B pairs' weighted sums of values v[t] (rows of width D = d): pair b's output element j is
@@ -98,22 +104,22 @@ void block_scores(const float* const* q, const float* block, int64_t d, float sc
 template <int B, int64_t D>
 void weighted_sums(const float* const* weights, const int64_t* visible, const float* v,
                    float* const* out) {
-  constexpr int64_t kLanes = D / kBlock;
-  Lanes acc[B][kLanes] = {};
+  constexpr int64_t kVecs = D / kWidth;
+  Vec acc[B][kVecs] = {};
   int64_t common = visible[0];
   for (int b = 1; b < B; ++b) common = std::min(common, visible[b]);
   for (int64_t t = 0; t < common; ++t) {
     const float* vt = v + t * D;
-    for (int64_t m = 0; m < kLanes; ++m) {
-      const Lanes vm = load_lanes(vt + m * kBlock);
+    for (int64_t m = 0; m < kVecs; ++m) {
+      const Vec vm = load_vec(vt + m * kWidth);
       for (int b = 0; b < B; ++b) acc[b][m] = weights[b][t] * vm + acc[b][m];
     }
   }
   for (int b = 0; b < B; ++b) {
     for (int64_t t = common; t < visible[b]; ++t)
-      for (int64_t m = 0; m < kLanes; ++m)
-        acc[b][m] = weights[b][t] * load_lanes(v + t * D + m * kBlock) + acc[b][m];
-    for (int64_t m = 0; m < kLanes; ++m) store_lanes(out[b] + m * kBlock, acc[b][m]);
+      for (int64_t m = 0; m < kVecs; ++m)
+        acc[b][m] = weights[b][t] * load_vec(v + t * D + m * kWidth) + acc[b][m];
+    for (int64_t m = 0; m < kVecs; ++m) store_vec(out[b] + m * kWidth, acc[b][m]);
   }
 }
 
@@ -121,12 +127,13 @@ void weighted_sums(const float* const* weights, const int64_t* visible, const fl
 template <int B>
 void weighted_sums_any(const float* const* weights, const int64_t* visible, const float* v,
                        int64_t d, float* const* out) {
+  const int64_t vecs = d / kWidth;
   for (int b = 0; b < B; ++b) {
-    std::vector<Lanes> acc(d / kBlock, Lanes{});
+    std::vector<Vec> acc(vecs, Vec{});
     for (int64_t t = 0; t < visible[b]; ++t)
-      for (int64_t m = 0; m < d / kBlock; ++m)
-        acc[m] = weights[b][t] * load_lanes(v + t * d + m * kBlock) + acc[m];
-    for (int64_t m = 0; m < d / kBlock; ++m) store_lanes(out[b] + m * kBlock, acc[m]);
+      for (int64_t m = 0; m < vecs; ++m)
+        acc[m] = weights[b][t] * load_vec(v + t * d + m * kWidth) + acc[m];
+    for (int64_t m = 0; m < vecs; ++m) store_vec(out[b] + m * kWidth, acc[m]);
   }
 }
 
@@ -160,27 +167,32 @@ void attend_bundle(const float* const* q, const int64_t* visible, const float* k
     for (int b = 0; b < B; ++b) at[b] = scores[b] + block * kBlock;
     block_scores<B>(q, keys + block * d * kBlock, d, scale, at);
   }
-  // 2. Each pair's softmax weights over its own positions (the rest set to 0), their total.
+  // 2. Each pair's softmax weights over its own positions (the rest 0) and their total:
+  // lane sums over the blocks, then the block's 16 lanes added in one fixed tree.
   float inverse[B];
   for (int b = 0; b < B; ++b) {
     float* s = scores[b];
-    const int64_t seen = visible[b];
-    for (int64_t t = seen; t < stride; ++t) s[t] = -3.0e38f;
-    Lanes most_lanes = splat(-3.0e38f);  // the largest score (a maximum: any order)
-    for (int64_t t = 0; t < stride; t += kBlock) {
-      const Lanes x = load_lanes(s + t);
-      most_lanes = x > most_lanes ? x : most_lanes;
+    for (int64_t t = visible[b]; t < stride; ++t) s[t] = -3.0e38f;
+    Vec most_vec = splat(-3.0e38f);  // the largest score (a maximum: any order)
+    for (int64_t t = 0; t < stride; t += kWidth) {
+      const Vec x = load_vec(s + t);
+      most_vec = x > most_vec ? x : most_vec;
     }
-    float lanes[kBlock];
-    store_lanes(lanes, most_lanes);
-    const float best = *std::max_element(lanes, lanes + kBlock);
-    Lanes total = {};
-    for (int64_t t = 0; t < stride; t += kBlock) {
-      const Lanes e = exp_lanes(load_lanes(s + t) - best);
-      store_lanes(s + t, e);
-      total = total + e;
-    }
-    inverse[b] = 1.0f / lane_sum(total);
+    float lanes[kWidth];
+    store_vec(lanes, most_vec);
+    const float best = *std::max_element(lanes, lanes + kWidth);
+    Vec total[kParts] = {};
+    for (int64_t t = 0; t < stride; t += kBlock)
+      for (int64_t part = 0; part < kParts; ++part) {
+        const Vec e = exp_vec(load_vec(s + t + part * kWidth) - best);
+        store_vec(s + t + part * kWidth, e);
+        total[part] = total[part] + e;
+      }
+    float sums[kBlock];
+    for (int64_t part = 0; part < kParts; ++part) store_vec(sums + part * kWidth, total[part]);
+    for (int64_t width = kBlock / 2; width > 0; width /= 2)
+      for (int64_t i = 0; i < width; ++i) sums[i] = sums[i] + sums[i + width];
+    inverse[b] = 1.0f / sums[0];
   }
   // 3. The weighted sums of the values, then scaled by 1 / total.
   const float* weights[B];
@@ -274,7 +286,8 @@ void rope_attend_impl(const I* qkv, const float* cos, const float* sin,
         case 1: attend_bundle<1>(q, visible, k, v, d, scale, scratch, result); break;
         case 2: attend_bundle<2>(q, visible, k, v, d, scale, scratch, result); break;
         case 3: attend_bundle<3>(q, visible, k, v, d, scale, scratch, result); break;
-        default: attend_bundle<4>(q, visible, k, v, d, scale, scratch, result); break;
+        case 4: attend_bundle<4>(q, visible, k, v, d, scale, scratch, result); break;
+        default: check(false, "a bundle of more than four pairs"); break;
       }
       for (int64_t b = 0; b < task.pairs; ++b)
         for (int64_t j = 0; j < d; ++j) store(target[b], j, result[b][j]);
