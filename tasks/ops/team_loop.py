@@ -230,7 +230,7 @@ def _wait_for_captures(store: Path, *, since: float, want: int) -> list[str]:
         time.sleep(1.0)
 
 
-def _served_version(replica: ServerProcess) -> str | None:
+def served_version(replica: ServerProcess) -> str | None:
     import httpx
 
     try:
@@ -239,7 +239,7 @@ def _served_version(replica: ServerProcess) -> str | None:
         return None
 
 
-class _SwapWatch:
+class SwapWatch:
     """Polls every replica's served draft (``/health``) in the background and keeps when
     each first served every version: how long a promotion takes to reach serving."""
 
@@ -250,7 +250,7 @@ class _SwapWatch:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self) -> _SwapWatch:
+    def __enter__(self) -> SwapWatch:
         self._thread.start()
         return self
 
@@ -261,7 +261,7 @@ class _SwapWatch:
     def _run(self) -> None:
         while not self._stop.is_set():
             for index, replica in enumerate(self.replicas):
-                version = _served_version(replica)
+                version = served_version(replica)
                 if version is not None:
                     self.first_seen[index].setdefault(version, time.time())
             self._stop.wait(self.every_s)
@@ -327,8 +327,8 @@ def run_team_loop(stack: Stack, options: TeamLoopOptions) -> dict[str, Any]:
         with ThreadPoolExecutor(len(replicas)) as pool:  # they load their models side by side
             list(pool.map(ServerProcess.start, replicas))
         timings["replicas_up"] = time.perf_counter() - start
-        _say(f"{len(replicas)} replicas serve {[_served_version(r) for r in replicas]}")
-        with _SwapWatch(replicas) as watch:
+        _say(f"{len(replicas)} replicas serve {[served_version(r) for r in replicas]}")
+        with SwapWatch(replicas) as watch:
             _loop(stack, prefect, registry, options, replicas, report, timings)
             time.sleep(options.poll_s + SWAP_SLACK_S)  # a promotion at the very end too
         report["checks"] = _check(registry, options, watch, since=run_started)
@@ -466,7 +466,7 @@ def _loop(
 
 def _wait_served(replicas: list[ServerProcess], label: str, *, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
-    while [_served_version(r) for r in replicas] != [label] * len(replicas):
+    while [served_version(r) for r in replicas] != [label] * len(replicas):
         if time.monotonic() > deadline:
             raise SpecOpsError(f"the replicas did not serve {label} within {timeout_s:g} s")
         time.sleep(0.5)
@@ -478,7 +478,7 @@ def _latest(first_seen: dict[str, float]) -> str | None:
 
 
 def _check(
-    registry, options: TeamLoopOptions, watch: _SwapWatch, *, since: float
+    registry, options: TeamLoopOptions, watch: SwapWatch, *, since: float
 ) -> dict[str, dict[str, Any]]:
     """The issue's checks, each ``{"ok": bool, ...}``."""
     checks: dict[str, dict[str, Any]] = {}
