@@ -9,7 +9,7 @@ the registry, the head its drill damaged and the champion it displaced)::
 
 1. ``--replicas`` ``specops serve`` processes start, following the hardware target's
    champion in the workspace's registry (polling every ``--poll-s``) and capturing every
-   request into a fresh store; traffic (HumanEval prompts, one client per replica) runs
+   request into the workspace's store; traffic (HumanEval prompts, one client per replica) runs
    from here to the end, every response kept: its status, the draft that served it and
    what it accepted.
 2. The main job's drill draft is downloaded where the replicas load drafts from and its
@@ -123,6 +123,37 @@ class Traffic:
             return sum(1 for a in self.answers if a.draft == draft)
 
 
+class Transitions:
+    """Polls every replica's served draft (``/health``) in the background and keeps each
+    change: (seconds since the study started, replica, the draft it serves now)."""
+
+    def __init__(self, replicas: list[Any], started: float, every_s: float = 0.2) -> None:
+        self.replicas, self.started, self.every_s = replicas, started, every_s
+        self.changes: list[tuple[float, int, str | None]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Transitions:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        from tasks.ops.team_loop import served_version
+
+        serving: dict[int, str | None] = {}
+        while not self._stop.is_set():
+            for index, replica in enumerate(self.replicas):
+                version = served_version(replica)
+                if version is not None and serving.get(index) != version:
+                    serving[index] = version
+                    self.changes.append((time.perf_counter() - self.started, index, version))
+            time.sleep(self.every_s)
+
+
 def _wait(what: str, done, timeout_s: float, every_s: float = 0.5) -> float:
     """Poll ``done()`` until true; the seconds it took, or an error naming ``what``."""
     start = time.perf_counter()
@@ -133,14 +164,18 @@ def _wait(what: str, done, timeout_s: float, every_s: float = 0.5) -> float:
     return time.perf_counter() - start
 
 
-def _captured(store: Path, draft: str) -> int:
-    """Records in ``store`` that ``draft`` served (the replicas flush parts every 30 s)."""
+def _captured(store: Path, draft: str, since: float) -> int:
+    """Records in ``store`` that ``draft`` served from Unix time ``since`` on (the replicas
+    flush parts every 30 s at the latest)."""
     from serving.records.store import part_files
 
     count = 0
     for part in part_files(store):
+        if part.stat().st_mtime < since:
+            continue
         for line in part.read_text().splitlines():
-            if f'"{draft}"' in line:
+            row = json.loads(line)
+            if row.get("drafter_version") == draft and float(row.get("timestamp", 0)) >= since:
                 count += 1
     return count
 
@@ -166,7 +201,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from tasks.loop.damage import scramble_weights
     from tasks.loop.retrain_config import load_retrain_config
     from tasks.ops.server_process import ServerProcess
-    from tasks.ops.team_loop import SwapWatch, served_version
+    from tasks.ops.team_loop import served_version
 
     work = Path(args.work)
     registry = open_workspace(work)
@@ -185,8 +220,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     newest = load_retrain_config().watch.newest
     prepare_prefect()
     folder = work / "drill-replicas"
-    store = folder / f"store-{int(time.time())}"
-    store.mkdir(parents=True, exist_ok=True)
+    folder.mkdir(parents=True, exist_ok=True)
+    store = work / "store"  # the workspace's own: the collect validates what the replicas add
     replicas = []
     for i in range(args.replicas):
         config = folder / f"serve-r{i + 1}.yaml"
@@ -216,7 +251,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             replica.start()
         print(f"{len(replicas)} replicas serve {[served_version(r) for r in replicas]}")
         with (
-            SwapWatch(replicas) as swaps,
+            Transitions(replicas, started) as swaps,
             Traffic([r.url for r in replicas], prompts, args.max_new_tokens, started) as traffic,
         ):
             _wait("the first answers", lambda: len(traffic.answers) >= len(replicas), 300)
@@ -225,6 +260,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             print(f"scrambled {len(scrambled)} file(s) of {damaged.label} in {package}")
             registry.clear_rollback(damaged, args.hardware)
             marks["promoted"] = time.perf_counter() - started
+            promoted_at = time.time()
             registry.promote(damaged, args.hardware, reason="replica drill: to be damaged")
             print(f"promoted {damaged.label} by hand; waiting for the replicas to serve it")
             _wait(
@@ -235,7 +271,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             marks["all_damaged"] = time.perf_counter() - started
             _wait(
                 f"{newest} captured requests of {damaged.label}",
-                lambda: _captured(store, damaged.label) >= newest,
+                lambda: _captured(store, damaged.label, promoted_at) >= newest,
                 600,
                 every_s=2.0,
             )
@@ -262,17 +298,27 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             _wait("a round on the restored champion",
                   lambda: traffic.served(displaced.label) >= more, 300)  # fmt: skip
         marks["stopped"] = time.perf_counter() - started
-        report["swaps"] = swaps.first_seen
+        report["swaps"] = swaps.changes
     finally:
         for replica in replicas:
             replica.stop()
     answers = list(traffic.answers)
+    # The damage lasted from the promotion until every replica served the restored
+    # champion again (the watch moves the alias early in the collect; the replicas follow
+    # within a poll): the first moment after the promotion when all of them did.
+    back: dict[int, float] = {}
+    for seconds, index, version in report["swaps"]:
+        if version == displaced.label and seconds > marks["all_damaged"]:
+            back.setdefault(index, seconds)
+    if len(back) == len(replicas):
+        marks["all_restored"] = max(back.values())
     for answer in answers:
         answer.phase = (
             "before" if answer.sent_s < marks["promoted"]
             else "damaged" if answer.sent_s < marks["all_restored"]
             else "restored"
         )  # fmt: skip
+    report["damage_lasted_s"] = marks["all_restored"] - marks["all_damaged"]
     report["marks_s"] = marks
     report["phases"] = {p: _phase_summary([a for a in answers if a.phase == p]) for p in PHASES}
     report["failed"] = sum(report["phases"][p]["failed"] for p in PHASES)

@@ -151,23 +151,33 @@ def damaged_champion_drill(
     from tasks.loop.retrain_config import load_retrain_config
 
     logger = get_run_logger()
-    displaced = steps.champion(hardware)
-    # Promotion by hand needs an evaluation on the target: every contender timed, the
-    # pre-gate's prediction aside (it refused the head in the retrain).
-    evaluated = evaluate_and_promote(
-        [draft],
-        hardware=hardware,
-        workloads=[workload],
-        prompts_per_workload=eval_prompts,
-        max_new_tokens=max_new_tokens,
-        cache=f"{work}/packages",
-        promote=False,
-        store=store,
-        pregate=False,
-    )
-    label = steps.promote_by_hand(
-        draft, hardware=hardware, reason="main job drill: promoted by hand, to be damaged"
-    )
+    # Run again after its hand promotion (an interrupted drill), the draft serves already:
+    # what it displaced is the champion before it, and its evaluation before the promotion
+    # stands (evaluating it again could time a copy already damaged and make that the
+    # yardstick the watch holds it to).
+    displaced, serving = steps.displaced_by(draft, hardware=hardware)
+    evaluated = None
+    if serving:
+        label = steps.champion(hardware)
+        logger.warning("drill: %s serves already (this drill ran before); it is not evaluated "
+                       "or promoted again", label)  # fmt: skip
+    else:
+        # Promotion by hand needs an evaluation on the target: every contender timed, the
+        # pre-gate's prediction aside (it refused the head in the retrain).
+        evaluated = evaluate_and_promote(
+            [draft],
+            hardware=hardware,
+            workloads=[workload],
+            prompts_per_workload=eval_prompts,
+            max_new_tokens=max_new_tokens,
+            cache=f"{work}/packages",
+            promote=False,
+            store=store,
+            pregate=False,
+        )
+        label = steps.promote_by_hand(
+            draft, hardware=hardware, reason="main job drill: promoted by hand, to be damaged"
+        )
     scrambled = steps.scramble_champion(hardware)
     logger.warning("drill: %s promoted, then its weights scrambled on disk: %s", label,
                    ", ".join(scrambled))  # fmt: skip

@@ -215,6 +215,19 @@ def promote_by_hand(draft: DraftRef, *, hardware: str, reason: str) -> str:
     return version.label
 
 
+@task(name="drill-displaced", cache_policy=NO_CACHE)
+def displaced_by(draft: DraftRef, *, hardware: str) -> tuple[str | None, bool]:
+    """The champion a hand promotion of ``draft`` displaces on ``hardware``, and whether
+    ``draft`` serves already: then (a drill run again after its promotion, say) the one its
+    promotion displaced, which is what a rollback restores."""
+    registry = open_registry()
+    current = registry.champion(hardware)
+    if current is not None and (current.family, current.version) == (draft.family, draft.version):
+        previous = registry.previous_champion(hardware)
+        return (None if previous is None else previous.label), True
+    return (None if current is None else current.label), False
+
+
 @task(name="scramble-champion", cache_policy=NO_CACHE)
 def scramble_champion(hardware: str) -> list[str]:
     """Damage the serving machine's copy of ``hardware``'s champion (the download cache the

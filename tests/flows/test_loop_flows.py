@@ -208,6 +208,39 @@ def test_the_drill_damages_a_promoted_draft_and_the_watch_restores_its_predecess
     assert "rolled_back.cpu" in Registry().get("head", draft.version).tags
 
 
+def test_a_drill_run_again_after_its_hand_promotion_restores_the_champion_before_it(
+    harness, world, monkeypatch, target
+):
+    """A drill interrupted after it promoted its draft by hand, run again: the draft serves,
+    so the champion to restore is the one its promotion displaced (not itself), and its
+    evaluation before the promotion stands (not re-timed on a copy perhaps damaged)."""
+    from flows.demo import damaged_champion_drill
+    from tasks.loop.results import DraftRef
+
+    first = watched_pld_champion(world, monkeypatch)
+    target.save_pretrained(world / "self-weights")
+    package = write_package(
+        world / "self",
+        DraftManifest(drafter="model:weights", k=4, policy="fixed", family="head"),
+        files={"weights": world / "self-weights"},
+    )
+    draft = steps.register.fn(str(package), "head")
+    registry = Registry()
+    version = registry.get("head", draft.version)
+    registry.log_evaluation(version, "cpu", {"speedup": 1.5, "acceptance_rate": 0.95})
+    registry.promote(version, "cpu", reason="the first run of the drill, interrupted after this")
+    drill = damaged_champion_drill(
+        hardware="cpu", store=str(world / "store"), work=str(world / "work"),
+        draft=DraftRef(family="head", version=draft.version), workload="grounded",
+        eval_prompts=4, max_new_tokens=24,
+    )  # fmt: skip
+    assert (drill.draft, drill.displaced, drill.evaluated) == (draft.label, first.label, None)
+    assert float(Registry().get("head", draft.version).tags["cpu/acceptance_rate"]) == 0.95
+    assert drill.collected is not None and drill.collected.watch is not None
+    assert drill.collected.watch.collapsed and drill.restored, drill.collected.watch
+    assert Registry().champion("cpu").label == first.label
+
+
 def test_collect_triggers_retrain_and_a_rerun_duplicates_nothing(harness, world, monkeypatch):
     from flows.loop import collect
 
