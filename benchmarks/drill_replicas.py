@@ -123,37 +123,6 @@ class Traffic:
             return sum(1 for a in self.answers if a.draft == draft)
 
 
-class Transitions:
-    """Polls every replica's served draft (``/health``) in the background and keeps each
-    change: (seconds since the study started, replica, the draft it serves now)."""
-
-    def __init__(self, replicas: list[Any], started: float, every_s: float = 0.2) -> None:
-        self.replicas, self.started, self.every_s = replicas, started, every_s
-        self.changes: list[tuple[float, int, str | None]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> Transitions:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
-
-    def _run(self) -> None:
-        from tasks.ops.team_loop import served_version
-
-        serving: dict[int, str | None] = {}
-        while not self._stop.is_set():
-            for index, replica in enumerate(self.replicas):
-                version = served_version(replica)
-                if version is not None and serving.get(index) != version:
-                    serving[index] = version
-                    self.changes.append((time.perf_counter() - self.started, index, version))
-            time.sleep(self.every_s)
-
-
 def _wait(what: str, done, timeout_s: float, every_s: float = 0.5) -> float:
     """Poll ``done()`` until true; the seconds it took, or an error naming ``what``."""
     start = time.perf_counter()
@@ -201,7 +170,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from tasks.loop.damage import scramble_weights
     from tasks.loop.retrain_config import load_retrain_config
     from tasks.ops.server_process import ServerProcess
-    from tasks.ops.team_loop import served_version
+    from tasks.ops.team_loop import SwapWatch, served_version
 
     work = Path(args.work)
     registry = open_workspace(work)
@@ -251,7 +220,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             replica.start()
         print(f"{len(replicas)} replicas serve {[served_version(r) for r in replicas]}")
         with (
-            Transitions(replicas, started) as swaps,
+            SwapWatch(replicas) as swaps,
             Traffic([r.url for r in replicas], prompts, args.max_new_tokens, started) as traffic,
         ):
             _wait("the first answers", lambda: len(traffic.answers) >= len(replicas), 300)
@@ -298,7 +267,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             _wait("a round on the restored champion",
                   lambda: traffic.served(displaced.label) >= more, 300)  # fmt: skip
         marks["stopped"] = time.perf_counter() - started
-        report["swaps"] = swaps.changes
+        # (seconds since the study started, replica, the draft it serves from then on)
+        offset = time.time() - time.perf_counter() + started
+        report["swaps"] = [(at - offset, index, version) for at, index, version in swaps.changes]
     finally:
         for replica in replicas:
             replica.stop()

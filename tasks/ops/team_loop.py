@@ -241,12 +241,14 @@ def served_version(replica: ServerProcess) -> str | None:
 
 class SwapWatch:
     """Polls every replica's served draft (``/health``) in the background and keeps when
-    each first served every version: how long a promotion takes to reach serving."""
+    each first served every version (how long a promotion takes to reach serving) and
+    every change: (Unix time, replica index, the version it serves from then on)."""
 
     def __init__(self, replicas: list[ServerProcess], every_s: float = 0.2) -> None:
         self.replicas = replicas
         self.every_s = every_s
         self.first_seen: list[dict[str, float]] = [{} for _ in replicas]
+        self.changes: list[tuple[float, int, str]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -259,11 +261,16 @@ class SwapWatch:
         self._thread.join()
 
     def _run(self) -> None:
+        serving: dict[int, str] = {}
         while not self._stop.is_set():
             for index, replica in enumerate(self.replicas):
                 version = served_version(replica)
                 if version is not None:
-                    self.first_seen[index].setdefault(version, time.time())
+                    now = time.time()
+                    self.first_seen[index].setdefault(version, now)
+                    if serving.get(index) != version:
+                        serving[index] = version
+                        self.changes.append((now, index, version))
             self._stop.wait(self.every_s)
 
 

@@ -172,6 +172,18 @@ def test_collect_rolls_a_collapsed_champion_back(harness, world, monkeypatch):
     assert again.watch is not None and not again.watch.collapsed
 
 
+def _self_weighted_head(world, target):
+    """A draft with weights, registered as a head: the tiny target itself (whole, it
+    accepts every draft)."""
+    target.save_pretrained(world / "self-weights")
+    package = write_package(
+        world / "self",
+        DraftManifest(drafter="model:weights", k=4, policy="fixed", family="head"),
+        files={"weights": world / "self-weights"},
+    )
+    return steps.register.fn(str(package), "head")
+
+
 def test_the_drill_damages_a_promoted_draft_and_the_watch_restores_its_predecessor(
     harness, world, monkeypatch, target
 ):
@@ -182,13 +194,7 @@ def test_the_drill_damages_a_promoted_draft_and_the_watch_restores_its_predecess
     from tasks.loop.results import DraftRef
 
     first = watched_pld_champion(world, monkeypatch)
-    target.save_pretrained(world / "self-weights")
-    package = write_package(
-        world / "self",
-        DraftManifest(drafter="model:weights", k=4, policy="fixed", family="head"),
-        files={"weights": world / "self-weights"},
-    )
-    draft = steps.register.fn(str(package), "head")
+    draft = _self_weighted_head(world, target)
     drill = damaged_champion_drill(
         hardware="cpu", store=str(world / "store"), work=str(world / "work"),
         draft=DraftRef(family="head", version=draft.version), workload="grounded",
@@ -218,13 +224,7 @@ def test_a_drill_run_again_after_its_hand_promotion_restores_the_champion_before
     from tasks.loop.results import DraftRef
 
     first = watched_pld_champion(world, monkeypatch)
-    target.save_pretrained(world / "self-weights")
-    package = write_package(
-        world / "self",
-        DraftManifest(drafter="model:weights", k=4, policy="fixed", family="head"),
-        files={"weights": world / "self-weights"},
-    )
-    draft = steps.register.fn(str(package), "head")
+    draft = _self_weighted_head(world, target)
     registry = Registry()
     version = registry.get("head", draft.version)
     registry.log_evaluation(version, "cpu", {"speedup": 1.5, "acceptance_rate": 0.95})
