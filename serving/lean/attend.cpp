@@ -88,11 +88,16 @@ void block_scores(const float* const* q, const float* block, int64_t d, float sc
                   float* const* out) {
   for (int64_t part = 0; part < kParts; ++part) {
     Vec c[B][4] = {};
-    for (int64_t j = 0; j < d; j += 4)
+    int64_t j = 0;
+    for (; j + 4 <= d; j += 4)
       for (int64_t m = 0; m < 4; ++m) {
         const Vec k = load_vec(block + (j + m) * kBlock + part * kWidth);
         for (int b = 0; b < B; ++b) c[b][m] = q[b][j + m] * k + c[b][m];
       }
+    for (; j < d; ++j) {  // a width off the multiples of 4: the same chains, j mod 4
+      const Vec k = load_vec(block + j * kBlock + part * kWidth);
+      for (int b = 0; b < B; ++b) c[b][j % 4] = q[b][j] * k + c[b][j % 4];
+    }
     for (int b = 0; b < B; ++b)
       store_vec(out[b] + part * kWidth, ((c[b][0] + c[b][1]) + (c[b][2] + c[b][3])) * scale);
   }
@@ -123,17 +128,23 @@ void weighted_sums(const float* const* weights, const int64_t* visible, const fl
   }
 }
 
-// The same for any width d (a multiple of kBlock), the accumulators in memory.
+// The same for any width d, the accumulators in memory: whole vectors, then the elements
+// past the last one (each element's chain is the same either way).
 template <int B>
 void weighted_sums_any(const float* const* weights, const int64_t* visible, const float* v,
                        int64_t d, float* const* out) {
-  const int64_t vecs = d / kWidth;
+  const int64_t vecs = d / kWidth, tail = vecs * kWidth;
   for (int b = 0; b < B; ++b) {
     std::vector<Vec> acc(vecs, Vec{});
-    for (int64_t t = 0; t < visible[b]; ++t)
-      for (int64_t m = 0; m < vecs; ++m)
-        acc[m] = weights[b][t] * load_vec(v + t * d + m * kWidth) + acc[m];
+    std::vector<float> rest(d - tail, 0.0f);
+    for (int64_t t = 0; t < visible[b]; ++t) {
+      const float w = weights[b][t];
+      const float* vt = v + t * d;
+      for (int64_t m = 0; m < vecs; ++m) acc[m] = w * load_vec(vt + m * kWidth) + acc[m];
+      for (int64_t j = tail; j < d; ++j) rest[j - tail] = w * vt[j] + rest[j - tail];
+    }
     for (int64_t m = 0; m < vecs; ++m) store_vec(out[b] + m * kWidth, acc[m]);
+    for (int64_t j = tail; j < d; ++j) out[b][j] = rest[j - tail];
   }
 }
 
@@ -312,7 +323,7 @@ Tensor rope_attend(Tensor qkv, Tensor cos, Tensor sin, at::TensorList keys,
         "keys must be [layers, kv_heads, capacity / 16, d, 16], values [layers, kv_heads, "
         "capacity, d]");
   const int64_t d = values[0].size(3), capacity = values[0].size(2);
-  check(d % kBlock == 0, "the head width must be a multiple of 16");
+  check(d % 2 == 0, "the head width must be even (rotary embeddings rotate pairs)");
   check(keys[0].size(2) * kBlock == capacity && keys[0].size(3) == d,
         "keys and values must hold the same positions of the same width");
   check(qkv.size(1) == (heads + 2 * kv_heads) * d, "qkv width must be (heads + 2 kv_heads) d");

@@ -24,7 +24,7 @@ import torch
 
 from serving.errors import SpecOpsError
 from serving.lean.build import load_ops
-from serving.lean.cache import KEY_BLOCK, LeanCache
+from serving.lean.cache import LeanCache
 from serving.lean.tiles import adopt_tiles
 
 Matmul = Callable[[torch.Tensor], torch.Tensor]
@@ -57,10 +57,6 @@ def unsupported_reason(model: Any) -> str | None:
     first = layers[0]
     if not hasattr(first.self_attn, "qkv_proj") or not hasattr(first.mlp, "gate_up_proj"):
         return "its projections are not fused (serving.models.fused)"
-    heads = getattr(config, "num_attention_heads", 0) or 1
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    if head_dim % KEY_BLOCK:
-        return f"its head width {head_dim} is not a multiple of {KEY_BLOCK}"
     if getattr(config, "hidden_act", "silu") != "silu":
         return f"its activation is {config.hidden_act!r}, not silu"
     return None

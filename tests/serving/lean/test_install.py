@@ -66,14 +66,6 @@ def test_unfused_projections_are_named():
         install(model, "on")
 
 
-def test_a_head_width_off_the_key_blocks_falls_back_by_name(caplog):
-    model = tiny_llama(hidden_size=64, intermediate_size=128, num_heads=8, num_kv_heads=2)
-    apply_kernels(model, "int4", fuse=True)  # heads of 8: the attention op's blocks are 16
-    with caplog.at_level(logging.WARNING, logger="serving.lean.install"):
-        assert install(model, "auto") is None
-    assert "head width 8 is not a multiple of 16" in caplog.text
-
-
 def test_a_missing_compiler_is_one_clear_error_before_any_weights(monkeypatch):
     monkeypatch.setattr(build, "_loaded", None)
     monkeypatch.setenv("CXX", "no-such-compiler-xyz")
