@@ -18,7 +18,7 @@ import torch
 from serving.errors import SpecOpsError
 
 INITIAL_CAPACITY = 512
-KEY_BLOCK = 16  # positions per transposed key block (serving/lean/ops.cpp's kBlock)
+KEY_BLOCK = 16  # positions per transposed key block (serving/lean/attend.cpp's kBlock)
 
 
 def _blocks(positions: int) -> int:
