@@ -80,6 +80,8 @@ class Traffic:
     def _run(self, replica: int) -> None:
         import httpx
 
+        from tasks.ops.team_loop import greedy_chat
+
         index = replica
         with httpx.Client(timeout=300.0) as client:
             while not self._stop.is_set():
@@ -90,12 +92,7 @@ class Traffic:
                 try:
                     response = client.post(
                         f"{self.urls[replica]}/v1/chat/completions",
-                        json={
-                            "model": "smollm2",
-                            "messages": prompt.messages,
-                            "max_tokens": self.max_tokens,
-                            "temperature": 0,
-                        },
+                        json=greedy_chat(prompt, self.max_tokens),
                     )
                     status = response.status_code
                     if response.is_success:
@@ -170,7 +167,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from tasks.loop.damage import scramble_weights
     from tasks.loop.retrain_config import load_retrain_config
     from tasks.ops.server_process import ServerProcess
-    from tasks.ops.team_loop import SwapWatch, served_version
+    from tasks.ops.team_loop import SwapWatch, replica_config, served_version
 
     work = Path(args.work)
     registry = open_workspace(work)
@@ -193,19 +190,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     store = work / "store"  # the workspace's own: the collect validates what the replicas add
     replicas = []
     for i in range(args.replicas):
-        config = folder / f"serve-r{i + 1}.yaml"
-        config.write_text(
-            json.dumps(
-                {
-                    "target": "smollm2",
-                    "hardware": args.hardware,
-                    "replica": f"r{i + 1}",
-                    "champion": {"source": "registry", "poll_s": args.poll_s, "missing": "plain"},
-                    "capture": {"share": 1.0, "store": str(store)},
-                    "limits": {"max_tokens": args.max_new_tokens},
-                }
-            )
-        )
+        config = replica_config(
+            folder, f"r{i + 1}", target="smollm2", hardware=args.hardware, poll_s=args.poll_s,
+            store=store, max_tokens=args.max_new_tokens,
+        )  # fmt: skip
         replicas.append(ServerProcess(["--config", str(config)], log_path=folder / f"r{i + 1}.log"))
     report: dict[str, Any] = {
         "work": str(work), "hardware": args.hardware, "replicas": args.replicas,

@@ -170,26 +170,47 @@ def _deploy(stack: Stack, checkout: Path) -> None:
         raise StackError(f"`prefect deploy --all` failed: {done.stdout[-2000:]}{done.stderr}")
 
 
-def _replica_config(options: TeamLoopOptions, folder: Path, name: str) -> Path:
+def replica_config(
+    folder: Path,
+    name: str,
+    *,
+    target: str,
+    hardware: str,
+    poll_s: float,
+    store: Path,
+    max_tokens: int,
+    failure_threshold: float | None = None,
+) -> Path:
+    """A serving replica's config file (``specops serve --config``): it follows the
+    registry's champion of ``hardware`` (plain decoding while there is none: a fresh stack's
+    replicas come up before the bootstrap promotes one, and swap to it) and captures every
+    request into ``store``."""
     import yaml
 
+    capture: dict[str, Any] = {"share": 1.0, "store": str(store)}
+    if failure_threshold is not None:
+        capture["failure_threshold"] = failure_threshold
     config = {
-        "target": options.target,
-        "hardware": options.hardware,
+        "target": target,
+        "hardware": hardware,
         "replica": name,
-        # Plain decoding until the target's first champion: a fresh stack's replicas come
-        # up before the bootstrap promotes one, and swap to it.
-        "champion": {"source": "registry", "poll_s": options.poll_s, "missing": "plain"},
-        "capture": {
-            "share": 1.0,
-            "store": str(options.checkout / "data"),
-            "failure_threshold": options.failure_threshold,
-        },
-        "limits": {"max_tokens": max(options.max_new_tokens, 16)},
+        "champion": {"source": "registry", "poll_s": poll_s, "missing": "plain"},
+        "capture": capture,
+        "limits": {"max_tokens": max_tokens},
     }
     path = folder / f"serve-{name}.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
+
+
+def greedy_chat(prompt: Any, max_tokens: int) -> dict[str, Any]:
+    """The body of a greedy ``/v1/chat/completions`` request for a workload ``prompt``."""
+    return {
+        "model": "smollm2",
+        "messages": prompt.messages,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+    }
 
 
 def _send_traffic(replicas: list[ServerProcess], options: TeamLoopOptions) -> int:
@@ -202,12 +223,7 @@ def _send_traffic(replicas: list[ServerProcess], options: TeamLoopOptions) -> in
         replica = replicas[index % len(replicas)]
         response = httpx.post(
             f"{replica.url}/v1/chat/completions",
-            json={
-                "model": "smollm2",
-                "messages": prompt.messages,
-                "max_tokens": options.max_new_tokens,
-                "temperature": 0,
-            },
+            json=greedy_chat(prompt, options.max_new_tokens),
             timeout=300.0,
         )
         response.raise_for_status()
@@ -323,7 +339,21 @@ def run_team_loop(stack: Stack, options: TeamLoopOptions) -> dict[str, Any]:
     folder.mkdir(parents=True, exist_ok=True)
     replicas = [
         ServerProcess(
-            ["--config", str(_replica_config(options, folder, f"r{i + 1}"))],
+            [
+                "--config",
+                str(
+                    replica_config(
+                        folder,
+                        f"r{i + 1}",
+                        target=options.target,
+                        hardware=options.hardware,
+                        poll_s=options.poll_s,
+                        store=options.checkout / "data",
+                        max_tokens=max(options.max_new_tokens, 16),
+                        failure_threshold=options.failure_threshold,
+                    )
+                ),
+            ],
             log_path=folder / f"r{i + 1}.log",
             env=stack.config.client_env(),
         )
