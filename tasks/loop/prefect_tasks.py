@@ -172,12 +172,15 @@ def retrain_trigger(
 @task(name="watch-champion", cache_policy=NO_CACHE)
 def watch_champion(store: str, *, hardware: str) -> Watch:
     """The watched champion (:mod:`tasks.loop.watch`): judge the champion of ``hardware`` on
-    the requests it served; when it collapsed, restore the previous champion (the judged
+    the requests it served (on a vLLM target, also on the windows its deployment scraped
+    from vLLM's counters); when it collapsed, restore the previous champion (the judged
     one expected under the target's lock, the displaced version held out of promotion), or
     raise the alarm when there is none to restore."""
     from registry.client import RegistryError
+    from serving.hardware import hardware_target
+    from tasks.data.vllm_acceptance import vllm_groups
     from tasks.loop.retrain_config import load_retrain_config
-    from tasks.loop.watch import judge
+    from tasks.loop.watch import judge, judge_scraped
     from tasks.train.suffix_index import read_valid_records
 
     settings = load_retrain_config().watch
@@ -190,6 +193,14 @@ def watch_champion(store: str, *, hardware: str) -> Watch:
         read_valid_records(Path(store), hardware=hardware), hardware=hardware,
         champion=champion.label, champion_tags=champion.tags, settings=settings,
     )  # fmt: skip
+    if hardware_target(hardware).backend == "vllm":  # vLLM's own counters, scraped
+        scraped = vllm_groups(Path(store), hardware, champion=champion.label,
+                              window=settings.newest)  # fmt: skip
+        low, lines = judge_scraped(
+            scraped[0] if scraped else None, champion=champion.label,
+            champion_tags=champion.tags, settings=settings,
+        )  # fmt: skip
+        collapsed, reasons = collapsed or low, reasons + lines
     if not collapsed:
         return Watch(champion=champion.label, collapsed=False, reasons=reasons)
     reason = "watch: live acceptance collapsed: " + "; ".join(reasons)

@@ -8,8 +8,8 @@ from serving.gateway.sink import ACCEPTANCE, PartSink
 from tasks.data.vllm_acceptance import read_windows, vllm_groups
 
 
-def write_windows(store, rows):
-    sink = PartSink(store, ACCEPTANCE, hardware="cpu-vllm", run_id="r", flush_rows=1)
+def write_windows(store, rows, *, run_id="r"):
+    sink = PartSink(store, ACCEPTANCE, hardware="cpu-vllm", run_id=run_id, flush_rows=1)
     for row in rows:
         sink.add(row)
     sink.close()

@@ -58,3 +58,76 @@ def test_only_the_champions_own_requests_on_this_target_count():
     never = judge(_served(4, 0), hardware="cpu", champion="ngram/3", champion_tags={},
                   settings=SETTINGS)  # fmt: skip
     assert never == (False, [])  # never evaluated: nothing to compare with
+
+
+def _vllm_champions(tmp_path, monkeypatch, mlflow_uri):
+    """Two prompt-lookup drafts exported for vLLM, evaluated on ``cpu-vllm`` (accepting 0.6
+    there) and promoted in turn, so the second serves with the first to restore; the watch's
+    ``configs/retrain.yaml`` settings apply (newest 12 requests, half the acceptance)."""
+    from registry.client import Registry
+    from serving.drafters.package import DraftManifest, write_package
+    from tasks.loop.target_promotion import export_for_targets
+
+    monkeypatch.setenv("SPECOPS_MLFLOW_URI", mlflow_uri)
+    monkeypatch.setenv("SPECOPS_MLFLOW_ARTIFACTS", str(tmp_path / "artifacts"))
+    registry = Registry()
+    drafts = []
+    for n in (2, 3):
+        package = write_package(tmp_path / f"pld{n}", DraftManifest(drafter=f"pld:{n}", k=4))
+        draft = registry.log_draft(package, family="ngram")
+        export_for_targets(registry, draft, tmp_path / "cache")  # vLLM serves the export
+        registry.log_evaluation(draft, "cpu-vllm", {"acceptance_rate": 0.6})
+        registry.promote(registry.get("ngram", draft.version), "cpu-vllm", reason="test setup")
+        drafts.append(draft)
+    return registry, drafts
+
+
+def test_a_vllm_champion_collapsing_on_vllms_counters_is_rolled_back(
+    tmp_path, monkeypatch, mlflow_uri
+):
+    """A vLLM target has no per-request records: the watch judges the windows its
+    deployment scraped from vLLM's counters while the champion served."""
+    import tasks.loop.prefect_tasks as steps
+    from tests.tasks.data.test_vllm_acceptance import row, write_windows
+
+    registry, (first, second) = _vllm_champions(tmp_path, monkeypatch, mlflow_uri)
+    store = tmp_path / "store"
+    # Before its promotion the first served well; the second has served 6 + 6 requests.
+    write_windows(store, [
+        row(1.0, first.label, 30, 100, 60),
+        row(2.0, second.label, 6, 100, 60),
+        row(3.0, second.label, 6, 100, 40),
+    ])  # fmt: skip
+    healthy = steps.watch_champion.fn(str(store), hardware="cpu-vllm")
+    assert not healthy.collapsed and healthy.reasons == [
+        f"live@cpu-vllm: {second.label} accepted 0.500 over its newest 12 requests (vLLM's "
+        "counters), >= 0.300 (0.5 x 0.600 accepted on its evaluation overall)"
+    ]
+    collapse = [row(4.0, second.label, 7, 100, 5), row(5.0, second.label, 7, 100, 3)]
+    write_windows(store, collapse, run_id="later")
+    watch = steps.watch_champion.fn(str(store), hardware="cpu-vllm")
+    assert watch.collapsed and watch.rolled_back_to == first.label, watch
+    expected = "accepted 0.040 over its newest 14 requests (vLLM's counters), < 0.300"
+    assert expected in watch.reasons[0]
+    assert registry.champion("cpu-vllm").label == first.label
+    assert "rolled_back.cpu-vllm" in registry.get("ngram", second.version).tags
+    # From now on the restored champion is judged on its own windows (from before, too).
+    again = steps.watch_champion.fn(str(store), hardware="cpu-vllm")
+    assert (again.champion, again.collapsed) == (first.label, False)
+    assert "accepted 0.600 over its newest 30 requests" in again.reasons[0]
+
+
+def test_too_few_scraped_requests_or_none_are_not_judged():
+    from tasks.data.vllm_acceptance import ScrapedAcceptance
+    from tasks.loop.watch import judge_scraped
+
+    few = ScrapedAcceptance(workload="live", hardware="cpu-vllm", requests=3, draft_tokens=90,
+                            accepted_tokens=0, acceptance=0.0)  # fmt: skip
+    settings = WatchSettings(newest=4, share=0.5)
+    tags = {"cpu-vllm/acceptance_rate": "0.6"}
+    kwargs = dict(champion="ngram/3", champion_tags=tags, settings=settings)
+    assert judge_scraped(few, **kwargs) == (False, [])
+    assert judge_scraped(None, **kwargs) == (False, [])
+    enough = few.model_copy(update={"requests": 4})
+    assert judge_scraped(enough, **kwargs)[0]
+    assert judge_scraped(enough, **{**kwargs, "champion_tags": {}}) == (False, [])
