@@ -95,6 +95,8 @@ void rows_vnni(const Problem& p, int64_t t, int64_t r0) {
   for (int64_t g = 0; g < p.groups; ++g) {
     const uint8_t* w = p.tiles + (t * p.groups + g) * kTileBytes;
     const uint16_t* sz = p.scales + (t * p.groups + g) * 2 * kTile;
+    prefetch_ahead(w, kTileBytes);
+    prefetch_ahead(sz, 2 * kTile * sizeof(uint16_t));
     __m512i v[8];
     for (int b = 0; b < 4; ++b) {
       const __m512i packed = _mm512_loadu_si512(w + 64 * b);
@@ -104,19 +106,11 @@ void rows_vnni(const Problem& p, int64_t t, int64_t r0) {
     const __m512 s = bf16_to_f32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sz)));
     const __m512 z = bf16_to_f32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sz + kTile)));
     const __m512 m = _mm512_fmadd_ps(s, _mm512_set1_ps(-8.0f), z);
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const int64_t row = r0 + r;
       const int8_t* a = p.a + row * p.k + g * kGroup;
-      // Four short chains (integer sums: any split gives the same total).
-      __m512i c0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v[0], _mm512_set1_epi32(quad(a, 0)));
-      __m512i c1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v[1], _mm512_set1_epi32(quad(a, 1)));
-      __m512i c2 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v[2], _mm512_set1_epi32(quad(a, 2)));
-      __m512i c3 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v[3], _mm512_set1_epi32(quad(a, 3)));
-      c0 = _mm512_dpbusd_epi32(c0, v[4], _mm512_set1_epi32(quad(a, 4)));
-      c1 = _mm512_dpbusd_epi32(c1, v[5], _mm512_set1_epi32(quad(a, 5)));
-      c2 = _mm512_dpbusd_epi32(c2, v[6], _mm512_set1_epi32(quad(a, 6)));
-      c3 = _mm512_dpbusd_epi32(c3, v[7], _mm512_set1_epi32(quad(a, 7)));
-      const __m512i isum = _mm512_add_epi32(_mm512_add_epi32(c0, c1), _mm512_add_epi32(c2, c3));
+      const __m512i isum = group_dot<kVnniChains<R>>(v, a, _mm512_setzero_si512());
       const __m512 sd = _mm512_mul_ps(s, _mm512_set1_ps(p.d[row * p.groups + g]));
       acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), sd, acc[r]);
       acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(p.da[row * p.groups + g]), acc[r]);
@@ -126,7 +120,8 @@ void rows_vnni(const Problem& p, int64_t t, int64_t r0) {
 }
 
 void tile(const Problem& p, int64_t t) {
-  for_row_chunks(p.rows, [&](auto r, int64_t r0) { rows_vnni<decltype(r)::value>(p, t, r0); });
+  for_row_chunks<kVnniRows>(p.rows,
+                            [&](auto r, int64_t r0) { rows_vnni<decltype(r)::value>(p, t, r0); });
 }
 
 #elif defined(__AVX2__) && defined(__FMA__)
@@ -147,6 +142,10 @@ void rows_avx2(const Problem& p, int64_t t, int64_t r0, int half) {
   for (int64_t g = 0; g < p.groups; ++g) {
     const uint8_t* w = p.tiles + (t * p.groups + g) * kTileBytes + 32 * half;
     const uint16_t* sz = p.scales + (t * p.groups + g) * 2 * kTile + 8 * half;
+    if (half == 0) {  // the second half reads what the first brought in
+      prefetch_ahead(w, kTileBytes);
+      prefetch_ahead(sz, 2 * kTile * sizeof(uint16_t));
+    }
     __m256i v[8];
     for (int b = 0; b < 4; ++b) {
       const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 64 * b));

@@ -67,22 +67,17 @@ void rows_vnni(const Problem& p, int64_t t, int64_t r0) {
   const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
   for (int64_t g = 0; g < p.groups; ++g) {
     const int8_t* w = p.tiles + (t * p.groups + g) * kTileBytes;
+    prefetch_ahead(w, kTileBytes);
     __m512i v[8];
     for (int kk = 0; kk < 8; ++kk)
       v[kk] = _mm512_xor_si512(_mm512_loadu_si512(w + 64 * kk), flip);  // w + 128
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const int64_t row = r0 + r;
       const int8_t* a = p.a + row * p.k + g * kGroup;
-      __m512i c0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v[0], _mm512_set1_epi32(quad(a, 0)));
-      __m512i c1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v[1], _mm512_set1_epi32(quad(a, 1)));
-      __m512i c2 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v[2], _mm512_set1_epi32(quad(a, 2)));
-      __m512i c3 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v[3], _mm512_set1_epi32(quad(a, 3)));
-      c0 = _mm512_dpbusd_epi32(c0, v[4], _mm512_set1_epi32(quad(a, 4)));
-      c1 = _mm512_dpbusd_epi32(c1, v[5], _mm512_set1_epi32(quad(a, 5)));
-      c2 = _mm512_dpbusd_epi32(c2, v[6], _mm512_set1_epi32(quad(a, 6)));
-      c3 = _mm512_dpbusd_epi32(c3, v[7], _mm512_set1_epi32(quad(a, 7)));
-      __m512i isum = _mm512_add_epi32(_mm512_add_epi32(c0, c1), _mm512_add_epi32(c2, c3));
-      isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(128 * p.sums[row * p.groups + g]));
+      // w + 128 against a: the chain starts at -128 sum(a) to take that back off.
+      const __m512i isum =
+          group_dot<kVnniChains<R>>(v, a, _mm512_set1_epi32(-128 * p.sums[row * p.groups + g]));
       acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(p.d[row * p.groups + g]),
                                acc[r]);
     }
@@ -93,7 +88,8 @@ void rows_vnni(const Problem& p, int64_t t, int64_t r0) {
 }
 
 void tile(const Problem& p, int64_t t) {
-  for_row_chunks(p.rows, [&](auto r, int64_t r0) { rows_vnni<decltype(r)::value>(p, t, r0); });
+  for_row_chunks<kVnniRows>(p.rows,
+                            [&](auto r, int64_t r0) { rows_vnni<decltype(r)::value>(p, t, r0); });
 }
 
 #elif defined(__AVX2__) && defined(__FMA__)
@@ -106,6 +102,7 @@ void rows_avx2(const Problem& p, int64_t t, int64_t r0, int half) {
   const __m256i ones = _mm256_set1_epi16(1);
   for (int64_t g = 0; g < p.groups; ++g) {
     const int8_t* w = p.tiles + (t * p.groups + g) * kTileBytes + 32 * half;
+    if (half == 0) prefetch_ahead(w, kTileBytes);  // the second half reads what the first read
     __m256i v[8], magnitude[8];
     for (int kk = 0; kk < 8; ++kk) {
       v[kk] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 64 * kk));
