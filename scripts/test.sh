@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command: set-up, lint, types, import layers, the whole suite (tiny models, the
 # real model, and the team stack end to end: SPECOPS_TEAM_STACK=0 skips that one), a check
-# that no test id went missing (scripts/check_test_ids.py), then a Python 3.12 smoke run
+# that no test id went missing (scripts/check_test_ids.py), the lean kernels on their other
+# instruction-set paths (scripts/test_lean_paths.sh), then a Python 3.12 smoke run
 # from its own lock (SPECOPS_PY312=0 skips it), then the vLLM and MLX backend tests in their
 # own environments (scripts/test_backends.sh); those environments install in the background
 # from the start. Each pytest run leaves a JUnit file in
@@ -43,6 +44,8 @@ workers=${SPECOPS_TEST_WORKERS:-$((cores < 4 ? cores : 4))}
   --junitxml=.reports/pytest.xml --collected-ids=.reports/test-ids.txt "$@"
 if [ $# -eq 0 ]; then  # the whole suite was collected
   .venv/bin/python scripts/check_test_ids.py --ids .reports/test-ids.txt
+  # The lean kernels' other instruction-set paths (AVX2, AVX-VNNI, plain C++) on this CPU.
+  bash scripts/test_lean_paths.sh
 fi
 if ! wait "$envs"; then
   echo "setting up the other environments failed ($envs_log):" >&2

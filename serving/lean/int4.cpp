@@ -9,8 +9,8 @@
 // the first sum exact in int32, and a row's output adds its groups in order, with fused
 // multiply-adds: acc = fma(float(isum), s * d, acc); acc = fma(z - 8 s, d sum a, acc).
 //
-// Every output lane does exactly that sequence on every code path (AVX-512 VNNI, AVX2, plain
-// C++), and a row never reads another row: the result is bit for bit the same for a row
+// Every output lane does exactly that sequence on every code path (AVX-512 VNNI, AVX2 with
+// or without AVX-VNNI, plain C++), and a row never reads another row: the result is bit for bit the same for a row
 // whatever the rows beside it and whichever path this CPU takes.
 //
 // Layout (int4_tiles in serving/lean/tiles.py): tiles of 16 outputs; per (tile, group) 256
@@ -125,20 +125,24 @@ void tile(const Problem& p, int64_t t) {
 }
 
 #elif defined(__AVX2__) && defined(__FMA__)
+#if defined(__AVXVNNI__)
+constexpr const char* kPath = "avx-vnni";  // AVX2 with 256-bit vpdpbusd
+#else
 constexpr const char* kPath = "avx2";
+#endif
 
 inline __m256 bf16_to_f32(__m128i bits) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
 }
 
 // One half of a tile (8 outputs): 4-byte lanes, maddubs pairs summed in int16 (at most
-// 8 x 2 x 15 x 127 = 30480, no overflow), then to int32.
+// 8 x 2 x 15 x 127 = 30480, no overflow), then to int32; with AVX-VNNI, one vpdpbusd chain.
 template <int R>
 void rows_avx2(const Problem& p, int64_t t, int64_t r0, int half) {
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   const __m256i low = _mm256_set1_epi8(0x0F);
-  const __m256i ones = _mm256_set1_epi16(1);
+  [[maybe_unused]] const __m256i ones = _mm256_set1_epi16(1);
   for (int64_t g = 0; g < p.groups; ++g) {
     const uint8_t* w = p.tiles + (t * p.groups + g) * kTileBytes + 32 * half;
     const uint16_t* sz = p.scales + (t * p.groups + g) * 2 * kTile + 8 * half;
@@ -158,6 +162,11 @@ void rows_avx2(const Problem& p, int64_t t, int64_t r0, int half) {
     for (int r = 0; r < R; ++r) {
       const int64_t row = r0 + r;
       const int8_t* a = p.a + row * p.k + g * kGroup;
+#if defined(__AVXVNNI__)
+      __m256i isum = _mm256_setzero_si256();
+      for (int kk = 0; kk < 8; ++kk)
+        isum = _mm256_dpbusd_avx_epi32(isum, v[kk], _mm256_set1_epi32(quad(a, kk)));
+#else
       __m256i even = _mm256_setzero_si256(), odd = _mm256_setzero_si256();
       for (int kk = 0; kk < 8; kk += 2) {
         even = _mm256_add_epi16(even, _mm256_maddubs_epi16(v[kk], _mm256_set1_epi32(quad(a, kk))));
@@ -165,6 +174,7 @@ void rows_avx2(const Problem& p, int64_t t, int64_t r0, int half) {
       }
       const __m256i pairs = _mm256_add_epi16(even, odd);
       const __m256i isum = _mm256_madd_epi16(pairs, ones);
+#endif
       const __m256 sd = _mm256_mul_ps(s, _mm256_set1_ps(p.d[row * p.groups + g]));
       acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), sd, acc[r]);
       acc[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(p.da[row * p.groups + g]), acc[r]);

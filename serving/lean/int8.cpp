@@ -5,8 +5,9 @@
 // row's group of 32 inputs rounded to int8 with its own scale d (lean.h). Per output and row
 //     sum_j w_j x_j ~ s (sum_g d_g isum_g),   isum_g = sum over the group of w_j a_j (exact),
 // the groups added in order with fused multiply-adds (acc = fma(float(isum_g), d_g, acc)),
-// then times s. Every path (AVX-512 VNNI, AVX2, plain C++) does exactly that per lane, and
-// a row never reads another row: bit for bit the same whatever the rows beside it.
+// then times s. Every path (AVX-512 VNNI, AVX2 with or without AVX-VNNI, plain C++) does
+// exactly that per lane, and a row never reads another row: bit for bit the same whatever
+// the rows beside it.
 //
 // Layout (int8_tiles in serving/lean/tiles.py): tiles of 16 outputs; per (tile, group) eight 64-byte
 // blocks, V_k[4 i + b] = w[16 t + i][32 g + 4 k + b] (signed). VNNI multiplies unsigned by
@@ -93,16 +94,37 @@ void tile(const Problem& p, int64_t t) {
 }
 
 #elif defined(__AVX2__) && defined(__FMA__)
+#if defined(__AVXVNNI__)
+constexpr const char* kPath = "avx-vnni";  // AVX2 with 256-bit vpdpbusd
+#else
 constexpr const char* kPath = "avx2";
+#endif
 
 template <int R>
 void rows_avx2(const Problem& p, int64_t t, int64_t r0, int half) {
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-  const __m256i ones = _mm256_set1_epi16(1);
+  [[maybe_unused]] const __m256i ones = _mm256_set1_epi16(1);
   for (int64_t g = 0; g < p.groups; ++g) {
     const int8_t* w = p.tiles + (t * p.groups + g) * kTileBytes + 32 * half;
     if (half == 0) prefetch_ahead(w, kTileBytes);  // the second half reads what the first read
+#if defined(__AVXVNNI__)
+    __m256i v[8];
+    const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+    for (int kk = 0; kk < 8; ++kk)  // w + 128, unsigned as vpdpbusd takes it
+      v[kk] = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 64 * kk)),
+                               flip);
+    for (int r = 0; r < R; ++r) {
+      const int64_t row = r0 + r;
+      const int8_t* a = p.a + row * p.k + g * kGroup;
+      // The chain starts at -128 sum(a) to take the flip back off.
+      __m256i isum = _mm256_set1_epi32(-128 * p.sums[row * p.groups + g]);
+      for (int kk = 0; kk < 8; ++kk)
+        isum = _mm256_dpbusd_avx_epi32(isum, v[kk], _mm256_set1_epi32(quad(a, kk)));
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(p.d[row * p.groups + g]),
+                               acc[r]);
+    }
+#else
     __m256i v[8], magnitude[8];
     for (int kk = 0; kk < 8; ++kk) {
       v[kk] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 64 * kk));
@@ -122,6 +144,7 @@ void rows_avx2(const Problem& p, int64_t t, int64_t r0, int half) {
       acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(p.d[row * p.groups + g]),
                                acc[r]);
     }
+#endif
   }
   const __m256 s = _mm256_loadu_ps(p.scales + t * kTile + 8 * half);
   for (int r = 0; r < R; ++r)

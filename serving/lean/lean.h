@@ -193,7 +193,8 @@ std::string int8_path();
 // x [rows, K] float32 or bfloat16 times int4 tiles (int4.cpp's layout) -> [rows, N] float32.
 // plain: the portable path whatever this CPU has (tests compare the vector path with it).
 Tensor int4_mm(Tensor x, Tensor tiles, Tensor scales, bool plain);
-// Which path int4_mm takes on this build: "avx512-vnni", "avx2" or "plain".
+// Which path int4_mm takes on this build: "avx512-vnni", "avx-vnni" (AVX2 with 256-bit
+// vpdpbusd), "avx2" or "plain".
 std::string int4_path();
 
 }  // namespace specops_lean
