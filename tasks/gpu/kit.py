@@ -30,7 +30,14 @@ from pathlib import Path
 from serving.atomic import atomic_dir
 from serving.errors import BadInputError, SpecOpsError
 from serving.paths import PROJECT_ROOT
-from tasks.gpu.manifest import KIT_PACKAGES, MIB, KitManifest, KitSettings, write_manifest
+from tasks.gpu.manifest import (
+    KIT_PACKAGES,
+    MIB,
+    TRAINING_PACKAGES,
+    KitManifest,
+    KitSettings,
+    write_manifest,
+)
 from tasks.gpu.parts import SplitFile, split_file
 from tasks.gpu.plan import STEPS
 from tasks.loop.retrain_config import TargetRetrain
@@ -88,15 +95,17 @@ def closure(names: tuple[str, ...], stop: tuple[str, ...] = ()) -> dict[str, str
     return found
 
 
-def wheel_pins() -> list[str]:
+def wheel_pins(*, training: bool = True) -> list[str]:
     """``name==version`` for every package the kit brings as a wheel: the closure of
-    :data:`KIT_PACKAGES` less :data:`MACHINE_OWN`, at the versions installed here (the
-    lock's). There, a wheel is installed only where the machine lacks its package (or, for
-    :data:`KIT_PACKAGES` themselves, has another version)."""
-    return sorted(f"{n}=={v}" for n, v in closure(KIT_PACKAGES, stop=MACHINE_OWN).items())
+    :data:`KIT_PACKAGES` (and, for a kit that trains, :data:`TRAINING_PACKAGES`) less
+    :data:`MACHINE_OWN`, at the versions installed here (the lock's). There, a wheel is
+    installed only where the machine lacks its package (or, for the named packages
+    themselves, has another version)."""
+    wanted = KIT_PACKAGES + (TRAINING_PACKAGES if training else ())
+    return sorted(f"{n}=={v}" for n, v in closure(wanted, stop=MACHINE_OWN).items())
 
 
-def download_wheels(folder: Path, python: str) -> list[Path]:
+def download_wheels(folder: Path, python: str, *, training: bool = True) -> list[Path]:
     """The kit's wheels for CPython ``python`` on x86-64 Linux, fetched from the package
     index into ``folder``."""
     version = python.replace(".", "")
@@ -115,7 +124,7 @@ def download_wheels(folder: Path, python: str) -> list[Path]:
         "--dest",
         str(folder),
         *[a for platform in PLATFORMS for a in ("--platform", platform)],
-        *wheel_pins(),
+        *wheel_pins(training=training),
     ]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
@@ -240,8 +249,10 @@ def build_kit(options: KitOptions, *, say=print) -> KitManifest:
             teacher = _teacher(options, options.dataset, hardware, whole)
             add("teacher", _tar(teacher, whole / "teacher.tar"), "teacher.tar")
         if options.wheels:
-            say(f"  wheels for Python {options.python}: {' '.join(wheel_pins())}")
-            for wheel in download_wheels(whole / "wheels", options.python):
+            training = options.dataset is not None
+            pins = " ".join(wheel_pins(training=training))
+            say(f"  wheels for Python {options.python}: {pins}")
+            for wheel in download_wheels(whole / "wheels", options.python, training=training):
                 add(f"wheel:{wheel.name}", wheel, wheel.name)
         shutil.rmtree(whole)
         settings = replace(

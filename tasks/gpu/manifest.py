@@ -17,9 +17,12 @@ from tasks.gpu.parts import SplitFile
 KIT_FORMAT = 1
 MANIFEST = "kit.json"
 MIB = 1 << 20
-# Brought as wheels where the machine lacks them (pytest for the device tests,
-# bitsandbytes for the quantised LoRA settings of `cuda` in configs/retrain.yaml).
-KIT_PACKAGES = ("pydantic", "typer", "gguf", "pyyaml", "pytest", "bitsandbytes")
+# Brought as wheels where the machine lacks them (pytest for the device tests).
+KIT_PACKAGES = ("pydantic", "typer", "gguf", "pyyaml", "pytest")
+# Brought only with teacher data (``--dataset``), for the training there: bitsandbytes for
+# the quantised LoRA settings of `cuda` in configs/retrain.yaml. At 41 MiB it is a transfer
+# of its own, which a kit that only measures does not need.
+TRAINING_PACKAGES = ("bitsandbytes",)
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,12 @@ def test_the_wheels_are_the_small_packages_not_the_machines_own():
     assert not any(name.startswith("nvidia-") for name in names)
 
 
+def test_a_kit_that_does_not_train_leaves_bitsandbytes_behind():
+    names = {pin.split("==")[0] for pin in wheel_pins(training=False)}
+    assert {"pydantic", "typer", "gguf", "pyyaml", "pytest"} <= names
+    assert "bitsandbytes" not in names
+
+
 def _bundle(folder):
     folder.mkdir()
     (folder / "request.json").write_text(json.dumps({
