@@ -17,8 +17,10 @@ from tasks.gpu.parts import SplitFile
 KIT_FORMAT = 1
 MANIFEST = "kit.json"
 MIB = 1 << 20
-# Brought as wheels where the machine lacks them (pytest for the device tests).
-KIT_PACKAGES = ("pydantic", "typer", "gguf", "pyyaml", "pytest")
+# Brought as wheels where the machine lacks them: pytest for the device tests, and
+# pydantic-settings because the tests' conftest resets the registry's settings around each
+# test (a bare H200 lacked it: every device test errored at setup).
+KIT_PACKAGES = ("pydantic", "pydantic-settings", "typer", "gguf", "pyyaml", "pytest")
 # Brought only with teacher data (``--dataset``), for the training there: bitsandbytes for
 # the quantised LoRA settings of `cuda` in configs/retrain.yaml. At 41 MiB it is a transfer
 # of its own, which a kit that only measures does not need.
