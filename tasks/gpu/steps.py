@@ -20,6 +20,7 @@ import tarfile
 import time
 import zipfile
 from importlib.metadata import PackageNotFoundError, version
+from itertools import zip_longest
 from pathlib import Path
 
 from serving.errors import BadInputError
@@ -226,10 +227,19 @@ def profile(kit: Path, manifest: KitManifest, out: Path) -> None:
 
 
 def _prompts(kit: Path, count: int | None = None) -> list:
+    """The bundle's prompts, or ``count`` of them taken in turn from each workload (the
+    bundle lists them workload by workload: the first ``count`` alone would leave the last
+    workloads out)."""
     from tasks.evaluate.remote import read_bundle
 
     _, prompts = read_bundle(_work(kit) / "bundle")
-    return prompts if count is None else prompts[:count]
+    if count is None:
+        return prompts
+    by_workload: dict[str, list] = {}
+    for prompt in prompts:
+        by_workload.setdefault(prompt.workload, []).append(prompt)
+    in_turn = [p for row in zip_longest(*by_workload.values()) for p in row if p is not None]
+    return in_turn[:count]
 
 
 def bench(kit: Path, manifest: KitManifest, out: Path) -> None:
