@@ -37,7 +37,15 @@ _MLP = ("gate_proj", "up_proj")
 def _stack(layers: list[nn.Linear]) -> nn.Linear:
     first = layers[0]
     has_bias = first.bias is not None
-    fused = nn.Linear(first.in_features, sum(x.out_features for x in layers), bias=has_bias)
+    # On the layers' own device and dtype: a model fused after ``.to("cuda")`` (the GPU's
+    # graphed step) must not get a CPU float32 layer back (found on an H200).
+    fused = nn.Linear(
+        first.in_features,
+        sum(x.out_features for x in layers),
+        bias=has_bias,
+        device=first.weight.device,
+        dtype=first.weight.dtype,
+    )
     with torch.no_grad():
         fused.weight.copy_(torch.cat([x.weight.detach() for x in layers]))
         if has_bias:
