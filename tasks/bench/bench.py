@@ -461,7 +461,8 @@ def format_table(rows: list[dict], skipped: list[dict] | None = None) -> str:
     return "\n".join(lines)
 
 
-def plot(rows: list[dict], path: Path) -> None:
+def plot(rows: list[dict], path: Path, *, hardware: str = "cpu") -> None:
+    """A bar per method and workload: its speedup over the baseline, on ``hardware``."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -484,7 +485,7 @@ def plot(rows: list[dict], path: Path) -> None:
     ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
     ax.set_xticks(range(len(workloads)), workloads)
     ax.set_ylabel(f"speedup over {BASELINE} (tokens/s ratio)")
-    ax.set_title("specops bench: speculative decoding on SmolLM2-135M-Instruct, CPU")
+    ax.set_title(f"specops bench: speculative decoding on `{hardware}`")
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -675,7 +676,7 @@ def run_bench(
     out_dir = Path(out_dir)
     write_json_atomic(out_dir / "bench.json", results)
     if draw:
-        plot(rows, out_dir / "bench.png")
+        plot(rows, out_dir / "bench.png", hardware=config.hardware)
     return results
 
 

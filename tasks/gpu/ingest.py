@@ -286,7 +286,11 @@ def render_doc(results: Path, docs: Path, ingested: Ingested, cpu_champion: str 
     if rows:
         from tasks.bench.bench import plot
 
-        plot(list(_read(results, "bench/bench.json")["summary"]), docs / f"{hardware}-bench.png")
+        plot(
+            list(_read(results, "bench/bench.json")["summary"]),
+            docs / f"{hardware}-bench.png",
+            hardware=hardware,
+        )
     return path
 
 
