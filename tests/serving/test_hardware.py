@@ -38,11 +38,10 @@ def test_the_cuda_target_loads_from_the_shipped_config():
     cuda = hardware_target("cuda")
     assert (cuda.backend, cuda.device, cuda.kernels) == ("transformers", "cuda", "stock")
     assert cuda.dtype == "float32" and cuda.threads == 8
-    # Measured on an H200 (provisional, configs/hardware.yaml): launch-bound, so 16 rows
-    # cost little more than one.
+    # Measured on an H200 by the GPU kit (configs/hardware.yaml): one to sixteen rows.
     assert cuda.runs_here is False and cuda.verify_curve is not None
     curve = cuda.verify_curve
-    assert len(curve) == 16 and curve[0] == 1.0 and curve[-1] < 1.5
+    assert len(curve) == 16 and curve[0] == 1.0
     assert all(a <= b for a, b in itertools.pairwise(curve))
     assert cuda.load_options() == {"kernels": "stock", "device": "cuda", "dtype": "float32"}
     assert engine_target("cpu").load_options()["device"] == "cpu"
