@@ -32,6 +32,7 @@ from serving.policy import DraftLengthPolicy, make_policy
 from serving.records.schema import RequestRecord
 from tasks.data.prompts import Prompt
 from tasks.evaluate.interleave import Timed, interleave
+from tasks.evaluate.priced import prefill_steps
 from tasks.evaluate.report import (
     REFERENCE,
     TRAFFIC_PREFIX,
@@ -258,6 +259,10 @@ def evaluate_report(
         predicted, untimed = _pregate(
             runs, encoded, [r.value.token_ids for r in recording], target=target, curve=curve,
             costs=costs, margin=pregate_margin, champion=champion,
+            prefills=[
+                prefill_steps(r.value.stats.prefill_s, r.value.stats.total_s, len(r.value.steps))
+                for r in recording
+            ],
         )  # fmt: skip
         runs = [run for run in runs if run.name not in untimed]
         lap("pregate")
@@ -448,6 +453,7 @@ def _pregate(
     costs: dict[str, float],
     margin: float,
     champion: str,
+    prefills: Sequence[float | None] | None = None,
 ) -> tuple[dict[str, float | None], dict[str, str]]:
     """Every contender's predicted modelled speedup on the recorded plain ``outputs``, and
     the challengers not to time with the reason (see :func:`evaluate_report`)."""
@@ -462,6 +468,7 @@ def _pregate(
         target=target,
         curve=curve,
         draft_costs=costs,
+        prefills=prefills,
     )
     speedups = {name: p.speedup for name, p in predictions.items()}
     has_champion = champion in predictions

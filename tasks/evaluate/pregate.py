@@ -121,13 +121,19 @@ def predict(
     target,
     curve: Sequence[float],
     draft_costs: Mapping[str, float],
+    prefills: Sequence[float | None] | None = None,
 ) -> dict[str, Prediction]:
     """Each contender's :class:`Prediction`: every decoder of ``decoders`` decodes each
     prompt of ``encoded`` against the target as recorded — the prompt and plain decoding's
     greedy ``outputs`` for it (the recording) — with its own drafter and policy, for as many
-    tokens as plain decoding made, priced with ``curve`` and ``draft_costs``."""
+    tokens as plain decoding made, priced with ``curve`` and ``draft_costs``, and each
+    prompt's prefill with ``prefills`` (in plain decoding's steps, as the modelled speed
+    prices it: :func:`tasks.evaluate.priced.prefill_steps`; None: unpriced)."""
     if len(encoded) != len(outputs):
         raise SpecOpsError(f"{len(encoded)} prompts but {len(outputs)} recorded outputs")
+    if prefills is not None and len(prefills) != len(encoded):
+        raise SpecOpsError(f"{len(encoded)} prompts but {len(prefills)} prefill costs")
+    prefill = [float(p or 0.0) for p in prefills] if prefills is not None else [0.0] * len(encoded)
     recordings = [list(ids) + list(out) for ids, out in zip(encoded, outputs, strict=True)]
     recorded = RecordedTarget(target)
     pricing = Pricing(curve, 0.0, draft_costs)
@@ -140,7 +146,7 @@ def predict(
         )  # fmt: skip
         wants_hidden = decoder.drafter is not None and decoder.drafter.needs_target_hidden
         tokens = checks = reproduced = drafted = accepted = 0
-        cost = 0.0
+        cost = plain_cost = 0.0
         for index, (ids, sequence) in enumerate(zip(encoded, recordings, strict=True)):
             hidden = None
             if wants_hidden:
@@ -158,9 +164,11 @@ def predict(
             checks += len(result.steps)
             drafted += sum(step.proposed for step in result.steps)
             accepted += sum(step.accepted for step in result.steps)
-            cost += pricing.checks(blocks, name)
-        # Plain decoding costs one one-token pass a token: the speedup is tokens per pass.
-        speedup = tokens / cost if cost else None
+            cost += pricing.checks(blocks, name) + prefill[index]
+            plain_cost += made + prefill[index]
+        # Plain decoding costs one one-token pass a token (and the same prefills): the
+        # speedup is its cost over the contender's, for the same tokens.
+        speedup = plain_cost / cost if cost else None
         out[name] = Prediction(speedup, tokens, checks, reproduced, len(encoded), drafted, accepted)
         if reproduced < len(encoded):
             log.warning("%s: the replay reproduced plain output on %d of %d prompts",

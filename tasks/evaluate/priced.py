@@ -19,25 +19,37 @@ from serving.errors import BadInputError
 from serving.policy import curve_cost, normalise_curve
 from tasks.evaluate.report import REFERENCE, EvaluationReport, Group, PromptRun, source_of
 
+PromptKey = tuple[str, str]  # (workload, prompt id)
+
 
 class Pricing:
     """The cost, in one-token target passes, of what a generation did: a check over ``n``
     tokens costs ``curve(n)``, each drafted token ``draft_cost`` — or, for a contender
     named in ``draft_costs``, its own profiled cost (the modelled speed,
-    :mod:`tasks.evaluate.modelled`)."""
+    :mod:`tasks.evaluate.modelled`) — and, where ``prefills`` prices it, the prompt's
+    prefill (the same for every contender of that prompt)."""
 
     def __init__(
         self,
         verify_curve: Sequence[float],
         draft_cost: float,
         draft_costs: Mapping[str, float] | None = None,
+        prefills: Mapping[PromptKey, float] | None = None,
     ) -> None:
         for name, cost in {"draft_cost": draft_cost, **(draft_costs or {})}.items():
             if cost < 0:
                 raise BadInputError(f"draft cost of {name!r} must be >= 0, got {cost!r}")
+        for key, cost in (prefills or {}).items():
+            if cost < 0:
+                raise BadInputError(f"prefill cost of prompt {key!r} must be >= 0, got {cost!r}")
         self.curve = normalise_curve(tuple(verify_curve))
         self.draft_cost = draft_cost
         self.draft_costs = dict(draft_costs or {})
+        self.prefills = dict(prefills or {})
+
+    def prefill(self, run: PromptRun) -> float:
+        """What ``run``'s prefill costs (0 where prefills are not priced)."""
+        return self.prefills.get((run.workload, run.prompt_id), 0.0)
 
     def checks(self, blocks: Mapping[int, int], contender: str | None = None) -> float:
         """``blocks``: drafts proposed in a check -> how many checks proposed that many."""
@@ -61,10 +73,31 @@ def _speedups(
                 blocks: dict[int, int] = {}
                 for proposed, _ in run.steps:
                     blocks[proposed] = blocks.get(proposed, 0) + 1
-                cost += pricing.checks(blocks, name)
+                cost += pricing.checks(blocks, name) + pricing.prefill(run)
         speed[name] = tokens / cost if cost else None
     plain = speed[REFERENCE]
     return {n: s / plain if s and plain else None for n, s in speed.items()}
+
+
+def prefill_costs(plain: Sequence[PromptRun]) -> dict[PromptKey, float]:
+    """Each prompt's prefill in plain decoding's steps, from plain decoding's own run of it:
+    its prefill's seconds over its seconds per check after the prefill (both from the same
+    generation, so a load that slows the machine evenly cancels). A run without these
+    numbers (an older report, a generation that never checked) is left out: unpriced."""
+    costs: dict[PromptKey, float] = {}
+    for run in plain:
+        cost = prefill_steps(run.stats.get("prefill_s"), run.stats.get("total_s"), len(run.steps))
+        if cost is not None:
+            costs[(run.workload, run.prompt_id)] = cost
+    return costs
+
+
+def prefill_steps(prefill_s: float | None, total_s: float | None, checks: int) -> float | None:
+    """A plain generation's prefill in its own steps: ``prefill_s`` over the seconds per
+    check after it; None where that cannot be told."""
+    if prefill_s is None or total_s is None or checks == 0 or total_s <= prefill_s:
+        return None
+    return float(prefill_s) / ((float(total_s) - float(prefill_s)) / checks)
 
 
 def _workload_is(workload: str) -> Callable[[str], bool]:

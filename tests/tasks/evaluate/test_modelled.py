@@ -55,3 +55,28 @@ def test_the_gates_config_chooses_the_speed():
     report = _modelled_input({"challenger": 0.0})
     assert judged_report(report, GateConfig()).results["challenger"].speedup == pytest.approx(1.5)
     assert judged_report(report, GateConfig(speed="measured")) is report
+
+
+def _with_timings(report, prefill_s: float, total_s: float):
+    """``report`` with plain decoding's prefill and total seconds on every prompt."""
+    rows = dict(report.per_prompt or {})
+    rows["plain"] = [
+        run.model_copy(update={"stats": {**run.stats, "prefill_s": prefill_s, "total_s": total_s}})
+        for run in rows["plain"]
+    ]
+    return report.model_copy(update={"per_prompt": rows})
+
+
+def test_each_prompts_prefill_is_priced_in_plain_decodings_own_steps():
+    # Plain: 12 checks a prompt in 0.6 s after a 0.3 s prefill: 0.05 s a step, so the
+    # prefill costs 6 steps on each prompt, for plain decoding and the draft alike.
+    report = _with_timings(_modelled_input({"challenger": 0.0}), prefill_s=0.3, total_s=0.9)
+    modelled = modelled_report(report)
+    assert modelled.results["challenger"].speedup == pytest.approx((24 + 12) / (16 + 12))
+    # p1 (traffic:humaneval): the draft makes its 12 tokens in 4 checks; p2 in 12.
+    by = modelled.by_workload
+    assert by["traffic:humaneval"]["challenger"].speedup == pytest.approx((12 + 6) / (4 + 6))
+    assert by["grounded"]["challenger"].speedup == pytest.approx((12 + 6) / (12 + 6))
+    # Where the seconds cannot tell it (no checks after the prefill), it is left unpriced.
+    untold = _with_timings(_modelled_input({"challenger": 0.0}), prefill_s=0.3, total_s=0.3)
+    assert modelled_report(untold).results["challenger"].speedup == pytest.approx(24 / 16)

@@ -90,6 +90,24 @@ def test_predicted_speedups_price_the_replayed_steps(target):
     assert lookup_prediction.tokens == predictions["none"].tokens
 
 
+def test_prefills_are_priced_alike_for_plain_decoding_and_the_draft(target):
+    plain = SpeculativeDecoder(target)
+    outputs = [plain.generate(p, max_new_tokens=24).token_ids for p in PROMPTS]
+    lookup = SpeculativeDecoder(target, drafter=PromptLookupDrafter(), policy=FixedK(4))
+    free = predict({"lookup": lookup}, PROMPTS, outputs, target=target, curve=CURVE,
+                   draft_costs={"lookup": 0.0})["lookup"]  # fmt: skip
+    prefills = [5.0, 3.0, None]  # the last prompt's prefill unpriced
+    priced = predict({"lookup": lookup}, PROMPTS, outputs, target=target, curve=CURVE,
+                     draft_costs={"lookup": 0.0}, prefills=prefills)["lookup"]  # fmt: skip
+    assert free.speedup is not None and priced.speedup is not None
+    # Both costs grow by the same 8 passes: plain's cost is its tokens (a pass a token).
+    checks_cost = free.tokens / free.speedup
+    assert priced.speedup == pytest.approx((free.tokens + 8) / (checks_cost + 8))
+    with pytest.raises(SpecOpsError, match="3 prompts but 2 prefill costs"):
+        predict({}, PROMPTS, outputs, target=target, curve=CURVE, draft_costs={},
+                prefills=[1.0, 1.0])  # fmt: skip
+
+
 def test_a_challenger_predicted_to_lose_is_not_timed(
     tmp_path, target, char_tokenizer, make_prompts
 ):
