@@ -97,6 +97,9 @@ def main(argv: list[str] | None = None) -> int:
         help="a draft package as a contender (repeatable)",
     )  # fmt: skip
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument(
+        "--report", type=Path, default=None, help="also write the whole evaluation report here"
+    )
     args = parser.parse_args(argv)
     packages = []
     for item in args.package:
@@ -141,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
             "compared": len(errors),
         }
         write_json_atomic(args.out, result)
+        if args.report is not None:
+            write_json_atomic(args.report, report.model_dump(mode="json"))
         for row in rows:
             print(
                 f"{row['workload']:>10} {row['contender']:>12}: modelled {row['modelled']:.3f} "

@@ -15,10 +15,10 @@ Each prompt's prefill is priced too, in plain decoding's steps, from plain decod
 run of that prompt (:func:`tasks.evaluate.priced.prefill_costs`): it is the same for every
 contender, so it cannot change their order, but a measured speedup includes it, and
 leaving it out had put a fast contender's modelled figure 14 % above its measured one
-(docs/gate-stability.json, before this). It still leaves out what these do not see — the
-engine's own bookkeeping per drafting step, a drafter's own prefill (a neural draft's) —
-which is why it can sit a few per cent from the measured figure (docs/gates.md reports by
-how much).
+(docs/gate-stability.json, before this). It still leaves out the engine's own bookkeeping
+per check and a neural drafter's own prefill (both measured small), and it takes the verify
+curve as profiled, while on a shared host the real passes move off it with the load
+(±15 % measured): docs/loop.md, "How close the modelled speed is".
 """
 
 from __future__ import annotations
