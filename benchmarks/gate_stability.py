@@ -101,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
         target, tokenizer = target_for(args.hardware)
         config = gate_config.load_gates()
         wall_clock = config.model_copy(update={"speed": "measured", "wall_clock_confidence": 0.0})
+        other_curve = "profiled" if config.modelled_curve == "evaluated" else "evaluated"
+        on_other_curve = config.model_copy(update={"modelled_curve": other_curve})
 
         def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
             gates_votes = Counter(r["promotes"] for r in runs)
@@ -115,6 +117,10 @@ def main(argv: list[str] | None = None) -> int:
                 "max_new_tokens": args.max_new_tokens,
                 "rounds": config.wall_clock_rounds,
                 "gates_promote": dict(gates_votes),
+                "modelled_curve": config.modelled_curve,
+                f"gates_on_{other_curve}_curve_promote": dict(
+                    Counter(r[f"{other_curve}_curve_promotes"] for r in runs)
+                ),
                 "wall_clock_rule_promotes": dict(clock_votes),
                 "gates_agree": gates_votes[modal],
                 "wall_clock_rule_agrees_with_gates": sum(
@@ -142,15 +148,28 @@ def main(argv: list[str] | None = None) -> int:
                         burner.wait()
                 gated, verdicts = winner(report, config, names)
                 clocked, clock_verdicts = winner(report, wall_clock, names)
+                other, _ = winner(report, on_other_curve, names)
+                judged = {
+                    curve: gate_config.judged_report(report, settings).results
+                    for curve, settings in (
+                        (config.modelled_curve, config), (other_curve, on_other_curve)
+                    )
+                }  # fmt: skip
                 row = {
                     "busy": busy,
                     "run": index,
                     "seconds": round(time.perf_counter() - started, 1),
                     "promotes": gated,
                     "wall_clock_rule_promotes": clocked,
+                    f"{other_curve}_curve_promotes": other,
                     "measured_speedup": {
                         names[n]: r.speedup for n, r in report.results.items() if n in names
                     },
+                    "modelled_speedup": {
+                        curve: {names[n]: r.speedup for n, r in results.items() if n in names}
+                        for curve, results in judged.items()
+                    },
+                    "evaluated_curve": report.evaluated_curve,
                     "verdicts": verdicts,
                     "wall_clock_verdicts": clock_verdicts,
                 }

@@ -11,17 +11,27 @@ decoding that a busy core cannot flip: the gates decide on it
 (:func:`tasks.evaluate.gates.judged_report`), and the wall clock, timed in rounds beside
 it, must not contradict it (:mod:`tasks.evaluate.interval`).
 
+The verify curve is, by default, the one the evaluation's own timed passes followed
+(``report.evaluated_curve``, :mod:`tasks.evaluate.evaluated_curve`): the profiled curve
+is measured once on a quiet machine, and on a shared host the real passes moved off it by
+up to 15 % with the load, which put the fastest contenders' modelled figures as far off
+the wall clock. Taken over every contender's passes, interleaved, it prices every
+contender alike, so it can only move a decision between contenders that draft blocks of
+different sizes and sit within that much of each other. ``curve="profiled"`` prices with
+the profiled curve (``report.verify_curve``) instead: the same figure on any load.
+
 Each prompt's prefill is priced too, in plain decoding's steps, from plain decoding's own
 run of that prompt (:func:`tasks.evaluate.priced.prefill_costs`): it is the same for every
 contender, so it cannot change their order, but a measured speedup includes it, and
 leaving it out had put a fast contender's modelled figure 14 % above its measured one
 (docs/gate-stability.json, before this). It still leaves out the engine's own bookkeeping
-per check and a neural drafter's own prefill (both measured small), and it takes the verify
-curve as profiled, while on a shared host the real passes move off it with the load
-(±15 % measured): docs/loop.md, "How close the modelled speed is".
+per check and a neural drafter's own prefill (both measured small): docs/loop.md, "How close the
+modelled speed is".
 """
 
 from __future__ import annotations
+
+from typing import Literal
 
 from serving.errors import BadInputError
 from tasks.evaluate.priced import Pricing, prefill_costs, priced_report
@@ -39,9 +49,14 @@ def drafted(report: EvaluationReport, name: str) -> bool:
     return any(proposed > 0 for run in runs for proposed, _ in run.steps)
 
 
-def modelled_pricing(report: EvaluationReport) -> Pricing:
+Curve = Literal["evaluated", "profiled"]
+
+
+def modelled_pricing(report: EvaluationReport, curve: Curve = "evaluated") -> Pricing:
     """The pricing of ``report``'s own measurements; :class:`BadInputError` naming what is
-    missing (an older report, or a drafter whose cost could not be profiled)."""
+    missing (an older report, or a drafter whose cost could not be profiled). With
+    ``curve="evaluated"`` and no evaluated curve in the report (an older one, or too few
+    timed passes), the profiled curve prices it."""
     if not report.verify_curve:
         raise BadInputError(
             f"this evaluation on {report.hardware!r} recorded no verify curve, so its speed "
@@ -58,10 +73,11 @@ def modelled_pricing(report: EvaluationReport) -> Pricing:
             f"{missing}, so their speed cannot be modelled: {REMEDY}"
         )
     prefills = prefill_costs((report.per_prompt or {}).get(REFERENCE, []))
-    return Pricing(report.verify_curve, 0.0, report.draft_costs, prefills)
+    verify = report.evaluated_curve if curve == "evaluated" else []
+    return Pricing(verify or report.verify_curve, 0.0, report.draft_costs, prefills)
 
 
-def modelled_report(report: EvaluationReport) -> EvaluationReport:
+def modelled_report(report: EvaluationReport, curve: Curve = "evaluated") -> EvaluationReport:
     """``report`` with every speedup (overall, per workload, per source) modelled; its
     measured tokens/s and per-prompt seconds kept as they were."""
-    return priced_report(report, modelled_pricing(report))
+    return priced_report(report, modelled_pricing(report, curve))

@@ -94,6 +94,11 @@ class EvaluationReport(BaseModel):
     # one-token target passes (tasks/evaluate/costs.py). Empty in older reports.
     verify_curve: list[Number] = Field(default_factory=list)
     draft_costs: dict[str, Number] = Field(default_factory=dict)
+    # The verify curve the timed rounds' own passes followed (tasks/evaluate/evaluated_curve.py)
+    # and how many passes each size's point rests on (0: the profiled value stands). Empty
+    # in older reports, or where too few one-token passes were timed.
+    evaluated_curve: list[Number] = Field(default_factory=list)
+    evaluated_passes: list[Count] = Field(default_factory=list)
     # The pre-gate (tasks/evaluate/pregate.py): each contender's predicted modelled speedup,
     # and the challengers left untimed with the reason (absent from the results).
     predicted_speedups: dict[str, Number | None] = Field(default_factory=dict)

@@ -48,7 +48,7 @@ def test_every_contender_is_lossless_and_measured(target, char_tokenizer, make_p
     assert list(report) == [
         "hardware", "prompts", "max_new_tokens", "contenders", "results", "by_workload",
         "by_source", "per_prompt", "rounds", "verify_curve", "draft_costs",
-        "predicted_speedups", "untimed", "stopped_early", "phase_s",
+        "evaluated_curve", "evaluated_passes", "predicted_speedups", "untimed", "stopped_early", "phase_s",
     ]  # fmt: skip
     assert set(report["phase_s"]) == {"profile", "timed"}  # no pre-gate asked for
     # Two timed rounds by default, each prompt's seconds their mean; the drafting cost of
@@ -60,6 +60,11 @@ def test_every_contender_is_lossless_and_measured(target, char_tokenizer, make_p
     assert set(report["draft_costs"]) == {"champion", "challenger"}
     assert all(0 <= cost < 1 for cost in report["draft_costs"].values())
     assert report["verify_curve"][0] == 1.0
+    # The curve the timed passes followed: plain decoding alone verified 16 one-token
+    # blocks a prompt in each round; every size it prices has its count of passes.
+    assert report["evaluated_curve"][0] == 1.0
+    assert report["evaluated_passes"][0] >= 2 * 16 * len(prompts)
+    assert len(report["evaluated_passes"]) == len(report["evaluated_curve"])
     assert list(report["results"]["champion"]) == [
         "requests", "generated_tokens", "checks", "draft_tokens", "accepted_tokens",
         "acceptance_rate", "mean_accepted_length", "total_s", "tokens_per_s", "speedup",

@@ -1,0 +1,63 @@
+"""The verify curve an evaluation's own passes followed.
+
+The target's profiled curve (``configs/hardware.yaml``, ``specops profile``) says what a
+pass over ``n`` tokens costs against a one-token pass, measured once, at one context
+length, on a quiet machine. On a shared host the ratio moves with the neighbours' load (a
+one-token pass is bound by memory, several tokens by arithmetic: docs/loop.md, "How close
+the modelled speed is"), and a modelled speed priced with the profiled curve then misses
+the wall clock by as much. The evaluation's timed rounds verify hundreds of blocks of each
+size, interleaved, under the load the evaluation actually saw; the median seconds of a
+pass over ``n`` tokens over the median of a one-token pass is the curve they followed.
+
+Medians, not means: a pass the machine stalled on moves a mean, not the median. A size
+with fewer than ``min_passes`` passes takes the profiled value times the measured-over-
+profiled ratio, interpolated between the measured sizes around it (the largest measured
+size's ratio past it); the curve is then made non-decreasing, and with too few one-token
+passes there is none.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Sequence
+
+from serving.metrics import StepRecord
+from serving.policy import curve_cost, normalise_curve
+
+MIN_PASSES = 8  # passes of one size before its median replaces the profiled value
+
+
+def verify_seconds_by_size(steps: Iterable[StepRecord]) -> dict[int, list[float]]:
+    """Each pass's verify seconds, by the tokens it verified (drafts + 1)."""
+    by_size: dict[int, list[float]] = {}
+    for step in steps:
+        if step.verify_s > 0:
+            by_size.setdefault(step.proposed + 1, []).append(step.verify_s)
+    return by_size
+
+
+def evaluated_curve(
+    steps: Iterable[StepRecord], profiled: Sequence[float], min_passes: int = MIN_PASSES
+) -> tuple[list[float], list[int]]:
+    """The curve ``steps`` followed, and how many passes of each size it rests on (0 where
+    the profiled value stands); ``([], [])`` with fewer than ``min_passes`` one-token
+    passes. As long as the profiled curve, or as the largest size measured."""
+    by_size = verify_seconds_by_size(steps)
+    if len(by_size.get(1, ())) < min_passes:
+        return [], []
+    unit = statistics.median(by_size[1])
+    base = normalise_curve(tuple(profiled))
+    measured = {n: s for n, s in by_size.items() if len(s) >= min_passes}
+    size = max(len(base), *measured)
+    # measured over profiled, at each measured size (size 1 always among them)
+    ratio = {n: statistics.median(s) / unit / curve_cost(base, n) for n, s in measured.items()}
+    sizes = sorted(ratio)
+    curve, passes = [], []
+    for n in range(1, size + 1):
+        below = max(m for m in sizes if m <= n)
+        above = min((m for m in sizes if m >= n), default=below)
+        share = (n - below) / (above - below) if above > below else 0.0
+        scale = ratio[below] + share * (ratio[above] - ratio[below])
+        curve.append(curve_cost(base, n) * scale)
+        passes.append(len(measured.get(n, ())))
+    return list(normalise_curve(tuple(curve))), passes

@@ -1,0 +1,59 @@
+"""The evaluated verify curve: median seconds of a pass over n tokens over a one-token
+pass's, from the evaluation's own steps; sizes seen too rarely keep the profiled value."""
+
+from __future__ import annotations
+
+import pytest
+
+from serving.metrics import StepRecord
+from tasks.evaluate.evaluated_curve import evaluated_curve, verify_seconds_by_size
+
+
+def _steps(proposed: int, seconds: list[float]) -> list[StepRecord]:
+    return [StepRecord(proposed, 0, 1, 0.0, s) for s in seconds]
+
+
+def test_each_size_is_its_median_pass_over_the_one_token_median():
+    steps = (
+        _steps(0, [0.010] * 7 + [0.500])  # one stalled pass: the median ignores it
+        + _steps(3, [0.013] * 8)
+        + _steps(1, [0.011] * 9)
+    )
+    curve, passes = evaluated_curve(steps, profiled=[1.0, 1.5, 1.6, 1.7, 1.8], min_passes=8)
+    assert passes == [8, 9, 0, 8, 0]
+    assert curve[0] == 1.0 and curve[1] == pytest.approx(1.1) and curve[3] == pytest.approx(1.3)
+    # unmeasured sizes: profiled, times the measured-over-profiled ratio interpolated
+    # between the measured sizes around (past the last: its ratio)
+    assert curve[2] == pytest.approx(1.6 * (1.1 / 1.5 + 1.3 / 1.7) / 2)
+    assert curve[4] == pytest.approx(1.8 * 1.3 / 1.7)
+
+
+def test_a_rarely_seen_size_is_not_measured_and_the_curve_never_falls():
+    steps = (
+        _steps(0, [0.01] * 8) + _steps(1, [0.02] * 8) + _steps(2, [0.012] * 3)
+        + _steps(3, [0.015] * 8)
+    )  # fmt: skip
+    curve, passes = evaluated_curve(steps, profiled=[1.0, 1.2, 1.5, 1.6], min_passes=8)
+    # size 3, seen 3 times, is priced 1.5 times the ratio halfway between size 2's
+    # (2.0 / 1.2) and size 4's (1.5 / 1.6): 1.953, raised to size 2's 2.0; size 4 too
+    assert passes == [8, 8, 0, 8]
+    assert curve == pytest.approx([1.0, 2.0, 2.0, 2.0])
+
+
+def test_sizes_past_the_profile_extend_the_curve():
+    steps = _steps(0, [0.01] * 8) + _steps(5, [0.02] * 8)
+    curve, passes = evaluated_curve(steps, profiled=[1.0, 1.1], min_passes=8)
+    assert len(curve) == 6 and curve[5] == pytest.approx(2.0) and passes[5] == 8
+    # sizes 2-5: the profiled curve extended at its slope (1.2, 1.3, 1.4 at n = 3..5),
+    # times a ratio going from size 1's 1.0 to size 6's 2.0 / 1.5 (at n = 3: 2/5 of the way)
+    assert curve[2] == pytest.approx(1.2 * (1.0 + 0.4 * (2.0 / 1.5 - 1.0)))
+
+
+def test_too_few_one_token_passes_give_no_curve():
+    steps = _steps(0, [0.01] * 7) + _steps(3, [0.02] * 50)
+    assert evaluated_curve(steps, profiled=[1.0, 1.1]) == ([], [])
+
+
+def test_untimed_steps_are_left_out():
+    steps = _steps(0, [0.0, 0.01]) + _steps(2, [0.03])
+    assert verify_seconds_by_size(steps) == {1: [0.01], 3: [0.03]}
