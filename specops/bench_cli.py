@@ -144,14 +144,26 @@ def profile(
         ),
     ] = False,
     rows: Annotated[int, typer.Option(help="The block size --breakdown splits.")] = 8,
+    from_evaluation: Annotated[
+        list[Path] | None,
+        typer.Option(
+            help="Time nothing: pool the verify curves these evaluations' own timed passes "
+            "followed (evaluation reports or files, repeatable; the host's typical passes, "
+            "not one quiet moment's) into the verify_curve line (results/profile.json)."
+        ),
+    ] = None,
 ) -> None:
     """Measure target-pass cost by block size, and first-N-layer draft costs, on a hardware
     target, and print its verify curve as configs/hardware.yaml takes it (with --batch: the
-    cost of packed passes over several sequences, and its batch curve)."""
+    cost of packed passes over several sequences, and its batch curve; with
+    --from-evaluation: pooled from evaluations' own passes instead)."""
     from serving.atomic import write_json_atomic
     from tasks.bench.profile import plot_batch, profile_batch_hardware, profile_hardware
     from tasks.bench.profile_report import batch_report, pass_report
 
+    if from_evaluation:
+        _from_evaluations(hardware, from_evaluation, out or Path("results/profile.json"))
+        return
     if breakdown:
         _breakdown(hardware, kernels, threads, rows, context, repeats, out)
         return
@@ -176,6 +188,34 @@ def profile(
     plot = plot_batch(result, out.with_suffix(".png"), title=title)
     typer.echo(batch_report(hardware, result))
     typer.echo(f"results: {out}, plot: {plot}")
+
+
+def _from_evaluations(hardware: str, paths: list[Path], out: Path) -> None:
+    from serving.atomic import write_json_atomic
+    from tasks.bench.profile import curve_yaml
+    from tasks.evaluate.evaluated_curve import pooled_curve
+    from tasks.evaluate.evaluation_file import read_report
+
+    with failing():
+        curve, passes = pooled_curve([read_report(path) for path in paths], hardware)
+    rounded = [round(c, 3) for c in curve]
+    write_json_atomic(
+        out,
+        {
+            "hardware": hardware,
+            "from_evaluations": [str(p) for p in paths],
+            "passes": passes,
+            "verify_curve": rounded,
+            "config_curve": rounded,
+        },
+    )
+    typer.echo(
+        f"{hardware}: the verify curve {len(paths)} evaluations' {passes} timed passes "
+        f"followed (per size, the median over the evaluations); under {hardware} in "
+        "configs/hardware.yaml:"
+    )
+    typer.echo("    " + curve_yaml(rounded))
+    typer.echo(f"results: {out}")
 
 
 def _breakdown(

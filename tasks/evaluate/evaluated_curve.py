@@ -14,6 +14,10 @@ with fewer than ``min_passes`` passes takes the profiled value times the measure
 profiled ratio, interpolated between the measured sizes around it (the largest measured
 size's ratio past it); the curve is then made non-decreasing, and with too few one-token
 passes there is none.
+
+Pooled over several evaluations (:func:`pooled_curve`), the same numbers give a fixed
+curve for ``configs/hardware.yaml``: what the host's passes typically cost, for a modelled
+speed that is both close to the wall clock and the same on every re-run.
 """
 
 from __future__ import annotations
@@ -21,8 +25,10 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterable, Sequence
 
+from serving.errors import BadInputError
 from serving.metrics import StepRecord
 from serving.policy import curve_cost, normalise_curve
+from tasks.evaluate.report import EvaluationReport
 
 MIN_PASSES = 8  # passes of one size before its median replaces the profiled value
 
@@ -60,4 +66,32 @@ def evaluated_curve(
         scale = ratio[below] + share * (ratio[above] - ratio[below])
         curve.append(curve_cost(base, n) * scale)
         passes.append(len(measured.get(n, ())))
+    return list(normalise_curve(tuple(curve))), passes
+
+
+def pooled_curve(reports: Sequence[EvaluationReport], hardware: str) -> tuple[list[float], int]:
+    """One curve from several evaluations' evaluated curves on ``hardware``: per size, the
+    median over the evaluations that verified blocks of that size (over all of them where
+    none did), made non-decreasing; and how many passes it rests on. A fixed curve a
+    target's ``verify_curve`` can take (``specops profile --from-evaluation``): the host's
+    typical passes, not one quiet moment's."""
+    if not reports:
+        raise BadInputError("no evaluation reports to pool a verify curve from")
+    for index, report in enumerate(reports):
+        if report.hardware != hardware:
+            raise BadInputError(
+                f"evaluation {index + 1} ran on {report.hardware!r}, not on {hardware!r}"
+            )
+        if not report.evaluated_curve:
+            raise BadInputError(
+                f"evaluation {index + 1} has no evaluated verify curve (an older report, or "
+                "too few timed passes): evaluate again"
+            )
+    size = max(len(r.evaluated_curve) for r in reports)
+    curve = []
+    for n in range(size):
+        seen = [r for r in reports if n < len(r.evaluated_passes) and r.evaluated_passes[n] > 0]
+        values = [r.evaluated_curve[n] for r in (seen or reports) if n < len(r.evaluated_curve)]
+        curve.append(statistics.median(values))
+    passes = sum(sum(r.evaluated_passes) for r in reports)
     return list(normalise_curve(tuple(curve))), passes

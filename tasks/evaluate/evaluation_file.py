@@ -241,3 +241,21 @@ def machine_info(*, device: str, started: str, finished: str) -> dict[str, str]:
         except PackageNotFoundError:
             info[package] = "not installed"
     return info
+
+
+def read_report(path: str | Path) -> EvaluationReport:
+    """An evaluation report from ``path``: an evaluation file's (``format`` set), or a bare
+    report as ``--report`` options write it; :class:`BadInputError` names what is wrong."""
+    path = Path(path)
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as error:
+        raise BadInputError(f"cannot read evaluation report {str(path)!r}: {error}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise BadInputError(f"evaluation report {str(path)!r} is not JSON: {error}") from None
+    if isinstance(raw, dict) and "format" in raw:
+        return read_evaluation_file(path).report
+    try:
+        return EvaluationReport.model_validate(raw)
+    except ValidationError as error:
+        raise BadInputError(f"evaluation report {str(path)!r}: {_message(error)}") from None

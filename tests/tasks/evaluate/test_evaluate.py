@@ -48,7 +48,8 @@ def test_every_contender_is_lossless_and_measured(target, char_tokenizer, make_p
     assert list(report) == [
         "hardware", "prompts", "max_new_tokens", "contenders", "results", "by_workload",
         "by_source", "per_prompt", "rounds", "verify_curve", "draft_costs",
-        "evaluated_curve", "evaluated_passes", "predicted_speedups", "untimed", "stopped_early", "phase_s",
+        "evaluated_curve", "evaluated_passes", "predicted_speedups", "untimed",
+        "stopped_early", "phase_s",
     ]  # fmt: skip
     assert set(report["phase_s"]) == {"profile", "timed"}  # no pre-gate asked for
     # Two timed rounds by default, each prompt's seconds their mean; the drafting cost of

@@ -1,12 +1,15 @@
 """The evaluated verify curve: median seconds of a pass over n tokens over a one-token
-pass's, from the evaluation's own steps; sizes seen too rarely keep the profiled value."""
+pass's, from the evaluation's own steps (sizes seen too rarely follow the profiled curve);
+and several evaluations' curves pooled into one a target's verify_curve can take."""
 
 from __future__ import annotations
 
 import pytest
 
+from serving.errors import BadInputError
 from serving.metrics import StepRecord
-from tasks.evaluate.evaluated_curve import evaluated_curve, verify_seconds_by_size
+from tasks.evaluate.evaluated_curve import evaluated_curve, pooled_curve, verify_seconds_by_size
+from tests.tasks.evaluate.test_priced import evaluation
 
 
 def _steps(proposed: int, seconds: list[float]) -> list[StepRecord]:
@@ -57,3 +60,29 @@ def test_too_few_one_token_passes_give_no_curve():
 def test_untimed_steps_are_left_out():
     steps = _steps(0, [0.0, 0.01]) + _steps(2, [0.03])
     assert verify_seconds_by_size(steps) == {1: [0.01], 3: [0.03]}
+
+
+def _evaluated(curve: list[float], passes: list[int], hardware: str = "cpu"):
+    return evaluation().model_copy(
+        update={"hardware": hardware, "evaluated_curve": curve, "evaluated_passes": passes}
+    )
+
+
+def test_pooled_each_size_is_the_median_over_the_evaluations_that_verified_it():
+    reports = [
+        _evaluated([1.0, 1.1, 1.2], [90, 20, 9]),
+        _evaluated([1.0, 1.3, 1.25], [80, 30, 0]),  # size 3 interpolated here: left out
+        _evaluated([1.0, 1.2, 1.4, 1.5], [70, 10, 8, 0]),
+    ]
+    curve, passes = pooled_curve(reports, "cpu")
+    # size 4 was verified by none: the median of every evaluation that has it (1.5)
+    assert curve == pytest.approx([1.0, 1.2, 1.3, 1.5]) and passes == 317
+
+
+def test_pooled_refuses_another_target_or_a_report_without_a_curve():
+    with pytest.raises(BadInputError, match="evaluation 2 ran on 'cpu-int4', not on 'cpu'"):
+        pooled_curve([_evaluated([1.0], [9]), _evaluated([1.0], [9], "cpu-int4")], "cpu")
+    with pytest.raises(BadInputError, match="evaluation 1 has no evaluated verify curve"):
+        pooled_curve([evaluation()], "cpu")
+    with pytest.raises(BadInputError, match="no evaluation reports"):
+        pooled_curve([], "cpu")

@@ -13,6 +13,7 @@ from tasks.evaluate.evaluation_file import (
     evaluation_of,
     machine_info,
     read_evaluation_file,
+    read_report,
     write_evaluation_file,
 )
 
@@ -161,3 +162,15 @@ def test_an_inconsistent_report_is_never_written(tmp_path, report, produced_by):
     with pytest.raises(BadInputError, match=r"cannot write evaluation file: .*champion\.speedup"):
         write_evaluation_file(path, evaluation_of(bad, contenders=LABELS, produced_by=produced_by))
     assert not path.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_a_report_is_read_from_an_evaluation_file_or_bare(tmp_path, written, report):
+    assert read_report(written).model_dump(mode="json") == report
+    bare = tmp_path / "report.json"
+    bare.write_text(json.dumps(report))
+    assert read_report(bare).evaluated_curve == report["evaluated_curve"]
+    bare.write_text(json.dumps({"hardware": "cpu"}))  # not a report: missing fields named
+    with pytest.raises(BadInputError, match=r"evaluation report '.*report.json': prompts"):
+        read_report(bare)
+    with pytest.raises(BadInputError, match="cannot read evaluation report"):
+        read_report(tmp_path / "missing.json")
