@@ -244,8 +244,10 @@ def machine_info(*, device: str, started: str, finished: str) -> dict[str, str]:
 
 
 def read_report(path: str | Path) -> EvaluationReport:
-    """An evaluation report from ``path``: an evaluation file's (``format`` set), or a bare
-    report as ``--report`` options write it; :class:`BadInputError` names what is wrong."""
+    """An evaluation report from ``path``: an evaluation file's (``format`` set), the one an
+    evaluation run keeps in the registry (``evaluation-<target>.json``: one contender's
+    view, its ``contender`` named), or a bare report as ``--report`` options write it;
+    :class:`BadInputError` names what is wrong."""
     path = Path(path)
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
@@ -255,6 +257,8 @@ def read_report(path: str | Path) -> EvaluationReport:
         raise BadInputError(f"evaluation report {str(path)!r} is not JSON: {error}") from None
     if isinstance(raw, dict) and "format" in raw:
         return read_evaluation_file(path).report
+    if isinstance(raw, dict):
+        raw.pop("contender", None)
     try:
         return EvaluationReport.model_validate(raw)
     except ValidationError as error:

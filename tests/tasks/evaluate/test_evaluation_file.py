@@ -169,6 +169,9 @@ def test_a_report_is_read_from_an_evaluation_file_or_bare(tmp_path, written, rep
     bare = tmp_path / "report.json"
     bare.write_text(json.dumps(report))
     assert read_report(bare).evaluated_curve == report["evaluated_curve"]
+    kept = tmp_path / "evaluation-cpu.json"  # as an evaluation run keeps it in the registry
+    kept.write_text(json.dumps(read_evaluation_file(written).report_of("challenger-0")))
+    assert read_report(kept).evaluated_curve == report["evaluated_curve"]
     bare.write_text(json.dumps({"hardware": "cpu"}))  # not a report: missing fields named
     with pytest.raises(BadInputError, match=r"evaluation report '.*report.json': prompts"):
         read_report(bare)
