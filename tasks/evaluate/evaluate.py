@@ -31,7 +31,7 @@ from serving.metrics import RequestStats, StepRecord, acceptance_by_position, po
 from serving.policy import DraftLengthPolicy, make_policy
 from serving.records.schema import RequestRecord
 from tasks.data.prompts import Prompt
-from tasks.evaluate.evaluated_curve import evaluated_curve
+from tasks.evaluate.evaluated_curve import rounds_curve
 from tasks.evaluate.interleave import Timed, interleave
 from tasks.evaluate.priced import prefill_steps
 from tasks.evaluate.report import (
@@ -341,12 +341,14 @@ def evaluate_report(
             )
     bar.close()
     lap("timed")
-    evaluated, passes = evaluated_curve(
-        [step for run in recording for step in run.value.steps]
-        + [step for by_name in timings for runs_of in by_name.values() for run in runs_of
-           for step in run.value.steps],
-        curve,
-    )  # fmt: skip
+    # The curve the timed rounds' passes followed (plain decoding's recording, timed before
+    # them, only where they verified too few one-token blocks).
+    timed_steps = [
+        step for by_name in timings for runs_of in by_name.values() for run in runs_of
+        for step in run.value.steps
+    ]  # fmt: skip
+    recorded = [step for run in recording for step in run.value.steps]
+    evaluated, passes = rounds_curve(timed_steps, recorded, curve)
     reference_tps = _summary(rows[REFERENCE], None).tokens_per_s
 
     def grouped(key: Callable[[str], str]) -> dict[str, Group]:

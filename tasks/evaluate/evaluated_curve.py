@@ -69,6 +69,20 @@ def evaluated_curve(
     return list(normalise_curve(tuple(curve))), passes
 
 
+def rounds_curve(
+    timed: Sequence[StepRecord], recorded: Sequence[StepRecord], profiled: Sequence[float]
+) -> tuple[list[float], list[int]]:
+    """The curve an evaluation's timed rounds followed (``timed``: every contender's steps,
+    interleaved). Plain decoding's recording (``recorded``: the pre-gate's, timed before the
+    rounds, under whatever load there was then) joins only where the rounds verified too
+    few one-token blocks to set the curve's unit: mixing time windows would put the load
+    of one into the unit of the other."""
+    curve, passes = evaluated_curve(timed, profiled)
+    if not curve and recorded:
+        return evaluated_curve([*recorded, *timed], profiled)
+    return curve, passes
+
+
 def pooled_curve(reports: Sequence[EvaluationReport], hardware: str) -> tuple[list[float], int]:
     """One curve from several evaluations' evaluated curves on ``hardware``: per size, the
     median over the evaluations that verified blocks of that size (over all of them where

@@ -8,7 +8,12 @@ import pytest
 
 from serving.errors import BadInputError
 from serving.metrics import StepRecord
-from tasks.evaluate.evaluated_curve import evaluated_curve, pooled_curve, verify_seconds_by_size
+from tasks.evaluate.evaluated_curve import (
+    evaluated_curve,
+    pooled_curve,
+    rounds_curve,
+    verify_seconds_by_size,
+)
 from tests.tasks.evaluate.test_priced import evaluation
 
 
@@ -86,3 +91,15 @@ def test_pooled_refuses_another_target_or_a_report_without_a_curve():
         pooled_curve([evaluation()], "cpu")
     with pytest.raises(BadInputError, match="no evaluation reports"):
         pooled_curve([], "cpu")
+
+
+def test_the_rounds_set_the_curve_and_the_recording_joins_only_when_they_cannot():
+    # Plain decoding's recording ran on a slower moment (0.02 s a one-token pass).
+    recorded = _steps(0, [0.02] * 64)
+    timed = _steps(0, [0.01] * 8) + _steps(3, [0.013] * 8)
+    curve, passes = rounds_curve(timed, recorded, profiled=[1.0, 1.1, 1.2, 1.3])
+    assert curve[3] == pytest.approx(1.3) and passes[0] == 8  # the recording left out
+    # Rounds that verified too few one-token blocks: the recording sets the unit.
+    curve, passes = rounds_curve(timed[1:], recorded, profiled=[1.0, 1.1, 1.2, 1.3])
+    assert passes[0] == 64 + 7 and curve[3] == pytest.approx(1.0)  # 0.013 < 0.02: raised
+    assert rounds_curve(timed[1:], [], profiled=[1.0]) == ([], [])
