@@ -170,19 +170,23 @@ def _message(error: ValidationError) -> str:
     return "; ".join(parts)
 
 
-def read_evaluation_file(path: str | Path) -> EvaluationFile:
-    """Read and validate an evaluation file; :class:`BadInputError` names what is wrong."""
-    path = Path(path)
+def _json_object(path: Path, what: str) -> dict[str, Any]:
+    """The JSON object in ``path``; :class:`BadInputError` naming ``what`` it should be."""
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except OSError as error:
-        raise BadInputError(f"cannot read evaluation file {str(path)!r}: {error}") from None
+        raise BadInputError(f"cannot read {what} {str(path)!r}: {error}") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise BadInputError(f"evaluation file {str(path)!r} is not JSON: {error}") from None
+        raise BadInputError(f"{what} {str(path)!r} is not JSON: {error}") from None
     if not isinstance(raw, dict):
-        raise BadInputError(
-            f"evaluation file {str(path)!r} must be a JSON object, not {type(raw).__name__}"
-        )
+        raise BadInputError(f"{what} {str(path)!r} must be a JSON object, not {type(raw).__name__}")
+    return raw
+
+
+def read_evaluation_file(path: str | Path) -> EvaluationFile:
+    """Read and validate an evaluation file; :class:`BadInputError` names what is wrong."""
+    path = Path(path)
+    raw = _json_object(path, "evaluation file")
     if raw.get("format") != FORMAT:
         raise BadInputError(
             f"evaluation file {str(path)!r}: format {raw.get('format')!r} is not {FORMAT}; "
@@ -249,16 +253,10 @@ def read_report(path: str | Path) -> EvaluationReport:
     view, its ``contender`` named), or a bare report as ``--report`` options write it;
     :class:`BadInputError` names what is wrong."""
     path = Path(path)
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as error:
-        raise BadInputError(f"cannot read evaluation report {str(path)!r}: {error}") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise BadInputError(f"evaluation report {str(path)!r} is not JSON: {error}") from None
-    if isinstance(raw, dict) and "format" in raw:
+    raw = _json_object(path, "evaluation report")
+    if "format" in raw:
         return read_evaluation_file(path).report
-    if isinstance(raw, dict):
-        raw.pop("contender", None)
+    raw.pop("contender", None)
     try:
         return EvaluationReport.model_validate(raw)
     except ValidationError as error:
