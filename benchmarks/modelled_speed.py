@@ -55,8 +55,8 @@ def measured_by_round(report: EvaluationReport, name: str, workload: str) -> lis
 
 
 def compare(report: EvaluationReport) -> list[dict[str, Any]]:
-    modelled = modelled_report(report)  # the evaluated curve, as the gates price by default
-    profiled = modelled_report(report, "profiled")
+    modelled = modelled_report(report, "evaluated")  # the evaluation's own passes' curve
+    profiled = modelled_report(report, "profiled")  # the target's fixed one
     names = [n for n in report.results if n != REFERENCE]
     rows = []
     for workload in sorted(report.by_workload):

@@ -73,9 +73,9 @@ class GateConfig(BaseModel):
     max_mean_accepted_length_drop: float = Field(0.05, ge=0.0)
     max_workload_slowdown: float = Field(0.10, ge=0.0, le=1.0)
     speed: Literal["modelled", "measured"] = "modelled"
-    # Which verify curve the modelled speed prices with (tasks/evaluate/modelled.py): the one
-    # the evaluation's own passes followed, or the target's profiled one.
-    modelled_curve: Literal["evaluated", "profiled"] = "evaluated"
+    # Which verify curve the modelled speed prices with (tasks/evaluate/modelled.py): the
+    # target's fixed one, or the one the evaluation's own passes followed.
+    modelled_curve: Literal["evaluated", "profiled"] = "profiled"
     speed_profile: SpeedProfile | None = None  # set: this fixed profile prices every speed
     # The wall clock's bootstrap interval (of the challenger's per-prompt speed ratio) at
     # this confidence may not lie wholly below 1.0; 0 turns the check off.

@@ -11,14 +11,14 @@ decoding that a busy core cannot flip: the gates decide on it
 (:func:`tasks.evaluate.gates.judged_report`), and the wall clock, timed in rounds beside
 it, must not contradict it (:mod:`tasks.evaluate.interval`).
 
-The verify curve is, by default, the one the evaluation's own timed passes followed
-(``report.evaluated_curve``, :mod:`tasks.evaluate.evaluated_curve`): the profiled curve
-is measured once on a quiet machine, and on a shared host the real passes moved off it by
-up to 15 % with the load, which put the fastest contenders' modelled figures as far off
-the wall clock. Taken over every contender's passes, interleaved, it prices every
-contender alike, so it can only move a decision between contenders that draft blocks of
-different sizes and sit within that much of each other. ``curve="profiled"`` prices with
-the profiled curve (``report.verify_curve``) instead: the same figure on any load.
+The verify curve is, by default, the target's fixed one as the evaluation ran
+(``report.verify_curve``; for ``cpu`` pooled from evaluations' own passes): the same
+decision on every re-run, whatever the load. ``curve="evaluated"`` prices with the curve
+the evaluation's own timed passes followed (``report.evaluated_curve``,
+:mod:`tasks.evaluate.evaluated_curve`): on a quiet shared host it brought every planted
+contender within 7 % of the wall clock where a fixed curve missed by up to 17 %, but
+beside a busy neighbour its medians skew (one-token passes' times turn bimodal) and it
+missed by 25 % where the fixed curve held to 3.5 %.
 
 Each prompt's prefill is priced too, in plain decoding's steps, from plain decoding's own
 run of that prompt (:func:`tasks.evaluate.priced.prefill_costs`): it is the same for every
@@ -52,7 +52,7 @@ def drafted(report: EvaluationReport, name: str) -> bool:
 Curve = Literal["evaluated", "profiled"]
 
 
-def modelled_pricing(report: EvaluationReport, curve: Curve = "evaluated") -> Pricing:
+def modelled_pricing(report: EvaluationReport, curve: Curve = "profiled") -> Pricing:
     """The pricing of ``report``'s own measurements; :class:`BadInputError` naming what is
     missing (an older report, or a drafter whose cost could not be profiled). With
     ``curve="evaluated"`` and no evaluated curve in the report (an older one, or too few
@@ -77,7 +77,7 @@ def modelled_pricing(report: EvaluationReport, curve: Curve = "evaluated") -> Pr
     return Pricing(verify or report.verify_curve, 0.0, report.draft_costs, prefills)
 
 
-def modelled_report(report: EvaluationReport, curve: Curve = "evaluated") -> EvaluationReport:
+def modelled_report(report: EvaluationReport, curve: Curve = "profiled") -> EvaluationReport:
     """``report`` with every speedup (overall, per workload, per source) modelled; its
     measured tokens/s and per-prompt seconds kept as they were."""
     return priced_report(report, modelled_pricing(report, curve))

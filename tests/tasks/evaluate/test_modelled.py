@@ -57,22 +57,22 @@ def test_the_gates_config_chooses_the_speed():
     assert judged_report(report, GateConfig(speed="measured")) is report
 
 
-def test_the_evaluated_curve_prices_it_unless_the_profiled_one_is_asked_for():
+def test_the_fixed_curve_prices_it_unless_the_evaluated_one_is_asked_for():
     # The timed passes found a five-token pass twice a one-token one; the profile, flat.
     report = _modelled_input({"challenger": 0.0}).model_copy(
         update={"evaluated_curve": [1.0, 1.0, 1.0, 1.0, 2.0], "evaluated_passes": [9] * 5}
     )
+    assert modelled_report(report).results["challenger"].speedup == pytest.approx(1.5)
+    assert judged_report(report, GateConfig()).results["challenger"].speedup == pytest.approx(1.5)
     # 14 checks of 4 drafts at 2 passes, 2 of none at 1: 30 passes against plain's 24.
-    assert modelled_report(report).results["challenger"].speedup == pytest.approx(24 / 30)
-    assert judged_report(report, GateConfig()).results["challenger"].speedup == pytest.approx(
+    evaluated = GateConfig(modelled_curve="evaluated")
+    assert judged_report(report, evaluated).results["challenger"].speedup == pytest.approx(24 / 30)
+    assert modelled_report(report, "evaluated").results["challenger"].speedup == pytest.approx(
         24 / 30
     )
-    profiled = GateConfig(modelled_curve="profiled")
-    assert judged_report(report, profiled).results["challenger"].speedup == pytest.approx(1.5)
-    assert modelled_report(report, "profiled").results["challenger"].speedup == pytest.approx(1.5)
-    # An older report, or one with too few timed passes: the profiled curve prices it.
+    # An older report, or one with too few timed passes: the fixed curve prices it.
     older = report.model_copy(update={"evaluated_curve": [], "evaluated_passes": []})
-    assert modelled_report(older).results["challenger"].speedup == pytest.approx(1.5)
+    assert modelled_report(older, "evaluated").results["challenger"].speedup == pytest.approx(1.5)
 
 
 def _with_timings(report, prefill_s: float, total_s: float):
