@@ -6,10 +6,12 @@ built-in contenders — prompt lookup, the target's first N layers — and of dr
 held-out prompts of each workload, with ``--rounds`` timed rounds (3). Per contender and
 workload it reports the modelled speedup (:mod:`tasks.evaluate.modelled`), the median of
 the rounds' measured speedups (each round's tokens/s over plain decoding's in the same
-round), the relative error (and the error priced with the profiled curve instead of the
-evaluated one), and whether both sit on the same side of 1.0 and of the first
-contender (the would-be champion). Run it alone, with an explicit thread count, from the
-repository root: ``python -m benchmarks.modelled_speed --threads 2 --out FILE.json``.
+round), the relative error, and whether both sit on the same side of 1.0 and of the first
+contender (the would-be champion): ``modelled`` and ``error`` priced with the curve the
+evaluation's own passes followed, ``modelled_profiled`` and ``error_profiled`` with the
+target's fixed curve (what the gates decide on by default, ``configs/gates.yaml``).
+Run it alone, with an explicit thread count, from the repository root:
+``python -m benchmarks.modelled_speed --threads 2 --out FILE.json``.
 A suffix draft needs its corpus, so it comes as a package; the built-ins are ``--drafter``
 (default: ``pld:3`` and ``layers:8``).
 """

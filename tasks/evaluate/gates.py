@@ -36,6 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from serving.errors import BadInputError
 from serving.paths import CONFIG_DIR
 from tasks.evaluate.interval import wall_clock_interval
+from tasks.evaluate.modelled import Curve, modelled_report
 from tasks.evaluate.priced import Pricing, priced_report
 from tasks.evaluate.report import REFERENCE, TRAFFIC, ContenderResult, EvaluationReport, source_of
 
@@ -75,7 +76,7 @@ class GateConfig(BaseModel):
     speed: Literal["modelled", "measured"] = "modelled"
     # Which verify curve the modelled speed prices with (tasks/evaluate/modelled.py): the
     # target's fixed one, or the one the evaluation's own passes followed.
-    modelled_curve: Literal["evaluated", "profiled"] = "profiled"
+    modelled_curve: Curve = "profiled"
     speed_profile: SpeedProfile | None = None  # set: this fixed profile prices every speed
     # The wall clock's bootstrap interval (of the challenger's per-prompt speed ratio) at
     # this confidence may not lie wholly below 1.0; 0 turns the check off.
@@ -139,8 +140,6 @@ def judged_report(report: EvaluationReport, config: GateConfig | None = None) ->
     if config.speed_profile is not None:
         return priced_report(report, config.speed_profile.pricing(report.hardware))
     if config.speed == "modelled":
-        from tasks.evaluate.modelled import modelled_report
-
         return modelled_report(report, config.modelled_curve)
     return report
 
