@@ -35,10 +35,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from benchmarks.cascade_stats import format_sweep_table, plot_frontier, rouge_l, summarize_method
 from benchmarks.cli import run_study
 from serving.atomic import write_json_atomic
-from serving.engine import GenerationResult
+from serving.engine.decoder import GenerationResult
+from serving.engine.relaxed import check_lambda
 from serving.errors import BadInputError
 from serving.loader import DecoderOptions, build_decoder, encode_messages, set_threads
-from serving.relaxed import check_lambda
 from tasks.bench.quality import completion_for, execute, extract_code
 from tasks.evaluate.interleave import interleave
 

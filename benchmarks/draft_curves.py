@@ -249,7 +249,7 @@ def answer_sequences(heldout_dir: Path, target) -> list:
 
 def package_design(name: str, payload: dict[str, Any], folder: Path, k: int) -> Path:
     """A draft package (policy ``fixed``, ``k`` drafts) of a scored design's latest draft."""
-    from serving.drafters.package import DraftManifest, write_package
+    from serving.engine.drafters.package import DraftManifest, write_package
 
     draft_dir = Path(payload["draft_dir"])
     if not draft_dir.is_dir():
@@ -283,7 +283,7 @@ def speed(
     (``(drafter, policy, k)``: by default prompt lookup as specops serves it) against plain
     decoding, interleaved, through the engine on held-out ShareGPT prompts; writes
     ``speed.json``."""
-    from serving.drafters.package import DraftManifest, write_package
+    from serving.engine.drafters.package import DraftManifest, write_package
     from tasks.data.traffic import build_workload
     from tasks.evaluate.evaluate import Contender, evaluate
 

@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
 
     from serving.atomic import write_json_atomic
-    from serving.drafters.package import DraftManifest, load_package, write_package
+    from serving.engine.drafters.package import DraftManifest, load_package, write_package
     from serving.loader import load_target
     from serving.models.lora import lora_base_of, write_lora_base
     from tasks.train.distill_model import base_draft, merge_lora, save_causal_lm, with_lora

@@ -31,10 +31,10 @@ SECRETS = " Reach me at alice.smith@example.com; my key is sk-proj-AbCdEfGhIjKlM
 def _records(tokenizer) -> dict[str, dict]:
     import torch
 
-    from serving.drafters.prompt_lookup import PromptLookupDrafter
-    from serving.engine import SpeculativeDecoder
+    from serving.engine.decoder import SpeculativeDecoder
+    from serving.engine.drafters.prompt_lookup import PromptLookupDrafter
+    from serving.engine.policy import FixedK
     from serving.models.tiny import tiny_llama
-    from serving.policy import FixedK
     from serving.records.schema import from_detailed
 
     torch.manual_seed(0)

@@ -32,11 +32,11 @@ import torch
 
 from benchmarks.cli import run_study
 from serving.atomic import write_json_atomic
-from serving.drafters.base import Drafter, DraftProposal, DraftRequest, StepFeedback
+from serving.engine.drafters.base import Drafter, DraftProposal, DraftRequest, StepFeedback
+from serving.engine.metrics import RequestStats, pool
 from serving.errors import BadInputError
 from serving.hardware import engine_target
 from serving.loader import DecoderOptions, build_decoder, encode_messages, set_threads
-from serving.metrics import RequestStats, pool
 from tasks.evaluate.interleave import interleave
 
 log = logging.getLogger(__name__)
@@ -124,7 +124,7 @@ def replay_greedy(drafter: Drafter, prompt: list[int], output: list[int], k: int
     output, without the model: each step keeps the drafts that match ``output`` and then
     the output's next token (the target's), exactly as the engine's greedy verify does.
     Cheap enough to compare drafter settings on collected traffic before timing them."""
-    from serving.sampling import make_sampler
+    from serving.engine.sampling import make_sampler
 
     sampler = make_sampler()
     tokens = list(prompt)

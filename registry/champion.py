@@ -3,21 +3,12 @@ target, downloaded into a local cache."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 from registry.acceptance import evaluated_acceptance
 from registry.client import Registry, RegistryError
+from serving.engine.drafters.champion import Champion
 from serving.records.schema import LIVE_WORKLOAD
-
-
-@dataclass(frozen=True)
-class ServingChampion:
-    label: str  # <registered model>/<version>
-    package: Path  # the local copy of its draft package
-    # What it accepted when evaluated on this target, on live traffic where it was judged on
-    # some (registry.acceptance): the yardstick of the server's acceptance alert.
-    evaluated_acceptance: float | None = None
 
 
 class ChampionLookup:
@@ -28,19 +19,22 @@ class ChampionLookup:
         self.cache = Path(cache)
         self.registry = registry or Registry()
 
-    def find(self) -> ServingChampion | None:
-        """The champion, downloaded, or None while the target has none."""
+    def find(self) -> Champion | None:
+        """The champion, downloaded, or None while the target has none. Its evaluated
+        acceptance is what it accepted when evaluated on this target, on live traffic
+        where it was judged on some (:mod:`registry.acceptance`)."""
         draft = self.registry.champion(self.hardware)
         if draft is None:
             return None
         evaluated = evaluated_acceptance(draft.tags, self.hardware, LIVE_WORKLOAD)
-        return ServingChampion(
-            draft.label,
+        return Champion.of_package(
             self.registry.download(draft, self.cache),
+            version=draft.label,
+            source="registry",
             evaluated_acceptance=evaluated[0] if evaluated else None,
         )
 
-    def current(self) -> ServingChampion:
+    def current(self) -> Champion:
         """The champion, downloaded; :class:`RegistryError` while the target has none."""
         champion = self.find()
         if champion is None:

@@ -2,7 +2,7 @@
 promotion with a record, rollback. The only module (with its package) that talks to MLflow.
 
 Model: one registered model per draft family (``<prefix>-ngram``, ``<prefix>-head``, ...);
-a version is a draft package (:mod:`serving.drafters.package`) logged as a run's artifact.
+a version is a draft package (:mod:`serving.engine.drafters.package`) logged as a run's artifact.
 Aliases are per hardware target: ``challenger-<hw>`` marks the candidate under
 evaluation, ``champion-<hw>`` what serves. A promotion may cross families (a head draft
 displacing an n-gram drafter), so the alias is first set on the new version and then
@@ -65,7 +65,7 @@ from registry.config import RegistryConfig, load_registry_config, mask_uri, stor
 from registry.labels import LABEL_PATTERN
 from serving.atomic import replace_dir
 from serving.backends.exports import read_export
-from serving.drafters.package import read_manifest
+from serving.engine.drafters.package import read_manifest
 from serving.errors import BadInputError, SpecOpsError
 from serving.hardware import hardware_target
 from serving.models.real import cache_root

@@ -2,7 +2,7 @@
 
 One registered model, ``predictor_model`` of ``configs/registry.yaml`` (``specops-predictor``,
 outside the draft prefix: it is never listed as a draft family); a version is a saved
-predictor folder (:mod:`serving.predictor`) logged as a run's artifact. A predictor is
+predictor folder (:mod:`serving.engine.predictor`) logged as a run's artifact. A predictor is
 trained for one hardware target (its ``predictor.json`` says which) and scored on that
 target's held-out traffic when trained, so a version is logged with those metrics keyed
 ``<target>/<metric>`` (``cpu/auc``, ``cpu/pld/ece``, ...) and marked evaluated there
@@ -31,7 +31,7 @@ from registry.client import (
     RegistryError,
     alias,
 )
-from serving.predictor import PREDICTOR_FILE, check_predictor
+from serving.engine.predictor import PREDICTOR_FILE, check_predictor
 
 PREDICTOR_FAMILY = "predictor"
 PROMOTE_ACTION = "promote-predictor"

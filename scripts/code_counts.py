@@ -68,7 +68,6 @@ REFERENCE_TYPES = (
     "RegisteredDraft",
     "DraftManifest",
     "Contender",
-    "DraftPlan",
 )
 FUNCTION_LIMIT = 80
 MODULE_LIMIT = 500
@@ -216,8 +215,8 @@ def count_file(path: Path, counts: Counts, lengths: list[tuple[int, str]]) -> No
             ):
                 counts.add("spec_partitions", where)
                 counts.places["spec_partition_modules"].append(relative)
-            name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
-            if name == "SpeculativeDecoder":
+            called = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
+            if called == "SpeculativeDecoder":
                 counts.add("decoder_constructions", where)
         elif isinstance(node, ast.Subscript) and package == "tasks" and _is_dict_str_any(node):
             counts.add("dict_str_any_in_tasks", where)

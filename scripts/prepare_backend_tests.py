@@ -31,7 +31,7 @@ BACKENDS = ("vllm", "mlx")
 
 
 def main(out: Path) -> None:
-    from serving.drafters.package import DraftManifest, write_package
+    from serving.engine.drafters.package import DraftManifest, write_package
     from serving.models.real import real_model_dir
     from serving.models.tiny import tiny_llama
     from tasks.data.traffic import build_workload
@@ -112,7 +112,7 @@ def eagle_fixtures(out: Path) -> None:
 
 
 def _train_eagle(out: Path, name: str, teacher_prompts: int, seconds: float) -> None:
-    from serving.drafters.package import DraftManifest, write_package
+    from serving.engine.drafters.package import DraftManifest, write_package
     from serving.loader import eos_ids, load_target
     from tasks.evaluate.export import export_draft
     from tasks.train.teacher import TeacherConfig
@@ -152,11 +152,11 @@ def _train_eagle(out: Path, name: str, teacher_prompts: int, seconds: float) -> 
 
 def _engine_reference(out: Path, name: str, reference: Path) -> None:
     """What the specops engine drafts and accepts with the head on ``prompts.json``."""
-    from serving.drafters.factory import build_drafter
-    from serving.engine import SpeculativeDecoder
+    from serving.engine.decoder import SpeculativeDecoder
+    from serving.engine.drafters.factory import build_drafter
+    from serving.engine.metrics import position_counts
+    from serving.engine.policy import FixedK
     from serving.loader import eos_ids, load_target
-    from serving.metrics import position_counts
-    from serving.policy import FixedK
 
     model, tokenizer = load_target(str((out / name).resolve()), kernels="stock")
     head = out / "heads" / name / "package" / "head"

@@ -9,16 +9,25 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from serving.batch.plan import BatchLimits, PassCost
+from serving.curves import BatchLimits, PassCost
 from serving.errors import BadInputError
 from serving.paths import CONFIG_DIR, PROJECT_ROOT
 
 HARDWARE_CONFIG = CONFIG_DIR / "hardware.yaml"
 ENGINE_DEVICES = ("cpu", "cuda")  # where the specops engine (backend transformers) runs
+# The hardware target a command, a server or a flow runs on when none is named.
+DEFAULT_HARDWARE = "cpu"
 
 
 class HardwareTarget(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """One target of ``configs/hardware.yaml``, resolved: :func:`hardware_target` sets its
+    ``name`` (the key it is stored under), which registry aliases, MLflow tags and records
+    carry. Inside ``serving/`` and ``tasks/`` this object travels, not the name."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # The key in configs/hardware.yaml; not a field of the file (excluded when dumped).
+    name: str = Field("", exclude=True)
 
     backend: Literal["transformers", "vllm", "mlx", "neuron"] = "transformers"
     device: str = "cpu"
@@ -28,7 +37,7 @@ class HardwareTarget(BaseModel):
     # other backends draft a fixed number of tokens per step instead.
     verify_curve: list[float] | None = Field(None, min_length=1)
     num_speculative_tokens: int = Field(3, ge=1, le=16)
-    # Continuous batching (serving/batch): requests in one packed target pass, and tokens
+    # Continuous batching (serving/engine/batch): requests in one packed target pass, and tokens
     # (pending tokens and drafts of all of them) per pass.
     max_batch: int = Field(8, ge=1, le=256)
     max_tokens_per_pass: int = Field(64, ge=1, le=4096)
@@ -126,10 +135,11 @@ def load_hardware(path: Path = HARDWARE_CONFIG) -> HardwareConfig:
 
 
 def hardware_target(name: str, path: Path = HARDWARE_CONFIG) -> HardwareTarget:
+    """The target stored under ``name``, with its name set."""
     targets = load_hardware(path).targets
     if name not in targets:
         raise BadInputError(f"unknown hardware target {name!r}; known: {sorted(targets)}")
-    return targets[name]
+    return targets[name].model_copy(update={"name": name})
 
 
 def _shown(path: Path) -> str:

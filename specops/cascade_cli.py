@@ -41,7 +41,7 @@ def collect(
     target: Annotated[str, typer.Option(help="smollm2 (shipped) or a model folder.")] = ("smollm2"),
 ) -> None:
     """Replay train and held-out prompts through every stage alone (detailed mode)."""
-    from serving.cascade.build import parse_stages
+    from serving.engine.cascade.build import parse_stages
     from serving.errors import SpecOpsError
     from serving.hardware import engine_target
     from serving.loader import load_target, set_threads

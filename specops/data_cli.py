@@ -89,10 +89,10 @@ def collect(
 ) -> None:
     """Run traffic through the engine in detailed mode; append records (params: collect)."""
     from serving.atomic import write_json_atomic
+    from serving.engine.sampling import SamplingParams
     from serving.errors import SpecOpsError
     from serving.hardware import engine_target
     from serving.loader import DecoderOptions, build_decoder, load_target, set_threads
-    from serving.sampling import SamplingParams
     from tasks.data.collect import collect as run_collect
     from tasks.data.params import load_params
 

@@ -112,8 +112,8 @@ def serve_target(
 def _client_side(kind: str | None) -> tuple[Any, Any]:
     """``(model, tokenizer)`` a client needs for a drafter of ``kind``: the shipped model's
     tokenizer, and the target itself only for a draft built from it or served like it
-    (:data:`~serving.drafters.kinds.MODEL_KINDS`: ``layers``, ``model``, ``lora``)."""
-    from serving.drafters.kinds import MODEL_KINDS
+    (:data:`~serving.engine.drafters.kinds.MODEL_KINDS`: ``layers``, ``model``, ``lora``)."""
+    from serving.engine.drafters.kinds import MODEL_KINDS
     from serving.loader import load_target
 
     if kind in MODEL_KINDS:
@@ -148,10 +148,10 @@ def client(
 ) -> None:
     """Decode one prompt against a target server; print the answer and the statistics."""
     from serving.distributed.client import TargetClient, run_distributed, run_fused
-    from serving.drafters.factory import build_drafter, parse_drafter_spec
+    from serving.engine.drafters.factory import build_drafter, parse_drafter_spec
+    from serving.engine.policy import make_policy
+    from serving.engine.sampling import SamplingParams
     from serving.loader import encode_prompt
-    from serving.policy import make_policy
-    from serving.sampling import SamplingParams
     from serving.security.keys import client_key
 
     with failing():
@@ -240,7 +240,7 @@ def bench(
     torch.set_num_threads(1)  # the client side; the server process has its own
     with failing():
         settings.check()
-        from serving.drafters.factory import parse_drafter_spec
+        from serving.engine.drafters.factory import parse_drafter_spec
 
         draft_target, tokenizer = _client_side(parse_drafter_spec(drafter).kind)
         count = max(settings.requests_at(s) for s in settings.sessions)

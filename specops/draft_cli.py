@@ -26,8 +26,8 @@ def register_draft_commands(app: typer.Typer) -> None:
 
 
 def _manifest(kind: str, k: int, policy: str, drafter: str, description: str = ""):
-    from serving.drafters.package import DraftManifest
-    from serving.policy import check_policy, make_policy
+    from serving.engine.drafters.package import DraftManifest
+    from serving.engine.policy import check_policy, make_policy
 
     check_policy(policy)
     make_policy(policy, k)  # checks k
@@ -223,7 +223,7 @@ def _build_teacher(model, tokenizer, teacher: Path, n: int, new_tokens: int, max
 def _train_suffix(out, store, include_prompts, hardware, k, policy) -> str:
     import tempfile
 
-    from serving.drafters.package import write_package
+    from serving.engine.drafters.package import write_package
     from tasks.train.suffix_index import build_suffix_index_from_store
 
     manifest = _manifest("suffix", k, policy, "suffix:corpus.json")
@@ -246,8 +246,8 @@ def _train_ngram(out, options, store, include_prompts, hardware, k, policy) -> s
     the record store's outputs (the suffix draft's builder), carried in the package."""
     import tempfile
 
-    from serving.drafters.factory import NGRAM_FALLBACKS, NgramOptions, parse_ngram_options
-    from serving.drafters.package import write_package
+    from serving.engine.drafters.factory import NGRAM_FALLBACKS, NgramOptions, parse_ngram_options
+    from serving.engine.drafters.package import write_package
     from serving.errors import BadInputError
     from tasks.train.suffix_index import build_suffix_index_from_store
 
@@ -318,7 +318,7 @@ def eval_draft(
     Greedy; prints acceptance, mean accepted length, acceptance by position, speedup and
     whether the output equals plain decoding's (lossless); writes the JSON report."""
     from serving.atomic import write_json_atomic
-    from serving.drafters.package import read_manifest
+    from serving.engine.drafters.package import read_manifest
     from serving.hardware import engine_target
     from serving.loader import load_target, set_threads
     from tasks.data.traffic import build_workload
@@ -361,7 +361,7 @@ def eval_draft(
 
 
 def format_report(report: dict[str, Any]) -> str:
-    """One block per contender: the numbers :mod:`serving.metrics` defines."""
+    """One block per contender: the numbers :mod:`serving.engine.metrics` defines."""
     lines = [
         f"{report['prompts']} held-out prompts x {report['max_new_tokens']} tokens on "
         f"{report['hardware']}"

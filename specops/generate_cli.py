@@ -76,7 +76,8 @@ def generate(
     ] = False,
 ) -> None:
     """Generate text for PROMPT with speculative decoding; print the text and the stats."""
-    from serving.engine import MODES
+    from serving.engine.decoder import MODES
+    from serving.engine.sampling import SamplingParams
     from serving.hardware import engine_target
     from serving.loader import (
         DecoderOptions,
@@ -85,7 +86,6 @@ def generate(
         load_target,
         set_threads,
     )
-    from serving.sampling import SamplingParams
 
     with failing():
         # Every option is checked before any model is loaded.

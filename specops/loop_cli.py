@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from serving.drafters.kinds import BUILTIN_KINDS, spec_syntax
+from serving.engine.drafters.kinds import BUILTIN_KINDS, spec_syntax
 from specops.exit import fail
 
 if TYPE_CHECKING:
@@ -179,7 +179,7 @@ def bootstrap(
 ) -> None:
     """A hardware target's first champion: register a built-in drafter, evaluate it against
     plain decoding on held-out prompts, and promote it if the gates pass."""
-    from serving.drafters.factory import parse_drafter_spec
+    from serving.engine.drafters.factory import parse_drafter_spec
     from serving.errors import SpecOpsError
     from serving.hardware import engine_target
 

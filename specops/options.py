@@ -10,8 +10,8 @@ import typer
 
 # The engine's own lists, from modules that do not import torch (`specops --help` should not
 # pay for it, docs/architecture.md).
-from serving.drafters.kinds import SPEC_HELP
-from serving.policy import POLICIES
+from serving.engine.drafters.kinds import SPEC_HELP
+from serving.engine.policy import POLICIES
 
 POLICY_NAMES = " | ".join(POLICIES)
 

@@ -55,7 +55,7 @@ def evaluate(
     import tempfile
 
     from serving.atomic import write_json_atomic
-    from serving.drafters.package import DraftManifest, write_package
+    from serving.engine.drafters.package import DraftManifest, write_package
     from tasks.data.traffic import build_workload
     from tasks.evaluate.targets import evaluate_target, table
 

@@ -3,7 +3,7 @@ speculation, and report what the drafts achieved.
 
 This module imports neither torch nor any backend library: every backend runs in its own
 environment (vLLM and MLX pin versions the main environment cannot hold), and they all
-share these types. Statistics follow :mod:`serving.metrics`; a backend that only counts
+share these types. Statistics follow :mod:`serving.engine.metrics`; a backend that only counts
 accepted tokens (vLLM, MLX) derives its verification passes as ``generated - accepted``,
 because every pass emits its accepted drafts plus one token of the target's own.
 """

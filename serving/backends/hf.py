@@ -1,4 +1,4 @@
-"""The reference backend: specops's own transformers engine (:mod:`serving.engine`).
+"""The reference backend: specops's own transformers engine (:mod:`serving.engine.decoder`).
 
 It runs the same :class:`~serving.backends.base.Speculation` the other backends run —
 prompt lookup or a draft model folder, a fixed number of drafts per step — so all
@@ -9,37 +9,47 @@ drafters are evaluated by :mod:`tasks.evaluate.evaluate`.)
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from serving.backends.base import Backend, BackendOutput, Speculation
-from serving.drafters.base import Drafter
-from serving.drafters.factory import build_drafter
-from serving.drafters.prompt_lookup import PromptLookupDrafter
-from serving.engine import SpeculativeDecoder
-from serving.loader import eos_ids, load_target, set_threads
-from serving.metrics import position_counts
-from serving.policy import FixedK
+from serving.engine.build import build_decoder
+from serving.engine.drafters.base import Drafter
+from serving.engine.drafters.factory import build_drafter
+from serving.engine.drafters.plan import PLAIN, DraftPlan
+from serving.engine.drafters.prompt_lookup import PromptLookupDrafter
+from serving.engine.metrics import position_counts
+from serving.hardware import DEFAULT_HARDWARE, engine_target
+from serving.loader import load_target, set_threads
 
 
 class TransformersBackend(Backend):
     name = "transformers"
 
     def __init__(
-        self, target_path: str, speculation: Speculation, *, kernels: str = "onednn", **options
+        self,
+        target_path: str,
+        speculation: Speculation,
+        *,
+        hardware: str = DEFAULT_HARDWARE,
+        **options: Any,
     ) -> None:
+        """``hardware``: the engine's hardware target the model is loaded for (its kernels,
+        device and curves), by name: this backend's options come from an export file."""
         super().__init__(target_path, speculation, **options)
         set_threads(self.threads)
-        model, tokenizer = load_target(target_path, kernels=kernels)
+        target = load_target(target_path, engine_target(hardware))
+        k = speculation.num_speculative_tokens
+        plan: DraftPlan = PLAIN
         drafter: Drafter | None = None
         if speculation.method == "ngram":
+            plan = DraftPlan.parse(f"pld:{speculation.prompt_lookup_max}", policy="fixed", k=k)
             drafter = PromptLookupDrafter(
                 max_ngram=speculation.prompt_lookup_max, min_ngram=speculation.prompt_lookup_min
             )
         elif speculation.method == "draft_model":
-            drafter = build_drafter(f"model:{speculation.draft_path}", model, tokenizer)
-        policy = FixedK(speculation.num_speculative_tokens) if drafter else None
-        self.decoder = SpeculativeDecoder(
-            model, drafter=drafter, policy=policy, eos_token_ids=eos_ids(model, tokenizer)
-        )
+            plan = DraftPlan.parse(f"model:{speculation.draft_path}", policy="fixed", k=k)
+            drafter = build_drafter(plan.drafter, target)
+        self.decoder = build_decoder(target, plan, drafter=drafter)
 
     def _generate(self, prompt: list[int], max_new_tokens: int) -> BackendOutput:
         started = time.perf_counter()

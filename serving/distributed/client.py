@@ -28,10 +28,10 @@ import grpc
 
 from serving.distributed.proto import specops_distributed_pb2 as pb
 from serving.distributed.proto import specops_distributed_pb2_grpc as pb_grpc
-from serving.drafters.base import Drafter, DraftProposal, DraftRequest, StepFeedback
+from serving.engine.drafters.base import Drafter, DraftProposal, DraftRequest, StepFeedback
+from serving.engine.policy import DraftLengthPolicy
+from serving.engine.sampling import SamplingParams, make_sampler
 from serving.errors import BadInputError, SpecOpsError
-from serving.policy import DraftLengthPolicy
-from serving.sampling import SamplingParams, make_sampler
 from serving.security.keys import client_key
 from serving.security.tls import grpc_channel_credentials
 

@@ -4,7 +4,7 @@ every waiting verify of every session in one packed pass.
 gRPC handlers run on a thread pool; none of them touches the model. Each submits a job and
 waits for its future. The scheduler takes every waiting job: session starts (a prefill each)
 and finalizations first, then up to ``max_batch`` verify jobs of distinct sessions within
-``max_tokens_per_pass`` rows as one pass (:func:`serving.batch.batch.verify_drafted`, the
+``max_tokens_per_pass`` rows as one pass (:func:`serving.engine.batch.batch.verify_drafted`, the
 batching engine's own pass and settle), oldest first; what does not fit waits for the next
 pass. A fused session's job drafts on this thread with the session's own drafter and policy.
 Idle sessions are expired between passes.
@@ -22,12 +22,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from serving.batch.batch import StepOutcome, verify_drafted
-from serving.batch.plan import BatchLimits, PassCost
-from serving.batch.ragged import use_ragged_attention
+from serving.curves import BatchLimits, PassCost
 from serving.distributed.sessions import Session, SessionError, SessionTable
-from serving.engine import Decoding, GenerationResult
-from serving.step import DraftedBlock
+from serving.engine.batch.batch import StepOutcome, verify_drafted
+from serving.engine.batch.ragged import use_ragged_attention
+from serving.engine.decoder import Decoding, GenerationResult
+from serving.engine.step import DraftedBlock
 
 log = logging.getLogger(__name__)
 

@@ -17,26 +17,26 @@ refused; a certificate and key make the port a TLS one (docs/security.md).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent import futures
 from dataclasses import dataclass
 from typing import NoReturn
 
 import grpc
 
-from serving.batch.plan import BatchLimits, PassCost
+from serving.curves import BatchLimits, PassCost
 from serving.distributed.auth import KeyInterceptor
 from serving.distributed.proto import specops_distributed_pb2 as pb
 from serving.distributed.proto import specops_distributed_pb2_grpc as pb_grpc
 from serving.distributed.scheduler import Scheduler, StepDone
 from serving.distributed.sessions import ClientBlock, Session, SessionError, SessionTable
-from serving.drafters.factory import build_drafter, parse_drafter_spec
-from serving.engine import SpeculativeDecoder
+from serving.engine.build import build_decoder
+from serving.engine.drafters.plan import DraftPlan
+from serving.engine.sampling import SamplingParams
 from serving.errors import BadInputError, SpecOpsError
-from serving.policy import FixedK, check_k, check_policy, make_policy
-from serving.sampling import SamplingParams
 from serving.security.keys import ApiKeys, check_bind, is_loopback
 from serving.security.tls import ServerTls
+from serving.target import LoadedTarget
 
 log = logging.getLogger(__name__)
 
@@ -106,28 +106,27 @@ def _reply(done: StepDone) -> pb.StepReply:
 
 
 class TargetService(pb_grpc.TargetServiceServicer):
-    """Sessions over one target model; ``tokenizer`` only for fused drafters that need it."""
+    """Sessions over one loaded target (its hardware's verify curve prices fused drafts;
+    its tokenizer serves fused drafters that need one)."""
 
     def __init__(
         self,
-        target,
+        target: LoadedTarget,
         *,
-        eos_token_ids: list[int],
-        tokenizer=None,
+        eos_token_ids: Sequence[int] | None = None,
         model_name: str = "target",
         limits: TargetLimits | None = None,
         batch_limits: BatchLimits | None = None,
         cost: PassCost | None = None,
-        verify_curve: tuple[float, ...] | None = None,
     ) -> None:
+        """``eos_token_ids``: where sessions stop (default: the target's)."""
         self.target = target
-        self.tokenizer = tokenizer
-        self.eos_token_ids = list(eos_token_ids)
+        eos = target.eos_token_ids if eos_token_ids is None else eos_token_ids
+        self.eos_token_ids = [int(t) for t in eos]
         self.model_name = model_name
         self.limits = limits or TargetLimits()
         self.batch_limits = batch_limits or BatchLimits()
-        self.verify_curve = verify_curve
-        self.vocab_size = int(target.config.vocab_size)
+        self.vocab_size = target.vocab_size
         self.table = SessionTable(self.limits.max_sessions, self.limits.idle_timeout_s)
         self.scheduler = Scheduler(
             target,
@@ -207,26 +206,22 @@ class TargetService(pb_grpc.TargetServiceServicer):
             )
         fused = bool(request.server_drafter)
         if fused:
-            spec = parse_drafter_spec(request.server_drafter)
-            policy_name = check_policy(request.policy or "fixed")
-            k = check_k(request.k or 4)
-            drafter = build_drafter(spec, self.target, self.tokenizer)
-            policy = (
-                make_policy(policy_name, k, verify_curve=self.verify_curve) if drafter else None
+            plan = DraftPlan.parse(
+                request.server_drafter, policy=request.policy or "fixed", k=request.k or 4
             )
+            decoder = build_decoder(self.target, plan, eos_token_ids=self.eos_token_ids)
         else:
             if request.policy or request.k:
                 raise BadInputError(
                     "policy and k are for fused sessions (server_drafter); a draft client "
                     "chooses its own block lengths"
                 )
-            drafter, policy = ClientBlock(), FixedK(self.limits.max_block)
-        decoder = SpeculativeDecoder(
-            self.target,
-            drafter=drafter,
-            policy=policy,
-            eos_token_ids=self.eos_token_ids,
-        )
+            # The client drafts (no kind of this server's: its blocks arrive with the
+            # calls); the server verifies blocks of at most max_block tokens.
+            client = DraftPlan(policy="fixed", k=self.limits.max_block)
+            decoder = build_decoder(
+                self.target, client, drafter=ClientBlock(), eos_token_ids=self.eos_token_ids
+            )
         decoding = decoder.begin(
             list(request.prompt_token_ids), max_new_tokens=max_new, sampling=params
         )

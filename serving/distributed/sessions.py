@@ -1,6 +1,6 @@
 """The target server's sessions: each one request's decoding state, limits and expiry.
 
-A session is a :class:`serving.engine.Decoding` whose drafter is either the client's block
+A session is a :class:`serving.engine.decoder.Decoding` whose drafter is either the client's block
 (:class:`ClientBlock`, a distributed session) or a drafter of the server's own (a fused
 session). Everything the engine does per request (KV cache, sampler, budget, EOS, the
 policy's bookkeeping) is the engine's; this module only adds identity, ownership and time.
@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from serving.drafters.base import Drafter, DraftProposal, DraftRequest, StepFeedback
-from serving.engine import Decoding
+from serving.engine.decoder import Decoding
+from serving.engine.drafters.base import Drafter, DraftProposal, DraftRequest, StepFeedback
 
 
 class SessionError(Exception):

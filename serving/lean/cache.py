@@ -8,7 +8,7 @@ its rows at ``length..length + rows`` and attends to ``0..position``; rejecting 
 lowers :attr:`length` (nothing is freed or copied).
 The buffers grow (doubling, copied once) when a request outgrows them, up to the model's
 position limit. The methods the engine calls on a transformers cache are here too
-(``get_seq_length``, ``crop``), so every front keeps its bookkeeping in :mod:`serving.kv`.
+(``get_seq_length``, ``crop``), so every front keeps its bookkeeping in :mod:`serving.engine.kv`.
 """
 
 from __future__ import annotations

@@ -110,6 +110,8 @@ class GraphedStep:
     """The forward of ``model`` (see :func:`unsupported_reason`) over its own weights (the
     model keeps them; nothing is copied but the rotary tables)."""
 
+    cache_type = GraphedCache
+
     def __init__(self, model: Any, *, capture: bool | None = None) -> None:
         reason = unsupported_reason(model)
         if reason is not None:

@@ -26,6 +26,7 @@ from serving.errors import SpecOpsError
 from serving.lean.build import load_ops
 from serving.lean.cache import LeanCache
 from serving.lean.tiles import adopt_tiles
+from serving.models.kernels import kernels_of
 
 Matmul = Callable[[torch.Tensor], torch.Tensor]
 _BF16 = torch.bfloat16
@@ -40,7 +41,7 @@ def unsupported_reason(model: Any) -> str | None:
         return (
             f"architecture {getattr(config, 'model_type', type(model).__name__)!r} is not Llama's"
         )
-    if getattr(model, "specops_kernels", "stock") not in ("onednn", "int8", "int4"):
+    if kernels_of(model) not in ("onednn", "int8", "int4"):
         return "its linear layers are not packed for the CPU (kernels onednn, int8 or int4)"
     parameter = next(model.parameters())
     if parameter.device.type != "cpu" or parameter.dtype != torch.float32:
@@ -150,6 +151,8 @@ class LeanOutput:
 class LeanStep:
     """The forward of ``model`` (see :func:`unsupported_reason`) over its own weights; the
     model keeps them (nothing is copied)."""
+
+    cache_type = LeanCache
 
     def __init__(self, model: Any) -> None:
         reason = unsupported_reason(model)

@@ -147,7 +147,7 @@ class DraftHead(nn.Module):
     def __init__(self, config: HeadConfig, vocab_ids: torch.Tensor | None = None) -> None:
         super().__init__()
         self.head_config = config
-        self.config = config.llama_config()  # what serving.kv.new_cache reads
+        self.config = config.llama_config()  # what serving.engine.kv.new_cache reads
         hidden = config.hidden_size
         self.fc = nn.Linear(2 * hidden, hidden, bias=config.fc_bias)
         self.layer = LlamaDecoderLayer(self.config, layer_idx=0)

@@ -29,8 +29,23 @@ def check_kernels(kernels: str) -> None:
 
 
 def kernels_of(model: torch.nn.Module) -> str:
-    """The kernels ``model`` was loaded with (``stock`` unless :func:`apply_kernels` ran)."""
-    return str(getattr(model, "specops_kernels", "stock"))
+    """The kernels ``model``'s linear layers run on, read from the layers themselves: the
+    family of its first packed or quantised layer in module order (a decoder layer's
+    projection before the output layer, which ``int4`` keeps in int8), ``stock`` where
+    :func:`apply_kernels` replaced none."""
+    from serving.models.onednn import PackedLinear
+    from serving.models.quantized import Int4Linear, Int8Linear
+
+    families: tuple[tuple[type, str], ...] = (
+        (Int4Linear, "int4"),
+        (Int8Linear, "int8"),
+        (PackedLinear, "onednn"),
+    )
+    for module in model.modules():
+        for layer_type, name in families:
+            if isinstance(module, layer_type):
+                return name
+    return "stock"
 
 
 def apply_kernels(

@@ -13,7 +13,7 @@ Where the target's layers are not plain float32 parameters (packed for oneDNN, q
 int8/int4, or held in bfloat16 on a GPU) the fp32 base is read from the target's own model
 folder (``config._name_or_path``, where ``from_pretrained`` loaded it), checked against the
 target's embedding; the merged draft then takes the target's dtype and kernels like any
-``model:PATH`` draft (:func:`serving.drafters.model.model_drafter_for`).
+``model:PATH`` draft (:func:`serving.engine.drafters.model.model_drafter_for`).
 
 peft is needed only here, when a LoRA package loads (``pip install 'specops[train]'``).
 """

@@ -99,5 +99,4 @@ def pack_linear_layers(model: torch.nn.Module) -> int:
             if type(child) is torch.nn.Linear:
                 setattr(module, name, PackedLinear(child))
                 replaced += 1
-    model.specops_kernels = "onednn"  # type: ignore[assignment]
     return replaced

@@ -275,7 +275,6 @@ def quantize_linear_layers(model: torch.nn.Module, scheme: str, *, fuse: bool = 
             if quantisable(child, layer.scheme):  # type: ignore[arg-type]
                 setattr(module, name, layer(child))
                 replaced += 1
-    model.specops_kernels = scheme  # type: ignore[assignment]
     return replaced
 
 

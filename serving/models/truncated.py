@@ -3,7 +3,8 @@
 No parameters are copied: the draft's embedding, first N layers, final norm and output
 head are the target's own modules, so it costs no memory and any later fine-tuning of a
 copy is explicit (see the training issue). A target on the lean step (:mod:`serving.lean`)
-gives its draft the lean step over those layers too.
+gives its draft the same kind of step over those layers:
+:meth:`serving.target.LoadedTarget.over`.
 """
 
 from __future__ import annotations
@@ -11,12 +12,12 @@ from __future__ import annotations
 import copy
 
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from serving.errors import BadInputError
 
 
-def first_layers(target, num_layers: int):
+def first_layers(target: PreTrainedModel, num_layers: int) -> PreTrainedModel:
     """Return a causal LM that runs ``target``'s first ``num_layers`` layers and its head."""
     total = target.config.num_hidden_layers
     if not isinstance(num_layers, int) or not 1 <= num_layers < total:
@@ -38,16 +39,4 @@ def first_layers(target, num_layers: int):
     leftover = [name for name, p in draft.named_parameters() if p.is_meta]
     if leftover:
         raise BadInputError(f"cannot truncate {config.model_type!r}: unshared {leftover[:3]}")
-    draft.eval()
-    step = getattr(target, "specops_lean", None)
-    if step is not None:
-        # The target runs the lean step (serving.lean): so do its first layers.
-        from serving.lean.graphed import GraphedStep
-        from serving.lean.install import attach, install
-
-        draft.specops_kernels = getattr(target, "specops_kernels", "stock")
-        if isinstance(step, GraphedStep):
-            attach(draft, GraphedStep(draft, capture=step.capture))
-        else:
-            install(draft, "auto")
-    return draft
+    return draft.eval()

@@ -3,7 +3,7 @@
 A request record is what one request through the engine in detailed mode leaves behind: the
 prompt and the target's output, per-request acceptance, every draft/target disagreement,
 every drafted token the target ruled on with its acceptance-predictor features and verdict
-(``drafted``, :class:`serving.features.DraftedToken`), the output positions kept although
+(``drafted``, :class:`serving.engine.features.DraftedToken`), the output positions kept although
 the target disagreed (``unverified``, relaxed verification only), and who produced it
 (drafter and its version, policy, hardware target, sampling). Records whose acceptance
 falls below the collection's threshold are *failure cases*; the rest feed the replay
@@ -13,8 +13,8 @@ the lowest layer that needs them.
 
 ``RequestRecord`` is the structural contract: pydantic rejects missing fields, wrong types
 and NaN/inf at parse time, with the field named in the reason. Its disagreements and drafted
-tokens are the engine's own dataclasses (:class:`serving.detailed.Disagreement`,
-:class:`serving.features.DraftedToken`), held to the same rules. Every reader goes through
+tokens are the engine's own dataclasses (:class:`serving.engine.detailed.Disagreement`,
+:class:`serving.engine.features.DraftedToken`), held to the same rules. Every reader goes through
 :func:`parse_record`, which also reads the older versions still in users' stores and DVC
 remotes (:func:`migrate_record`: version 1 had no ``drafted``/``unverified``, version 2 no
 ``masked_disagreements``); writers always write the current version.
@@ -35,9 +35,9 @@ from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, GetPyda
 from pydantic_core import CoreSchema
 from pydantic_core.core_schema import DataclassSchema
 
-from serving.detailed import DetailedRecord, Disagreement
+from serving.engine.detailed import DetailedRecord, Disagreement
+from serving.engine.features import DraftedToken
 from serving.errors import BadInputError
-from serving.features import DraftedToken
 
 SCHEMA_VERSION: Literal[3] = 3
 READABLE_VERSIONS = (1, 2, SCHEMA_VERSION)  # what parse_record reads; it returns SCHEMA_VERSION

@@ -41,7 +41,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from serving.detailed import DetailedRecord
+from serving.engine.detailed import DetailedRecord
 from serving.errors import BadInputError
 from serving.records import store
 from serving.records.schema import LIVE_WORKLOAD, from_detailed, parse_record, record_id

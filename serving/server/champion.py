@@ -1,11 +1,12 @@
 """Which draft serves, and swapping to a newly promoted one without downtime.
 
-A :class:`ChampionSource` says which draft is the champion now (cheaply: it is polled). A
-:class:`LoadedDraft` is that draft loaded once, handing every request a drafter of its own
-(:meth:`serving.drafters.base.Drafter.fork`), so requests in flight keep the draft they
-started with while new requests get the new one. :class:`ChampionWatcher` polls, loads a
-new champion off the request path, and swaps one reference: nothing is dropped, and a
-champion that fails to load leaves the current one serving (the error is reported).
+A :class:`ChampionSource` says which draft is the champion now (cheaply: it is polled), as
+a :class:`~serving.engine.drafters.champion.Champion`; loaded once, it hands every request a
+drafter of its own (:meth:`serving.engine.drafters.base.Drafter.fork`), so requests in
+flight keep the draft they started with while new requests get the new one.
+:class:`ChampionWatcher` polls, loads a new champion off the request path, and swaps one
+reference: nothing is dropped, and a champion that fails to load leaves the current one
+serving (the error is reported).
 """
 
 from __future__ import annotations
@@ -15,37 +16,26 @@ import logging
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from serving.drafters.base import Drafter
-from serving.drafters.factory import DrafterSpec, build_drafter, parse_drafter_spec
-from serving.drafters.package import read_manifest
+from serving.engine.drafters.champion import Champion
+from serving.engine.drafters.plan import DraftPlan
 from serving.errors import ModelSourceError
-from serving.policy import DraftLengthPolicy, make_policy
+from serving.hardware import HardwareTarget
+from serving.target import LoadedTarget
+
+if TYPE_CHECKING:  # the registry is imported only where the champion comes from it
+    from registry.client import Registry
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class ChampionRef:
-    """What the source names as champion: a drafter spec, or a draft package folder."""
-
-    version: str  # changes whenever the champion does
-    source: str  # "static", "local", "registry"
-    drafter: str | None = None  # static: a drafter spec
-    package: Path | None = None  # a draft package folder (draft.json inside)
-    policy: str = "cost"
-    k: int = 10
-    evaluated_acceptance: float | None = None  # registry: what its evaluation accepted
 
 
 class ChampionSource(ABC):
     name = "source"
 
     @abstractmethod
-    def current(self) -> ChampionRef:
+    def current(self) -> Champion:
         """The champion now. Raises :class:`ModelSourceError` when it cannot be read."""
 
 
@@ -54,14 +44,11 @@ class StaticChampion(ChampionSource):
 
     name = "static"
 
-    def __init__(self, drafter: str, *, policy: str = "cost", k: int = 10) -> None:
-        parse_drafter_spec(drafter)
-        self._ref = ChampionRef(
-            version=f"static:{drafter}", source="static", drafter=drafter, policy=policy, k=k
-        )
+    def __init__(self, plan: DraftPlan) -> None:
+        self._champion = Champion(f"static:{plan.drafter}", "static", plan)
 
-    def current(self) -> ChampionRef:
-        return self._ref
+    def current(self) -> Champion:
+        return self._champion
 
 
 class LocalChampion(ChampionSource):
@@ -74,7 +61,7 @@ class LocalChampion(ChampionSource):
     def __init__(self, pointer: str | Path) -> None:
         self.pointer = Path(pointer)
 
-    def current(self) -> ChampionRef:
+    def current(self) -> Champion:
         try:
             raw = json.loads(self.pointer.read_text())
         except FileNotFoundError:
@@ -93,15 +80,8 @@ class LocalChampion(ChampionSource):
         package = Path(raw["package"])
         if not package.is_absolute():
             package = self.pointer.parent / package
-        manifest = read_manifest(package)
         version = str(raw.get("version") or package.resolve())
-        return ChampionRef(
-            version=version,
-            source="local",
-            package=package,
-            policy=manifest.policy,
-            k=manifest.k,
-        )
+        return Champion.of_package(package, version=version, source="local")
 
 
 class RegistryChampion(ChampionSource):
@@ -111,84 +91,36 @@ class RegistryChampion(ChampionSource):
     name = "registry"
     NO_CHAMPION = "none (no champion yet)"
 
-    def __init__(self, hardware: str, *, cache: Path, registry=None, missing: str = "fail") -> None:
+    def __init__(
+        self,
+        hardware: HardwareTarget,
+        *,
+        cache: Path,
+        registry: Registry | None = None,
+        missing: str = "fail",
+    ) -> None:
         """``missing="plain"``: while the target has no champion, serve plain decoding
         (version :attr:`NO_CHAMPION`) instead of failing."""
         from registry.champion import ChampionLookup
 
-        self._lookup = ChampionLookup(hardware, cache=cache, registry=registry)
+        self._lookup = ChampionLookup(hardware.name, cache=cache, registry=registry)
         self._missing = missing
 
-    def current(self) -> ChampionRef:
+    def current(self) -> Champion:
         champion = self._lookup.find() if self._missing == "plain" else self._lookup.current()
         if champion is None:
-            return ChampionRef(version=self.NO_CHAMPION, source="registry", drafter="none", k=1)
-        manifest = read_manifest(champion.package)
-        return ChampionRef(
-            version=champion.label,
-            source="registry",
-            package=champion.package,
-            policy=manifest.policy,
-            k=manifest.k,
-            evaluated_acceptance=champion.evaluated_acceptance,
-        )
-
-
-@dataclass
-class LoadedDraft:
-    """A champion loaded once; every request gets its own drafter and policy from it."""
-
-    ref: ChampionRef
-    spec: DrafterSpec
-    prototype: Drafter | None  # None: plain decoding
-    verify_curve: tuple[float, ...]
-    loaded_at: float = field(default_factory=time.time)
-
-    def new_drafter(self) -> Drafter | None:
-        return None if self.prototype is None else self.prototype.fork()
-
-    def new_policy(self, *, policy: str | None = None, k: int | None = None) -> DraftLengthPolicy:
-        return make_policy(
-            policy or self.ref.policy, k or self.ref.k, verify_curve=self.verify_curve
-        )
-
-    def describe(self) -> dict[str, object]:
-        return {
-            "version": self.ref.version,
-            "source": self.ref.source,
-            "drafter": str(self.spec),
-            "package": None if self.ref.package is None else str(self.ref.package),
-            "policy": self.ref.policy,
-            "k": self.ref.k,
-            "loaded_at": self.loaded_at,
-        }
-
-
-def load_draft(
-    ref: ChampionRef, target, tokenizer, *, verify_curve: tuple[float, ...]
-) -> LoadedDraft:
-    """Build the champion's drafter once (weights loaded, compatibility checked)."""
-    if ref.package is not None:
-        spec = read_manifest(ref.package).spec(ref.package)
-    elif ref.drafter is not None:
-        spec = parse_drafter_spec(ref.drafter)
-    else:
-        raise ModelSourceError(f"champion {ref.version!r} names neither a package nor a drafter")
-    make_policy(ref.policy, ref.k)  # a bad policy or k fails here, not in a request
-    prototype = build_drafter(spec, target, tokenizer)
-    return LoadedDraft(ref=ref, spec=spec, prototype=prototype, verify_curve=verify_curve)
+            return Champion(self.NO_CHAMPION, "registry", DraftPlan(k=1))
+        return champion
 
 
 class ChampionWatcher:
     """Holds the serving draft; :meth:`poll` swaps to a new champion once it has loaded."""
 
-    def __init__(
-        self, source: ChampionSource, loader: Callable[[ChampionRef], LoadedDraft]
-    ) -> None:
+    def __init__(self, source: ChampionSource, target: LoadedTarget) -> None:
         self.source = source
-        self._loader = loader
+        self._target = target
         self._lock = threading.Lock()  # one poll at a time
-        self.current: LoadedDraft = loader(source.current())  # fails loudly at start-up
+        self.current: Champion = source.current().loaded(target)  # fails loudly at start-up
         self.swaps = 0
         self.last_error: str | None = None
         self.last_poll: float = time.time()
@@ -198,19 +130,19 @@ class ChampionWatcher:
         with self._lock:
             self.last_poll = time.time()
             try:
-                ref = self.source.current()
-                if ref.version == self.current.ref.version:
+                named = self.source.current()
+                if named.version == self.current.version:
                     self.last_error = None
                     return False
-                log.info("new champion %s (was %s): loading", ref.version, self.current.ref)
-                loaded = self._loader(ref)
+                log.info("new champion %s (was %s): loading", named.version, self.current.version)
+                loaded = named.loaded(self._target)
             except Exception as error:  # any failure (MLflow, disk, a bad package)
                 # Keep serving the current champion; report why the new one did not load.
                 self.last_error = str(error)
-                log.error("champion poll failed, keeping %s: %s", self.current.ref.version, error)
+                log.error("champion poll failed, keeping %s: %s", self.current.version, error)
                 return False
             self.current = loaded  # one reference swap: requests in flight keep their drafter
             self.swaps += 1
             self.last_error = None
-            log.info("serving champion %s", loaded.ref.version)
+            log.info("serving champion %s", loaded.version)
             return True

@@ -15,9 +15,9 @@ from pydantic import (
     model_validator,
 )
 
+from serving.engine.policy import MAX_DRAFT_TOKENS, PolicyName
 from serving.errors import BadInputError
 from serving.paths import CONFIG_DIR
-from serving.policy import MAX_DRAFT_TOKENS, PolicyName
 from serving.security.keys import DEFAULT_KEY_ENV
 from serving.security.redact import RedactionPatternError, Redactor
 

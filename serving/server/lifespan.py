@@ -48,7 +48,7 @@ async def housekeeping(state: ServerState, tick_s: float = 0.5) -> None:
                     current = state.watcher.current
                     metrics.labels(metrics.swaps).inc()
                     metrics.set_draft(
-                        current.ref.version, str(current.spec), current.ref.evaluated_acceptance
+                        current.version, str(current.plan.drafter), current.evaluated_acceptance
                     )
             if state.predictors is not None and time.monotonic() >= next_predictor_poll:
                 await asyncio.to_thread(state.predictors.poll)

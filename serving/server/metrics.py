@@ -1,6 +1,6 @@
 """The server's Prometheus metrics, named after vLLM's (``vllm:`` -> ``specops:``).
 
-Counts come from :mod:`serving.metrics` (the one definition of draft/accepted tokens and
+Counts come from :mod:`serving.engine.metrics` (the one definition of draft/accepted tokens and
 acceptance by position), so ``/metrics``, the CLI, MLflow and the gates agree:
 
 - acceptance rate = ``spec_decode_num_accepted_tokens_total / spec_decode_num_draft_tokens_total``
@@ -22,7 +22,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from serving.metrics import StepRecord, position_counts
+from serving.engine.metrics import StepRecord, position_counts
 from serving.records.schema import LIVE_WORKLOAD
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 60, 120, 300)

@@ -17,8 +17,8 @@ import time
 from abc import ABC, abstractmethod
 from pathlib import Path
 
+from serving.engine.predictor import PREDICTOR_FILE, AcceptancePredictor, load_predictor
 from serving.errors import ModelSourceError
-from serving.predictor import PREDICTOR_FILE, AcceptancePredictor, load_predictor
 
 log = logging.getLogger(__name__)
 

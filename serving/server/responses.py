@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model_serializer
 
-from serving.metrics import RequestStats
+from serving.engine.metrics import RequestStats
 
 FinishReason = Literal["stop", "length"]
 
@@ -26,7 +26,7 @@ class _Wire(BaseModel):
 
 # --- usage -----------------------------------------------------------------------------------
 class SpeculationStats(_Wire):
-    """One request's speculation (formulas: serving/metrics.py)."""
+    """One request's speculation (formulas: serving/engine/metrics.py)."""
 
     draft_version: str  # the champion version, or the per-request drafter spec
     checks: int

@@ -15,10 +15,10 @@ from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
-from serving.constrained import Constraint
+from serving.engine.constrained import Constraint
+from serving.engine.metrics import RequestStats
+from serving.engine.sampling import SamplingParams
 from serving.errors import BadInputError, SpecOpsError
-from serving.metrics import RequestStats
-from serving.sampling import SamplingParams
 from serving.security.body import BodyError, parse_object
 from serving.security.consent import CAPTURE_HEADER, header_consent
 from serving.server.api_errors import APIError, bad_request, too_many
@@ -257,7 +257,7 @@ async def run(
 
 
 def usage(decode: Decode, outcome: Outcome) -> SpeculativeUsage:
-    """OpenAI's usage, plus the request's speculation statistics (serving.metrics)."""
+    """OpenAI's usage, plus the request's speculation statistics (serving.engine.metrics)."""
     speculative = SpeculationStats.of(
         outcome.stats, draft_version=decode.draft_version, unverified=outcome.unverified
     )

@@ -2,13 +2,13 @@
 
 Requests wait in a bounded queue (a full queue refuses at once, so the HTTP layer answers
 429, with ``Retry-After`` from the queue's measured drain rate: :mod:`serving.server.drain`).
-Each of ``workers`` threads owns a :class:`serving.batch.batch.Batch` of up to its
+Each of ``workers`` threads owns a :class:`serving.engine.batch.batch.Batch` of up to its
 share of ``max_active`` requests (and of the hardware target's ``max_batch``). Between two
 steps a worker takes in waiting requests (each is prefilled alone as it joins), drops the
 ones that finished, failed, were cancelled or ran past their deadline, and then runs one
 packed target pass for all the rest: every request's pending token and drafts in one
 pass, each verified on its own rows. Each request keeps its own drafter, policy, sampler
-and KV caches, so joining a batch does not change its output (tests/serving/batch).
+and KV caches, so joining a batch does not change its output (tests/serving/engine/batch).
 
 Threads: torch releases the GIL inside its kernels, so two workers with one intra-op
 thread each keep both cores of this machine busy. Measured on this 2-core CPU, two
@@ -26,9 +26,9 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from serving.batch.batch import Batch
-from serving.batch.plan import BatchLimits, PassCost
-from serving.engine import Decoding, Generation
+from serving.curves import BatchLimits, PassCost
+from serving.engine.batch.batch import Batch
+from serving.engine.decoder import Decoding, Generation
 from serving.errors import SpecOpsError
 from serving.server.drain import DrainRate
 

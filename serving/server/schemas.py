@@ -6,11 +6,11 @@ Standard fields follow the OpenAI API (and its defaults: ``temperature`` 1, comp
 
 - ``drafter``: ``champion`` (default: the promoted draft of this hardware target),
   ``cascade`` (the server's configured cascade), or the spec of a drafter kind without
-  files (:data:`serving.drafters.kinds.HTTP_KINDS`: ``none`` turns speculation off; an
+  files (:data:`serving.engine.drafters.kinds.HTTP_KINDS`: ``none`` turns speculation off; an
   n-gram spec without a shared store); drafters that load files are not accepted over
   HTTP: promote them;
 - ``num_speculative_tokens``: k (1..64) for the draft-length policy;
-- ``draft_policy``: one of :data:`serving.policy.POLICIES`;
+- ``draft_policy``: one of :data:`serving.engine.policy.POLICIES`;
 - ``capture``: ``false`` opts this request out of capture (so does OpenAI's ``store``
   set to ``false``, and the header ``X-SpecOps-Capture: off``), always honoured.
 
@@ -26,10 +26,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from serving.drafters.kinds import HTTP_KINDS
+from serving.engine.drafters.kinds import HTTP_KINDS
+from serving.engine.policy import MAX_DRAFT_TOKENS, PolicyName
+from serving.engine.relaxed import check_lambda
 from serving.errors import BadInputError
-from serving.policy import MAX_DRAFT_TOKENS, PolicyName
-from serving.relaxed import check_lambda
 from serving.security.asgi import error_body as error_body  # one error shape for all
 
 HTTP_DRAFTERS = ("champion", *HTTP_KINDS, "cascade")

@@ -7,30 +7,36 @@ import logging
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from serving.batch.ragged import use_ragged_attention
-from serving.cascade.build import build_cascade
-from serving.cascade.drafter import CascadeDrafter, CascadePolicy
-from serving.constrained import Constraint
-from serving.drafters.base import Drafter
-from serving.drafters.factory import build_drafter, parse_drafter_spec
-from serving.engine import Generation, SpeculativeDecoder
+from serving.engine.batch.ragged import use_ragged_attention
+from serving.engine.build import build_decoder
+from serving.engine.cascade.build import build_cascade
+from serving.engine.cascade.drafter import CascadeDrafter
+from serving.engine.constrained import Constraint
+from serving.engine.decoder import Generation
+from serving.engine.drafters.base import Drafter
+from serving.engine.drafters.factory import build_drafter
+from serving.engine.drafters.plan import (
+    DEFAULT_K,
+    DEFAULT_POLICY,
+    CascadePlan,
+    DraftPlan,
+    Plan,
+)
+from serving.engine.sampling import SamplingParams
 from serving.errors import BadInputError, ModelSourceError
-from serving.hardware import engine_target
-from serving.loader import eos_ids, load_target, set_threads
-from serving.policy import DraftLengthPolicy, make_policy
-from serving.sampling import SamplingParams
+from serving.hardware import HardwareTarget, engine_target
+from serving.loader import load_target, set_threads
 from serving.security.keys import ApiKeys, check_bind, load_api_keys
 from serving.security.redact import Redactor
 from serving.server.capture import Capture
 from serving.server.champion import (
     ChampionSource,
     ChampionWatcher,
-    LoadedDraft,
     LocalChampion,
     RegistryChampion,
     StaticChampion,
-    load_draft,
 )
 from serving.server.config import ServerConfig
 from serving.server.metrics import ServerMetrics
@@ -42,6 +48,10 @@ from serving.server.predictor_watch import (
 )
 from serving.server.scheduler import Scheduler
 from serving.skeleton.constraint import SkeletonConstraint
+from serving.target import LoadedTarget
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 
@@ -59,22 +69,27 @@ class Decode:
 @dataclass
 class ServerState:
     config: ServerConfig
-    target: object
-    tokenizer: object
-    eos_token_ids: list[int]
-    max_context: int
+    target: LoadedTarget
     watcher: ChampionWatcher
     scheduler: Scheduler
     metrics: ServerMetrics
     capture: Capture
-    verify_curve: tuple[float, ...] = field(default_factory=tuple)
-    # The cascade requests get with drafter "cascade" (None: not configured), and its
-    # predictor, swapped by the watcher.
-    cascade: CascadeDrafter | None = None
+    # The cascade requests get with drafter "cascade" (None: not configured): its plan and
+    # its stages built once, and its predictor, swapped by the watcher.
+    cascade: tuple[CascadePlan, CascadeDrafter] | None = None
     predictors: PredictorWatcher | None = None
     api_keys: ApiKeys = field(default_factory=lambda: ApiKeys((), ()))
     _skeleton: SkeletonConstraint | None = None
     _skeleton_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def tokenizer(self) -> PreTrainedTokenizerBase:
+        assert self.target.tokenizer is not None  # a served target is loaded with one
+        return self.target.tokenizer
+
+    @property
+    def max_context(self) -> int:
+        return self.target.context_limit
 
     def skeleton_constraint(self) -> SkeletonConstraint:
         """The skeleton grammar for this tokenizer, built on first use (about a second)."""
@@ -82,23 +97,26 @@ class ServerState:
             if self._skeleton is None:
                 self._skeleton = SkeletonConstraint(
                     self.tokenizer,
-                    vocab_size=int(self.target.config.vocab_size),  # type: ignore[attr-defined]
-                    eos_token_ids=self.eos_token_ids,
+                    vocab_size=self.target.vocab_size,
+                    eos_token_ids=list(self.target.eos_token_ids),
                 )
             return self._skeleton
 
-    def _cascade(self) -> tuple[CascadeDrafter, CascadePolicy, str]:
+    def _cascade(self) -> tuple[CascadePlan, CascadeDrafter, str]:
+        """The configured cascade's plan, a fork of its stages driven by the current
+        predictor, and the version label its requests are recorded under."""
         if self.cascade is None:
             raise BadInputError(
                 "drafter 'cascade' is not configured on this server (serving.yaml: cascade.stages)"
             )
-        forked = self.cascade.fork()
+        plan, cascade = self.cascade
+        forked = cascade.fork()
         predictor, version = None, None
         if self.predictors is not None:
             predictor, version = self.predictors.current, self.predictors.version
         forked.predictor = predictor
-        label = f"cascade:{self.cascade.name}" + (f"+predictor:{version}" if version else "")
-        return forked, CascadePolicy(forked), label
+        label = f"cascade:{cascade.name}" + (f"+predictor:{version}" if version else "")
+        return plan, forked, label
 
     def new_decode(
         self,
@@ -114,31 +132,21 @@ class ServerState:
         capture: bool = True,
     ) -> Decode:
         """Build the request's own decoder (own drafter, policy and caches) and validate it;
-        raises :class:`BadInputError` before any model work."""
-        version = drafter
+        raises :class:`BadInputError` before any model work. ``drafter``: ``champion``,
+        ``cascade`` or a drafter spec, resolved to a plan here."""
+        plan: Plan
         request_drafter: Drafter | None
-        request_policy: DraftLengthPolicy | None
         if drafter == "cascade":
-            request_drafter, request_policy, version = self._cascade()
+            plan, request_drafter, version = self._cascade()
         elif drafter == "champion":
-            draft: LoadedDraft = self.watcher.current
-            request_drafter = draft.new_drafter()
-            request_policy = draft.new_policy(policy=policy, k=k) if request_drafter else None
-            version = draft.ref.version
+            champion = self.watcher.current
+            plan = champion.plan.with_limits(policy=policy, k=k)
+            request_drafter, version = champion.new_drafter(), champion.version
         else:
-            request_drafter = build_drafter(parse_drafter_spec(drafter), self.target)
-            request_policy = (
-                make_policy(policy or "cost", k or 10, verify_curve=self.verify_curve)
-                if request_drafter is not None
-                else None
-            )
-        decoder = SpeculativeDecoder(
-            self.target,
-            drafter=request_drafter,
-            policy=request_policy,
-            eos_token_ids=self.eos_token_ids,
-            max_context=self.max_context,
-            relax_lambda=relax_lambda,
+            plan = DraftPlan.parse(drafter, policy=policy or DEFAULT_POLICY, k=k or DEFAULT_K)
+            request_drafter, version = build_drafter(plan.drafter, self.target), drafter
+        decoder = build_decoder(
+            self.target, plan, drafter=request_drafter, relax_lambda=relax_lambda
         )
         # Skeleton-of-thought's inner requests are not captured (their prompts are ours).
         detailed = capture and self.capture.wants()
@@ -152,10 +160,12 @@ class ServerState:
         return Decode(generation, list(prompt_ids), version, detailed)
 
 
-def champion_source(config: ServerConfig) -> ChampionSource:
+def champion_source(config: ServerConfig, hardware: HardwareTarget) -> ChampionSource:
     champion = config.champion
     if champion.source == "static":
-        return StaticChampion(champion.drafter, policy=champion.policy, k=champion.k)
+        return StaticChampion(
+            DraftPlan.parse(champion.drafter, policy=champion.policy, k=champion.k)
+        )
     if champion.source == "local":
         assert champion.path is not None
         return LocalChampion(champion.path)
@@ -163,7 +173,7 @@ def champion_source(config: ServerConfig) -> ChampionSource:
 
     try:
         return RegistryChampion(
-            config.hardware, cache=cache_root() / "registry", missing=config.champion.missing
+            hardware, cache=cache_root() / "registry", missing=config.champion.missing
         )
     except ImportError as error:
         raise ModelSourceError(
@@ -181,54 +191,42 @@ def server_keys(config: ServerConfig) -> ApiKeys:
 
 
 def build_state(
-    config: ServerConfig, *, target=None, tokenizer=None, api_keys: ApiKeys | None = None
+    config: ServerConfig, *, target: LoadedTarget | None = None, api_keys: ApiKeys | None = None
 ) -> ServerState:
     """Load the target and the champion (slow: seconds), build the serving state. The API
     keys are read (:func:`server_keys`) unless given, before anything slow."""
     keys = server_keys(config) if api_keys is None else api_keys
     hardware = engine_target(config.hardware)
     set_threads(config.threads or hardware.threads)
-    source = champion_source(config)  # a bad champion config fails before the model loads
-    if target is None or tokenizer is None:
-        target, tokenizer = load_target(config.target, **hardware.load_options())
-    use_ragged_attention(target)  # requests decode in batches: packed passes
-    curve = hardware.curve
-
-    def loader(ref) -> LoadedDraft:
-        return load_draft(ref, target, tokenizer, verify_curve=curve)
-
-    watcher = ChampionWatcher(source, loader)
-    metrics = ServerMetrics(model_name=config.model_name, hardware=config.hardware)
-    metrics.set_draft(
-        watcher.current.ref.version,
-        str(watcher.current.spec),
-        watcher.current.ref.evaluated_acceptance,
-    )
+    source = champion_source(config, hardware)  # a bad champion config fails before loading
+    if target is None:
+        target = load_target(config.target, hardware)
+    use_ragged_attention(target.model)  # requests decode in batches: packed passes
+    watcher = ChampionWatcher(source, target)
+    metrics = ServerMetrics(model_name=config.model_name, hardware=hardware.name)
+    current = watcher.current
+    metrics.set_draft(current.version, str(current.plan.drafter), current.evaluated_acceptance)
     capture = Capture(
         root=Path(config.capture.store),
         share=config.capture.share,
-        hardware=config.hardware,
+        hardware=hardware.name,
         failure_threshold=config.capture.failure_threshold,
         seed=config.capture.seed,
         replica=config.replica,
         redactor=Redactor(config.capture.redact_patterns) if config.capture.redact else None,
-        tokenizer=tokenizer,
+        tokenizer=target.tokenizer,
         on_redacted=lambda counts: metrics.redacted(counts),
         on_dropped=lambda kind, _: metrics.labels(metrics.capture_dropped, reason=kind).inc(),
     )
-    cascade, predictors = _serving_cascade(config, target, tokenizer, curve)
-    max_context = int(target.config.max_position_embeddings)
-    if config.limits.max_tokens >= max_context:
+    cascade, predictors = _serving_cascade(config, target)
+    if config.limits.max_tokens >= target.context_limit:
         raise BadInputError(
             f"limits.max_tokens={config.limits.max_tokens} must be below the model's context "
-            f"of {max_context} tokens"
+            f"of {target.context_limit} tokens"
         )
     return ServerState(
         config=config,
         target=target,
-        tokenizer=tokenizer,
-        eos_token_ids=eos_ids(target, tokenizer),
-        max_context=max_context,
         watcher=watcher,
         scheduler=Scheduler(
             queue_size=config.limits.queue_size,
@@ -242,7 +240,6 @@ def build_state(
         ),
         metrics=metrics,
         capture=capture,
-        verify_curve=curve,
         cascade=cascade,
         predictors=predictors,
         api_keys=keys,
@@ -250,17 +247,16 @@ def build_state(
 
 
 def _serving_cascade(
-    config: ServerConfig, target, tokenizer, curve: tuple[float, ...]
-) -> tuple[CascadeDrafter | None, PredictorWatcher | None]:
+    config: ServerConfig, target: LoadedTarget
+) -> tuple[tuple[CascadePlan, CascadeDrafter] | None, PredictorWatcher | None]:
     """The configured cascade (its stages built once; requests fork it) and its
     predictor watcher. A predictor that does not load at start-up is reported and the
     cascade serves on its running per-stage acceptance until one does."""
     settings = config.cascade
     if settings.stages is None:
         return None, None
-    cascade, _ = build_cascade(
-        settings.stages, target, verify_curve=curve, tokenizer=tokenizer, k_max=settings.k_max
-    )
+    plan = CascadePlan.parse(settings.stages, k=settings.k_max)
+    cascade = (plan, build_cascade(plan, target))
     if settings.predictor == "none":
         return cascade, None
     source: PredictorSource
@@ -270,8 +266,8 @@ def _serving_cascade(
     else:
         from serving.models.real import cache_root
 
-        source = RegistryPredictor(config.hardware, cache_root() / "registry")
-    watcher = PredictorWatcher(source, hardware=config.hardware)
+        source = RegistryPredictor(target.name, cache_root() / "registry")
+    watcher = PredictorWatcher(source, hardware=target.name)
     if watcher.last_error:
         log.error("the cascade serves without a predictor for now: %s", watcher.last_error)
     return cascade, watcher

@@ -3,10 +3,10 @@
 1. The skeleton: the plan request (:func:`serving.skeleton.prompts.skeleton_messages`)
    decoded with speculation under :class:`SkeletonConstraint`, so it is always a valid
    ``[PLAN] 1. ... [END]`` or ``[DIRECT]`` (the constraint masks the target's processed
-   distribution row by row: speculation inside it stays lossless, serving.constrained).
+   distribution row by row: speculation inside it stays lossless, serving.engine.constrained).
 2. ``[DIRECT]``: the question is answered in one piece, as plain decoding would.
 3. A plan: one branch request per point, each with its own decoder (own drafter and
-   policy), decoded together through one :class:`serving.batch.batch.Batch`; each branch's
+   policy), decoded together through one :class:`serving.engine.batch.batch.Batch`; each branch's
    tokens are exactly its solo decoding's. A branch that hits its token budget is reported
    (``truncated``), not cut silently.
 4. The branches are merged in point order (:func:`serving.skeleton.prompts.merge`).
@@ -18,12 +18,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from serving.batch.batch import decode_together
-from serving.batch.plan import BatchLimits, PassCost
-from serving.engine import GenerationResult, SpeculativeDecoder
+from serving.curves import BatchLimits, PassCost
+from serving.engine.batch.batch import decode_together
+from serving.engine.decoder import GenerationResult, SpeculativeDecoder
+from serving.engine.sampling import SamplingParams
 from serving.errors import SpecOpsError
 from serving.loader import encode_messages
-from serving.sampling import SamplingParams
 from serving.skeleton.constraint import SkeletonConstraint
 from serving.skeleton.parse import Skeleton, parse_skeleton
 from serving.skeleton.prompts import branch_messages, merge, skeleton_messages

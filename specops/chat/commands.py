@@ -13,17 +13,18 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from serving.drafters.factory import parse_drafter_spec
-from serving.drafters.kinds import KINDS, SPEC_SYNTAX
-from serving.engine import MODES
+from serving.engine.decoder import MODES
+from serving.engine.drafters.factory import parse_drafter_spec
+from serving.engine.drafters.kinds import KINDS, SPEC_SYNTAX
+from serving.engine.policy import MAX_DRAFT_TOKENS, POLICIES, check_k
 from serving.errors import BadInputError
 from serving.hardware import hardware_target
-from serving.policy import MAX_DRAFT_TOKENS, POLICIES, check_k
 
 
 @dataclass(frozen=True)
 class Settings:
-    """How the next answer is decoded. ``drafter`` is a spec (``serving.drafters.factory``)."""
+    """How the next answer is decoded. ``drafter`` is a spec
+    (``serving.engine.drafters.factory``)."""
 
     drafter: str = "pld"
     k: int = 10

@@ -13,12 +13,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from serving.engine import GenerationResult, SpeculativeDecoder
+from serving.engine.decoder import GenerationResult, SpeculativeDecoder
+from serving.engine.metrics import pool, position_counts
+from serving.engine.sampling import SamplingParams
 from serving.errors import BadInputError, SpecOpsError
 from serving.hardware import engine_target
 from serving.loader import DecoderOptions, build_decoder, encode_messages
-from serving.metrics import pool, position_counts
-from serving.sampling import SamplingParams
 from serving.server.text import TextAssembler
 from specops.chat.commands import DRAFT_SETTINGS, Settings
 from tasks.evaluate.interleave import interleave
@@ -55,7 +55,7 @@ class CompareRow:
 
 @dataclass(frozen=True)
 class SessionStats:
-    """The session's answers pooled (:func:`serving.metrics.pool`) and acceptance by draft
+    """The session's answers pooled (:func:`serving.engine.metrics.pool`) and acceptance by draft
     position: ``reached[i]`` target passes that checked a draft at position i, ``kept[i]``
     of them kept it."""
 
@@ -119,7 +119,7 @@ class ChatSession:
         """Draft with the registry's champion of ``hardware`` (default: this session's):
         its package's drafter, policy and k. :class:`SpecOpsError` (no champion, no
         registry) leaves the session as it was."""
-        from serving.drafters.package import read_manifest
+        from serving.engine.drafters.package import read_manifest
         from serving.server.champion import RegistryChampion
 
         target = hardware or self.hardware

@@ -23,7 +23,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from serving.drafters.kinds import DRAFTER_KINDS, PATH_KINDS
+from serving.engine.drafters.kinds import DRAFTER_KINDS, PATH_KINDS
 from serving.errors import BadInputError, SpecOpsError
 from specops.chat.commands import (
     COMMANDS,
@@ -201,8 +201,8 @@ def completer(hardware_names: list[str]):
     modes, hardware targets)."""
     from prompt_toolkit.completion import Completer, Completion
 
-    from serving.engine import MODES
-    from serving.policy import POLICIES
+    from serving.engine.decoder import MODES
+    from serving.engine.policy import POLICIES
 
     specs = [spec for kind in DRAFTER_KINDS for spec in kind.completions]
     values: dict[str, list[str]] = {

@@ -36,10 +36,10 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from serving.atomic import write_json_atomic
+from serving.engine.metrics import pool
 from serving.errors import BadInputError, SpecOpsError
 from serving.hardware import HardwareTarget, engine_target
 from serving.loader import DecoderOptions, build_decoder, eos_ids, set_threads
-from serving.metrics import pool
 from serving.models.truncated import first_layers
 from serving.paths import CONFIG_DIR
 from serving.records.schema import WORKLOADS, Split, Workload
@@ -421,7 +421,7 @@ def summarize(
 
 
 def _as_stats(stats: dict):
-    from serving.metrics import RequestStats
+    from serving.engine.metrics import RequestStats
 
     return RequestStats(**stats)
 

@@ -149,7 +149,7 @@ def breakdown(
     step installed, both paths are measured, else only transformers')."""
     from transformers import DynamicCache
 
-    from serving.kv import Cache, rewind
+    from serving.engine.kv import Cache, rewind
     from serving.lean.install import lean_step
     from tasks.bench.limits import memory_bandwidth, weight_bytes_per_token
 

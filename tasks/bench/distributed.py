@@ -34,10 +34,10 @@ import numpy as np
 
 from serving.atomic import atomic_path, write_json_atomic, write_text_atomic
 from serving.distributed.client import SessionResult, TargetClient, run_distributed, run_fused
-from serving.drafters.factory import build_drafter, parse_drafter_spec
-from serving.drafters.kinds import MODEL_KINDS
+from serving.engine.drafters.factory import build_drafter, parse_drafter_spec
+from serving.engine.drafters.kinds import MODEL_KINDS
+from serving.engine.policy import make_policy
 from serving.errors import BadInputError
-from serving.policy import make_policy
 
 MODES = ("distributed", "fused")
 

@@ -6,7 +6,7 @@ simulator needs absolute per-pass times. Both come from here: a warm KV cache of
 drafts), repeated in shuffled order so that machine noise spreads evenly, medians kept.
 
 ``specops profile --batch`` measures the batch planner's ``C(n)`` the same way: packed
-passes (:func:`serving.batch.ragged.packed_pass`) over n rows shared by B sequences, each
+passes (:func:`serving.engine.batch.ragged.packed_pass`) over n rows shared by B sequences, each
 with its own warm cache, relative to a packed pass over one row of one sequence.
 
 The model is measured where it runs: on the device, in the dtype and with the kernels of
@@ -26,7 +26,7 @@ from typing import TypedDict
 
 import torch
 
-from serving.kv import new_cache, rewind
+from serving.engine.kv import new_cache, rewind
 from serving.models.truncated import first_layers
 
 
@@ -201,9 +201,9 @@ def _lookup_costs(
     """The drafting cost per drafted token of the drafter kinds that run no model (what
     :mod:`tasks.evaluate.costs` measures for each contender of an evaluation), on the
     profile's context repeated so that a lookup finds what to draft."""
-    from serving.drafters.factory import build_drafter
-    from serving.engine import SpeculativeDecoder
-    from serving.policy import FixedK
+    from serving.engine.decoder import SpeculativeDecoder
+    from serving.engine.drafters.factory import build_drafter
+    from serving.engine.policy import FixedK
     from tasks.evaluate.costs import profile_draft_cost
 
     k = min(8, len(curve) - 1) or 1
@@ -233,7 +233,7 @@ def split_rows(rows: int, sequences: int) -> list[int]:
 def _time_packed(
     model, caches, lengths: list[int], sizes: list[int], vocab: int, generator: torch.Generator
 ) -> float:
-    from serving.batch.ragged import packed_pass
+    from serving.engine.batch.ragged import packed_pass
 
     device = next(model.parameters()).device
     blocks = [torch.randint(0, vocab, (size,), generator=generator).to(device) for size in sizes]
@@ -265,10 +265,10 @@ def profile_batch(
     ``sequences`` with ``B <= n`` (``rows`` must start at 1), on the device the weights are
     on. Sequence i's cache holds a random context of about ``context`` tokens (spread over
     ±25%, since each sequence attends to its own keys). Makes ``model`` take packed passes
-    (:func:`serving.batch.ragged.use_ragged_attention`, in place)."""
+    (:func:`serving.engine.batch.ragged.use_ragged_attention`, in place)."""
     from tqdm.auto import tqdm
 
-    from serving.batch.ragged import use_ragged_attention
+    from serving.engine.batch.ragged import use_ragged_attention
 
     if not rows or rows[0] != 1 or list(rows) != sorted(set(rows)):
         raise ValueError(f"rows must rise from 1, got {rows}")

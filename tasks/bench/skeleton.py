@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from serving.atomic import write_json_atomic
-from serving.engine import SpeculativeDecoder
+from serving.engine.decoder import SpeculativeDecoder
+from serving.engine.sampling import SamplingParams
 from serving.hardware import HardwareTarget
 from serving.loader import encode_messages, eos_ids
-from serving.sampling import SamplingParams
 from serving.skeleton.constraint import SkeletonConstraint
 from serving.skeleton.decode import SkeletonAnswer, answer_with_skeleton, skeleton_budget
 from serving.skeleton.parse import parse_skeleton

@@ -18,12 +18,12 @@ from collections.abc import Iterable, Sequence
 from pydantic import BaseModel, ConfigDict
 
 from serving import metrics
-from serving.engine import SpeculativeDecoder
+from serving.engine.decoder import SpeculativeDecoder
+from serving.engine.metrics import StepRecord
+from serving.engine.sampling import SamplingParams
 from serving.loader import encode_messages
-from serving.metrics import StepRecord
 from serving.records import store
 from serving.records.schema import DEFAULT_FAILURE_THRESHOLD, from_detailed, record_id
-from serving.sampling import SamplingParams
 from tasks.data.prompts import Prompt
 
 log = logging.getLogger(__name__)
@@ -149,7 +149,7 @@ def collect(
 
 def acceptance_by_position(steps: Iterable[Sequence[Sequence[int]]]) -> list[float | None]:
     """Pooled over every check of every record (each record's ``steps``, its
-    ``[proposed, accepted]`` per check), as serving.metrics defines it."""
+    ``[proposed, accepted]`` per check), as serving.engine.metrics defines it."""
     pooled = [
         StepRecord(proposed, accepted, 0, 0.0, 0.0)
         for record_steps in steps

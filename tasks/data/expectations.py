@@ -18,7 +18,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from serving.drafters.kinds import STAGES
+from serving.engine.drafters.kinds import STAGES
 from serving.records.schema import SPLITS, RequestRecord, is_failure
 from tasks.data.validation_summary import SuiteReport
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from serving.engine.policy import PolicyName
 from serving.errors import BadInputError
-from serving.policy import PolicyName
 from serving.records.schema import WORKLOADS, Workload
 from tasks.data.dataset import DEFAULT_HELDOUT_SHARE
 

@@ -20,8 +20,9 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 
-from serving.metrics import StepRecord
-from serving.policy import CostAwareK, FixedK, curve_cost
+from serving.curves import curve_cost
+from serving.engine.metrics import StepRecord
+from serving.engine.policy import CostAwareK, FixedK
 
 ENOUGH_STEPS = 24  # drafting steps a profile stops at (it goes on while prompts remain)
 
@@ -48,7 +49,7 @@ def profile_draft_cost(
     enough: int = ENOUGH_STEPS,
 ) -> tuple[float | None, int]:
     """The median cost per drafted token of ``decoder``'s drafter (a
-    :class:`~serving.engine.SpeculativeDecoder`), generating from ``prompts`` in order with
+    :class:`~serving.engine.decoder.SpeculativeDecoder`), generating from ``prompts`` in order with
     ``k`` drafts a step until ``enough`` steps drafted (or the prompts run out), and how
     many steps it is the median of; ``(None, 0)`` when nothing was drafted (a drafter that
     drafts nothing with ``k`` fixed drafts nothing under its own policy either). The
@@ -56,7 +57,7 @@ def profile_draft_cost(
     own), so a cost-aware policy's long-run estimates are not moved by the profile."""
     if decoder.drafter is None:
         return None, 0
-    from serving.cascade.drafter import CascadePolicy
+    from serving.engine.cascade.drafter import CascadePolicy
 
     own = decoder.policy
     if not isinstance(own, CascadePolicy):

@@ -4,7 +4,7 @@ In one run, interleaved: plain decoding (no draft, the reference) and every cont
 (champion, challenger, ...), each once per prompt in an order that rotates per prompt,
 after one warm-up generation each, so machine noise lands on all alike. Greedy decoding:
 every contender's output must equal the reference token for token (``lossless``).
-Reported per contender, pooled over prompts as :mod:`serving.metrics` defines them:
+Reported per contender, pooled over prompts as :mod:`serving.engine.metrics` defines them:
 acceptance rate, mean accepted length, acceptance by position, tokens/s and its ratio to
 plain decoding (``speedup``), and the same by workload and by source: ``builtin`` prompts
 of the packaged workloads (held-out split) and ``traffic`` prompts replayed from held-out
@@ -22,13 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from serving.drafters.package import load_package
-from serving.engine import SpeculativeDecoder
+from serving.engine.decoder import SpeculativeDecoder
+from serving.engine.drafters.package import load_package
+from serving.engine.metrics import RequestStats, StepRecord, acceptance_by_position, pool
+from serving.engine.policy import DraftLengthPolicy, make_policy
 from serving.errors import BadInputError
 from serving.hardware import engine_target
 from serving.loader import encode_messages, eos_ids
-from serving.metrics import RequestStats, StepRecord, acceptance_by_position, pool
-from serving.policy import DraftLengthPolicy, make_policy
 from serving.records.schema import RequestRecord
 from tasks.data.prompts import Prompt
 from tasks.evaluate.evaluated_curve import rounds_curve
@@ -85,7 +85,7 @@ class Contender:
     name: str  # "champion", "challenger", ...
     package: Path  # a draft package folder
     # An acceptance predictor folder: the package's drafter then runs as a one-stage
-    # cascade driven by it (serving/cascade) instead of under the package's own policy.
+    # cascade driven by it (serving/engine/cascade) instead of under the package's own policy.
     predictor: Path | None = None
 
 
@@ -134,9 +134,9 @@ def contender_decoders(
 def _predicted(drafter, contender: Contender, k: int, curve, hardware: str):
     """The package's drafter as the single stage of a cascade driven by the contender's
     predictor (refused, naming it, when the predictor never saw that kind of drafter)."""
-    from serving.cascade.drafter import CascadeDrafter, CascadePolicy, Stage
-    from serving.drafters.kinds import stage_of
-    from serving.predictor import PredictorError, load_predictor
+    from serving.engine.cascade.drafter import CascadeDrafter, CascadePolicy, Stage
+    from serving.engine.drafters.kinds import stage_of
+    from serving.engine.predictor import PredictorError, load_predictor
 
     assert contender.predictor is not None
     predictor = load_predictor(contender.predictor, hardware=hardware)

@@ -25,9 +25,9 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterable, Sequence
 
+from serving.curves import curve_cost, normalise_curve
+from serving.engine.metrics import StepRecord
 from serving.errors import BadInputError
-from serving.metrics import StepRecord
-from serving.policy import curve_cost, normalise_curve
 from tasks.evaluate.report import EvaluationReport
 
 MIN_PASSES = 8  # passes of one size before its median replaces the profiled value

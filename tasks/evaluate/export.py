@@ -28,8 +28,8 @@ from pathlib import Path
 from serving.atomic import atomic_dir
 from serving.backends import Speculation, UnsupportedDraftError, backend_info, check_supported
 from serving.backends.exports import DRAFT_FOLDER, EXPORT_MANIFEST, load_export, read_export
-from serving.drafters.kinds import MODEL_KINDS
-from serving.drafters.package import read_manifest
+from serving.engine.drafters.kinds import MODEL_KINDS
+from serving.engine.drafters.package import read_manifest
 from serving.errors import ModelSourceError
 from tasks.train.distill_model import save_causal_lm
 

@@ -54,9 +54,9 @@ def replay(ok: Sequence[Sequence[bool]], prompt_len: int, length: int, k: int) -
     """Walk one answer (tokens ``prompt_len .. length - 1``) with ``k`` drafts per step.
 
     ``ok[d][t]`` for ``d < k``: the ``(d + 1)``-th draft of the step whose last known token is
-    ``x_t`` is right. As in :mod:`serving.engine`, the prefill covers the prompt but its last
-    token, which the first step feeds with that step's drafts; every step emits its accepted
-    drafts plus the target's own next token.
+    ``x_t`` is right. As in :mod:`serving.engine.decoder`, the prefill covers the prompt but
+    its last token, which the first step feeds with that step's drafts; every step emits its
+    accepted drafts plus the target's own next token.
     """
     if k < 1 or k > len(ok):
         raise ValueError(f"k must be in [1, {len(ok)}] for these hits, got {k!r}")

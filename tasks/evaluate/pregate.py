@@ -4,7 +4,7 @@ challenger that cannot win is not timed.
 Under greedy decoding the target's output on a prompt does not depend on the draft. So
 plain decoding runs once per prompt (the evaluation times that run and, with a champion
 timed beside the challengers, does not time plain decoding again), and each contender then
-decodes the same prompts against :class:`RecordedTarget` — the target as recorded: every
+decodes the same prompts against :class:`RecordedStep` — the target as recorded: every
 pass returns, at each of its positions, logits whose argmax is the recorded next token
 (and, for drafters that read the target's features, the hidden states of one
 teacher-forced pass over the recorded sequence). The engine, the drafter and its policy
@@ -25,59 +25,61 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
-from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from serving.engine import SpeculativeDecoder
+from serving.engine.decoder import SpeculativeDecoder
 from serving.errors import SpecOpsError
 from serving.lean.cache import Length
+from serving.lean.step import LeanOutput
+from serving.target import LoadedTarget
 from tasks.evaluate.priced import Pricing
 
 log = logging.getLogger(__name__)
 
 
 class _Length(Length):
-    """A cache that is only a length (the recorded target keeps nothing else)."""
+    """A cache that is only a length (the recording keeps nothing else)."""
 
     def __init__(self) -> None:
         self.length = 0
 
 
-class _Caches:
-    def new_cache(self) -> _Length:
-        return _Length()
+class RecordedStep:
+    """The target as recorded on one sequence at a time (see the module docstring), as a
+    step of :class:`serving.target.LoadedTarget` (:meth:`~serving.target.LoadedTarget.
+    with_step`): :meth:`use` gives it the sequence (prompt and plain output) and, where a
+    drafter reads them, that sequence's final hidden states. Every pass returns, at each
+    of its positions, logits whose argmax is the recorded next token."""
 
+    cache_type = _Length
 
-class RecordedTarget(torch.nn.Module):
-    """``target`` as recorded on one sequence at a time (see the module docstring):
-    :meth:`use` gives it the sequence (prompt and plain output) and, where a drafter reads
-    them, that sequence's final hidden states."""
-
-    def __init__(self, target) -> None:
-        super().__init__()
-        self.config = target.config
-        weight = next(target.parameters())
-        # The engine reads the model's device and dtype from its parameters.
-        self.anchor = torch.nn.Parameter(
-            torch.zeros(1, device=weight.device, dtype=weight.dtype), requires_grad=False
-        )
-        self.specops_lean = _Caches()  # serving.kv.new_cache hands out its caches
+    def __init__(self, vocab_size: int, device: torch.device) -> None:
+        self.vocab_size = vocab_size
+        self.device = device
         self.sequence: list[int] = []
         self.hidden: torch.Tensor | None = None
 
     def use(self, sequence: Sequence[int], hidden: torch.Tensor | None = None) -> None:
         self.sequence, self.hidden = list(sequence), hidden
 
-    def forward(self, input_ids=None, past_key_values=None, **kwargs):  # type: ignore[override]
-        cache = past_key_values
-        if not isinstance(cache, _Length):
-            raise SpecOpsError("the recorded target decodes only with its own caches")
-        rows = int(input_ids.shape[-1])
+    def new_cache(self) -> _Length:
+        return _Length()
+
+    def forward(
+        self,
+        ids: torch.Tensor,
+        caches: Sequence[_Length],
+        rows: Sequence[int],
+        *,
+        keep: int = 0,
+        want_hidden: bool = False,
+    ) -> LeanOutput:
+        if len(caches) != 1:
+            raise SpecOpsError("the recorded target decodes one sequence a pass")
+        (cache,), (count,) = caches, rows
         start = cache.length
-        keep = int(kwargs.get("logits_to_keep") or 0)
-        first = start + rows - keep if 0 < keep < rows else start
-        positions = range(first, start + rows)
-        vocab = int(self.config.vocab_size)
-        logits = torch.zeros(len(positions), vocab, device=self.anchor.device)
+        first = start + count - keep if 0 < keep < count else start
+        positions = range(first, start + count)
+        logits = torch.zeros(len(positions), self.vocab_size, device=self.device)
         if start + 1 > len(self.sequence):
             raise SpecOpsError(
                 f"the recorded target was asked past its {len(self.sequence)} recorded tokens"
@@ -88,16 +90,15 @@ class RecordedTarget(torch.nn.Module):
             if position + 1 < len(self.sequence):
                 logits[row, self.sequence[position + 1]] = 1.0
         hidden = None
-        if kwargs.get("output_hidden_states"):
+        if want_hidden:
             if self.hidden is None:
                 raise SpecOpsError("a drafter asked for hidden states none were recorded for")
-            part = self.hidden[start : start + rows]
-            if part.shape[0] < rows:  # likewise past the recording
-                pad = part.new_zeros(rows - part.shape[0], part.shape[1])
-                part = torch.cat([part, pad])
-            hidden = (part[None],)
-        cache.length += rows
-        return CausalLMOutputWithPast(logits=logits[None], hidden_states=hidden)  # type: ignore[arg-type]
+            hidden = self.hidden[start : start + count]
+            if hidden.shape[0] < count:  # likewise past the recording
+                pad = hidden.new_zeros(count - hidden.shape[0], hidden.shape[1])
+                hidden = torch.cat([hidden, pad])
+        cache.length += count
+        return LeanOutput(logits=logits, hidden=hidden)
 
 
 @dataclass(frozen=True)
@@ -118,7 +119,7 @@ def predict(
     encoded: Sequence[list[int]],
     outputs: Sequence[Sequence[int]],
     *,
-    target,
+    target: LoadedTarget,
     curve: Sequence[float],
     draft_costs: Mapping[str, float],
     prefills: Sequence[float | None] | None = None,
@@ -135,15 +136,13 @@ def predict(
         raise SpecOpsError(f"{len(encoded)} prompts but {len(prefills)} prefill costs")
     prefill = [float(p or 0.0) for p in prefills] if prefills is not None else [0.0] * len(encoded)
     recordings = [list(ids) + list(out) for ids, out in zip(encoded, outputs, strict=True)]
-    recorded = RecordedTarget(target)
+    recorded = RecordedStep(target.vocab_size, target.device)
+    replayed = target.with_step(recorded)
     pricing = Pricing(curve, 0.0, draft_costs)
     hidden_cache: dict[int, torch.Tensor] = {}
     out: dict[str, Prediction] = {}
     for name, decoder in decoders.items():
-        replay = SpeculativeDecoder(
-            recorded, drafter=decoder.drafter, policy=decoder.policy,
-            eos_token_ids=sorted(decoder.eos_token_ids),
-        )  # fmt: skip
+        replay = decoder.on(replayed)
         wants_hidden = decoder.drafter is not None and decoder.drafter.needs_target_hidden
         tokens = checks = reproduced = drafted = accepted = 0
         cost = plain_cost = 0.0
@@ -177,9 +176,8 @@ def predict(
 
 
 @torch.inference_mode()
-def _final_hidden(target, sequence: Sequence[int]) -> torch.Tensor:
+def _final_hidden(target: LoadedTarget, sequence: Sequence[int]) -> torch.Tensor:
     """The target's final hidden states over ``sequence`` in one teacher-forced pass
     (transformers' forward: no cache of the engine's)."""
-    device = next(target.parameters()).device
-    ids = torch.tensor([list(sequence)], dtype=torch.int64, device=device)
-    return target(input_ids=ids, output_hidden_states=True).hidden_states[-1][0]
+    ids = torch.tensor([list(sequence)], dtype=torch.int64, device=target.device)
+    return target.model(input_ids=ids, output_hidden_states=True).hidden_states[-1][0]

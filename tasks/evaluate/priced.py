@@ -4,7 +4,7 @@ A measured speedup is tokens/s over plain decoding's, timed interleaved on the m
 ran the evaluation: the truth there, but it moves with the machine's load. Priced, each
 contender's recorded checks are charged what a fixed profile says they cost: a target pass
 over ``n`` tokens (the last token and ``n - 1`` drafts) costs ``curve(n)`` one-token passes
-(a measured verify curve, :func:`serving.policy.curve_cost`), and each drafted token
+(a measured verify curve, :func:`serving.engine.policy.curve_cost`), and each drafted token
 ``draft_cost`` of them. Plain decoding is priced the same way (one token per one-token
 pass), so a priced speedup depends only on what was accepted: the same evaluation gives
 the same decision on any machine (the gates' ``speed_profile``, :mod:`tasks.evaluate.gates`).
@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from serving.curves import curve_cost, normalise_curve
 from serving.errors import BadInputError
-from serving.policy import curve_cost, normalise_curve
 from tasks.evaluate.report import REFERENCE, EvaluationReport, Group, PromptRun, source_of
 
 PromptKey = tuple[str, str]  # (workload, prompt id)

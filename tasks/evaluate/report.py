@@ -29,7 +29,7 @@ _STRICT = ConfigDict(extra="forbid", strict=True)
 
 
 class ContenderResult(BaseModel):
-    """One contender's pooled numbers (:func:`serving.metrics.pool`, plus speed and
+    """One contender's pooled numbers (:func:`serving.engine.metrics.pool`, plus speed and
     losslessness), overall or over one workload or source."""
 
     model_config = _STRICT
@@ -68,7 +68,7 @@ class PromptRun(BaseModel):
     prompt_id: str
     workload: str
     seconds: Number
-    stats: dict[str, Any]  # serving.metrics.RequestStats, as its to_dict gives it
+    stats: dict[str, Any]  # serving.engine.metrics.RequestStats, as its to_dict gives it
     steps: list[list[int]]  # [proposed, accepted] per check
     lossless: bool
     # Each timed round's seconds (``seconds`` is their mean); empty in older reports.

@@ -129,7 +129,7 @@ def evaluate_target(
     if not drafts and not exports:
         raise BadInputError("nothing to evaluate: give at least one draft")
     k = k or spec.num_speculative_tokens
-    from serving.drafters.package import read_manifest
+    from serving.engine.drafters.package import read_manifest
 
     unsupported: dict[str, str] = {}
     for name, package in list(drafts.items()):  # exportable? (before any model work)

@@ -423,7 +423,7 @@ def vllm(kit: Path, manifest: KitManifest, out: Path) -> None:
         print(line)
         return
     from serving.backends import UnsupportedDraftError
-    from serving.drafters.package import read_manifest as read_package
+    from serving.engine.drafters.package import read_manifest as read_package
     from serving.hardware import hardware_target
     from tasks.evaluate.export import export_draft, load_export, speculation_for
 

@@ -10,9 +10,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from serving.engine.policy import PolicyName
 from serving.errors import BadInputError
 from serving.paths import CONFIG_DIR
-from serving.policy import PolicyName
 from tasks.loop.shadow import ShadowSettings
 from tasks.loop.watch import WatchSettings
 

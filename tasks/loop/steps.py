@@ -17,14 +17,14 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from registry.client import DraftVersion, Registry
-from serving.drafters.factory import parse_drafter_spec
-from serving.drafters.kinds import BUILTIN_KINDS
-from serving.drafters.package import DraftManifest, load_package, write_package
-from serving.engine import SpeculativeDecoder
+from serving.engine.decoder import SpeculativeDecoder
+from serving.engine.drafters.factory import parse_drafter_spec
+from serving.engine.drafters.kinds import BUILTIN_KINDS
+from serving.engine.drafters.package import DraftManifest, load_package, write_package
+from serving.engine.policy import make_policy
 from serving.errors import BadInputError
 from serving.hardware import engine_target
 from serving.loader import eos_ids, load_target
-from serving.policy import make_policy
 from serving.records.schema import RequestRecord
 from tasks.data.collect import CollectSummary, collect
 from tasks.data.curate import CurateSummary, curate

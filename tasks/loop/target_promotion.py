@@ -19,7 +19,7 @@ from typing import Any
 
 from registry.client import DraftVersion, Registry
 from serving.backends import UnsupportedDraftError
-from serving.drafters.package import read_manifest
+from serving.engine.drafters.package import read_manifest
 from serving.errors import ModelSourceError
 from serving.hardware import load_hardware
 from tasks.data.prompts import Prompt

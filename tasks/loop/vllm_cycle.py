@@ -24,7 +24,7 @@ import httpx
 
 from registry.client import Registry
 from serving.atomic import write_json_atomic
-from serving.drafters.package import DraftManifest, write_package
+from serving.engine.drafters.package import DraftManifest, write_package
 from serving.gateway.front import Front
 from serving.gateway.sink import ACCEPTANCE, PAIRS, area_parts
 from serving.gateway.vllm_process import free_port

@@ -10,7 +10,7 @@ From verification steps ``(proposed, accepted)``:
 - ``kept[i]``: steps with ``accepted > i``;
 - ``acceptance_by_position[i] = kept[i] / trials[i]`` (``None`` where ``trials[i] = 0``).
 
-This differs from ``serving.metrics.acceptance_by_position``, which counts every step that
+This differs from ``serving.engine.metrics.acceptance_by_position``, which counts every step that
 proposed draft ``i`` whether or not the drafts before it were kept (the unconditional
 share). A step that proposed nothing is no trial anywhere (it still counts in
 ``steps``).
@@ -19,7 +19,7 @@ Records are read from a capture store (``<root>/records/hardware=.../*.jsonl``, 
 server's capture and ``specops data collect`` write), a folder of JSONL parts, or one
 ``.jsonl``/``.json`` file. A stored record (:mod:`serving.records.schema`) names its
 drafter as a string (with ``drafter_version``) and carries its ``workload``; an engine
-``DetailedRecord`` (:mod:`serving.detailed`) names it in a dict (``drafter["name"]``) and
+``DetailedRecord`` (:mod:`serving.engine.detailed`) names it in a dict (``drafter["name"]``) and
 has no workload, so its steps are grouped per path given. One estimate per (drafter,
 workload or path).
 """

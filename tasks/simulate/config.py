@@ -23,7 +23,7 @@ from pydantic import (
     model_validator,
 )
 
-from serving.batch.plan import PassCost
+from serving.curves import PassCost
 from serving.errors import BadInputError
 
 RouterName = Literal["round_robin", "jsq2", "weighted_jsq2"]
@@ -43,7 +43,7 @@ class TargetDevice(_Section):
     profile: Path | None = None
     one_token_pass_s: float | None = Field(None, gt=0)  # seconds of a one-token target pass
     # [rows, cost] points from rows = 1, cost relative to a one-token pass (the meaning of
-    # batch_curve in configs/hardware.yaml); evaluated by serving.batch.plan.PassCost.
+    # batch_curve in configs/hardware.yaml); evaluated by serving.engine.batch.plan.PassCost.
     batch_curve: list[tuple[int, float]] | None = Field(None, min_length=1)
     # [rows, sequences, cost] measured passes (the profile's table), cost relative to a
     # one-token pass: when given, a pass's cost depends on how many sequences share its

@@ -43,7 +43,7 @@ import torch
 from pydantic import Field, model_validator
 
 from serving.atomic import atomic_dir, write_json_atomic
-from serving.drafters.package import DraftManifest, write_package
+from serving.engine.drafters.package import DraftManifest, write_package
 from serving.errors import BadInputError, IncompatibleDraftError
 from serving.models.lora import BASE_FILE, lora_base_of, write_lora_base
 from tasks.train.distill_data import DistillBatch, LossKind, distill_loss, make_batch

@@ -99,7 +99,7 @@ def base_draft(target, *, layers: int | None, draft_model: Path | None, tokenize
         if not folder.is_dir():
             raise ModelSourceError(f"draft_model {str(folder)!r} is not a model folder")
         if tokenizer is not None:
-            from serving.drafters.model import check_same_tokenizer
+            from serving.engine.drafters.model import check_same_tokenizer
 
             check_same_tokenizer(str(folder), tokenizer)
         try:

@@ -1,14 +1,14 @@
-"""Train, evaluate and save the acceptance predictor (:mod:`serving.predictor`).
+"""Train, evaluate and save the acceptance predictor (:mod:`serving.engine.predictor`).
 
 :func:`train_predictor` reads the dataset's training rows and held-out rows of one hardware
 target (:mod:`tasks.train.predictor_data`; both are checked before any training), then:
 
-1. :func:`fit_predictor`: the MLP (:func:`~serving.predictor.make_mlp`) on the features
+1. :func:`fit_predictor`: the MLP (:func:`~serving.engine.predictor.make_mlp`) on the features
    standardised with the fitting rows' mean and standard deviation, binary cross-entropy
    and Adam, in seeded minibatch epochs until ``epochs``, the ``minutes`` budget, or
    ``patience`` epochs without a better loss on a validation slice of the training
    requests (early stopping; the best epoch's weights are kept). Then the shrinkage
-   (:class:`~serving.predictor.Shrinkage`) is fitted on every training row with the trained
+   (:class:`~serving.engine.predictor.Shrinkage`) is fitted on every training row with the trained
    MLP's raw scores;
 2. :func:`~tasks.train.predictor_metrics.evaluate_predictor` on the held-out rows: AUC,
    Brier score and ECE, overall and per stage, shrunk and raw;
@@ -33,10 +33,8 @@ import torch
 from torch import nn
 
 from serving.atomic import atomic_dir, write_json_atomic
-from serving.errors import BadInputError
-from serving.features import FEATURE_SET
-from serving.hardware import hardware_target
-from serving.predictor import (
+from serving.engine.features import FEATURE_SET
+from serving.engine.predictor import (
     FEATURE_NAMES,
     AcceptancePredictor,
     Shrinkage,
@@ -44,6 +42,8 @@ from serving.predictor import (
     make_mlp,
     vectorize,
 )
+from serving.errors import BadInputError
+from serving.hardware import hardware_target
 from tasks.data.params import PredictorParams
 from tasks.train.predictor_data import (
     HELDOUT_PARTS,
@@ -222,7 +222,7 @@ def fit_predictor(
 
 @dataclass(frozen=True)
 class TrainedPredictor:
-    folder: Path  # the saved predictor (serving.predictor.load_predictor reads it)
+    folder: Path  # the saved predictor (serving.engine.predictor.load_predictor reads it)
     predictor: AcceptancePredictor
     fit: FitResult
     evaluation: PredictorEvaluation  # on the held-out rows

@@ -2,8 +2,8 @@
 
 A detailed-mode record (schema v2, :class:`serving.records.schema.RequestRecord`) carries
 ``drafted``: one row per drafted token the target ruled on, with
-:class:`~serving.features.DraftedToken`'s fields. A predictor row is its
-:class:`~serving.features.TokenFeatures` (the row's fields of those names) and its label,
+:class:`~serving.engine.features.DraftedToken`'s fields. A predictor row is its
+:class:`~serving.engine.features.TokenFeatures` (the row's fields of those names) and its label,
 ``accepted`` (the target agreed). A version-1 record has no ``drafted`` (the schema's
 migration gives it an empty list): it adds no rows.
 
@@ -27,8 +27,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from serving.engine.features import TokenFeatures
 from serving.errors import BadInputError
-from serving.features import TokenFeatures
 from serving.records.schema import RequestRecord
 from tasks.data.dataset import part_path, read_part
 
@@ -73,7 +73,7 @@ class LabelledRows:
 
 def row_features(row: object) -> TokenFeatures:
     """The :class:`TokenFeatures` of a drafted row (a record's ``drafted`` entry, or a
-    :class:`~serving.features.DraftedToken`): its fields of those names."""
+    :class:`~serving.engine.features.DraftedToken`): its fields of those names."""
     return TokenFeatures(**{name: getattr(row, name) for name in FEATURE_FIELDS})
 
 

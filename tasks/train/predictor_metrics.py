@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from sklearn.metrics import brier_score_loss, roc_auc_score
 
-from serving.predictor import AcceptancePredictor
+from serving.engine.predictor import AcceptancePredictor
 from tasks.train.predictor_data import LabelledRows
 
 N_BINS = 10

@@ -4,7 +4,7 @@ The corpus is the target's own outputs (``output_token_ids``; with ``include_pro
 prompt is prepended to its output as one sequence) of the valid train-split records under a
 store, oldest first. It is saved as one JSON file, written atomically, with a manifest (how
 many sequences and tokens, which collection runs they came from) and a checksum; the
-serving side (:func:`serving.drafters.suffix.load_suffix_corpus`, spec ``suffix:PATH``)
+serving side (:func:`serving.engine.drafters.suffix.load_suffix_corpus`, spec ``suffix:PATH``)
 rebuilds the suffix automaton from it on load. Rebuilding the corpus from a store is cheap,
 so the loop simply rebuilds it after each collection.
 """
@@ -20,7 +20,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from serving.atomic import atomic_writer
-from serving.drafters.suffix import MAX_INDEX_TOKENS, SuffixCorpus, load_suffix_corpus
+from serving.engine.drafters.suffix import MAX_INDEX_TOKENS, SuffixCorpus, load_suffix_corpus
 from serving.errors import BadInputError
 from serving.records.schema import RequestRecord, UnknownSchemaVersionError, parse_record
 from serving.records.store import read_raw

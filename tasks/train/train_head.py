@@ -38,9 +38,9 @@ import torch
 from pydantic import Field
 
 from serving.atomic import write_json_atomic
-from serving.drafters.package import MANIFEST as PACKAGE_MANIFEST
-from serving.drafters.package import DraftManifest, write_package
-from serving.drafters.package import read_manifest as read_package_manifest
+from serving.engine.drafters.package import MANIFEST as PACKAGE_MANIFEST
+from serving.engine.drafters.package import DraftManifest, write_package
+from serving.engine.drafters.package import read_manifest as read_package_manifest
 from serving.errors import IncompatibleDraftError, ModelSourceError
 from serving.models.head import CONFIG_FILE as HEAD_CONFIG_FILE
 from serving.models.head import (

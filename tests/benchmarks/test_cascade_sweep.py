@@ -24,7 +24,7 @@ from benchmarks.cascade_sweep import (
     with_overrides,
 )
 from serving.errors import BadInputError
-from tests.serving.cascade.conftest import tiny_predictor
+from tests.serving.engine.cascade.conftest import tiny_predictor
 
 
 def _config(predictor, **sweep) -> CascadeFile:

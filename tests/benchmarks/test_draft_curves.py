@@ -20,7 +20,7 @@ from benchmarks.draft_curves import (
     package_design,
     run_design,
 )
-from serving.drafters.package import load_package
+from serving.engine.drafters.package import load_package
 from serving.errors import BadInputError
 from tasks.train.teacher import TeacherConfig
 from tasks.train.teacher_build import TeacherPrompt, build_teacher_cache

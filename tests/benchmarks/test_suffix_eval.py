@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.suffix_eval import BASELINE, _summary, replay_greedy
-from serving.drafters.prompt_lookup import PromptLookupDrafter
-from serving.drafters.suffix import SuffixDrafter, SuffixIndex
-from serving.engine import SpeculativeDecoder
-from serving.policy import FixedK
+from serving.engine.decoder import SpeculativeDecoder
+from serving.engine.drafters.prompt_lookup import PromptLookupDrafter
+from serving.engine.drafters.suffix import SuffixDrafter, SuffixIndex
+from serving.engine.policy import FixedK
 
 
 def corpus_of(*sequences: list[int]) -> SuffixIndex:

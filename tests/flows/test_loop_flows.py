@@ -12,7 +12,7 @@ import tasks.loop.retrain_config as retrain_config
 import tasks.loop.steps as loop
 from registry.client import Registry
 from registry.history import last_retrain
-from serving.drafters.package import DraftManifest, write_package
+from serving.engine.drafters.package import DraftManifest, write_package
 from serving.models.tiny import tiny_llama
 from serving.records import store as record_store
 from tasks.loop.results import Bootstrapped, DeploymentRun, Retrained

@@ -6,7 +6,7 @@ import threading
 import pytest
 
 from registry.client import RegistryError, promotion_lock_path
-from serving.drafters.package import DraftManifest, write_package
+from serving.engine.drafters.package import DraftManifest, write_package
 
 
 def evaluated_draft(registry, tmp_path, drafter, family="ngram", hardware="cpu"):

@@ -4,7 +4,7 @@ import pytest
 
 from registry.client import Registry, RegistryError
 from registry.config import RegistryConfig
-from serving.drafters.package import DraftManifest, read_manifest, write_package
+from serving.engine.drafters.package import DraftManifest, read_manifest, write_package
 from serving.errors import ModelSourceError
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from registry.client import RegistryError
 from registry.history import last_retrain, log_retrain, newest_evaluated
-from serving.drafters.package import DraftManifest, write_package
+from serving.engine.drafters.package import DraftManifest, write_package
 
 
 def test_the_last_retrain_is_remembered_per_hardware_target(registry):

@@ -20,8 +20,8 @@ from registry.predictor import (
     promote_predictor,
     set_predictor_challenger,
 )
-from serving.drafters.package import DraftManifest, write_package
-from serving.predictor import (
+from serving.engine.drafters.package import DraftManifest, write_package
+from serving.engine.predictor import (
     FEATURE_NAMES,
     AcceptancePredictor,
     PredictorError,

@@ -12,7 +12,7 @@ from mlflow.exceptions import MlflowException
 
 from registry.client import Registry, RegistryError
 from registry.config import RegistryConfig, load_registry_config
-from serving.drafters.package import DraftManifest, write_package
+from serving.engine.drafters.package import DraftManifest, write_package
 
 DEAD_POSTGRES = "postgresql://user:secret@127.0.0.1:1/db"  # nothing listens on port 1
 LINEAGE = {"data_version": "dvc:abc parts:123", "git_commit": "0f1e2d"}

@@ -13,22 +13,22 @@ from __future__ import annotations
 import pytest
 import torch
 
-from serving.drafters.base import DraftProposal
-from serving.drafters.factory import build_drafter
-from serving.drafters.head import HeadDrafter
-from serving.drafters.model import ModelDrafter
-from serving.drafters.ngram_store import NGramDrafter
-from serving.drafters.prompt_lookup import PromptLookupDrafter
-from serving.drafters.suffix import suffix_drafter
-from serving.engine import SpeculativeDecoder
+from serving.engine.decoder import SpeculativeDecoder
+from serving.engine.drafters.base import DraftProposal
+from serving.engine.drafters.factory import build_drafter
+from serving.engine.drafters.head import HeadDrafter
+from serving.engine.drafters.model import ModelDrafter
+from serving.engine.drafters.ngram_store import NGramDrafter
+from serving.engine.drafters.prompt_lookup import PromptLookupDrafter
+from serving.engine.drafters.suffix import suffix_drafter
+from serving.engine.kv import new_cache
+from serving.engine.policy import FixedK
+from serving.engine.sampling import SamplingParams, make_sampler
+from serving.engine.step import speculative_step
 from serving.errors import BadInputError
-from serving.kv import new_cache
 from serving.models.head import DraftHead, head_config_for
 from serving.models.tiny import tiny_llama
 from serving.models.truncated import first_layers
-from serving.policy import FixedK
-from serving.sampling import SamplingParams, make_sampler
-from serving.step import speculative_step
 
 NEW_TOKENS = 24
 NO_GPU = not torch.cuda.is_available()

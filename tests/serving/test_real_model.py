@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from serving.drafters.factory import build_drafter
-from serving.drafters.model import ModelDrafter
-from serving.engine import SpeculativeDecoder
+from serving.engine.decoder import SpeculativeDecoder
+from serving.engine.drafters.factory import build_drafter
+from serving.engine.drafters.model import ModelDrafter
+from serving.engine.policy import CostAwareK, FixedK
 from serving.loader import eos_ids
-from serving.policy import CostAwareK, FixedK
 from tests.serving.models.passes import block_and_singles
 
 pytestmark = pytest.mark.real_model

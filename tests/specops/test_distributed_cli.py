@@ -87,7 +87,7 @@ def test_serve_target_serves_the_tiny_target_until_sigterm(
     client needs the key and the CA; on loopback, plain and open."""
     import grpc
 
-    from serving.engine import SpeculativeDecoder
+    from serving.engine.decoder import SpeculativeDecoder
     from serving.loader import eos_ids, load_target
 
     ready = tmp_path / "port"

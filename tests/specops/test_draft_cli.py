@@ -14,7 +14,7 @@ import typer
 from typer.testing import CliRunner
 
 from serving.atomic import write_jsonl_atomic
-from serving.drafters.package import DraftManifest, read_manifest, write_package
+from serving.engine.drafters.package import DraftManifest, read_manifest, write_package
 from serving.models.tiny import tiny_llama
 from serving.records.schema import RequestRecord, Sampling
 from serving.records.store import partition_dir
@@ -120,7 +120,7 @@ def test_train_draft_suffix_indexes_the_store(tmp_path):
 
 
 def test_train_draft_ngram_carries_its_shared_store_in_the_package(tmp_path, target):
-    from serving.drafters.factory import build_drafter
+    from serving.engine.drafters.factory import build_drafter
 
     store = tmp_path / "store"
     rows = [_record(0), _record(1), _record(2, split="heldout")]

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from registry.client import Registry
 from registry.config import load_registry_config
-from serving.drafters.package import DraftManifest, write_package
+from serving.engine.drafters.package import DraftManifest, write_package
 from specops.cli import app
 from tasks.evaluate.evaluate import Contender, evaluate
 from tasks.evaluate.evaluation_file import evaluation_of, machine_info, write_evaluation_file

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from serving.backends import backend_info
-from serving.drafters.package import DraftManifest, write_package
+from serving.engine.drafters.package import DraftManifest, write_package
 from serving.hardware import load_hardware
 from specops.cli import app
 

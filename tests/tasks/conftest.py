@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from serving.drafters.prompt_lookup import PromptLookupDrafter
-from serving.engine import SpeculativeDecoder
-from serving.policy import FixedK
+from serving.engine.decoder import SpeculativeDecoder
+from serving.engine.drafters.prompt_lookup import PromptLookupDrafter
+from serving.engine.policy import FixedK
 
 
 @pytest.fixture

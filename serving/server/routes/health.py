@@ -37,7 +37,7 @@ async def models(state: ServerStateDep) -> ModelList:
     current = state.watcher.current
     card = ModelCard(
         id=state.config.model_name,
-        created=int(current.loaded_at),
+        created=int(current.loaded_at or 0),
         max_model_len=state.max_context,
         draft=DraftInfo.model_validate(current.describe()),
     )

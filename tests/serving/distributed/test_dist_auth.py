@@ -13,7 +13,7 @@ from serving.distributed.client import RemoteError, TargetClient, run_fused
 from serving.distributed.proto import specops_distributed_pb2 as pb
 from serving.distributed.proto import specops_distributed_pb2_grpc as pb_grpc
 from serving.distributed.server import TargetLimits, TargetService, serve_target
-from serving.engine import SpeculativeDecoder
+from serving.engine.decoder import SpeculativeDecoder
 from serving.errors import BadInputError
 from serving.security.keys import from_keys
 from serving.security.tls import grpc_channel_credentials, server_tls

@@ -13,10 +13,10 @@ from serving.distributed import scheduler as scheduler_module
 from serving.distributed.client import RemoteError, TargetClient
 from serving.distributed.server import TargetLimits, TargetService, serve_target
 from serving.distributed.sessions import ClientBlock, Session, SessionTable
-from serving.drafters.base import Drafter
-from serving.engine import SpeculativeDecoder
+from serving.engine.decoder import SpeculativeDecoder
+from serving.engine.drafters.base import Drafter
+from serving.engine.policy import FixedK
 from serving.errors import BadInputError
-from serving.policy import FixedK
 
 
 @pytest.fixture

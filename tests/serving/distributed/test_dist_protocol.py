@@ -8,11 +8,11 @@ import pytest
 
 from serving.distributed.client import RemoteError, TargetClient, run_distributed, run_fused
 from serving.distributed.server import TargetLimits, TargetService, serve_target
-from serving.drafters.factory import build_drafter
-from serving.drafters.prompt_lookup import PromptLookupDrafter
-from serving.engine import SpeculativeDecoder
-from serving.policy import FixedK
-from serving.sampling import SamplingParams
+from serving.engine.decoder import SpeculativeDecoder
+from serving.engine.drafters.factory import build_drafter
+from serving.engine.drafters.prompt_lookup import PromptLookupDrafter
+from serving.engine.policy import FixedK
+from serving.engine.sampling import SamplingParams
 
 NEW = 40
 OTHER_PROMPTS = [[1, 9, 9, 4, 7, 9, 9, 4, 7, 9], [1, 30, 31, 32, 30, 31, 32, 30, 31]]
@@ -94,8 +94,8 @@ def _drive(client, prompts, *, batched: bool):
     tokens = [list(p) for p in prompts]
     for drafter, p in zip(drafters, prompts, strict=True):
         drafter.begin(list(p))
-    from serving.drafters.base import DraftRequest, StepFeedback
-    from serving.sampling import make_sampler
+    from serving.engine.drafters.base import DraftRequest, StepFeedback
+    from serving.engine.sampling import make_sampler
 
     sampler = make_sampler(SamplingParams())
     replies: list[list] = [[] for _ in prompts]

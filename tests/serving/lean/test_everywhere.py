@@ -7,15 +7,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from serving.batch.batch import decode_together
-from serving.batch.plan import BatchLimits, PassCost
-from serving.batch.ragged import use_ragged_attention
-from serving.drafters.factory import build_drafter
-from serving.drafters.head import HeadDrafter
-from serving.drafters.prompt_lookup import PromptLookupDrafter
-from serving.engine import SpeculativeDecoder
+from serving.curves import BatchLimits, PassCost
+from serving.engine.batch.batch import decode_together
+from serving.engine.batch.ragged import use_ragged_attention
+from serving.engine.decoder import SpeculativeDecoder
+from serving.engine.drafters.factory import build_drafter
+from serving.engine.drafters.head import HeadDrafter
+from serving.engine.drafters.prompt_lookup import PromptLookupDrafter
+from serving.engine.policy import FixedK
 from serving.models.head import DraftHead, head_config_for
-from serving.policy import FixedK
 from tests.serving.lean.models import tiny_target
 
 PROMPTS = [[1, 5, 17, 42, 8, 5, 17, 42, 33, 9, 5, 17], [3, 4, 5, 6, 3, 4, 5, 6, 3, 4], [7]]

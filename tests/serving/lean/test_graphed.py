@@ -8,20 +8,20 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from serving.batch.batch import decode_together
-from serving.batch.plan import BatchLimits, PassCost
-from serving.batch.ragged import use_ragged_attention
-from serving.drafters.factory import build_drafter
-from serving.drafters.prompt_lookup import PromptLookupDrafter
-from serving.engine import SpeculativeDecoder
+from serving.curves import BatchLimits, PassCost
+from serving.engine.batch.batch import decode_together
+from serving.engine.batch.ragged import use_ragged_attention
+from serving.engine.decoder import SpeculativeDecoder
+from serving.engine.drafters.factory import build_drafter
+from serving.engine.drafters.prompt_lookup import PromptLookupDrafter
+from serving.engine.kv import new_cache, rewind
+from serving.engine.policy import FixedK
 from serving.errors import BadInputError, SpecOpsError
-from serving.kv import new_cache, rewind
 from serving.lean import graphed
 from serving.lean.graphed import GraphedCache, GraphedStep, graphs_wanted
 from serving.lean.install import attach
 from serving.models.fused import fuse_projections
 from serving.models.tiny import tiny_llama
-from serving.policy import FixedK
 
 PROMPTS = [[1, 5, 17, 42, 8, 5, 17, 42, 33, 9, 5, 17], [3, 4, 5, 6, 3, 4, 5, 6, 3, 4], [7]]
 NO_GPU = not torch.cuda.is_available()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from serving.kv import new_cache, rewind
+from serving.engine.kv import new_cache, rewind
 from serving.lean.cache import LeanCache
 from tests.serving.lean.models import KERNELS, tiny_target
 
@@ -62,7 +62,7 @@ def test_every_row_of_a_pass_equals_its_one_token_pass_bit_for_bit(kernels):
 
 @pytest.mark.parametrize("kernels", ["onednn", "int4"])
 def test_a_packed_pass_gives_each_sequence_what_it_gets_alone(kernels):
-    from serving.batch.ragged import packed_pass, use_ragged_attention
+    from serving.engine.batch.ragged import packed_pass, use_ragged_attention
 
     model = tiny_target(kernels)
     use_ragged_attention(model)

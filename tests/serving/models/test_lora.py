@@ -9,17 +9,17 @@ import json
 import pytest
 import torch
 
-from serving.drafters.base import DraftRequest
-from serving.drafters.factory import build_drafter
-from serving.drafters.model import ModelDrafter
-from serving.engine import SpeculativeDecoder
+from serving.engine.decoder import SpeculativeDecoder
+from serving.engine.drafters.base import DraftRequest
+from serving.engine.drafters.factory import build_drafter
+from serving.engine.drafters.model import ModelDrafter
+from serving.engine.policy import FixedK
+from serving.engine.sampling import make_sampler
 from serving.errors import ModelSourceError
 from serving.models.kernels import apply_kernels
 from serving.models.lora import BASE_FILE, fp32_first_layers, load_lora_draft
 from serving.models.quantized import QuantisedKernelsUnavailable, check_kernels
 from serving.models.tiny import tiny_llama
-from serving.policy import FixedK
-from serving.sampling import make_sampler
 from tasks.train.distill_model import base_draft, merge_lora
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from serving.engine import SpeculativeDecoder
+from serving.engine.decoder import SpeculativeDecoder
 from serving.models.onednn import PackedLinear, onednn_available, pack_linear_layers
 from serving.models.tiny import tiny_llama
 

@@ -4,8 +4,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from serving.drafters.factory import build_drafter
-from serving.engine import SpeculativeDecoder
+from serving.engine.decoder import SpeculativeDecoder
+from serving.engine.drafters.factory import build_drafter
+from serving.engine.policy import FixedK
 from serving.loader import load_target
 from serving.models import quantized
 from serving.models.kernels import apply_kernels
@@ -20,7 +21,6 @@ from serving.models.quantized import (
     quantize_linear_layers,
 )
 from serving.models.tiny import tiny_llama
-from serving.policy import FixedK
 from tests.serving.models.passes import block_and_singles
 
 LAYERS = {"int8": Int8Linear, "int4": Int4Linear}

@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from serving.detailed import Disagreement
+from serving.engine.detailed import Disagreement
+from serving.engine.features import DraftedToken
+from serving.engine.sampling import SamplingParams
 from serving.errors import BadInputError
-from serving.features import DraftedToken
 from serving.records.schema import (
     SCHEMA_VERSION,
     RequestRecord,
@@ -26,7 +27,6 @@ from serving.records.schema import (
     parse_record,
     record_id,
 )
-from serving.sampling import SamplingParams
 
 NOW = 1_750_000_000.0
 # Records main's code wrote (schema version 2) before the record's nested rows became the
@@ -38,9 +38,9 @@ FIXTURE = Path(__file__).parent / "fixtures" / "records-v2.jsonl"
 @pytest.fixture(scope="module")
 def detailed(target, prompt):
     """A detailed-mode record from the tiny target with prompt lookup (it has rejections)."""
-    from serving.drafters.prompt_lookup import PromptLookupDrafter
-    from serving.engine import SpeculativeDecoder
-    from serving.policy import FixedK
+    from serving.engine.decoder import SpeculativeDecoder
+    from serving.engine.drafters.prompt_lookup import PromptLookupDrafter
+    from serving.engine.policy import FixedK
 
     decoder = SpeculativeDecoder(target, drafter=PromptLookupDrafter(), policy=FixedK(4))
     result = decoder.generate(
@@ -56,10 +56,10 @@ def detailed(target, prompt):
 def relaxed(target, prompt):
     """A relaxed-verification record with a model draft: drafts kept unverified, and the
     draft's confidence and entropy on every drafted token."""
-    from serving.drafters.model import ModelDrafter
-    from serving.engine import SpeculativeDecoder
+    from serving.engine.decoder import SpeculativeDecoder
+    from serving.engine.drafters.model import ModelDrafter
+    from serving.engine.policy import FixedK
     from serving.models.truncated import first_layers
-    from serving.policy import FixedK
 
     decoder = SpeculativeDecoder(
         target,

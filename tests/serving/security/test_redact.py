@@ -7,9 +7,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from serving.drafters.prompt_lookup import PromptLookupDrafter
-from serving.engine import SpeculativeDecoder
-from serving.policy import FixedK
+from serving.engine.decoder import SpeculativeDecoder
+from serving.engine.drafters.prompt_lookup import PromptLookupDrafter
+from serving.engine.policy import FixedK
 from serving.records.schema import from_detailed, parse_record
 from serving.security.redact import (
     RecordDropped,

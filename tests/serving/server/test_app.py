@@ -7,7 +7,7 @@ import json
 import pytest
 from fastapi.testclient import TestClient
 
-from serving.engine import SpeculativeDecoder
+from serving.engine.decoder import SpeculativeDecoder
 from serving.loader import eos_ids
 from serving.server.app import create_app
 from serving.server.config import load_server_config

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from serving.drafters.prompt_lookup import PromptLookupDrafter
-from serving.engine import SpeculativeDecoder
+from serving.engine.decoder import SpeculativeDecoder
+from serving.engine.drafters.prompt_lookup import PromptLookupDrafter
+from serving.engine.policy import FixedK
 from serving.errors import BadInputError
-from serving.policy import FixedK
 from serving.records import store
 from serving.server.capture import Capture, capture_run_id, host_label
 from tasks.data.validate import validate_store

@@ -4,12 +4,12 @@ kept disagreements reported), bad λ refused; a damaged predictor leaves it serv
 import pytest
 from fastapi.testclient import TestClient
 
-from serving.engine import SpeculativeDecoder
+from serving.engine.decoder import SpeculativeDecoder
 from serving.loader import eos_ids
 from serving.server.app import create_app
 from serving.server.config import load_server_config
 from serving.server.state import build_state
-from tests.serving.cascade.conftest import tiny_predictor
+from tests.serving.engine.cascade.conftest import tiny_predictor
 
 pytestmark = pytest.mark.real_model
 

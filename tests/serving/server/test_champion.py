@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from serving.drafters.package import DraftManifest, write_package
-from serving.drafters.prompt_lookup import PromptLookupDrafter
+from serving.engine.drafters.package import DraftManifest, write_package
+from serving.engine.drafters.prompt_lookup import PromptLookupDrafter
 from serving.errors import ModelSourceError
 from serving.server.champion import (
     ChampionWatcher,

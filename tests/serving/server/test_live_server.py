@@ -12,9 +12,9 @@ import openai
 import pytest
 import yaml
 
-from serving.drafters.package import DraftManifest, write_package
-from serving.drafters.suffix import SuffixCorpus
-from serving.engine import SpeculativeDecoder
+from serving.engine.decoder import SpeculativeDecoder
+from serving.engine.drafters.package import DraftManifest, write_package
+from serving.engine.drafters.suffix import SuffixCorpus
 from serving.loader import encode_messages, eos_ids
 from serving.records import store
 from serving.server.config import SERVING_CONFIG

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 from serving.server.predictor_watch import LocalPredictor, PredictorWatcher
-from tests.serving.cascade.conftest import tiny_predictor
+from tests.serving.engine.cascade.conftest import tiny_predictor
 
 
 def test_swaps_on_change_and_keeps_serving_through_a_bad_version(tmp_path):

@@ -11,10 +11,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from serving.drafters.factory import build_drafter, parse_drafter_spec
-from serving.engine import SpeculativeDecoder
-from serving.policy import make_policy
-from serving.sampling import SamplingParams
+from serving.engine.decoder import SpeculativeDecoder
+from serving.engine.drafters.factory import build_drafter, parse_drafter_spec
+from serving.engine.policy import make_policy
+from serving.engine.sampling import SamplingParams
 
 PROMPT = "abc abc abc abc"
 SAMPLED = {"temperature": 0.8, "top_k": 40, "top_p": 0.9}

@@ -3,10 +3,10 @@ import time
 
 import pytest
 
-from serving.drafters.prompt_lookup import PromptLookupDrafter
-from serving.engine import SpeculativeDecoder
+from serving.engine.decoder import SpeculativeDecoder
+from serving.engine.drafters.prompt_lookup import PromptLookupDrafter
+from serving.engine.policy import FixedK
 from serving.errors import SpecOpsError
-from serving.policy import FixedK
 from serving.server.drain import UNKNOWN_RETRY_AFTER_S
 from serving.server.scheduler import Job, QueueFullError, Scheduler
 
@@ -179,7 +179,7 @@ def test_workers_never_hold_more_requests_than_max_active(target, prompt):
 
 
 def test_a_failing_batch_step_fails_its_requests_and_the_loop_goes_on(target, prompt, monkeypatch):
-    from serving.batch.batch import Batch
+    from serving.engine.batch.batch import Batch
 
     real_step = Batch.step
     calls = {"n": 0}

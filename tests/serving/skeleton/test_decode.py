@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from serving.drafters.prompt_lookup import PromptLookupDrafter
-from serving.engine import SpeculativeDecoder
+from serving.engine.decoder import SpeculativeDecoder
+from serving.engine.drafters.prompt_lookup import PromptLookupDrafter
+from serving.engine.policy import FixedK
 from serving.loader import encode_messages, eos_ids
-from serving.policy import FixedK
 from serving.skeleton.constraint import SkeletonConstraint
 from serving.skeleton.decode import answer_with_skeleton
 from serving.skeleton.parse import parse_skeleton

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
+from serving.engine.metrics import position_counts
 from serving.errors import SpecOpsError
-from serving.metrics import position_counts
 from serving.records.schema import parse_record
 from serving.records.store import part_files
 from specops.chat.commands import Settings
@@ -112,7 +112,7 @@ def test_champion_drafts_with_the_registry_champion_or_says_there_is_none(
     session, tmp_path, monkeypatch, mlflow_uri
 ):
     from registry.client import Registry
-    from serving.drafters.package import DraftManifest, write_package
+    from serving.engine.drafters.package import DraftManifest, write_package
 
     monkeypatch.setenv("SPECOPS_MLFLOW_URI", mlflow_uri)
     monkeypatch.setenv("SPECOPS_MLFLOW_ARTIFACTS", str(tmp_path / "artifacts"))

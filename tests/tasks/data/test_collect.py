@@ -7,9 +7,9 @@ import time
 
 import pytest
 
+from serving.engine.sampling import SamplingParams
 from serving.records.schema import RequestRecord, is_failure
 from serving.records.store import part_files, partition_dir, read_raw
-from serving.sampling import SamplingParams
 from tasks.data.collect import acceptance_by_position, collect, summarize_collection
 
 MAX_NEW_TOKENS = 16

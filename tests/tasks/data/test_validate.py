@@ -10,9 +10,9 @@ from collections import Counter
 import pytest
 
 from serving.atomic import write_jsonl_atomic
-from serving.detailed import Disagreement
+from serving.engine.detailed import Disagreement
+from serving.engine.features import DraftedToken
 from serving.errors import BadInputError
-from serving.features import DraftedToken
 from serving.records.schema import RequestRecord, Sampling
 from serving.records.store import partition_dir, read_raw
 from tasks.data.validate import (
@@ -481,13 +481,13 @@ def test_relaxed_records_with_unverified_drafts_pass():
 
 def test_records_from_the_engine_pass(target, prompt):
     """Real detailed records (prompt lookup, exact; a model draft, relaxed) pass all suites."""
-    from serving.drafters.model import ModelDrafter
-    from serving.drafters.prompt_lookup import PromptLookupDrafter
-    from serving.engine import SpeculativeDecoder
+    from serving.engine.decoder import SpeculativeDecoder
+    from serving.engine.drafters.model import ModelDrafter
+    from serving.engine.drafters.prompt_lookup import PromptLookupDrafter
+    from serving.engine.policy import FixedK
+    from serving.engine.sampling import SamplingParams
     from serving.models.truncated import first_layers
-    from serving.policy import FixedK
     from serving.records.schema import from_detailed
-    from serving.sampling import SamplingParams
 
     decoders = [
         SpeculativeDecoder(target, drafter=PromptLookupDrafter(), policy=FixedK(4)),

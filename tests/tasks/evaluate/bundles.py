@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from serving.drafters.package import DraftManifest, write_package
+from serving.engine.drafters.package import DraftManifest, write_package
 from tasks.evaluate.evaluate import EncodedPrompt
 
 CODE = "def add(a, b):\n    return a + b\n\ndef add(a, b):"

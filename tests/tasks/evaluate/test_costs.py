@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from serving.drafters.prompt_lookup import PromptLookupDrafter
-from serving.engine import SpeculativeDecoder
-from serving.metrics import StepRecord
+from serving.engine.decoder import SpeculativeDecoder
+from serving.engine.drafters.prompt_lookup import PromptLookupDrafter
+from serving.engine.metrics import StepRecord
+from serving.engine.policy import CostAwareK, FixedK
 from serving.models.tiny import tiny_llama
-from serving.policy import CostAwareK, FixedK
 from tasks.evaluate.costs import fix_draft_cost, profile_draft_cost, step_ratios
 
 CURVE = [1.0, 1.5, 2.0, 2.0]

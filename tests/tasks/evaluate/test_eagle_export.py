@@ -13,7 +13,7 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
 from serving.backends import UnsupportedDraftError
-from serving.drafters.package import DraftManifest, write_package
+from serving.engine.drafters.package import DraftManifest, write_package
 from serving.models.head import DraftHead, causal_mask, head_config_for, save_head
 from serving.models.tiny import tiny_llama
 from tasks.evaluate.eagle_export import eagle_refusal, write_eagle_draft

@@ -3,8 +3,8 @@ import time
 import pytest
 
 import tasks.evaluate.evaluate as evaluate_module
-from serving.drafters.package import DraftManifest, write_package
-from serving.engine import SpeculativeDecoder
+from serving.engine.decoder import SpeculativeDecoder
+from serving.engine.drafters.package import DraftManifest, write_package
 from serving.errors import BadInputError
 from serving.models.tiny import tiny_llama
 from serving.records.schema import RequestRecord, parse_record

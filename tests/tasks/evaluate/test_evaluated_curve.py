@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from serving.engine.metrics import StepRecord
 from serving.errors import BadInputError
-from serving.metrics import StepRecord
 from tasks.evaluate.evaluated_curve import (
     evaluated_curve,
     pooled_curve,

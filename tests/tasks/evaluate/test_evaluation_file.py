@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from serving.drafters.package import DraftManifest, write_package
+from serving.engine.drafters.package import DraftManifest, write_package
 from serving.errors import BadInputError
 from tasks.evaluate.evaluate import Contender, evaluate
 from tasks.evaluate.evaluation_file import (

@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from serving.backends import UnsupportedDraftError
-from serving.drafters.package import DraftManifest, write_package
+from serving.engine.drafters.package import DraftManifest, write_package
 from serving.errors import ModelSourceError
 from serving.models.truncated import first_layers
 from tasks.evaluate.export import export_draft, load_export, speculation_for

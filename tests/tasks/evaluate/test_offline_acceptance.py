@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from serving.drafters.head import HeadDrafter
-from serving.drafters.model import ModelDrafter
-from serving.engine import SpeculativeDecoder
+from serving.engine.decoder import SpeculativeDecoder
+from serving.engine.drafters.head import HeadDrafter
+from serving.engine.drafters.model import ModelDrafter
+from serving.engine.policy import FixedK
 from serving.models.head import load_head
 from serving.models.truncated import first_layers
-from serving.policy import FixedK
 from tasks.evaluate.offline_acceptance import Replay, head_hits, model_hits, replay, replay_all
 from tasks.train.head_data import split_sequences
 from tasks.train.head_loss import frozen_target

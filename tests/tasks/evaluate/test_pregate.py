@@ -7,14 +7,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from serving.drafters.factory import build_drafter
-from serving.drafters.head import HeadDrafter
-from serving.drafters.package import DraftManifest, write_package
-from serving.drafters.prompt_lookup import PromptLookupDrafter
-from serving.engine import SpeculativeDecoder
+from serving.engine.decoder import SpeculativeDecoder
+from serving.engine.drafters.factory import build_drafter
+from serving.engine.drafters.head import HeadDrafter
+from serving.engine.drafters.package import DraftManifest, write_package
+from serving.engine.drafters.prompt_lookup import PromptLookupDrafter
+from serving.engine.policy import FixedK
 from serving.errors import SpecOpsError
 from serving.models.head import DraftHead, head_config_for
-from serving.policy import FixedK
 from tasks.evaluate.evaluate import Contender, evaluate_report
 from tasks.evaluate.pregate import RecordedTarget, predict
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from serving.backends import BackendUnavailableError
-from serving.drafters.package import DraftManifest, write_package
+from serving.engine.drafters.package import DraftManifest, write_package
 from serving.errors import BadInputError
 from tasks.data.prompts import Prompt
 from tasks.evaluate.targets import backend_python, evaluate_target, metrics_of, table

@@ -2,7 +2,7 @@
 
 import json
 
-from serving.drafters.package import DraftManifest, write_package
+from serving.engine.drafters.package import DraftManifest, write_package
 from tasks.gpu.steps import _prompts
 
 

@@ -5,7 +5,7 @@ import re
 
 from typer.testing import CliRunner
 
-from serving.drafters.package import DraftManifest, write_package
+from serving.engine.drafters.package import DraftManifest, write_package
 from specops.cli import app
 from tasks.gpu.kit import wheel_pins
 

@@ -13,7 +13,7 @@ import pytest
 import yaml
 from transformers import AutoTokenizer
 
-from serving.drafters.package import DraftManifest, write_package
+from serving.engine.drafters.package import DraftManifest, write_package
 from serving.hardware import HARDWARE_CONFIG, load_hardware
 from serving.records.schema import parse_record
 from tasks.data.dataset import part_path

@@ -7,7 +7,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from serving.drafters.package import DraftManifest, load_package, write_package
+from serving.engine.drafters.package import DraftManifest, load_package, write_package
 from serving.errors import BadInputError
 from serving.models.tiny import tiny_llama
 from tasks.loop.damage import scramble_weights

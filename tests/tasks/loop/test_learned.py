@@ -4,7 +4,7 @@ when the data is too small, and resumed from their checkpoints when run again.""
 import pytest
 
 import tasks.loop.learned as learned
-from serving.drafters.package import read_manifest
+from serving.engine.drafters.package import read_manifest
 from serving.records.schema import RequestRecord, parse_record
 from tasks.loop.retrain_config import FamilySettings, TargetRetrain
 from tests.tasks.data.test_validate import make_record

@@ -9,7 +9,7 @@ import tasks.loop.steps as loop
 from registry.client import Registry
 from registry.config import RegistryConfig
 from registry.predictor import champion_predictor, predictor_by_alias
-from serving.drafters.package import DraftManifest, write_package
+from serving.engine.drafters.package import DraftManifest, write_package
 from tasks.data.curate import curate
 from tasks.loop.predictor_step import retrain_predictor
 

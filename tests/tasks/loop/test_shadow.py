@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from serving.drafters.factory import build_drafter
-from serving.drafters.package import DraftManifest, write_package
-from serving.engine import SpeculativeDecoder
+from serving.engine.decoder import SpeculativeDecoder
+from serving.engine.drafters.factory import build_drafter
+from serving.engine.drafters.package import DraftManifest, write_package
+from serving.engine.policy import FixedK
 from serving.loader import eos_ids
-from serving.policy import FixedK
 from serving.records.schema import Sampling, parse_record
 from tasks.loop.shadow import ShadowSettings, as_metrics, replayable, shadow_scores
 from tests.tasks.data.test_validate import make_record

@@ -8,7 +8,7 @@ import pytest
 import tasks.loop.steps as loop
 from registry.client import Registry
 from registry.config import RegistryConfig
-from serving.drafters.package import DraftManifest, read_manifest, write_package
+from serving.engine.drafters.package import DraftManifest, read_manifest, write_package
 from serving.errors import BadInputError
 from tasks.data.curate import curate
 from tasks.data.dataset import read_part

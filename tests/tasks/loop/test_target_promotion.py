@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from serving.drafters.package import DraftManifest, write_package
+from serving.engine.drafters.package import DraftManifest, write_package
 from tasks.loop.target_promotion import evaluate_registered, export_for_targets
 from tests.tasks.evaluate.test_targets import PROMPTS
 from tests.tasks.loop.priced_gates import use_priced_gates

@@ -65,7 +65,7 @@ def _vllm_champions(tmp_path, monkeypatch, mlflow_uri):
     there) and promoted in turn, so the second serves with the first to restore; the watch's
     ``configs/retrain.yaml`` settings apply (newest 12 requests, half the acceptance)."""
     from registry.client import Registry
-    from serving.drafters.package import DraftManifest, write_package
+    from serving.engine.drafters.package import DraftManifest, write_package
     from tasks.loop.target_promotion import export_for_targets
 
     monkeypatch.setenv("SPECOPS_MLFLOW_URI", mlflow_uri)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from serving.atomic import write_jsonl_atomic
-from serving.detailed import DetailedRecord
+from serving.engine.detailed import DetailedRecord
 from serving.errors import BadInputError
 from serving.records import store
 from serving.records.schema import from_detailed

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from serving.atomic import write_jsonl_atomic
-from serving.detailed import DetailedRecord
+from serving.engine.detailed import DetailedRecord
 from serving.errors import BadInputError
 from serving.records import store
 from serving.records.schema import from_detailed

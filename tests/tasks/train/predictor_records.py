@@ -8,10 +8,10 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from serving.drafters.ngram_store import NGramDrafter
-from serving.drafters.prompt_lookup import PromptLookupDrafter
-from serving.engine import SpeculativeDecoder
-from serving.policy import FixedK
+from serving.engine.decoder import SpeculativeDecoder
+from serving.engine.drafters.ngram_store import NGramDrafter
+from serving.engine.drafters.prompt_lookup import PromptLookupDrafter
+from serving.engine.policy import FixedK
 from serving.records.schema import from_detailed, parse_record
 from tasks.data.dataset import build_dataset, write_dataset
 

@@ -16,16 +16,21 @@ from pydantic import ValidationError
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from serving.drafters.base import DraftRequest
-from serving.drafters.model import ModelDrafter
-from serving.drafters.package import DraftManifest, load_package, read_manifest, write_package
-from serving.engine import SpeculativeDecoder
+from serving.engine.decoder import SpeculativeDecoder
+from serving.engine.drafters.base import DraftRequest
+from serving.engine.drafters.model import ModelDrafter
+from serving.engine.drafters.package import (
+    DraftManifest,
+    load_package,
+    read_manifest,
+    write_package,
+)
+from serving.engine.policy import FixedK
+from serving.engine.sampling import make_sampler
 from serving.errors import BadInputError, IncompatibleDraftError, ModelSourceError
 from serving.models.lora import BASE_FILE
 from serving.models.tiny import tiny_llama
 from serving.models.truncated import first_layers
-from serving.policy import FixedK
-from serving.sampling import make_sampler
 from tasks.train.distill import (
     ADAPTER_DIR,
     CHECKPOINT_FILE,

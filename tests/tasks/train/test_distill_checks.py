@@ -13,10 +13,10 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import tasks.train.distill as distill_module
-from serving.drafters.model import ModelDrafter
-from serving.drafters.package import load_package
-from serving.engine import SpeculativeDecoder
-from serving.policy import FixedK
+from serving.engine.decoder import SpeculativeDecoder
+from serving.engine.drafters.model import ModelDrafter
+from serving.engine.drafters.package import load_package
+from serving.engine.policy import FixedK
 from tasks.train.distill import (
     ADAPTER_DIR,
     METRICS_FILE,

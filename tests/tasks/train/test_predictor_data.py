@@ -7,8 +7,8 @@ import json
 
 import pytest
 
+from serving.engine.features import DraftedToken, TokenFeatures
 from serving.errors import BadInputError
-from serving.features import DraftedToken, TokenFeatures
 from serving.records.schema import RequestRecord, parse_record
 from tasks.train.predictor_data import (
     FEATURE_FIELDS,

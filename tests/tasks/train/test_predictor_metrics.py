@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from serving.features import TokenFeatures
-from serving.predictor import FEATURE_NAMES, AcceptancePredictor, Shrinkage, make_mlp
+from serving.engine.features import TokenFeatures
+from serving.engine.predictor import FEATURE_NAMES, AcceptancePredictor, Shrinkage, make_mlp
 from tasks.train.predictor_data import LabelledRows
 from tasks.train.predictor_metrics import (
     ALL,

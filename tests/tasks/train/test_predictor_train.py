@@ -10,8 +10,8 @@ import statistics
 import pytest
 import torch
 
+from serving.engine.predictor import PredictorError, load_predictor
 from serving.errors import BadInputError
-from serving.predictor import PredictorError, load_predictor
 from tasks.data.params import PredictorParams
 from tasks.train.predictor import (
     evaluate_saved_predictor,

@@ -8,11 +8,11 @@ import json
 import pytest
 
 from serving.atomic import write_jsonl_atomic
-from serving.drafters.factory import build_drafter
-from serving.drafters.suffix import SuffixDrafter
-from serving.engine import SpeculativeDecoder
+from serving.engine.decoder import SpeculativeDecoder
+from serving.engine.drafters.factory import build_drafter
+from serving.engine.drafters.suffix import SuffixDrafter
+from serving.engine.policy import FixedK
 from serving.errors import BadInputError, ModelSourceError
-from serving.policy import FixedK
 from serving.records.store import read_raw
 from tasks.data.collect import collect
 from tasks.train.suffix_index import (

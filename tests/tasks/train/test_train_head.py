@@ -9,12 +9,12 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from serving.drafters.head import HeadDrafter
-from serving.engine import SpeculativeDecoder
+from serving.engine.decoder import SpeculativeDecoder
+from serving.engine.drafters.head import HeadDrafter
+from serving.engine.policy import FixedK
 from serving.errors import BadInputError, IncompatibleDraftError, ModelSourceError
 from serving.models.head import load_head
 from serving.models.tiny import tiny_llama
-from serving.policy import FixedK
 from tasks.train.teacher import (
     MANIFEST,
     TeacherConfig,

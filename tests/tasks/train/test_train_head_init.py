@@ -8,7 +8,7 @@ import re
 import pytest
 import torch
 
-from serving.drafters.package import DraftManifest, write_package
+from serving.engine.drafters.package import DraftManifest, write_package
 from serving.errors import IncompatibleDraftError, ModelSourceError
 from serving.models.head import DraftHead, head_config_for, load_head, save_head
 from serving.models.tiny import tiny_llama

@@ -1,6 +1,0 @@
-"""Batched speculative decoding: many requests' draft blocks verified in one target pass.
-
-:mod:`serving.batch.ragged` packs the blocks into one sequence and attends each request
-against its own KV cache; :mod:`serving.batch.plan` decides each request's draft length
-for the batch as a whole; :mod:`serving.batch.batch` steps the requests that share it.
-"""
