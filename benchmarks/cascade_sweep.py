@@ -35,10 +35,21 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from benchmarks.cascade_stats import format_sweep_table, plot_frontier, rouge_l, summarize_method
 from benchmarks.cli import run_study
 from serving.atomic import write_json_atomic
-from serving.engine.decoder import GenerationResult
+from serving.engine.build import build_decoder
+from serving.engine.cascade.build import check_cascade
+from serving.engine.decoder import GenerationResult, SpeculativeDecoder
+from serving.engine.drafters.plan import (
+    DEFAULT_K,
+    DEFAULT_POLICY,
+    CascadePlan,
+    DraftPlan,
+    Plan,
+)
 from serving.engine.relaxed import check_lambda
 from serving.errors import BadInputError
-from serving.loader import DecoderOptions, build_decoder, encode_messages, set_threads
+from serving.hardware import DEFAULT_HARDWARE, HardwareTarget
+from serving.loader import encode_messages, set_threads
+from serving.target import DEFAULT_TARGET
 from tasks.bench.quality import completion_for, execute, extract_code
 from tasks.evaluate.interleave import interleave
 
@@ -59,13 +70,13 @@ class TargetCascade(BaseModel):
 class Baseline(BaseModel):
     model_config = ConfigDict(extra="forbid")
     drafter: str = "pld:3"
-    policy: str = "cost"
-    k: int = Field(10, ge=1, le=64)
+    policy: str = DEFAULT_POLICY
+    k: int = Field(DEFAULT_K, ge=1, le=64)
 
 
 class SweepConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    hardware: str = "cpu"
+    hardware: str = DEFAULT_HARDWARE
     predictor: str | None = None
     lambdas: list[float] = Field(default_factory=lambda: [0.1, 0.5, 1, 2, 5, 10, math.inf])
     seeds: list[int] = Field(default_factory=lambda: [0, 1, 2], min_length=1)
@@ -111,51 +122,49 @@ def lambda_name(lam: float) -> str:
 @dataclass(frozen=True)
 class SweepMethod:
     name: str
-    options: DecoderOptions
+    plan: Plan
     lam: float | None = None  # the λ of a cascade point, None otherwise
     shrink: bool = True
 
+    @property
+    def relax_lambda(self) -> float | None:
+        """The decoder's relaxed verification (None: lossless)."""
+        return None if self.lam is None or math.isinf(self.lam) else self.lam
+
 
 def sweep_methods(config: SweepConfig, target: TargetCascade) -> list[SweepMethod]:
-    hardware, predictor = config.hardware, config.predictor
-    cascade = {"cascade": target.stages, "k": target.k_max, "hardware": hardware}
+    """The sweep's methods, every plan checked (nothing loads)."""
+    predictor = config.predictor
+    baseline = config.baseline
     methods = [
-        SweepMethod(PLAIN, DecoderOptions(drafter="none", hardware=hardware)),
+        SweepMethod(PLAIN, DraftPlan()),  # drafter none: plain decoding
         SweepMethod(
-            BASELINE,
-            DecoderOptions(
-                drafter=config.baseline.drafter,
-                policy=config.baseline.policy,
-                k=config.baseline.k,
-                hardware=hardware,
-            ),
+            BASELINE, DraftPlan.parse(baseline.drafter, policy=baseline.policy, k=baseline.k)
         ),
     ]
+    predicted = CascadePlan.parse(target.stages, k=target.k_max, predictor=predictor)
     for lam in config.lambdas:
-        relax = None if math.isinf(lam) else lam
-        options = DecoderOptions(**cascade, predictor=predictor, relax_lambda=relax)  # type: ignore[arg-type]
-        methods.append(SweepMethod(lambda_name(lam), options, lam=lam))
+        methods.append(SweepMethod(lambda_name(lam), predicted, lam=lam))
     if config.ablations:
         methods += [
-            SweepMethod("no-predictor", DecoderOptions(**cascade)),  # type: ignore[arg-type]
-            SweepMethod(
-                "no-shrinkage",
-                DecoderOptions(**cascade, predictor=predictor),  # type: ignore[arg-type]
-                shrink=False,
-            ),
+            SweepMethod("no-predictor", CascadePlan.parse(target.stages, k=target.k_max)),
+            SweepMethod("no-shrinkage", predicted, shrink=False),
             SweepMethod(
                 "single-stage",
-                DecoderOptions(
-                    cascade=config.single_stage,
-                    k=target.k_max,
-                    hardware=hardware,
-                    predictor=predictor,
-                ),
+                CascadePlan.parse(config.single_stage, k=target.k_max, predictor=predictor),
             ),
         ]
     if LOSSLESS not in {m.name for m in methods}:
         raise BadInputError("the sweep's lambdas must include inf (the lossless cascade)")
     return methods
+
+
+def check_methods(methods: list[SweepMethod], hardware: HardwareTarget) -> None:
+    """Every cascade's predictor checked against ``hardware`` (nothing loads)."""
+    for method in methods:
+        check_lambda(method.relax_lambda)
+        if isinstance(method.plan, CascadePlan):
+            check_cascade(method.plan, hardware)
 
 
 def _items(config: SweepConfig) -> dict[int, list[tuple[Any, dict | None]]]:
@@ -202,7 +211,7 @@ def run_sweep(
     config_file: CascadeFile,
     out: Path,
     *,
-    target_source: str = "smollm2",
+    target_source: str = DEFAULT_TARGET,
     progress: bool = True,
 ) -> dict[str, Any]:
     """Run the sweep; write ``sweep.json`` and ``frontier.png`` under ``out``."""
@@ -218,15 +227,18 @@ def run_sweep(
             f"it has {sorted(config_file.targets)}"
         )
     target = config_file.targets[config.hardware]
+    # every bad setting fails here, before a model is loaded
+    hardware = engine_target(config.hardware)
     methods = sweep_methods(config, target)
-    for method in methods:  # every bad setting fails here, before a model is loaded
-        method.options.check()
+    check_methods(methods, hardware)
     items = _items(config)
     set_threads(config.threads)
-    model, tokenizer = load_target(target_source, kernels=engine_target(config.hardware).kernels)
+    loaded = load_target(target_source, hardware)
+    tokenizer = loaded.tokenizer
+    assert tokenizer is not None  # load_target loads it with the model
     decoders = {}
     for method in methods:
-        decoder = build_decoder(model, tokenizer, method.options)
+        decoder = build_decoder(loaded, method.plan, relax_lambda=method.relax_lambda)
         if not method.shrink:
             decoder.drafter.predictor.shrink = False  # type: ignore[union-attr]
         decoders[method.name] = decoder
@@ -243,7 +255,7 @@ def run_sweep(
     runs: list[dict[str, Any]] = []
     bar = tqdm(total=len(chosen) * len(methods), desc="cascade sweep", disable=not progress)
 
-    def call(decoder) -> Callable[[int], GenerationResult]:
+    def call(decoder: SpeculativeDecoder) -> Callable[[int], GenerationResult]:
         def run(index: int) -> GenerationResult:
             prompt = chosen[index][1]
             return decoder.generate(encoded[prompt.id], max_new_tokens=budget[prompt.workload])
@@ -281,7 +293,7 @@ def run_sweep(
             row["rouge_l"] = rouge_l(row["token_ids"], reference)
             row["passed"] = None
             if problem is not None:
-                text = tokenizer.decode(row["token_ids"], skip_special_tokens=True)
+                text = str(tokenizer.decode(row["token_ids"], skip_special_tokens=True))
                 row["passed"] = _execute(problem, text, config.execution_timeout_s)
             runs.append(row)
     bar.close()
@@ -303,7 +315,7 @@ def run_sweep(
     return payload
 
 
-def _describe(decoder) -> dict[str, Any]:
+def _describe(decoder: SpeculativeDecoder) -> dict[str, Any]:
     described = decoder.describe()
     return {k: v for k, v in described.items() if k in ("drafter", "policy", "relax_lambda")}
 
@@ -386,7 +398,9 @@ def main(argv: list[str] | None = None) -> int:
         default=True,
         help="log the results as an MLflow run",
     )
-    parser.add_argument("--target", default="smollm2", help="smollm2 (shipped) or a model folder")
+    parser.add_argument(
+        "--target", default=DEFAULT_TARGET, help="smollm2 (shipped) or a model folder"
+    )
     args = parser.parse_args(argv)
 
     def study() -> None:

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 import yaml
@@ -34,7 +34,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from benchmarks.cli import run_study
 from benchmarks.curves_report import POINTS_FILE, SPEED_FILE, collect, write_report
 from serving.atomic import write_json_atomic
+from serving.engine.drafters.plan import DEFAULT_K, DEFAULT_POLICY
 from serving.errors import BadInputError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+    from serving.target import LoadedTarget
 
 DEFAULT_CONFIG = Path(__file__).parent / "configs" / "draft_curves.yaml"
 WORK_DIR = "work"
@@ -116,20 +122,24 @@ def trainer_config(name: str, design: Design, teacher_dir: Path, work: Path):
         raise BadInputError(f"design {name!r} has bad settings:\n{error}") from None
 
 
-def _train(config, target, tokenizer, budget_s: float, progress: bool):
+def _train(config, target: LoadedTarget, budget_s: float, progress: bool):
     from tasks.train.distill import DistillConfig, distill
     from tasks.train.train_head import train_head
 
     if isinstance(config, DistillConfig):
         distilled = distill(
-            config, target, tokenizer=tokenizer, progress=progress, max_train_seconds=budget_s
+            config,
+            target.model,
+            tokenizer=target.tokenizer,
+            progress=progress,
+            max_train_seconds=budget_s,
         )
         return distilled, distilled.model_dir
-    trained = train_head(config, target, progress=progress, max_train_seconds=budget_s)
+    trained = train_head(config, target.model, progress=progress, max_train_seconds=budget_s)
     return trained, trained.head_dir
 
 
-def _hits_of(kind: str, draft_dir: Path, target, k: int) -> Callable:
+def _hits_of(kind: str, draft_dir: Path, target: PreTrainedModel, k: int) -> Callable:
     """A function giving the hits of the trained draft on one held-out sequence."""
     from tasks.evaluate.offline_acceptance import head_hits, model_hits
 
@@ -148,7 +158,9 @@ def _hits_of(kind: str, draft_dir: Path, target, k: int) -> Callable:
     return lambda sequence: model_hits(model, sequence, k)
 
 
-def score(kind: str, draft_dir: Path, target, heldout: list, k: int) -> dict[str, Any]:
+def score(
+    kind: str, draft_dir: Path, target: PreTrainedModel, heldout: list, k: int
+) -> dict[str, Any]:
     from tasks.evaluate.offline_acceptance import replay_all
 
     total = replay_all(_hits_of(kind, draft_dir, target, k), heldout, k)
@@ -177,8 +189,7 @@ def run_design(
     design: Design,
     config: CurvesConfig,
     *,
-    target,
-    tokenizer,
+    target: LoadedTarget,
     teacher_dir: Path,
     heldout: list,
     out_dir: Path,
@@ -186,7 +197,8 @@ def run_design(
     progress: bool = True,
     log: Callable[[str], None] = print,
 ) -> list[CurvePoint]:
-    """Train ``design`` to each mark (up to ``max_minutes``), scoring it at each."""
+    """Train ``design`` for ``target`` to each mark (up to ``max_minutes``), scoring it at
+    each."""
     folder = out_dir / name
     work = folder / WORK_DIR
     trainer = trainer_config(name, design, teacher_dir, work)
@@ -196,8 +208,8 @@ def run_design(
         if any(p.minutes >= mark for p in points):
             continue
         started = time.perf_counter()
-        result, draft_dir = _train(trainer, target, tokenizer, mark * 60.0, progress)
-        scores = score(design.kind, draft_dir, target, heldout, config.k)
+        result, draft_dir = _train(trainer, target, mark * 60.0, progress)
+        scores = score(design.kind, draft_dir, target.model, heldout, config.k)
         point = CurvePoint(
             minutes=result.train_seconds / 60.0,
             steps=result.steps,
@@ -232,7 +244,7 @@ def _fmt(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3f}"
 
 
-def answer_sequences(heldout_dir: Path, target) -> list:
+def answer_sequences(heldout_dir: Path, target: PreTrainedModel) -> list:
     """The held-out teacher cache's sequences, checked to be this target's."""
     from tasks.train.head_data import split_sequences
     from tasks.train.teacher import load_teacher_data
@@ -269,20 +281,18 @@ def package_design(name: str, payload: dict[str, Any], folder: Path, k: int) -> 
 def speed(
     out_dir: Path,
     *,
-    target,
-    tokenizer,
+    target: LoadedTarget,
     k: int,
     prompts: int,
     max_new_tokens: int,
     threads: int,
-    hardware: str = "cpu",
-    baselines: tuple[tuple[str, str, int], ...] = (("pld:3", "cost", 10),),
+    baselines: tuple[tuple[str, str, int], ...] = (("pld:3", DEFAULT_POLICY, DEFAULT_K),),
     seed: int = 0,
 ) -> dict[str, Any]:
     """Every scored design's latest draft (``k`` drafts per step) and each baseline
     (``(drafter, policy, k)``: by default prompt lookup as specops serves it) against plain
-    decoding, interleaved, through the engine on held-out ShareGPT prompts; writes
-    ``speed.json``."""
+    decoding, interleaved, through the engine on ``target`` (on its hardware target) on
+    held-out ShareGPT prompts; writes ``speed.json``."""
     from serving.engine.drafters.package import DraftManifest, write_package
     from tasks.data.traffic import build_workload
     from tasks.evaluate.evaluate import Contender, evaluate
@@ -301,20 +311,15 @@ def speed(
         name = f"{spec} ({policy} policy, k <= {baseline_k})"
         contenders.append(Contender(name, write_package(folder, manifest)))
     chosen = build_workload("sharegpt", prompts, seed=seed, split="heldout")
-    report = evaluate(
-        contenders,
-        chosen,
-        target=target,
-        tokenizer=tokenizer,
-        hardware=hardware,
-        max_new_tokens=max_new_tokens,
-    )
+    report = evaluate(contenders, chosen, target=target, max_new_tokens=max_new_tokens)
     report.update({"k": k, "threads": threads})
     write_json_atomic(out_dir / SPEED_FILE, report)
     return report
 
 
 def main(argv: list[str] | None = None) -> int:
+    from serving.target import DEFAULT_TARGET
+
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.draft_curves",
         description="Learning curves of the draft designs (mean accepted length and agreement "
@@ -348,12 +353,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--goal", type=float, default=1.6, help="mean accepted length drawn as the goal"
     )
-    parser.add_argument("--target", default="smollm2", help="smollm2 or a local HF model folder")
+    parser.add_argument(
+        "--target", default=DEFAULT_TARGET, help="smollm2 or a local HF model folder"
+    )
     args = parser.parse_args(argv)
     return run_study(lambda: _curves(args))
 
 
 def _curves(args: argparse.Namespace) -> None:
+    from serving.hardware import engine_target
     from serving.loader import load_target, set_threads
 
     settings = load_curves_config(args.config)
@@ -370,15 +378,14 @@ def _curves(args: argparse.Namespace) -> None:
     if not (args.report_only or args.speed_only):
         set_threads(settings.threads)
         # Stock kernels: layers drafts copy the target's weights, which packed layers lack.
-        model, tokenizer = load_target(args.target, kernels="stock")
-        sequences = answer_sequences(args.heldout, model)
+        trained = load_target(args.target, engine_target("cpu-stock"))
+        sequences = answer_sequences(args.heldout, trained.model)
         for name in chosen:
             run_design(
                 name,
                 settings.designs[name],
                 settings,
-                target=model,
-                tokenizer=tokenizer,
+                target=trained,
                 teacher_dir=args.teacher,
                 heldout=sequences,
                 out_dir=args.out,
@@ -386,11 +393,9 @@ def _curves(args: argparse.Namespace) -> None:
             )
     if args.speed_prompts and not args.report_only:
         set_threads(args.speed_threads)
-        engine, tokenizer = load_target(args.target)
         speed(
             args.out,
-            target=engine,
-            tokenizer=tokenizer,
+            target=load_target(args.target),
             k=settings.k,
             prompts=args.speed_prompts,
             max_new_tokens=args.speed_tokens,

@@ -38,6 +38,7 @@ from typing import Any
 
 from serving.atomic import write_json_atomic
 from serving.errors import BadInputError, SpecOpsError
+from serving.hardware import DEFAULT_HARDWARE
 
 PHASES = ("before", "damaged", "restored")
 
@@ -162,6 +163,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from benchmarks.demo_workspace import REPORT, open_workspace
     from flows.loop import collect
     from serving.models.real import cache_root
+    from serving.target import DEFAULT_TARGET
     from specops.prefect_env import prepare_prefect
     from tasks.data.traffic import build_workload
     from tasks.loop.damage import scramble_weights
@@ -191,7 +193,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     replicas = []
     for i in range(args.replicas):
         config = replica_config(
-            folder, f"r{i + 1}", target="smollm2", hardware=args.hardware, poll_s=args.poll_s,
+            folder, f"r{i + 1}", target=DEFAULT_TARGET, hardware=args.hardware, poll_s=args.poll_s,
             store=store, max_tokens=args.max_new_tokens,
         )  # fmt: skip
         replicas.append(ServerProcess(["--config", str(config)], log_path=folder / f"r{i + 1}.log"))
@@ -289,7 +291,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", default=".specops/demo", help="the main job's workspace")
-    parser.add_argument("--hardware", default="cpu")
+    parser.add_argument("--hardware", default=DEFAULT_HARDWARE)
     parser.add_argument("--replicas", type=int, default=2)
     parser.add_argument("--poll-s", type=float, default=1.0, help="the replicas' champion poll")
     parser.add_argument("--max-new-tokens", type=int, default=48)

@@ -19,12 +19,13 @@ from pathlib import Path
 
 from benchmarks.cli import run_study
 from serving.atomic import write_json_atomic
+from serving.hardware import DEFAULT_HARDWARE
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", type=Path, default=Path(".specops/demo"))
-    parser.add_argument("--hardware", default="cpu")
+    parser.add_argument("--hardware", default=DEFAULT_HARDWARE)
     parser.add_argument("--threads", type=int, required=True)
     parser.add_argument("--prompts", type=int, default=4, help="built-in, per workload")
     parser.add_argument("--max-new-tokens", type=int, default=64)
@@ -33,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def study() -> None:
         from benchmarks.demo_workspace import last_retrain_decision, open_workspace, retrain_prompts
+        from serving.hardware import engine_target
         from serving.loader import set_threads
         from tasks.evaluate import gates as gate_config
         from tasks.evaluate.evaluate import Contender, evaluate_report
@@ -46,19 +48,22 @@ def main(argv: list[str] | None = None) -> int:
             for name, label in decision["labels"].items()
         ]
         prompts = retrain_prompts(args.work, args.prompts)
-        target, tokenizer = target_for(args.hardware)
+        target = target_for(engine_target(args.hardware))
         config = gate_config.load_gates()
         runs: dict[str, dict] = {}
         seconds_of: dict[str, float] = {}
         for name, now in (("now", True), ("every contender timed", False)):
             started = time.perf_counter()
             report = evaluate_report(
-                contenders, prompts, target=target, tokenizer=tokenizer,
-                hardware=args.hardware, max_new_tokens=args.max_new_tokens,
-                rounds=config.wall_clock_rounds, progress=True,
+                contenders,
+                prompts,
+                target=target,
+                max_new_tokens=args.max_new_tokens,
+                rounds=config.wall_clock_rounds,
+                progress=True,
                 pregate_margin=config.pregate_margin if now else None,
                 stop_confidence=config.wall_clock_confidence if now else 0.0,
-            )  # fmt: skip
+            )
             seconds_of[name] = time.perf_counter() - started
             runs[name] = {
                 "seconds": round(seconds_of[name], 1),

@@ -26,6 +26,7 @@ from typing import Any
 
 from benchmarks.cli import run_study
 from serving.atomic import write_json_atomic
+from serving.hardware import DEFAULT_HARDWARE
 
 BURNER = "while True: pass"
 
@@ -60,7 +61,7 @@ def _busy() -> subprocess.Popen:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", type=Path, default=Path(".specops/demo"))
-    parser.add_argument("--hardware", default="cpu")
+    parser.add_argument("--hardware", default=DEFAULT_HARDWARE)
     parser.add_argument("--threads", type=int, required=True)
     parser.add_argument("--runs", type=int, default=10, help="alone, and again busy")
     parser.add_argument("--prompts", type=int, default=4, help="built-in, per workload")
@@ -72,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def study() -> None:
         from benchmarks.demo_workspace import last_retrain_decision, open_workspace, retrain_prompts
+        from serving.hardware import engine_target
         from serving.loader import set_threads
         from tasks.evaluate import gates as gate_config
         from tasks.evaluate.evaluate import Contender, evaluate_report
@@ -98,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
                 Contender(f"challenger-{index}", registry.download(registry.resolve(label), cache))
             )
         prompts = retrain_prompts(args.work, args.prompts)
-        target, tokenizer = target_for(args.hardware)
+        target = target_for(engine_target(args.hardware))
         config = gate_config.load_gates()
         wall_clock = config.model_copy(update={"speed": "measured", "wall_clock_confidence": 0.0})
         other_curve = "profiled" if config.modelled_curve == "evaluated" else "evaluated"
@@ -138,10 +140,13 @@ def main(argv: list[str] | None = None) -> int:
                 started = time.perf_counter()
                 try:
                     report = evaluate_report(
-                        contenders, prompts, target=target, tokenizer=tokenizer,
-                        hardware=args.hardware, max_new_tokens=args.max_new_tokens,
-                        rounds=config.wall_clock_rounds, progress=False,
-                    )  # fmt: skip
+                        contenders,
+                        prompts,
+                        target=target,
+                        max_new_tokens=args.max_new_tokens,
+                        rounds=config.wall_clock_rounds,
+                        progress=False,
+                    )
                 finally:
                     if burner is not None:
                         burner.kill()

@@ -24,15 +24,23 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
-def _target(args: argparse.Namespace):
+
+def _target(args: argparse.Namespace) -> PreTrainedModel:
+    """The target's model: the shipped one (stock kernels), or ``--model`` on the device
+    accelerate picks."""
     if args.model is None:
+        from serving.hardware import engine_target
         from serving.loader import load_target
+        from serving.target import DEFAULT_TARGET
 
-        return load_target("smollm2", kernels="stock")[0]
+        return load_target(DEFAULT_TARGET, engine_target("cpu-stock")).model
     from accelerate import PartialState
     from transformers import AutoModelForCausalLM
 

@@ -38,25 +38,27 @@ def main(argv: list[str] | None = None) -> None:
 
     from serving.atomic import write_json_atomic
     from serving.engine.drafters.package import DraftManifest, load_package, write_package
+    from serving.hardware import engine_target
     from serving.loader import load_target
     from serving.models.lora import lora_base_of, write_lora_base
+    from serving.target import DEFAULT_TARGET
     from tasks.train.distill_model import base_draft, merge_lora, save_causal_lm, with_lora
 
-    target, tokenizer = load_target("smollm2", kernels="stock")
+    stock = load_target(DEFAULT_TARGET, engine_target("cpu-stock"))
     results: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory() as scratch:
         root = Path(scratch)
         torch.manual_seed(0)
-        base = base_draft(target, layers=args.layers, draft_model=None)
+        base = base_draft(stock.model, layers=args.layers, draft_model=None)
         adapted = with_lora(base, r=16, alpha=32, dropout=0.0, target_modules="all-linear")
         with torch.no_grad():
             for name, parameter in adapted.named_parameters():
                 if "lora_B" in name:
                     parameter.normal_(0, 0.01)
         adapted.save_pretrained(root / "adapter")
-        write_lora_base(root / "adapter", lora_base_of(target, args.layers))
-        fresh = base_draft(target, layers=args.layers, draft_model=None)
-        save_causal_lm(merge_lora(root / "adapter", fresh), root / "model", tokenizer)
+        write_lora_base(root / "adapter", lora_base_of(stock.model, args.layers))
+        fresh = base_draft(stock.model, layers=args.layers, draft_model=None)
+        save_causal_lm(merge_lora(root / "adapter", fresh), root / "model", stock.tokenizer)
         layouts = {
             "model:weights": {"weights": root / "model", "adapter": root / "adapter"},
             "lora:adapter": {"adapter": root / "adapter"},
@@ -66,14 +68,14 @@ def main(argv: list[str] | None = None) -> None:
                 root / drafter.replace(":", "-"), DraftManifest(drafter=drafter), files
             )
             started = time.perf_counter()
-            load_package(folder, target, tokenizer)
+            load_package(folder, stock)
             results[drafter] = {**_sizes(folder), "load_s": time.perf_counter() - started}
             print(drafter, results[drafter], flush=True)
         # Against the served target (oneDNN-packed layers: its fp32 base is read from its
         # folder, and the merged draft packed like it).
-        packed, _ = load_target("smollm2")
+        packed = load_target(DEFAULT_TARGET)
         started = time.perf_counter()
-        load_package(root / "lora-adapter", packed, tokenizer)
+        load_package(root / "lora-adapter", packed)
         results["lora:adapter"]["load_onednn_target_s"] = time.perf_counter() - started
     payload = {
         "command": "python -m benchmarks.lora_package_size "

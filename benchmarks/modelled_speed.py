@@ -29,8 +29,9 @@ from typing import Any
 
 from benchmarks.cli import run_study
 from serving.atomic import write_json_atomic
-from serving.hardware import engine_target
+from serving.hardware import DEFAULT_HARDWARE, engine_target
 from serving.loader import load_target, set_threads
+from serving.target import DEFAULT_TARGET
 from tasks.data.traffic import build_workload
 from tasks.evaluate.evaluate import REFERENCE, Contender, evaluate_report
 from tasks.evaluate.modelled import modelled_report
@@ -92,7 +93,7 @@ def compare(report: EvaluationReport) -> list[dict[str, Any]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--hardware", default="cpu")
+    parser.add_argument("--hardware", default=DEFAULT_HARDWARE)
     parser.add_argument("--threads", type=int, required=True)
     parser.add_argument("--workload", action="append", default=None)
     parser.add_argument("--prompts", type=int, default=4, help="per workload")
@@ -116,8 +117,9 @@ def main(argv: list[str] | None = None) -> int:
         packages.append((name, Path(folder)))
 
     def study() -> None:
+        hardware = engine_target(args.hardware)
         set_threads(args.threads)
-        target, tokenizer = load_target(**engine_target(args.hardware).load_options())
+        target = load_target(DEFAULT_TARGET, hardware)
         prompts = [
             p
             for workload in args.workload or ["grounded", "humaneval"]
@@ -130,10 +132,13 @@ def main(argv: list[str] | None = None) -> int:
             ] + [Contender(name, package) for name, package in packages]
             started = time.perf_counter()
             report = evaluate_report(
-                contenders, prompts, target=target, tokenizer=tokenizer,
-                hardware=args.hardware, max_new_tokens=args.max_new_tokens,
-                rounds=args.rounds, progress=True,
-            )  # fmt: skip
+                contenders,
+                prompts,
+                target=target,
+                max_new_tokens=args.max_new_tokens,
+                rounds=args.rounds,
+                progress=True,
+            )
         rows = compare(report)
         errors = [abs(r["error"]) for r in rows if r["error"] is not None]
         result = {

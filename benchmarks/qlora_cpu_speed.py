@@ -68,7 +68,11 @@ def main(argv: list[str] | None = None) -> None:
         optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
         batch = torch.randint(0, args.vocab, (args.batch, args.seq))
 
-        def train_step(model=model, optimizer=optimizer, batch=batch) -> None:
+        def train_step(
+            model: torch.nn.Module = model,
+            optimizer: torch.optim.Optimizer = optimizer,
+            batch: torch.Tensor = batch,
+        ) -> None:
             loss = model(input_ids=batch, labels=batch).loss
             loss.backward()
             optimizer.step()
@@ -77,7 +81,7 @@ def main(argv: list[str] | None = None) -> None:
         token = torch.randint(0, args.vocab, (1, 1))
 
         @torch.no_grad()
-        def forward(model=model, token=token) -> None:
+        def forward(model: torch.nn.Module = model, token: torch.Tensor = token) -> None:
             model(input_ids=token)
 
         print(f"{mode}: timing {args.repeats} training steps ...", flush=True)

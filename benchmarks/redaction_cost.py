@@ -31,17 +31,19 @@ SECRETS = " Reach me at alice.smith@example.com; my key is sk-proj-AbCdEfGhIjKlM
 def _records(tokenizer) -> dict[str, dict]:
     import torch
 
-    from serving.engine.decoder import SpeculativeDecoder
-    from serving.engine.drafters.prompt_lookup import PromptLookupDrafter
-    from serving.engine.policy import FixedK
+    from serving.engine.build import build_decoder
+    from serving.engine.drafters.plan import DraftPlan
     from serving.models.tiny import tiny_llama
     from serving.records.schema import from_detailed
+    from serving.target import LoadedTarget
 
     torch.manual_seed(0)
     model = tiny_llama(
         vocab_size=len(tokenizer), hidden_size=64, num_layers=2, max_positions=2048
     ).eval()
-    decoder = SpeculativeDecoder(model, drafter=PromptLookupDrafter(), policy=FixedK(3))
+    # As it is, with no end-of-sequence ids: every record runs to its token budget.
+    target = LoadedTarget.of(model)
+    decoder = build_decoder(target, DraftPlan.parse("pld", policy="fixed", k=3))
     rows = {}
     for name, text in (("plain", PARAGRAPH * 11), ("two_secrets", PARAGRAPH * 10 + SECRETS)):
         prompt = tokenizer(text, add_special_tokens=False)["input_ids"]

@@ -32,11 +32,14 @@ import torch
 
 from benchmarks.cli import run_study
 from serving.atomic import write_json_atomic
+from serving.engine.build import build_decoder
 from serving.engine.drafters.base import Drafter, DraftProposal, DraftRequest, StepFeedback
+from serving.engine.drafters.plan import DEFAULT_K, DEFAULT_POLICY, DraftPlan
 from serving.engine.metrics import RequestStats, pool
 from serving.errors import BadInputError
-from serving.hardware import engine_target
-from serving.loader import DecoderOptions, build_decoder, encode_messages, set_threads
+from serving.hardware import DEFAULT_HARDWARE, engine_target
+from serving.loader import encode_messages, set_threads
+from serving.target import DEFAULT_TARGET, LoadedTarget
 from tasks.evaluate.interleave import interleave
 
 log = logging.getLogger(__name__)
@@ -51,9 +54,9 @@ class SuffixEvalConfig:
     heldout_prompts: int = 29  # every held-out HumanEval problem
     seed: int = 0
     max_new_tokens: int = 128
-    k: int = 10  # the largest block the policy may ask for
-    policy: str = "cost"
-    hardware: str = "cpu"
+    k: int = DEFAULT_K  # the largest block the policy may ask for
+    policy: str = DEFAULT_POLICY
+    hardware: str = DEFAULT_HARDWARE
     threads: int = 1
     collect_budget_s: float = 600.0  # stop collecting train outputs after this long
     include_prompts: bool = False  # index each train prompt together with its output
@@ -70,17 +73,15 @@ class SuffixEvalConfig:
 
 
 def collect_train_outputs(
-    config: SuffixEvalConfig, *, model, tokenizer, store_root: Path, progress: bool = True
+    config: SuffixEvalConfig, *, target: LoadedTarget, store_root: Path, progress: bool = True
 ) -> dict[str, object]:
-    """Greedy outputs of the target on train prompts into ``store_root``; chunk by chunk
+    """Greedy outputs of ``target`` on train prompts into ``store_root``; chunk by chunk
     until ``collect_budget_s`` runs out (finished chunks stay: a re-run skips them)."""
     from tasks.data.collect import collect
     from tasks.data.traffic import build_workload
 
     prompts = build_workload(config.workload, config.train_prompts, seed=config.seed, split="train")
-    decoder = build_decoder(
-        model, tokenizer, DecoderOptions(drafter="none", hardware=config.hardware)
-    )
+    decoder = build_decoder(target)  # plain decoding
     started = time.perf_counter()
     done = 0
     for start in range(0, len(prompts), config.chunk_size):
@@ -96,10 +97,10 @@ def collect_train_outputs(
         collect(
             chunk,
             decoder=decoder,
-            tokenizer=tokenizer,
+            tokenizer=target.tokenizer,
             store_root=store_root,
             run_id=f"suffix-train-{config.workload}-s{config.seed}",
-            hardware=config.hardware,
+            hardware=target.name,
             max_new_tokens=config.max_new_tokens,
             chunk_size=config.chunk_size,
             progress=progress,
@@ -183,11 +184,11 @@ def compare_on_heldout(
     config: SuffixEvalConfig,
     *,
     corpus_path: Path,
-    model,
-    tokenizer,
+    target: LoadedTarget,
     progress: bool = True,
 ) -> dict[str, object]:
-    """Interleaved held-out comparison of ``config.methods``; returns summary and runs."""
+    """Interleaved held-out comparison of ``config.methods`` on ``target``; returns summary
+    and runs."""
     from tqdm.auto import tqdm
 
     from tasks.data.traffic import build_workload
@@ -197,20 +198,14 @@ def compare_on_heldout(
     prompts = build_workload(
         config.workload, config.heldout_prompts, seed=config.seed, split="heldout"
     )
-    decoders = {
-        name: build_decoder(
-            model,
-            tokenizer,
-            DecoderOptions(
-                drafter=spec.format(corpus=corpus_path),
-                k=config.k,
-                policy=config.policy,
-                hardware=config.hardware,
-            ),
-        )
+    plans = {
+        name: DraftPlan.parse(spec.format(corpus=corpus_path), policy=config.policy, k=config.k)
         for name, spec in config.methods.items()
     }
+    decoders = {name: build_decoder(target, plan) for name, plan in plans.items()}
     names = list(decoders)
+    tokenizer = target.tokenizer
+    assert tokenizer is not None  # load_target loads it with the model
     encoded = [encode_messages(tokenizer, p.messages) for p in prompts]
     runs: list[dict] = []
     bar = tqdm(total=len(prompts) * len(names), desc="held-out", disable=not progress)
@@ -256,21 +251,22 @@ def run_suffix_eval(
     config: SuffixEvalConfig,
     *,
     out_dir: Path = Path("results/suffix_eval"),
-    target: str = "smollm2",
+    source: str = DEFAULT_TARGET,
     progress: bool = True,
 ) -> dict[str, object]:
-    """Collect train outputs into ``out_dir/store``, build ``out_dir/suffix-corpus.json``,
-    compare on held-out prompts; write ``out_dir/suffix_eval.json`` and return it."""
+    """Collect the outputs of the target loaded from ``source`` on train prompts into
+    ``out_dir/store``, build ``out_dir/suffix-corpus.json``, compare on held-out prompts;
+    write ``out_dir/suffix_eval.json`` and return it."""
     from serving.loader import load_target
     from tasks.train.suffix_index import build_suffix_index_from_store
 
+    hardware = engine_target(config.hardware)
     set_threads(config.threads)
     out_dir = Path(out_dir)
-    kernels = engine_target(config.hardware).kernels
-    model, tokenizer = load_target(target, kernels=kernels)
+    target = load_target(source, hardware)
     store_root = out_dir / "store"
     collected = collect_train_outputs(
-        config, model=model, tokenizer=tokenizer, store_root=store_root, progress=progress
+        config, target=target, store_root=store_root, progress=progress
     )
     corpus_path = out_dir / "suffix-corpus.json"
     corpus = build_suffix_index_from_store(
@@ -278,14 +274,14 @@ def run_suffix_eval(
         corpus_path,
         hardware=config.hardware,
         include_prompts=config.include_prompts,
-        description=f"{config.workload} train outputs of {target}, greedy",
+        description=f"{config.workload} train outputs of {source}, greedy",
     )
     comparison = compare_on_heldout(
-        config, corpus_path=corpus_path, model=model, tokenizer=tokenizer, progress=progress
+        config, corpus_path=corpus_path, target=target, progress=progress
     )
     results: dict[str, object] = {
         "config": asdict(config),
-        "target": target,
+        "target": source,
         "collection": collected,
         "corpus": {
             "path": str(corpus_path),
@@ -295,7 +291,7 @@ def run_suffix_eval(
         },
         "environment": {
             "threads": torch.get_num_threads(),
-            "kernels": kernels,
+            "kernels": hardware.kernels,
             "torch": torch.__version__,
             "machine": platform.machine(),
             "cpu_count": os.cpu_count(),

@@ -32,6 +32,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from flows.loop import bootstrap, collect, evaluate_and_promote, retrain
+from serving.hardware import DEFAULT_HARDWARE
 from tasks.loop import prefect_tasks as steps
 from tasks.loop.results import Collected, DemoResult, DraftRef, Drill, Retrained
 
@@ -41,7 +42,7 @@ DRILL_FAMILY = "head"
 
 @flow(name="drift-demo")
 def drift_demo(
-    hardware: str = "cpu",
+    hardware: str = DEFAULT_HARDWARE,
     work: str = ".specops/demo",
     before_workload: str = "grounded",
     after_workload: str = "humaneval",

@@ -11,11 +11,12 @@ from __future__ import annotations
 from prefect import serve
 
 from flows.loop import collect, evaluate_and_promote, retrain
+from serving.hardware import DEFAULT_HARDWARE
 
 SCHEDULES = {"collect/hourly": "0 * * * *", "retrain/daily": "30 3 * * *"}
 
 
-def deployments(hardware: str = "cpu"):
+def deployments(hardware: str = DEFAULT_HARDWARE):
     return [
         collect.to_deployment(
             name="hourly", cron=SCHEDULES["collect/hourly"], parameters={"hardware": hardware}
@@ -29,7 +30,7 @@ def deployments(hardware: str = "cpu"):
     ]
 
 
-def main(hardware: str = "cpu") -> None:
+def main(hardware: str = DEFAULT_HARDWARE) -> None:
     serve(*deployments(hardware))
 
 

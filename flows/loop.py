@@ -32,6 +32,8 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
+from serving.engine.drafters.plan import DEFAULT_K, DEFAULT_POLICY
+from serving.hardware import DEFAULT_HARDWARE
 from tasks.loop import prefect_tasks as steps
 from tasks.loop.results import (
     Bootstrapped,
@@ -85,7 +87,7 @@ def scheduled_timestamp() -> float:
 @flow(name="evaluate-and-promote", timeout_seconds=TIMEOUTS_S["evaluate"])
 def evaluate_and_promote(
     challengers: Sequence[DraftRef],
-    hardware: str = "cpu",
+    hardware: str = DEFAULT_HARDWARE,
     workloads: list[str] | None = None,
     prompts_per_workload: int = 8,
     max_new_tokens: int = 96,
@@ -127,11 +129,11 @@ def evaluate_and_promote(
 
 @flow(name="bootstrap", timeout_seconds=TIMEOUTS_S["bootstrap"])
 def bootstrap(
-    hardware: str = "cpu",
+    hardware: str = DEFAULT_HARDWARE,
     drafter: str = "pld:3",
     family: str = "ngram",
-    k: int = 10,
-    policy: str = "cost",
+    k: int = DEFAULT_K,
+    policy: str = DEFAULT_POLICY,
     workloads: list[str] | None = None,
     prompts_per_workload: int = 4,
     max_new_tokens: int = 96,
@@ -166,7 +168,7 @@ def bootstrap(
 
 @flow(name="retrain", timeout_seconds=TIMEOUTS_S["retrain"])
 def retrain(
-    hardware: str = "cpu",
+    hardware: str = DEFAULT_HARDWARE,
     store: str = "data",
     work: str = ".specops/work",
     eval_workloads: list[str] | None = None,
@@ -289,7 +291,7 @@ def _retrain_through(
 
 @flow(name="collect", timeout_seconds=TIMEOUTS_S["collect"])
 def collect(
-    hardware: str = "cpu",
+    hardware: str = DEFAULT_HARDWARE,
     store: str = "data",
     work: str = ".specops/work",
     replay_workload: str | None = None,

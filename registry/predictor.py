@@ -32,6 +32,7 @@ from registry.client import (
     alias,
 )
 from serving.engine.predictor import PREDICTOR_FILE, check_predictor
+from serving.hardware import hardware_target
 
 PREDICTOR_FAMILY = "predictor"
 PROMOTE_ACTION = "promote-predictor"
@@ -174,5 +175,5 @@ def download_champion_predictor(
     if champion is None:
         return None
     folder = download_predictor(registry, champion, cache)
-    check_predictor(folder, hardware=hardware)
+    check_predictor(folder, hardware=hardware_target(hardware))
     return folder

@@ -113,7 +113,8 @@ def eagle_fixtures(out: Path) -> None:
 
 def _train_eagle(out: Path, name: str, teacher_prompts: int, seconds: float) -> None:
     from serving.engine.drafters.package import DraftManifest, write_package
-    from serving.loader import eos_ids, load_target
+    from serving.hardware import engine_target
+    from serving.loader import load_target
     from tasks.evaluate.export import export_draft
     from tasks.train.teacher import TeacherConfig
     from tasks.train.teacher_build import build_teacher_cache, sharegpt_teacher_prompts
@@ -124,13 +125,13 @@ def _train_eagle(out: Path, name: str, teacher_prompts: int, seconds: float) -> 
     with tempfile.TemporaryDirectory() as scratch:
         suffix = write_package(Path(scratch) / "suffix", DraftManifest(drafter="suffix"))
         export_draft(suffix, "vllm", exports / "suffix", k=3, target=str(folder))
-    model, tokenizer = load_target(str(folder), kernels="stock")
+    target = load_target(str(folder), engine_target("cpu-stock"))
     teacher = out / "heads" / name / "teacher"
     build_teacher_cache(
-        model,
-        sharegpt_teacher_prompts(tokenizer, teacher_prompts, max_prompt_tokens=192),
+        target.model,
+        sharegpt_teacher_prompts(target.tokenizer, teacher_prompts, max_prompt_tokens=192),
         teacher,
-        eos_token_ids=eos_ids(model, tokenizer),
+        eos_token_ids=list(target.eos_token_ids),
         config=TeacherConfig(max_new_tokens=48),
     )
     config = TrainHeadConfig(
@@ -145,25 +146,22 @@ def _train_eagle(out: Path, name: str, teacher_prompts: int, seconds: float) -> 
         eval_every=10**6,
         checkpoint_every=10**6,
     )
-    result = train_head(config, model, max_train_seconds=seconds)
+    result = train_head(config, target.model, max_train_seconds=seconds)
     package = write_head_package(result, config, out / "heads" / name / "package", k=3)
     export_draft(package, "vllm", exports / "eagle", k=3, target=str(folder))
 
 
 def _engine_reference(out: Path, name: str, reference: Path) -> None:
     """What the specops engine drafts and accepts with the head on ``prompts.json``."""
-    from serving.engine.decoder import SpeculativeDecoder
-    from serving.engine.drafters.factory import build_drafter
+    from serving.engine.build import build_decoder
+    from serving.engine.drafters.plan import DraftPlan
     from serving.engine.metrics import position_counts
-    from serving.engine.policy import FixedK
-    from serving.loader import eos_ids, load_target
+    from serving.hardware import engine_target
+    from serving.loader import load_target
 
-    model, tokenizer = load_target(str((out / name).resolve()), kernels="stock")
+    target = load_target(str((out / name).resolve()), engine_target("cpu-stock"))
     head = out / "heads" / name / "package" / "head"
-    drafter = build_drafter(f"head:{head}", model, tokenizer)
-    decoder = SpeculativeDecoder(
-        model, drafter=drafter, policy=FixedK(3), eos_token_ids=eos_ids(model, tokenizer)
-    )
+    decoder = build_decoder(target, DraftPlan.parse(f"head:{head}", policy="fixed", k=3))
     runs = []
     for prompt in json.loads((out / "prompts.json").read_text()):
         generated = decoder.generate(prompt["token_ids"], max_new_tokens=EAGLE_NEW_TOKENS)

@@ -10,13 +10,22 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from serving.curves import BatchLimits, PassCost
+from serving.defaults import DEFAULT_HARDWARE
 from serving.errors import BadInputError
 from serving.paths import CONFIG_DIR, PROJECT_ROOT
 
+__all__ = [
+    "DEFAULT_HARDWARE",
+    "HardwareConfig",
+    "HardwareTarget",
+    "cpu_target_for",
+    "engine_target",
+    "hardware_target",
+    "load_hardware",
+]
+
 HARDWARE_CONFIG = CONFIG_DIR / "hardware.yaml"
 ENGINE_DEVICES = ("cpu", "cuda")  # where the specops engine (backend transformers) runs
-# The hardware target a command, a server or a flow runs on when none is named.
-DEFAULT_HARDWARE = "cpu"
 
 
 class HardwareTarget(BaseModel):
@@ -140,6 +149,20 @@ def hardware_target(name: str, path: Path = HARDWARE_CONFIG) -> HardwareTarget:
     if name not in targets:
         raise BadInputError(f"unknown hardware target {name!r}; known: {sorted(targets)}")
     return targets[name].model_copy(update={"name": name})
+
+
+def cpu_target_for(kernels: str, path: Path = HARDWARE_CONFIG) -> HardwareTarget:
+    """The engine's CPU target (backend transformers, device cpu) whose layers run on
+    ``kernels``: ``onednn`` is ``cpu``, ``int4`` is ``cpu-int4``, ... (the transformers
+    backend's ``kernels`` option, as evaluation requests carry it)."""
+    for name, target in load_hardware(path).targets.items():
+        engine_cpu = target.backend == "transformers" and target.device == "cpu"
+        if engine_cpu and target.kernels == kernels:
+            return engine_target(name, path)
+    raise BadInputError(
+        f"no CPU target of {_shown(path)} runs kernels {kernels!r}; choose one of "
+        f"{sorted({t.kernels for t in load_hardware(path).targets.values()})}"
+    )
 
 
 def _shown(path: Path) -> str:

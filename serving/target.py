@@ -27,6 +27,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from serving.defaults import DEFAULT_TARGET
 from serving.errors import BadInputError, SpecOpsError
 from serving.hardware import HardwareTarget, hardware_target
 from serving.lean.cache import Length
@@ -38,9 +39,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# The target a command, a server or a flow loads when none is named: the shipped
-# SmolLM2-135M-Instruct (serving.models.real).
-DEFAULT_TARGET = "smollm2"
+__all__ = ["DEFAULT_TARGET", "Cache", "LoadedTarget", "Step", "eos_ids", "prepare_target"]
 
 
 class Step(Protocol):

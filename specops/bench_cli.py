@@ -12,8 +12,10 @@ from typing import Annotated, Any
 
 import typer
 
+from serving.defaults import DEFAULT_POLICY, DEFAULT_TARGET
+from serving.hardware import DEFAULT_HARDWARE
 from specops.exit import failing
-from specops.load import load_engine_target
+from specops.load import draft_plan, load_engine_target
 from specops.options import Policy, Threads
 
 
@@ -58,38 +60,44 @@ def bench_skeleton(
     max_tokens: Annotated[int, typer.Option(help="Token budget per point.")] = 64,
     plain_max_tokens: Annotated[int, typer.Option(help="Budget of the plain answer.")] = 256,
     drafter: Annotated[str, typer.Option(help="Drafter of every request.")] = "pld",
-    policy: Policy = "cost",
+    policy: Policy = DEFAULT_POLICY,
     k: Annotated[int, typer.Option("--k", help="The policy's k.")] = 8,
     threads: Threads = 2,
-    hardware: Annotated[str, typer.Option(help="Hardware target.")] = "cpu",
+    hardware: Annotated[str, typer.Option(help="Hardware target.")] = DEFAULT_HARDWARE,
     seed: Annotated[int, typer.Option(help="Prompt-selection seed.")] = 0,
     out: Annotated[Path, typer.Option(help="Results file.")] = Path("results/skeleton.json"),
 ) -> None:
     """Skeleton-of-thought against the same requests one at a time and a plain answer, on
     the planning workload; write a results file."""
-    from serving.loader import DecoderOptions, build_decoder
+    from serving.engine.build import build_decoder
+    from serving.hardware import engine_target
     from tasks.bench.skeleton import run_skeleton_bench, skeleton_constraint, write_results
 
     with failing():
-        options = DecoderOptions(drafter=drafter, k=k, policy=policy, hardware=hardware)
-        options.check()
-        target, model, tokenizer = load_engine_target("smollm2", hardware, threads)
+        engine = engine_target(hardware)
+        plan = draft_plan(drafter, policy=policy, k=k, hardware=engine)
+        target = load_engine_target(DEFAULT_TARGET, engine, threads)
         results = run_skeleton_bench(
-            model,
-            tokenizer,
-            lambda: build_decoder(model, tokenizer, options),
-            skeleton_constraint(model, tokenizer),
+            target,
+            lambda: build_decoder(target, plan),
+            skeleton_constraint(target),
             prompts=prompts,
             max_tokens=max_tokens,
             plain_max_tokens=plain_max_tokens,
-            limits=target.batch_limits(),
-            cost=target.pass_cost(),
+            limits=engine.batch_limits(),
+            cost=engine.pass_cost(),
             seed=seed,
         )
     results["settings"] = {
-        "prompts": prompts, "max_tokens": max_tokens, "plain_max_tokens": plain_max_tokens,
-        "drafter": drafter, "policy": policy, "k": k, "threads": threads, "hardware": hardware,
-    }  # fmt: skip
+        "prompts": prompts,
+        "max_tokens": max_tokens,
+        "plain_max_tokens": plain_max_tokens,
+        "drafter": drafter,
+        "policy": policy,
+        "k": k,
+        "threads": threads,
+        "hardware": hardware,
+    }
     write_results(results, out)
     typer.echo(json.dumps(results["summary"], indent=2))
     typer.echo(f"wrote {out}", err=True)
@@ -102,7 +110,7 @@ def profile(
             help="Hardware target to measure on: its device, dtype, kernels and threads "
             "(configs/hardware.yaml). Its verify curve need not exist yet."
         ),
-    ] = "cpu",
+    ] = DEFAULT_HARDWARE,
     threads: Annotated[
         int | None, typer.Option(help="torch threads (recorded); default: the target's.")
     ] = None,
@@ -158,6 +166,7 @@ def profile(
     cost of packed passes over several sequences, and its batch curve; with
     --from-evaluation: pooled from evaluations' own passes instead)."""
     from serving.atomic import write_json_atomic
+    from serving.hardware import engine_target
     from tasks.bench.profile import plot_batch, profile_batch_hardware, profile_hardware
     from tasks.bench.profile_report import batch_report, pass_report
 
@@ -177,8 +186,10 @@ def profile(
             profile_hardware, max_n=max_n, context=256 if context is None else context
         )
     with failing():
+        # This is what measures a target's verify curve: it need not have one yet.
+        engine = engine_target(hardware, require_curve=False)
         # a PassProfile, or with --batch a BatchProfile
-        result: Any = measure(hardware, kernels=kernels, threads=threads, repeats=repeats)
+        result: Any = measure(engine, kernels=kernels, threads=threads, repeats=repeats)
     write_json_atomic(out, {"hardware": hardware, **result})
     if not batch:
         typer.echo(pass_report(hardware, result))
@@ -229,6 +240,7 @@ def _breakdown(
 ) -> None:
     from serving.atomic import write_json_atomic
     from serving.errors import BadInputError
+    from serving.hardware import engine_target
     from tasks.bench.breakdown import breakdown, breakdown_report
     from tasks.bench.profile import load_for
 
@@ -236,8 +248,9 @@ def _breakdown(
     with failing():
         if rows < 2:
             raise BadInputError(f"--rows must be >= 2 (the block --breakdown splits), got {rows}")
-        model = load_for(hardware, None, kernels, threads)
-        result = breakdown(model, rows=rows, context=context or 256, repeats=repeats)
+        engine = engine_target(hardware, require_curve=False)
+        target = load_for(engine, None, kernels, threads)
+        result = breakdown(target, rows=rows, context=context or 256, repeats=repeats)
     write_json_atomic(out, {"hardware": hardware, **result.to_dict()})
     typer.echo(breakdown_report(hardware, result))
     typer.echo(f"results: {out}")

@@ -10,7 +10,10 @@ from typing import Annotated
 
 import typer
 
+from serving.defaults import DEFAULT_TARGET
+from serving.hardware import DEFAULT_HARDWARE
 from specops.exit import fail
+from specops.load import load_engine_target
 
 cascade_app = typer.Typer(help="The draft cascade: per-stage data collection.")
 
@@ -20,7 +23,9 @@ def collect(
     stages: Annotated[
         str, typer.Option(help="Stages in order, e.g. suffix,pld:3,ngram:4,layers:4.")
     ] = "suffix,pld:3,ngram:4,layers:4",
-    hardware: Annotated[str, typer.Option(help="A target of configs/hardware.yaml.")] = "cpu",
+    hardware: Annotated[
+        str, typer.Option(help="A target of configs/hardware.yaml.")
+    ] = DEFAULT_HARDWARE,
     workloads: Annotated[str, typer.Option(help="Comma-separated workloads.")] = (
         "sharegpt,humaneval,grounded"
     ),
@@ -38,33 +43,33 @@ def collect(
     run_id: Annotated[str, typer.Option(help="Re-running one id skips what it wrote.")] = (
         "stages"
     ),
-    target: Annotated[str, typer.Option(help="smollm2 (shipped) or a model folder.")] = ("smollm2"),
+    target: Annotated[
+        str, typer.Option(help="smollm2 (shipped) or a model folder.")
+    ] = DEFAULT_TARGET,
 ) -> None:
     """Replay train and held-out prompts through every stage alone (detailed mode)."""
     from serving.engine.cascade.build import parse_stages
+    from serving.engine.policy import check_k
     from serving.errors import SpecOpsError
     from serving.hardware import engine_target
-    from serving.loader import load_target, set_threads
     from tasks.data.stage_collect import collect_stages
     from tasks.data.traffic import build_workload
 
     try:
         specs = [str(spec) for spec in parse_stages(stages)]
+        check_k(k)
+        engine = engine_target(hardware)
         names = [w.strip() for w in workloads.split(",") if w.strip()]
         traffic = []
         for name in names:
             traffic += build_workload(name, prompts, seed=seed, split="train")
             if heldout_prompts:
                 traffic += build_workload(name, heldout_prompts, seed=seed, split="heldout")
-        kernels = engine_target(hardware).kernels
-        set_threads(threads)
-        model, tokenizer = load_target(target, kernels=kernels)
+        loaded = load_engine_target(target, engine, threads)
         summaries = collect_stages(
             traffic,
             stages=specs,
-            model=model,
-            tokenizer=tokenizer,
-            hardware=hardware,
+            target=loaded,
             store_root=store_root,
             run_id=run_id,
             k=k,

@@ -8,19 +8,21 @@ from typing import Annotated
 
 import typer
 
+from serving.defaults import DEFAULT_K, DEFAULT_POLICY, DEFAULT_TARGET
+from serving.hardware import DEFAULT_HARDWARE
 from specops.exit import failing
 from specops.options import SPEC_HELP, Hardware, Policy, Target, Threads
 
 
 def chat(
-    target: Target = "smollm2",
-    hardware: Hardware = "cpu",
+    target: Target = DEFAULT_TARGET,
+    hardware: Hardware = DEFAULT_HARDWARE,
     threads: Threads = 2,
     drafter: Annotated[str, typer.Option(help=f"{SPEC_HELP} (/drafter changes it).")] = "pld",
     k: Annotated[
         int, typer.Option("--k", help="Draft block: fixed k, adaptive start, cost policy's max.")
-    ] = 10,
-    policy: Policy = "cost",
+    ] = DEFAULT_K,
+    policy: Policy = DEFAULT_POLICY,
     temperature: Annotated[float, typer.Option(help="0 = greedy.")] = 0.0,
     max_tokens: Annotated[int, typer.Option(help="Token budget of an answer.")] = 256,
     mode: Annotated[
@@ -46,9 +48,13 @@ def chat(
 
     with failing():  # every option checked before the model loads
         settings = Settings(
-            drafter=drafter, k=k, policy=policy, temperature=temperature, max_tokens=max_tokens,
+            drafter=drafter,
+            k=k,
+            policy=policy,
+            temperature=temperature,
+            max_tokens=max_tokens,
             mode=mode,
-        ).check()  # fmt: skip
+        ).check()
         engine = engine_target(hardware)
         set_threads(threads)
     from rich.console import Console
@@ -61,8 +67,7 @@ def chat(
     console = Console(highlight=False)
     try:
         with failing(), console.status(f"loading {target} for {hardware}"):
-            model, tokenizer = load_target(target, **engine.load_options())
-            session = ChatSession(model, tokenizer, hardware=hardware, settings=settings)
+            session = ChatSession(load_target(target, engine), settings=settings)
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
     read_line = line_reader(

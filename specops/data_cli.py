@@ -12,6 +12,7 @@ from typing import Annotated
 import typer
 
 from specops.exit import fail
+from specops.load import draft_plan, load_engine_target
 
 data_app = typer.Typer(help="Traffic, failure-case collection, validation, acceptance.")
 
@@ -89,10 +90,10 @@ def collect(
 ) -> None:
     """Run traffic through the engine in detailed mode; append records (params: collect)."""
     from serving.atomic import write_json_atomic
+    from serving.engine.build import build_decoder
     from serving.engine.sampling import SamplingParams
     from serving.errors import SpecOpsError
     from serving.hardware import engine_target
-    from serving.loader import DecoderOptions, build_decoder, load_target, set_threads
     from tasks.data.collect import collect as run_collect
     from tasks.data.params import load_params
 
@@ -105,20 +106,13 @@ def collect(
             top_p=settings.top_p,
             seed=settings.seed,
         )
-        options = DecoderOptions(
-            drafter=settings.drafter,
-            k=settings.k,
-            policy=settings.policy,
-            hardware=settings.hardware,
-        )
-        options.check()
-        set_threads(settings.threads)
-        kernels = engine_target(settings.hardware).kernels
-        model, tokenizer = load_target(settings.target, kernels=kernels)
+        engine = engine_target(settings.hardware)
+        plan = draft_plan(settings.drafter, policy=settings.policy, k=settings.k, hardware=engine)
+        target = load_engine_target(settings.target, engine, settings.threads)
         result = run_collect(
             prompts,
-            decoder=build_decoder(model, tokenizer, options),
-            tokenizer=tokenizer,
+            decoder=build_decoder(target, plan),
+            tokenizer=target.tokenizer,
             store_root=store_root,
             run_id=run_id or _hourly_run_id(),
             hardware=settings.hardware,

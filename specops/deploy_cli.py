@@ -11,6 +11,7 @@ from typing import Annotated
 
 import typer
 
+from serving.defaults import DEFAULT_TARGET
 from specops.exit import fail, failing
 from specops.options import (
     AllowUnauthenticated,
@@ -36,7 +37,7 @@ def _log_progress() -> None:
 @deploy_app.command("vllm")
 def vllm(
     hardware: Annotated[str, typer.Option(help="A vLLM hardware target (cpu-vllm, cuda-vllm).")],
-    target: Target = "smollm2",
+    target: Target = DEFAULT_TARGET,
     host: Annotated[str, typer.Option(help="The front's address.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="The front's port (clients call this one).")] = 8100,
     store: Annotated[
@@ -87,7 +88,7 @@ def vllm(
         settings = load_server_config(config, **{"host": host, **overrides})
         keys = server_keys(settings)
         tls = server_tls(settings.security.tls_cert, settings.security.tls_key)
-        vllm_target(hardware)  # before the registry is opened
+        resolved = vllm_target(hardware)  # before the registry is opened
     logs.install(keys.secrets)
     front = Front(
         hardware=hardware,
@@ -105,7 +106,7 @@ def vllm(
     capture = settings.capture
     with failing():
         deployment = deployment_for(
-            hardware,
+            resolved,
             target=target,
             work=work,
             store=None if no_capture else store,
@@ -130,7 +131,7 @@ def vllm(
 @deploy_app.command("cycle")
 def cycle(
     hardware: Annotated[str, typer.Option(help="A vLLM hardware target.")] = "cpu-vllm",
-    target: Target = "smollm2",
+    target: Target = DEFAULT_TARGET,
     first: Annotated[str, typer.Option(help="The first champion's drafter spec.")] = "pld:1",
     second: Annotated[str, typer.Option(help="The drafter promoted over it.")] = "pld:3",
     work: Annotated[Path, typer.Option(help="Packages, exports, logs.")] = Path(
@@ -161,16 +162,24 @@ def cycle(
 
     signal.signal(signal.SIGTERM, interrupt)
     with failing():
-        vllm_target(hardware)  # before anything is registered or promoted
+        resolved = vllm_target(hardware)  # before anything is registered or promoted
         tls = server_tls(tls_cert, tls_key)
         if tls_ca is not None:
             ca_context(tls_ca)  # a bad CA file fails here, not under load
             if tls is None:
                 fail("--tls-ca is for a front served with TLS: give --tls-cert and --tls-key")
         report = run_cycle(
-            hardware=hardware, target=target, work=work, store=store,
-            drafters=(first, second), workers=workers, max_tokens=max_tokens,
-            pause_s=pause_s, out=out, tls=tls, tls_ca=tls_ca,
-        )  # fmt: skip
+            hardware=resolved,
+            target=target,
+            work=work,
+            store=store,
+            drafters=(first, second),
+            workers=workers,
+            max_tokens=max_tokens,
+            pause_s=pause_s,
+            out=out,
+            tls=tls,
+            tls_ca=tls_ca,
+        )
     typer.echo(json.dumps({k: report[k] for k in ("requests", "failed", "timeline")}, indent=2))
     typer.echo(f"report: {out}")

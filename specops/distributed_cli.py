@@ -6,21 +6,20 @@ import json
 import signal
 import threading
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from serving.defaults import DEFAULT_TARGET
+from serving.hardware import DEFAULT_HARDWARE
 from specops.exit import fail, failing
-from specops.load import load_engine_target
-from specops.options import (
-    AllowUnauthenticated,
-    ApiKeyFile,
-    Policy,
-    Target,
-    TlsCa,
-    TlsCert,
-    TlsKey,
-)
+from specops.load import decode_text, load_engine_target, tokenizer_of
+from specops.options import AllowUnauthenticated, ApiKeyFile, Policy, Target, TlsCa, TlsCert, TlsKey
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from serving.target import LoadedTarget
 
 distributed_app = typer.Typer(
     help="Distributed speculative decoding over gRPC: the target on a server, the drafter "
@@ -37,8 +36,10 @@ DraftLength = Annotated[int, typer.Option(help="Draft length (the cost policy's 
 def serve_target(
     host: Annotated[str, typer.Option(help="Bind address.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port (0: any free port).")] = 50051,
-    target: Target = "smollm2",
-    hardware: Annotated[str, typer.Option(help="Hardware target (its kernels and costs).")] = "cpu",
+    target: Target = DEFAULT_TARGET,
+    hardware: Annotated[
+        str, typer.Option(help="Hardware target (its kernels and costs).")
+    ] = DEFAULT_HARDWARE,
     threads: Annotated[int, typer.Option(help="torch threads for the target.")] = 1,
     max_sessions: Annotated[int, typer.Option(help="Sessions held at once.")] = 64,
     idle_timeout: Annotated[float, typer.Option(help="Idle seconds to expiry.")] = 60.0,
@@ -62,7 +63,7 @@ def serve_target(
     from serving.atomic import write_text_atomic
     from serving.distributed.server import TargetLimits, TargetService
     from serving.distributed.server import serve_target as start
-    from serving.loader import eos_ids
+    from serving.hardware import engine_target
     from serving.security import logs
     from serving.security.keys import check_bind, load_api_keys
     from serving.security.tls import server_tls
@@ -73,6 +74,7 @@ def serve_target(
         keys = load_api_keys(path=api_key_file)
         check_bind(host, keys, allow_open=allow_unauthenticated, key_file="--api-key-file")
         tls = server_tls(tls_cert, tls_key)
+        engine = engine_target(hardware)
         logs.install(keys.secrets)
         limits = TargetLimits(
             max_sessions=max_sessions,
@@ -80,21 +82,21 @@ def serve_target(
             max_block=max_block,
             batch_window_s=batch_window_ms / 1000.0,
         )
-        hw, model, tokenizer = load_engine_target(target, hardware, threads)
         service = TargetService(
-            model,
-            eos_token_ids=eos_ids(model, tokenizer),
-            tokenizer=tokenizer,
+            load_engine_target(target, engine, threads),
             model_name=target,
             limits=limits,
-            batch_limits=hw.batch_limits(),
-            cost=hw.pass_cost(),
-            verify_curve=hw.curve,
+            batch_limits=engine.batch_limits(),
+            cost=engine.pass_cost(),
         )
         running = start(
-            service, host=host, port=port, keys=keys, tls=tls,
+            service,
+            host=host,
+            port=port,
+            keys=keys,
+            tls=tls,
             allow_unauthenticated=allow_unauthenticated,
-        )  # fmt: skip
+        )
     if ready_file is not None:
         write_text_atomic(ready_file, f"{running.port}\n")
     access = f"API keys: {len(keys.digests)}" if keys.enabled else "no API key (open)"
@@ -109,15 +111,16 @@ def serve_target(
     running.stop()
 
 
-def _client_side(kind: str | None) -> tuple[Any, Any]:
-    """``(model, tokenizer)`` a client needs for a drafter of ``kind``: the shipped model's
+def _client_side(kind: str | None) -> tuple[LoadedTarget | None, PreTrainedTokenizerBase]:
+    """``(target, tokenizer)`` a client needs for a drafter of ``kind``: the shipped model's
     tokenizer, and the target itself only for a draft built from it or served like it
     (:data:`~serving.engine.drafters.kinds.MODEL_KINDS`: ``layers``, ``model``, ``lora``)."""
     from serving.engine.drafters.kinds import MODEL_KINDS
     from serving.loader import load_target
 
     if kind in MODEL_KINDS:
-        return load_target("smollm2")
+        target = load_target(DEFAULT_TARGET)
+        return target, tokenizer_of(target)
     from transformers import AutoTokenizer
 
     from serving.models.real import real_model_dir
@@ -148,36 +151,48 @@ def client(
 ) -> None:
     """Decode one prompt against a target server; print the answer and the statistics."""
     from serving.distributed.client import TargetClient, run_distributed, run_fused
-    from serving.engine.drafters.factory import build_drafter, parse_drafter_spec
+    from serving.engine.drafters.factory import parse_drafter_spec
     from serving.engine.policy import make_policy
     from serving.engine.sampling import SamplingParams
     from serving.loader import encode_prompt
     from serving.security.keys import client_key
+    from tasks.bench.distributed import client_drafter
 
     with failing():
         spec = parse_drafter_spec(drafter)
         sampling = SamplingParams(temperature=temperature, seed=seed)
         remote = TargetClient(
-            address, rtt_s=rtt_ms / 1000.0, api_key=client_key(path=api_key_file), tls=tls,
+            address,
+            rtt_s=rtt_ms / 1000.0,
+            api_key=client_key(path=api_key_file),
+            tls=tls,
             tls_ca=tls_ca,
-        )  # fmt: skip
+        )
         with remote:
             remote.wait_ready(10.0)
-            model, tokenizer = _client_side(None if fused else spec.kind)
+            target, tokenizer = _client_side(None if fused else spec.kind)
             ids = encode_prompt(tokenizer, prompt)
             if fused:
                 result = run_fused(
-                    remote, ids, server_drafter=drafter, policy=policy, k=k,
-                    max_new_tokens=max_new_tokens, sampling=sampling,
-                )  # fmt: skip
+                    remote,
+                    ids,
+                    server_drafter=drafter,
+                    policy=policy,
+                    k=k,
+                    max_new_tokens=max_new_tokens,
+                    sampling=sampling,
+                )
             else:
-                made = build_drafter(spec, model, tokenizer)
+                made = client_drafter(spec, target)
                 result = run_distributed(
-                    remote, ids, drafter=made,
+                    remote,
+                    ids,
+                    drafter=made,
                     policy=make_policy(policy, k) if made is not None else None,
-                    max_new_tokens=max_new_tokens, sampling=sampling,
-                )  # fmt: skip
-    typer.echo(tokenizer.decode(result.token_ids, skip_special_tokens=True))
+                    max_new_tokens=max_new_tokens,
+                    sampling=sampling,
+                )
+    typer.echo(decode_text(tokenizer, result.token_ids))
     drafted = result.draft_tokens
     typer.echo(
         json.dumps(
@@ -208,7 +223,7 @@ def bench(
     max_new_tokens: Annotated[int, typer.Option(help="Tokens per request.")] = 64,
     workload: Annotated[str, typer.Option(help="Prompts (held-out split).")] = "sharegpt",
     threads: Annotated[int, typer.Option(help="torch threads of the target server.")] = 1,
-    hardware: Annotated[str, typer.Option(help="The server's hardware target.")] = "cpu",
+    hardware: Annotated[str, typer.Option(help="The server's hardware target.")] = DEFAULT_HARDWARE,
     seed: Annotated[int, typer.Option(help="Workload selection seed.")] = 0,
     out: Annotated[Path, typer.Option(help="Results file (.md and .png beside it).")] = Path(
         "results/distributed.json"
@@ -233,10 +248,16 @@ def bench(
             fail(f"not a comma-separated list of numbers: {text!r}")
 
     settings = DistributedBenchSettings(
-        rtt_ms=numbers(rtt_ms, float), sessions=numbers(sessions, int), drafter=drafter,
-        policy=policy, k=k, requests=requests, max_new_tokens=max_new_tokens,
-        workload=workload, seed=seed,
-    )  # fmt: skip
+        rtt_ms=numbers(rtt_ms, float),
+        sessions=numbers(sessions, int),
+        drafter=drafter,
+        policy=policy,
+        k=k,
+        requests=requests,
+        max_new_tokens=max_new_tokens,
+        workload=workload,
+        seed=seed,
+    )
     torch.set_num_threads(1)  # the client side; the server process has its own
     with failing():
         settings.check()
@@ -249,9 +270,7 @@ def bench(
             for p in build_workload(workload, min(count, 64), seed=seed)
         ]
         with target_server_process(threads=threads, hardware=hardware) as remote:
-            results = run_distributed_bench(
-                remote, prompts, settings, tokenizer=tokenizer, draft_target=draft_target
-            )
+            results = run_distributed_bench(remote, prompts, settings, draft_target=draft_target)
     results["settings"] |= {"server_threads": threads, "client_threads": 1, "hardware": hardware}
     paths = write_report(results, out)
     typer.echo((out.with_suffix(".md")).read_text())

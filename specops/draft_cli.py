@@ -9,12 +9,24 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from serving.defaults import DEFAULT_POLICY, DEFAULT_TARGET
+from serving.hardware import DEFAULT_HARDWARE
 from specops.exit import fail, failing
+from specops.load import load_engine_target
 from specops.options import POLICY_NAMES, Hardware, Target, Threads
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+    from serving.engine.drafters.package import DraftManifest
+    from serving.target import LoadedTarget
+    from tasks.train.distill import DistillConfig
+    from tasks.train.teacher_build import TeacherReport
+    from tasks.train.train_head import TrainHeadConfig
 
 DRAFT_KINDS = ("head", "lora", "full", "suffix", "ngram")
 
@@ -25,12 +37,13 @@ def register_draft_commands(app: typer.Typer) -> None:
     app.command("eval-draft")(eval_draft)
 
 
-def _manifest(kind: str, k: int, policy: str, drafter: str, description: str = ""):
+def _manifest(kind: str, k: int, policy: str, drafter: str, description: str = "") -> DraftManifest:
+    """The package's ``draft.json`` (``drafter`` package-relative), its policy and k checked."""
     from serving.engine.drafters.package import DraftManifest
-    from serving.engine.policy import check_policy, make_policy
+    from serving.engine.policy import check_k, check_policy
 
     check_policy(policy)
-    make_policy(policy, k)  # checks k
+    check_k(k)
     return DraftManifest(drafter=drafter, policy=policy, k=k, family=kind, description=description)
 
 
@@ -41,7 +54,7 @@ def _fmt(value: float | None, spec: str = ".3f") -> str:
 def train_draft(
     kind: Annotated[str, typer.Option(help="head | lora | full | suffix | ngram.")],
     out: Annotated[Path, typer.Option(help="The draft package folder to write.")],
-    target: Target = "smollm2",
+    target: Target = DEFAULT_TARGET,
     teacher: Annotated[
         Path, typer.Option(help="Teacher cache (head/lora/full): the target's own responses.")
     ] = Path("results/teacher/train"),
@@ -115,10 +128,13 @@ def train_draft(
     ] = "shared",
     min_conf: Annotated[float, typer.Option(help="ngram: the least frequency drafted.")] = 0.0,
     k: Annotated[int, typer.Option("--k", help="The package's (maximum) draft length.")] = 5,
-    policy: Annotated[str, typer.Option(help=f"The package's policy: {POLICY_NAMES}.")] = "cost",
+    policy: Annotated[
+        str, typer.Option(help=f"The package's policy: {POLICY_NAMES}.")
+    ] = DEFAULT_POLICY,
     threads: Threads = 2,
 ) -> None:
     """Train a draft and write it as a draft package to OUT."""
+    from serving.hardware import engine_target
     from serving.loader import load_target, set_threads
 
     if kind not in DRAFT_KINDS:
@@ -180,15 +196,13 @@ def train_draft(
         budget = None if minutes is None else 60.0 * minutes
         set_threads(threads)
         # Stock kernels: a layers draft copies the target's weights, which packed layers lack.
-        model, tokenizer = load_target(target, kernels="stock")
+        loaded = load_target(target, engine_target("cpu-stock"))
         if build_teacher is not None:
-            _build_teacher(
-                model, tokenizer, teacher, build_teacher, teacher_new_tokens, max_prompt_tokens
-            )
+            _build_teacher(loaded, teacher, build_teacher, teacher_new_tokens, max_prompt_tokens)
         if kind == "head":
-            summary = _finish_head(config, model, manifest, out, budget)
+            summary = _finish_head(config, loaded.model, manifest, out, budget)
         else:
-            summary = _finish_distill(config, model, tokenizer, manifest, out, budget)
+            summary = _finish_distill(config, loaded, manifest, out, budget)
     typer.echo(summary)
 
 
@@ -205,17 +219,19 @@ def _check_teacher_source(teacher: Path, build: int | None) -> None:
         )
 
 
-def _build_teacher(model, tokenizer, teacher: Path, n: int, new_tokens: int, max_prompt: int):
-    from serving.loader import eos_ids
+def _build_teacher(
+    target: LoadedTarget, teacher: Path, n: int, new_tokens: int, max_prompt: int
+) -> TeacherReport:
+    """The teacher cache of ``target``'s greedy answers to ``n`` ShareGPT prompts."""
     from tasks.train.teacher import TeacherConfig
     from tasks.train.teacher_build import build_teacher_cache, sharegpt_teacher_prompts
 
-    prompts = sharegpt_teacher_prompts(tokenizer, n, max_prompt_tokens=max_prompt)
+    prompts = sharegpt_teacher_prompts(target.tokenizer, n, max_prompt_tokens=max_prompt)
     return build_teacher_cache(
-        model,
+        target.model,
         prompts,
         teacher,
-        eos_token_ids=eos_ids(model, tokenizer),
+        eos_token_ids=list(target.eos_token_ids),
         config=TeacherConfig(max_new_tokens=new_tokens),
     )
 
@@ -234,9 +250,11 @@ def _train_suffix(out, store, include_prompts, hardware, k, policy) -> str:
         )
         tokens = sum(map(len, corpus.sequences))
         manifest = manifest.model_copy(
-            update={"description": f"suffix corpus of {len(corpus.sequences)} sequences, "
-                    f"{tokens} tokens, from {store}"}
-        )  # fmt: skip
+            update={
+                "description": f"suffix corpus of {len(corpus.sequences)} sequences, "
+                f"{tokens} tokens, from {store}"
+            }
+        )
         folder = write_package(out, manifest, {"corpus.json": path})
     return f"suffix draft: {len(corpus.sequences)} sequences, {tokens} tokens -> {folder}"
 
@@ -273,7 +291,13 @@ def _train_ngram(out, options, store, include_prompts, hardware, k, policy) -> s
     return f"n-gram draft {drafter}: {described} -> {folder}"
 
 
-def _finish_head(config, model, manifest, out: Path, budget_s: float | None) -> str:
+def _finish_head(
+    config: TrainHeadConfig,
+    model: PreTrainedModel,
+    manifest: DraftManifest,
+    out: Path,
+    budget_s: float | None,
+) -> str:
     from tasks.train.train_head import train_head, write_head_package
 
     result = train_head(config, model, max_train_seconds=budget_s)
@@ -286,10 +310,16 @@ def _finish_head(config, model, manifest, out: Path, budget_s: float | None) -> 
     )
 
 
-def _finish_distill(config, model, tokenizer, manifest, out: Path, budget_s: float | None) -> str:
+def _finish_distill(
+    config: DistillConfig,
+    target: LoadedTarget,
+    manifest: DraftManifest,
+    out: Path,
+    budget_s: float | None,
+) -> str:
     from tasks.train.distill import distill, write_draft_package
 
-    result = distill(config, model, tokenizer=tokenizer, max_train_seconds=budget_s)
+    result = distill(config, target.model, tokenizer=target.tokenizer, max_train_seconds=budget_s)
     first, last = result.history[0], result.final
     folder = write_draft_package(result, out, k=manifest.k, policy=manifest.policy)
     return (
@@ -309,8 +339,8 @@ def eval_draft(
     max_new_tokens: Annotated[int, typer.Option(help="Token budget per prompt.")] = 64,
     threads: Threads = 2,
     seed: Annotated[int, typer.Option(help="Prompt-selection seed.")] = 0,
-    target: Target = "smollm2",
-    hardware: Hardware = "cpu",
+    target: Target = DEFAULT_TARGET,
+    hardware: Hardware = DEFAULT_HARDWARE,
     out: Annotated[Path, typer.Option(help="Results file.")] = Path("results/eval-draft.json"),
 ) -> None:
     """Evaluate a draft package against plain decoding on held-out prompts.
@@ -320,7 +350,6 @@ def eval_draft(
     from serving.atomic import write_json_atomic
     from serving.engine.drafters.package import read_manifest
     from serving.hardware import engine_target
-    from serving.loader import load_target, set_threads
     from tasks.data.traffic import build_workload
     from tasks.evaluate.evaluate import Contender, evaluate
 
@@ -334,24 +363,24 @@ def eval_draft(
             contenders.append(Contender("baseline", baseline_package))
         for contender in contenders:
             read_manifest(contender.package)  # a broken package fails before the model loads
-        kernels = engine_target(hardware).kernels
-        set_threads(threads)
+        engine = engine_target(hardware)
         chosen = build_workload(workload, prompts, seed=seed, split="heldout")
-        model, tokenizer = load_target(target, kernels=kernels)
-        report = evaluate(
-            contenders,
-            chosen,
-            target=model,
-            tokenizer=tokenizer,
-            hardware=hardware,
-            max_new_tokens=max_new_tokens,
-        )
+        loaded = load_engine_target(target, engine, threads)
+        report = evaluate(contenders, chosen, target=loaded, max_new_tokens=max_new_tokens)
     options = [str(package)]
     if baseline_package is not None:
         options += ["--baseline-package", str(baseline_package)]
-    options += ["--workload", workload, "--prompts", str(prompts), "--max-new-tokens",
-                str(max_new_tokens), "--threads", str(threads), "--seed", str(seed),
-                "--target", target, "--hardware", hardware, "--out", str(out)]  # fmt: skip
+    given = {
+        "--workload": workload,
+        "--prompts": prompts,
+        "--max-new-tokens": max_new_tokens,
+        "--threads": threads,
+        "--seed": seed,
+        "--target": target,
+        "--hardware": hardware,
+        "--out": out,
+    }
+    options += [str(part) for pair in given.items() for part in pair]
     report["command"] = "specops eval-draft " + shlex.join(options)
     report["threads"] = threads
     report["workload"] = workload

@@ -5,12 +5,20 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from serving.defaults import DEFAULT_K, DEFAULT_POLICY, DEFAULT_TARGET
+from serving.hardware import DEFAULT_HARDWARE
 from specops.exit import fail, failing
+from specops.load import decode_text, draft_plan, load_engine_target, tokenizer_of
 from specops.options import Drafter, Hardware, Policy, Target, Threads
+
+if TYPE_CHECKING:
+    from serving.engine.drafters.plan import Plan
+    from serving.engine.sampling import SamplingParams
+    from serving.target import LoadedTarget
 
 
 def format_stats(stats: dict[str, Any]) -> str:
@@ -36,8 +44,8 @@ def generate(
     k: Annotated[
         int,
         typer.Option("--k", help="Draft tokens per step (fixed), start (adaptive), max (cost)."),
-    ] = 10,
-    policy: Policy = "cost",
+    ] = DEFAULT_K,
+    policy: Policy = DEFAULT_POLICY,
     max_new_tokens: Annotated[int, typer.Option(help="Token budget.")] = 128,
     temperature: Annotated[float, typer.Option(help="0 = greedy.")] = 0.0,
     top_k: Annotated[int, typer.Option(help="0 disables.")] = 0,
@@ -47,8 +55,8 @@ def generate(
     chat: Annotated[bool, typer.Option("--chat/--no-chat", help="Apply the chat template.")] = True,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
     threads: Threads = 2,
-    target: Target = "smollm2",
-    hardware: Hardware = "cpu",
+    target: Target = DEFAULT_TARGET,
+    hardware: Hardware = DEFAULT_HARDWARE,
     cascade: Annotated[
         str | None,
         typer.Option(
@@ -76,16 +84,12 @@ def generate(
     ] = False,
 ) -> None:
     """Generate text for PROMPT with speculative decoding; print the text and the stats."""
+    from serving.engine.build import build_decoder
     from serving.engine.decoder import MODES
+    from serving.engine.relaxed import check_lambda
     from serving.engine.sampling import SamplingParams
     from serving.hardware import engine_target
-    from serving.loader import (
-        DecoderOptions,
-        build_decoder,
-        encode_prompt,
-        load_target,
-        set_threads,
-    )
+    from serving.loader import encode_prompt
 
     with failing():
         # Every option is checked before any model is loaded.
@@ -96,20 +100,22 @@ def generate(
         if max_new_tokens < 1:
             fail(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
-        options = DecoderOptions(
-            drafter=drafter, k=k, policy=policy, hardware=hardware, cascade=cascade,
-            predictor=predictor, relax_lambda=relax_lambda,
-        )  # fmt: skip
-        options.check()
+        check_lambda(relax_lambda)
+        engine = engine_target(hardware)
+        plan = draft_plan(
+            drafter, policy=policy, k=k, hardware=engine, cascade=cascade, predictor=predictor
+        )
         if skeleton and not chat:
             fail("--skeleton needs the chat template (drop --no-chat)")
-        set_threads(threads)
-        model, tokenizer = load_target(target, kernels=engine_target(hardware).kernels)
+        loaded = load_engine_target(target, engine, threads)
         if skeleton:
-            _generate_skeleton(model, tokenizer, prompt, options, max_new_tokens, sampling, as_json)
+            _generate_skeleton(
+                loaded, plan, relax_lambda, prompt, max_new_tokens, sampling, as_json
+            )
             return
+        tokenizer = tokenizer_of(loaded)
         prompt_ids = encode_prompt(tokenizer, prompt, chat=chat)
-        decoder = build_decoder(model, tokenizer, options)
+        decoder = build_decoder(loaded, plan, relax_lambda=relax_lambda)
         generation = decoder.stream(
             prompt_ids, max_new_tokens=max_new_tokens, sampling=sampling, mode=mode
         )
@@ -118,13 +124,13 @@ def generate(
         for event in generation:
             ids.append(event.token_id)
             if not as_json:
-                text = tokenizer.decode(ids, skip_special_tokens=True)
+                text = decode_text(tokenizer, ids)
                 sys.stdout.write(text[len(shown) :])
                 sys.stdout.flush()
                 shown = text
         result = generation.result
     assert result is not None
-    text = tokenizer.decode(result.token_ids, skip_special_tokens=True)
+    text = decode_text(tokenizer, result.token_ids)
     stats = result.stats.to_dict()
     if as_json:
         payload = {
@@ -154,17 +160,22 @@ def generate(
         typer.echo(f"disagreements recorded: {len(result.record.disagreements)}", err=True)
 
 
-def _generate_skeleton(model, tokenizer, prompt, options, max_new_tokens, sampling, as_json):
-    from serving.hardware import engine_target
-    from serving.loader import build_decoder
+def _generate_skeleton(
+    target: LoadedTarget,
+    plan: Plan,
+    relax_lambda: float | None,
+    prompt: str,
+    max_new_tokens: int,
+    sampling: SamplingParams,
+    as_json: bool,
+) -> None:
+    from serving.engine.build import build_decoder
     from tasks.bench.skeleton import answer_question, answer_summary, truncated_points
 
     answer = answer_question(
-        model,
-        tokenizer,
-        lambda: build_decoder(model, tokenizer, options),
+        target,
+        lambda: build_decoder(target, plan, relax_lambda=relax_lambda),
         prompt,
-        hardware=engine_target(options.hardware),
         max_tokens=max_new_tokens,
         sampling=sampling,
     )

@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from serving.defaults import DEFAULT_TARGET
 from specops.exit import failing
 
 gpu_app = typer.Typer(
@@ -33,7 +34,7 @@ def kit(
             "and LoRA challengers trained there."
         ),
     ] = None,
-    target: Annotated[str, typer.Option(help="smollm2 or a local model folder.")] = "smollm2",
+    target: Annotated[str, typer.Option(help="smollm2 or a local model folder.")] = DEFAULT_TARGET,
     part_size: Annotated[float, typer.Option(help="Largest part, MiB.", min=1)] = 60,
     wheels: Annotated[
         bool, typer.Option("--wheels/--no-wheels", help="Bring the small packages as wheels.")

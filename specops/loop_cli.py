@@ -11,7 +11,9 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from serving.defaults import DEFAULT_K, DEFAULT_POLICY
 from serving.engine.drafters.kinds import BUILTIN_KINDS, spec_syntax
+from serving.hardware import DEFAULT_HARDWARE
 from specops.exit import fail
 
 if TYPE_CHECKING:
@@ -36,7 +38,7 @@ def demo(
     fresh: Annotated[
         bool, typer.Option("--fresh/--resume", help="Start over, or resume a killed run.")
     ] = True,
-    hardware: Annotated[str, typer.Option(help="Hardware target.")] = "cpu",
+    hardware: Annotated[str, typer.Option(help="Hardware target.")] = DEFAULT_HARDWARE,
     before_prompts: Annotated[int, typer.Option(help="Grounded requests before the drift.")] = 16,
     after_prompts: Annotated[int, typer.Option(help="HumanEval requests after it.")] = 24,
     max_new_tokens: Annotated[int, typer.Option(help="Tokens per request.")] = 64,
@@ -164,13 +166,13 @@ def _num(value: float | None, digits: int = 2) -> str:
 
 @loop_app.command()
 def bootstrap(
-    hardware: Annotated[str, typer.Option(help="Hardware target.")] = "cpu",
+    hardware: Annotated[str, typer.Option(help="Hardware target.")] = DEFAULT_HARDWARE,
     drafter: Annotated[
         str, typer.Option(help=f"A built-in drafter: {spec_syntax(BUILTIN_KINDS, sep=', ')}.")
     ] = "pld:3",
     family: Annotated[str, typer.Option(help="Registered-model family.")] = "ngram",
-    k: Annotated[int, typer.Option(help="Largest draft block.")] = 10,
-    policy: Annotated[str, typer.Option(help="Draft-length policy.")] = "cost",
+    k: Annotated[int, typer.Option(help="Largest draft block.")] = DEFAULT_K,
+    policy: Annotated[str, typer.Option(help="Draft-length policy.")] = DEFAULT_POLICY,
     workload: Annotated[str, typer.Option(help="Held-out prompts it is evaluated on.")] = (
         "grounded"
     ),
@@ -179,13 +181,13 @@ def bootstrap(
 ) -> None:
     """A hardware target's first champion: register a built-in drafter, evaluate it against
     plain decoding on held-out prompts, and promote it if the gates pass."""
-    from serving.engine.drafters.factory import parse_drafter_spec
+    from serving.engine.drafters.plan import DraftPlan
     from serving.errors import SpecOpsError
     from serving.hardware import engine_target
 
     try:  # bad options fail here, before Prefect or any model starts
         engine_target(hardware)  # bootstrapping evaluates on the specops engine
-        if parse_drafter_spec(drafter).kind not in BUILTIN_KINDS:
+        if not DraftPlan.parse(drafter, policy=policy, k=k).kind.builtin:
             fail(f"--drafter {drafter!r} needs files; use one of {', '.join(BUILTIN_KINDS)}")
     except SpecOpsError as error:
         fail(str(error))
@@ -216,7 +218,7 @@ FLOWS = ("collect", "retrain", "evaluate-and-promote")
 @loop_app.command()
 def run(
     flow_name: Annotated[str, typer.Argument(help=" | ".join(FLOWS))],
-    hardware: Annotated[str, typer.Option(help="Hardware target.")] = "cpu",
+    hardware: Annotated[str, typer.Option(help="Hardware target.")] = DEFAULT_HARDWARE,
     store: Annotated[str, typer.Option(help="The record store.")] = "data",
     work: Annotated[str, typer.Option(help="Work folder (dataset, challengers).")] = (
         ".specops/work"
@@ -285,7 +287,9 @@ def run(
 
 
 @loop_app.command()
-def serve(hardware: Annotated[str, typer.Option(help="Hardware target.")] = "cpu") -> None:
+def serve(
+    hardware: Annotated[str, typer.Option(help="Hardware target.")] = DEFAULT_HARDWARE,
+) -> None:
     """Serve the scheduled deployments (collect hourly, retrain daily, evaluate on demand)."""
     from serving.errors import SpecOpsError
     from serving.hardware import hardware_target

@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 
+from serving.hardware import DEFAULT_HARDWARE
 from specops.exit import failing
 
 predictor_app = typer.Typer(help="The acceptance predictor: train, evaluate.")
@@ -23,7 +24,7 @@ def train(
     out: Annotated[Path, typer.Option(help="The predictor folder to write (replaced whole).")],
     hardware: Annotated[
         str, typer.Option(help="Hardware target (configs/hardware.yaml): its records only.")
-    ] = "cpu",
+    ] = DEFAULT_HARDWARE,
     params: Annotated[
         Path | None,
         typer.Option(help="Take the settings from this params file's `predictor` section."),
@@ -47,6 +48,7 @@ def train(
 ) -> None:
     """Train the acceptance predictor for one hardware target, score it on the held-out
     parts, save it to OUT."""
+    from serving.hardware import hardware_target
     from tasks.data.params import PredictorParams, load_params
     from tasks.train.predictor import train_predictor
 
@@ -60,7 +62,7 @@ def train(
         trained = train_predictor(
             dataset,
             out,
-            hardware=hardware,
+            hardware=hardware_target(hardware),  # an unknown target fails before any reading
             settings=settings,
             metrics_path=metrics,
             plot=plot,
@@ -112,11 +114,13 @@ def evaluate(
 ) -> None:
     """Score a saved predictor on the held-out parts of a dataset (shrunk and raw)."""
     from serving.atomic import write_json_atomic
+    from serving.hardware import hardware_target
     from tasks.train.predictor import evaluate_saved_predictor
     from tasks.train.predictor_plot import write_reliability_plot
 
     with failing():
-        evaluation = evaluate_saved_predictor(predictor, dataset, hardware=hardware)
+        expected = None if hardware is None else hardware_target(hardware)
+        evaluation = evaluate_saved_predictor(predictor, dataset, hardware=expected)
     if metrics is not None:
         write_json_atomic(metrics, evaluation.to_dict())
     if plot is not None:

@@ -11,6 +11,7 @@ from typing import Annotated
 
 import typer
 
+from serving.defaults import DEFAULT_TARGET
 from specops.exit import fail
 
 
@@ -38,7 +39,7 @@ def quality(
         float, typer.Option(help="Seconds each HumanEval problem's tests may run.")
     ] = 3.0,
     seed: Annotated[int, typer.Option(help="Seed of the held-out prompts' order.")] = 0,
-    target: Annotated[str, typer.Option(help="smollm2 or a local model folder.")] = "smollm2",
+    target: Annotated[str, typer.Option(help="smollm2 or a local model folder.")] = DEFAULT_TARGET,
     drafter: Annotated[
         str, typer.Option(help="Drafter for generation (greedy output is the same with any).")
     ] = "pld",

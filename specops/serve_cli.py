@@ -94,7 +94,7 @@ def serve(
     typer.echo(
         f"serving {settings.model_name} on {'https' if tls else 'http'}://{settings.host}:"
         f"{settings.port}/v1 "
-        f"(hardware {settings.hardware}, draft {state.watcher.current.ref.version}, {access})",
+        f"(hardware {settings.hardware}, draft {state.watcher.current.version}, {access})",
         err=True,
     )
     # uvicorn's loggers go through the root handlers (log_config=None), so the secret filter

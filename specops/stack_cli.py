@@ -9,6 +9,8 @@ from typing import Annotated
 
 import typer
 
+from serving.defaults import DEFAULT_K, DEFAULT_TARGET
+from serving.hardware import DEFAULT_HARDWARE
 from specops.exit import fail, failing
 from specops.options import Target
 
@@ -112,11 +114,11 @@ def loop(
         Path,
         typer.Option(help="The checkout the worker runs the flows in (its data/ is the store)."),
     ] = Path("."),
-    target: Target = "smollm2",
+    target: Target = DEFAULT_TARGET,
     tiny: Annotated[
         bool, typer.Option(help="Use a tiny random target instead (the plumbing, in minutes).")
     ] = False,
-    hardware: Annotated[str, typer.Option(help="Hardware target.")] = "cpu",
+    hardware: Annotated[str, typer.Option(help="Hardware target.")] = DEFAULT_HARDWARE,
     replicas: Annotated[int, typer.Option(min=1, help="Serving replicas.")] = 2,
     requests: Annotated[int, typer.Option(min=1, help="Requests sent across them.")] = 12,
     workload: Annotated[str, typer.Option(help="The traffic's workload.")] = "humaneval",
@@ -128,7 +130,7 @@ def loop(
     poll_s: Annotated[float, typer.Option(min=0.1, help="The replicas' champion poll.")] = 2.0,
     bootstrap_k: Annotated[
         int, typer.Option(min=1, help="Draft length of the bootstrapped prompt lookup.")
-    ] = 10,
+    ] = DEFAULT_K,
     failure_threshold: Annotated[
         float,
         typer.Option(min=0.0, max=1.0, help="Acceptance under which a request is a failure case."),

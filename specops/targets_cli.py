@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from serving.defaults import DEFAULT_TARGET
 from specops.exit import failing
+from specops.load import tokenizer_of
+
+if TYPE_CHECKING:
+    from serving.hardware import HardwareTarget
+    from tasks.data.prompts import Prompt
 
 targets_app = typer.Typer(
     help="Hardware targets: evaluate drafts on each backend (vLLM, MLX, the specops engine)."
@@ -56,11 +62,13 @@ def evaluate(
 
     from serving.atomic import write_json_atomic
     from serving.engine.drafters.package import DraftManifest, write_package
+    from serving.hardware import hardware_target
     from tasks.data.traffic import build_workload
     from tasks.evaluate.targets import evaluate_target, table
 
     reports = []
     with failing():
+        targets = [(name, hardware_target(name)) for name in hardware]
         chosen = build_workload(workload, prompts, seed=seed, split="heldout")
         with tempfile.TemporaryDirectory(prefix="specops-targets-") as scratch:
             drafts = {
@@ -71,14 +79,16 @@ def evaluate(
                 for spec in drafter or []
             }
             drafts.update({p.name: p for p in package or []})
-            for name in hardware:
+            for name, resolved in targets:
                 workdir = Path(scratch) / name
                 if champion_of:
-                    reports.append(_registered(name, champion_of, chosen, workdir, max_new_tokens))
+                    reports.append(
+                        _registered(resolved, champion_of, chosen, workdir, max_new_tokens)
+                    )
                 if drafts:
                     reports.append(
                         evaluate_target(
-                            name,
+                            resolved,
                             drafts,
                             chosen,
                             workdir=workdir,
@@ -94,7 +104,15 @@ def evaluate(
     typer.echo(f"wrote {out}")
 
 
-def _registered(hardware: str, champion_of: str, prompts, workdir: Path, max_new_tokens: int):
+def _registered(
+    hardware: HardwareTarget,
+    champion_of: str,
+    prompts: list[Prompt],
+    workdir: Path,
+    max_new_tokens: int,
+) -> dict[str, Any]:
+    """Evaluate ``champion_of``'s champion (and ``hardware``'s own, if another) on
+    ``hardware``; log it and promote the winner there."""
     from registry.client import Registry, RegistryError
     from serving.models.real import cache_root
     from tasks.loop.target_promotion import evaluate_registered
@@ -104,7 +122,7 @@ def _registered(hardware: str, champion_of: str, prompts, workdir: Path, max_new
     if champion is None:
         raise RegistryError(f"hardware target {champion_of!r} has no champion to evaluate")
     drafts = [champion]
-    current = registry.champion(hardware)
+    current = registry.champion(hardware.name)
     if current is not None and current.label != champion.label:
         drafts.append(current)
     return evaluate_registered(
@@ -142,7 +160,7 @@ def bundle(
     ``python -m tasks.evaluate.remote OUT --out evaluation.json``; back here:
     ``specops registry log-evaluation evaluation.json --promote``."""
     from registry.client import Registry
-    from serving.hardware import hardware_target
+    from serving.hardware import engine_target, hardware_target
     from serving.loader import load_target
     from serving.models.real import cache_root
     from tasks.data.dataset import read_part
@@ -151,7 +169,7 @@ def bundle(
     from tasks.loop.remote_bundle import prepare_bundle
 
     with failing():
-        hardware_target(hardware)  # before the registry and the model
+        resolved = hardware_target(hardware)  # before the registry and the model
         registry = Registry()  # the bundle's champion, challengers and their packages
         drafts = [registry.resolve(ref) for ref in challenger]
         chosen: list = [
@@ -162,11 +180,18 @@ def bundle(
         if traffic is not None:
             held = read_part(traffic, "heldout_traffic")
             chosen += held_out_traffic(held, per_workload=traffic_prompts)
-        _, tokenizer = load_target("smollm2", kernels="stock")
+        # The shipped target's tokenizer encodes the prompts.
+        tokenizer = tokenizer_of(load_target(DEFAULT_TARGET, engine_target("cpu-stock")))
         folder = prepare_bundle(
-            registry, hardware, drafts, chosen, out, tokenizer=tokenizer,
-            cache=cache_root() / "registry", max_new_tokens=max_new_tokens,
-        )  # fmt: skip
+            registry,
+            resolved,
+            drafts,
+            chosen,
+            out,
+            tokenizer=tokenizer,
+            cache=cache_root() / "registry",
+            max_new_tokens=max_new_tokens,
+        )
     typer.echo(
         f"bundle for {hardware}: {len(drafts)} challenger(s), {len(chosen)} prompts -> {folder}\n"
         f"there: python -m tasks.evaluate.remote {folder} --out evaluation.json\n"

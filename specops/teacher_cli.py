@@ -9,11 +9,18 @@ of the draft designs, which train on these caches, are a study outside the produ
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from serving.defaults import DEFAULT_TARGET
 from specops.exit import fail
+from specops.load import tokenizer_of
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from tasks.train.teacher_build import TeacherPrompt
 
 teacher_app = typer.Typer(
     help="Teacher caches: the target's own greedy answers with features and top-k log-probs.",
@@ -21,7 +28,9 @@ teacher_app = typer.Typer(
 )
 
 
-def _sharegpt(tokenizer, n: int | None, split: str, max_prompt_tokens: int, seed: int):
+def _sharegpt(
+    tokenizer: PreTrainedTokenizerBase, n: int | None, split: str, max_prompt_tokens: int, seed: int
+) -> list[TeacherPrompt]:
     """ShareGPT first turns of ``split`` that fit ``max_prompt_tokens``, chat-templated, in
     the seeded order (the first ``n``, or all)."""
     from tasks.data.prompts import as_split
@@ -55,16 +64,19 @@ def teacher_prompts(
     split: Annotated[str, typer.Option(help="ShareGPT split: train | heldout.")] = "train",
     max_prompt_tokens: Annotated[int, typer.Option(help="Longest prompt kept.")] = 128,
     seed: Annotated[int, typer.Option(help="Prompt-order seed.")] = 0,
-    target: Annotated[str, typer.Option(help="smollm2 or a local HF model folder.")] = "smollm2",
+    target: Annotated[
+        str, typer.Option(help="smollm2 or a local HF model folder.")
+    ] = DEFAULT_TARGET,
 ) -> None:
     """Write chat-templated ShareGPT prompts for `python -m tasks.train.teacher_answers` (which
     can run on any machine with torch and transformers, a GPU box included)."""
     from serving.atomic import write_jsonl_atomic
     from serving.errors import SpecOpsError
+    from serving.hardware import engine_target
     from serving.loader import load_target
 
     try:
-        _, tokenizer = load_target(target, kernels="stock")
+        tokenizer = tokenizer_of(load_target(target, engine_target("cpu-stock")))
         picked = _sharegpt(tokenizer, prompts, split, max_prompt_tokens, seed)
     except SpecOpsError as error:
         fail(str(error))
@@ -92,12 +104,14 @@ def teacher_build(
     max_new_tokens: Annotated[int, typer.Option(help="Answer length (or EOS).")] = 256,
     seed: Annotated[int, typer.Option(help="Prompt-order seed.")] = 0,
     threads: Annotated[int, typer.Option(help="torch threads.")] = 2,
-    target: Annotated[str, typer.Option(help="smollm2 or a local HF model folder.")] = "smollm2",
+    target: Annotated[
+        str, typer.Option(help="smollm2 or a local HF model folder.")
+    ] = DEFAULT_TARGET,
 ) -> None:
     """Build (or resume) a teacher cache: the target's greedy answers, then one
     teacher-forced pass recording features and top-k log-probabilities."""
     from serving.errors import SpecOpsError
-    from serving.loader import eos_ids, load_target, set_threads
+    from serving.loader import load_target, set_threads
     from tasks.train.teacher import TeacherConfig
     from tasks.train.teacher_build import TeacherPrompt, build_teacher_cache
 
@@ -109,7 +123,8 @@ def teacher_build(
         if answers is not None:
             given = {row["id"]: row["answer_ids"] for row in _rows(answers, ("id", "answer_ids"))}
         set_threads(threads)
-        model, tokenizer = load_target(target)
+        loaded = load_target(target)
+        tokenizer = tokenizer_of(loaded)
         if prompts is not None:
             chosen = [
                 TeacherPrompt(row["id"], list(row["token_ids"]))
@@ -119,10 +134,10 @@ def teacher_build(
             chosen = _sharegpt(tokenizer, None, split, max_prompt_tokens, seed)
         chosen = chosen[:count] if count is not None else chosen
         report = build_teacher_cache(
-            model,
+            loaded.model,
             chosen,
             out,
-            eos_token_ids=eos_ids(model, tokenizer),
+            eos_token_ids=list(loaded.eos_token_ids),
             pad_token_id=tokenizer.pad_token_id,
             config=config,
             answers=given,

@@ -127,24 +127,30 @@ PROMPTS = [
 
 @pytest.fixture(scope="session")
 def real_stock():
+    """The real target (a :class:`serving.target.LoadedTarget`) on hardware target
+    ``cpu-stock``: torch's own layers, transformers' forward."""
+    from serving.hardware import engine_target
     from serving.loader import load_target
+    from serving.target import DEFAULT_TARGET
 
-    return load_target(kernels="stock")
+    return load_target(DEFAULT_TARGET, engine_target("cpu-stock"))
 
 
 @pytest.fixture(scope="session")
 def real_packed():
+    """The real target on hardware target ``cpu``: oneDNN-packed layers, the lean step."""
+    from serving.hardware import engine_target
     from serving.loader import load_target
+    from serving.target import DEFAULT_TARGET
 
-    return load_target(kernels="onednn")
+    return load_target(DEFAULT_TARGET, engine_target("cpu"))
 
 
 @pytest.fixture(scope="session")
 def real_prompts(real_stock) -> list[list[int]]:
     from serving.loader import encode_prompt
 
-    _, tokenizer = real_stock
-    return [encode_prompt(tokenizer, text) for text in PROMPTS]
+    return [encode_prompt(real_stock.tokenizer, text) for text in PROMPTS]
 
 
 # --- Text traffic for the tiny target (data, collection, evaluation and flow tests) ------

@@ -18,7 +18,7 @@ from serving.engine.drafters.factory import build_drafter
 from serving.engine.drafters.plan import PLAIN, DraftPlan
 from serving.engine.drafters.prompt_lookup import PromptLookupDrafter
 from serving.engine.metrics import position_counts
-from serving.hardware import DEFAULT_HARDWARE, engine_target
+from serving.hardware import cpu_target_for
 from serving.loader import load_target, set_threads
 
 
@@ -30,14 +30,15 @@ class TransformersBackend(Backend):
         target_path: str,
         speculation: Speculation,
         *,
-        hardware: str = DEFAULT_HARDWARE,
+        kernels: str = "onednn",
         **options: Any,
     ) -> None:
-        """``hardware``: the engine's hardware target the model is loaded for (its kernels,
-        device and curves), by name: this backend's options come from an export file."""
+        """``kernels``: the CPU kernels the target's layers run on; the model is loaded for
+        the engine's CPU target with those kernels (:func:`serving.hardware.cpu_target_for`,
+        which carries its verify curve): this backend's options come from a request file."""
         super().__init__(target_path, speculation, **options)
         set_threads(self.threads)
-        target = load_target(target_path, engine_target(hardware))
+        target = load_target(target_path, cpu_target_for(kernels))
         k = speculation.num_speculative_tokens
         plan: DraftPlan = PLAIN
         drafter: Drafter | None = None

@@ -34,6 +34,7 @@ from serving.atomic import write_text_atomic
 from serving.engine.drafters.kinds import STAGES
 from serving.engine.features import FEATURE_SET, TokenFeatures
 from serving.errors import BadInputError
+from serving.hardware import HardwareTarget
 
 PREDICTOR_FILE = "predictor.json"
 WEIGHTS_FILE = "predictor.safetensors"
@@ -246,7 +247,7 @@ def read_predictor_meta(folder: str | Path) -> dict:
     return meta
 
 
-def check_predictor(folder: str | Path, *, hardware: str | None = None) -> dict:
+def check_predictor(folder: str | Path, *, hardware: HardwareTarget | None = None) -> dict:
     """Refuse a predictor made for another feature set or hardware target (no weights read)."""
     meta = read_predictor_meta(folder)
     made_for = meta.get("feature_set")
@@ -255,16 +256,18 @@ def check_predictor(folder: str | Path, *, hardware: str | None = None) -> dict:
             f"the predictor at {str(folder)!r} was trained on feature set {made_for!r}, but "
             f"this engine computes {FEATURE_SET!r}; retrain it (specops predictor train)"
         )
-    if hardware is not None and meta.get("hardware") != hardware:
+    if hardware is not None and meta.get("hardware") != hardware.name:
         raise PredictorError(
             f"the predictor at {str(folder)!r} was trained for hardware target "
-            f"{meta.get('hardware')!r}, not {hardware!r}; use that target's predictor "
-            f"(alias champion-{hardware}) or train one for it"
+            f"{meta.get('hardware')!r}, not {hardware.name!r}; use that target's predictor "
+            f"(alias champion-{hardware.name}) or train one for it"
         )
     return meta
 
 
-def load_predictor(folder: str | Path, *, hardware: str | None = None) -> AcceptancePredictor:
+def load_predictor(
+    folder: str | Path, *, hardware: HardwareTarget | None = None
+) -> AcceptancePredictor:
     meta = check_predictor(folder, hardware=hardware)
     weights = Path(folder) / WEIGHTS_FILE
     if not weights.is_file():

@@ -16,7 +16,12 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from serving.hardware import HardwareTarget
+
+if TYPE_CHECKING:  # the registry is imported only where the predictor comes from it
+    from registry.client import Registry
 from serving.engine.predictor import PREDICTOR_FILE, AcceptancePredictor, load_predictor
 from serving.errors import ModelSourceError
 
@@ -43,7 +48,9 @@ class LocalPredictor(PredictorSource):
 class RegistryPredictor(PredictorSource):
     """The ``specops-predictor`` version holding ``champion-<hardware>``."""
 
-    def __init__(self, hardware: str, cache: Path, registry=None) -> None:
+    def __init__(
+        self, hardware: HardwareTarget, cache: Path, registry: Registry | None = None
+    ) -> None:
         from registry import predictor  # the registry layer (MLflow), only when asked for
 
         if registry is None:
@@ -56,7 +63,7 @@ class RegistryPredictor(PredictorSource):
         self.cache = cache
 
     def current(self) -> tuple[str, Path] | None:
-        champion = self._predictor.champion_predictor(self._registry, self.hardware)
+        champion = self._predictor.champion_predictor(self._registry, self.hardware.name)
         if champion is None:
             return None
         folder = self._predictor.download_predictor(self._registry, champion, self.cache)
@@ -64,7 +71,7 @@ class RegistryPredictor(PredictorSource):
 
 
 class PredictorWatcher:
-    def __init__(self, source: PredictorSource, *, hardware: str) -> None:
+    def __init__(self, source: PredictorSource, *, hardware: HardwareTarget) -> None:
         self.source = source
         self.hardware = hardware
         self._lock = threading.Lock()

@@ -266,8 +266,8 @@ def _serving_cascade(
     else:
         from serving.models.real import cache_root
 
-        source = RegistryPredictor(target.name, cache_root() / "registry")
-    watcher = PredictorWatcher(source, hardware=target.name)
+        source = RegistryPredictor(target.hardware, cache_root() / "registry")
+    watcher = PredictorWatcher(source, hardware=target.hardware)
     if watcher.last_error:
         log.error("the cascade serves without a predictor for now: %s", watcher.last_error)
     return cascade, watcher

@@ -15,7 +15,8 @@ from typing import Any
 
 from serving.engine.decoder import MODES
 from serving.engine.drafters.factory import parse_drafter_spec
-from serving.engine.drafters.kinds import KINDS, SPEC_SYNTAX
+from serving.engine.drafters.kinds import KINDS, SPEC_SYNTAX, kind_of
+from serving.engine.drafters.plan import DEFAULT_K, DEFAULT_POLICY, DraftPlan
 from serving.engine.policy import MAX_DRAFT_TOKENS, POLICIES, check_k
 from serving.errors import BadInputError
 from serving.hardware import hardware_target
@@ -27,8 +28,8 @@ class Settings:
     (``serving.engine.drafters.factory``)."""
 
     drafter: str = "pld"
-    k: int = 10
-    policy: str = "cost"
+    k: int = DEFAULT_K
+    policy: str = DEFAULT_POLICY
     temperature: float = 0.0
     max_tokens: int = 256
     # detailed: every answer keeps its disagreement record, which /save, /eval and /train use.
@@ -44,6 +45,11 @@ class Settings:
         checked: dict[str, Any] = {key: check_setting(key, value)}
         return replace(self, **checked)
 
+    @property
+    def plan(self) -> DraftPlan:
+        """The draft plan of ``drafter``, ``policy`` and ``k``."""
+        return DraftPlan.parse(self.drafter, policy=self.policy, k=self.k)
+
 
 # The settings that change the draft (the decoder is rebuilt when one of them changes).
 DRAFT_SETTINGS = ("drafter", "k", "policy")
@@ -54,8 +60,7 @@ def check_setting(key: str, value: object) -> object:
     if key == "drafter":
         if not isinstance(value, str):
             raise BadInputError(f"a drafter is a spec such as 'ngram:4', got {value!r}")
-        kind = value.strip().partition(":")[0].lower()
-        if value.strip() and kind not in KINDS:  # the factory's message lists every syntax
+        if value.strip() and kind_of(value) is None:  # the factory's message lists every syntax
             raise BadInputError(f"unknown drafter {value!r}; kinds: {', '.join(KINDS)} (/help)")
         parse_drafter_spec(value)
         return value.strip()

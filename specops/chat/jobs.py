@@ -34,6 +34,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from serving.defaults import DEFAULT_TARGET
+
 # `HH:MM:SS.fff | LEVEL | message`: a Prefect log line, and its run's name.
 _LOG_LINE = re.compile(r"^\d\d:\d\d:\d\d\.\d+ \| (?P<level>[A-Z]+)\s*\| (?P<message>.*)$")
 _RUN = re.compile(r"^(?:Flow|Task) run '(?P<name>[^']+)' - ")
@@ -44,7 +46,7 @@ STOP_WAIT_S = 10.0  # after Ctrl-C, how long a flow gets to stop before it is ki
 class Job:
     name: str  # "eval" or "train"
     commands: tuple[tuple[str, ...], ...]  # run in order; the first failure stops the job
-    target: str = "smollm2"  # the loop's target model (SPECOPS_TARGET): the session's
+    target: str = DEFAULT_TARGET  # the loop's target model (SPECOPS_TARGET): the session's
 
 
 @dataclass(frozen=True)

@@ -12,16 +12,22 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from serving.engine.decoder import GenerationResult, SpeculativeDecoder
+from serving.engine.build import build_decoder
+from serving.engine.decoder import Generation, GenerationResult, SpeculativeDecoder
 from serving.engine.metrics import pool, position_counts
 from serving.engine.sampling import SamplingParams
 from serving.errors import BadInputError, SpecOpsError
-from serving.hardware import engine_target
-from serving.loader import DecoderOptions, build_decoder, encode_messages
+from serving.hardware import hardware_target
+from serving.loader import encode_messages
 from serving.server.text import TextAssembler
+from serving.target import LoadedTarget
 from specops.chat.commands import DRAFT_SETTINGS, Settings
 from tasks.evaluate.interleave import interleave
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 OnText = Callable[[str, bool], None]  # (text, from_draft)
 Cancelled = Callable[[], bool]
@@ -77,15 +83,15 @@ class SaveReport:
 
 
 class ChatSession:
-    """The loaded target, the current settings and decoder, and every answer so far."""
+    """The loaded target (on its hardware target: its verify curve prices the policies,
+    its name keys the records and the champion), the current settings and decoder, and
+    every answer so far."""
 
-    def __init__(
-        self, target, tokenizer, *, hardware: str = "cpu", settings: Settings | None = None
-    ) -> None:
+    def __init__(self, target: LoadedTarget, *, settings: Settings | None = None) -> None:
+        if target.tokenizer is None:
+            raise BadInputError("a chat session needs the target's tokenizer")
         self.target = target
-        self.tokenizer = tokenizer
-        self.hardware = hardware
-        self.curve = engine_target(hardware).curve
+        self.tokenizer: PreTrainedTokenizerBase = target.tokenizer
         self.settings = (settings or Settings()).check()
         self.decoder = self._decoder(self.settings)
         self.draft = self._label(self.settings)
@@ -95,10 +101,7 @@ class ChatSession:
     # --- settings ------------------------------------------------------------------------
 
     def _decoder(self, settings: Settings) -> SpeculativeDecoder:
-        options = DecoderOptions(
-            drafter=settings.drafter, k=settings.k, policy=settings.policy, hardware=self.hardware
-        )
-        return build_decoder(self.target, self.tokenizer, options)
+        return build_decoder(self.target, settings.plan)
 
     @staticmethod
     def _label(settings: Settings) -> str:
@@ -116,22 +119,21 @@ class ChatSession:
         self.settings = settings
 
     def use_champion(self, hardware: str | None, cache: Path) -> str:
-        """Draft with the registry's champion of ``hardware`` (default: this session's):
-        its package's drafter, policy and k. :class:`SpecOpsError` (no champion, no
-        registry) leaves the session as it was."""
-        from serving.engine.drafters.package import read_manifest
+        """Draft with the registry's champion of hardware target ``hardware`` (default:
+        this session's): its package's drafter, policy and k. :class:`SpecOpsError` (no
+        champion, no registry) leaves the session as it was."""
         from serving.server.champion import RegistryChampion
 
-        target = hardware or self.hardware
-        ref = RegistryChampion(target, cache=cache).current()
-        assert ref.package is not None  # a registry champion is a package
-        spec = str(read_manifest(ref.package).spec(ref.package))
+        name = hardware or self.target.name
+        champion = RegistryChampion(hardware_target(name), cache=cache).current()
+        plan = champion.plan  # the package's, its paths resolved
+        spec = str(plan.drafter)
         settings = (
             self.settings.with_value("drafter", spec)
-            .with_value("policy", ref.policy)
-            .with_value("k", ref.k)
+            .with_value("policy", plan.policy)
+            .with_value("k", plan.k)
         )
-        label = f"{ref.version}, champion of {target}: {spec} ({ref.policy}, k={ref.k})"
+        label = f"{champion.version}, champion of {name}: {spec} ({plan.policy}, k={plan.k})"
         self.decoder = self._decoder(settings)  # always: a new champion may reuse the spec
         self.settings, self.draft = settings, label
         return label
@@ -241,7 +243,7 @@ class ChatSession:
         capture = Capture(
             root=store,
             share=1.0,
-            hardware=self.hardware,
+            hardware=self.target.name,
             chunk_size=len(pending) + 1,  # one flush, below
             replica="chat",
             redactor=Redactor(),
@@ -272,7 +274,12 @@ def keeps_record(turn: Turn) -> bool:
     return turn.result.record is not None and turn.result.stop_reason != "cancelled"
 
 
-def _stream(generation, tokenizer, on_text: OnText | None, cancelled: Cancelled | None) -> str:
+def _stream(
+    generation: Generation,
+    tokenizer: PreTrainedTokenizerBase,
+    on_text: OnText | None,
+    cancelled: Cancelled | None,
+) -> str:
     """Run ``generation``, releasing text as it becomes final; returns the whole text."""
     assembler = TextAssembler(tokenizer)
     try:

@@ -23,7 +23,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from serving.engine.drafters.kinds import DRAFTER_KINDS, PATH_KINDS
+from serving.engine.drafters.kinds import DRAFTER_KINDS, PATH_KINDS, split_spec
 from serving.errors import BadInputError, SpecOpsError
 from specops.chat.commands import (
     COMMANDS,
@@ -97,7 +97,7 @@ def status_line(turn: Turn) -> str:
 
 def prompt_label(spec: str) -> str:
     """The draft in the prompt: its spec, a folder or file shortened to its last part."""
-    kind, _, arg = spec.partition(":")
+    kind, arg = split_spec(spec)
     return f"{kind}:{Path(arg).name}" if kind in PATH_KINDS and arg else spec
 
 
@@ -274,7 +274,7 @@ class ChatUI:
     def run(self) -> int:
         session = self.session
         self.say(
-            f"specops chat · target {self.target_name} on {session.hardware} · draft "
+            f"specops chat · target {self.target_name} on {session.target.name} · draft "
             f"{session.draft} · /help lists the commands",
             "bold",
         )
@@ -332,7 +332,7 @@ class ChatUI:
                 self.job(
                     eval_job(
                         target=self.target_name,
-                        hardware=session.hardware,
+                        hardware=session.target.name,
                         store=str(self.store),
                         work=str(self.work),
                         challengers=challengers,
@@ -342,7 +342,7 @@ class ChatUI:
                 self.job(
                     train_job(
                         target=self.target_name,
-                        hardware=session.hardware,
+                        hardware=session.target.name,
                         store=str(self.store),
                         work=str(self.work),
                     )

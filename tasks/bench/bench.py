@@ -27,22 +27,26 @@ import os
 import platform
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal, cast
 
 import torch
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from serving.atomic import write_json_atomic
+from serving.engine.build import build_decoder
+from serving.engine.decoder import SpeculativeDecoder
+from serving.engine.drafters.plan import CascadePlan, DraftPlan, Plan
 from serving.engine.metrics import pool
 from serving.errors import BadInputError, SpecOpsError
-from serving.hardware import HardwareTarget, engine_target
-from serving.loader import DecoderOptions, build_decoder, eos_ids, set_threads
+from serving.hardware import DEFAULT_HARDWARE, HardwareTarget, engine_target
+from serving.loader import set_threads
 from serving.models.truncated import first_layers
 from serving.paths import CONFIG_DIR
 from serving.records.schema import WORKLOADS, Split, Workload
+from serving.target import DEFAULT_TARGET, LoadedTarget
 from tasks.bench.limits import (
     BANDWIDTH_MB,
     cpu_description,
@@ -56,6 +60,9 @@ from tasks.bench.profile import sync
 from tasks.data.prompts import Prompt
 from tasks.evaluate.evaluate import EncodedPrompt
 from tasks.evaluate.interleave import interleave
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +136,7 @@ class BenchConfig(BaseModel):
     draft_layers: int = Field(4, ge=1)
     # specops's hardware target (configs/hardware.yaml): its kernels and measured pass costs,
     # for methods that name none. HF baselines always run the stock model, as a user would.
-    hardware: str = "cpu"
+    hardware: str = DEFAULT_HARDWARE
     # The buffer streamed once per run to measure memory bandwidth (the limit column).
     bandwidth_mb: int = Field(BANDWIDTH_MB, ge=1)
     # The GGUF llama.cpp decodes: the shipped model's own file when the target is smollm2.
@@ -179,15 +186,19 @@ class Outcome:
 Runner = Callable[[list[int]], Outcome]
 
 
-def _hf_runner(model, *, max_new_tokens: int, pad_id: int, **generate_kwargs) -> Runner:
+def _hf_runner(
+    model: PreTrainedModel, *, max_new_tokens: int, pad_id: int, **generate_kwargs: object
+) -> Runner:
+    """HF ``generate`` of ``model`` (a causal LM: it has transformers' generation mixin)."""
     device = next(model.parameters()).device
+    generate = cast("Callable[..., torch.Tensor]", model.generate)
 
     def run(prompt_ids: list[int]) -> Outcome:
         input_ids = torch.tensor([prompt_ids], device=device)
         sync(device)
         started = time.perf_counter()
         with torch.inference_mode():
-            out = model.generate(
+            out = generate(
                 input_ids,
                 attention_mask=torch.ones_like(input_ids),
                 max_new_tokens=max_new_tokens,
@@ -202,7 +213,7 @@ def _hf_runner(model, *, max_new_tokens: int, pad_id: int, **generate_kwargs) ->
     return run
 
 
-def _specops_runner(decoder, *, max_new_tokens: int) -> Runner:
+def _specops_runner(decoder: SpeculativeDecoder, *, max_new_tokens: int) -> Runner:
     def run(prompt_ids: list[int]) -> Outcome:
         started = time.perf_counter()
         result = decoder.generate(prompt_ids, max_new_tokens=max_new_tokens)
@@ -260,6 +271,17 @@ def resolve_hardware(config: BenchConfig) -> dict[str, HardwareTarget]:
     return targets
 
 
+def method_plan(method: MethodConfig, config: BenchConfig) -> Plan:
+    """The draft plan a specops method decodes with: its cascade (``k`` its largest block,
+    with its predictor), else its drafter (``{draft_layers}`` filled in) under its policy."""
+    if method.cascade is not None:
+        return CascadePlan.parse(method.cascade, k=method.k, predictor=method.predictor)
+    if method.predictor is not None:
+        raise BadInputError("an acceptance predictor needs a cascade (--cascade STAGES)")
+    drafter = (method.drafter or "none").format(draft_layers=config.draft_layers)
+    return DraftPlan.parse(drafter, policy=method.policy, k=method.k)
+
+
 def _is_plain(method: MethodConfig) -> bool:
     if method.engine == "specops":
         return (method.drafter or "none") == "none" and method.cascade is None
@@ -302,19 +324,20 @@ def llamacpp_reference(config: BenchConfig) -> str | None:
 
 
 def make_runners(
-    model,
-    engine_models: dict[str, Any],
-    tokenizer,
+    stock: LoadedTarget,
+    engine_targets: dict[str, LoadedTarget],
     config: BenchConfig,
     *,
     llamacpp: LlamaCppProcess | None = None,
 ) -> dict[str, Runner]:
-    """HF methods run ``model`` (stock); a specops method runs the model of its hardware
-    target (``engine_models[target]``); llama.cpp methods run in ``llamacpp``, and are left
-    out when it is ``None`` (skipped)."""
+    """HF methods run ``stock``'s model (stock kernels); a specops method runs the target
+    loaded for its hardware target (``engine_targets[engine_key(method, config)]``);
+    llama.cpp methods run in ``llamacpp``, and are left out when it is ``None`` (skipped).
+    Every method stops at ``stock``'s end-of-sequence ids."""
+    model = stock.model
     draft_model = None
     runners: dict[str, Runner] = {}
-    eos = eos_ids(model, tokenizer)
+    eos = list(stock.eos_token_ids)
     pad_id = eos[0]
     for method in config.methods:
         if method.engine == "hf":
@@ -331,21 +354,11 @@ def make_runners(
                 model, max_new_tokens=config.max_new_tokens, pad_id=pad_id, **kwargs
             )
         elif method.engine == "specops":
-            hardware = str(method_hardware(method, config))
-            drafter = (method.drafter or "none").format(draft_layers=config.draft_layers)
-            options = DecoderOptions(
-                drafter=drafter,
-                k=method.k,
-                policy=method.policy,
-                hardware=hardware,
-                cascade=method.cascade,
-                predictor=method.predictor,
-                relax_lambda=method.relax_lambda,
+            target = engine_targets[str(engine_key(method, config))]
+            decoder = build_decoder(
+                target, method_plan(method, config), relax_lambda=method.relax_lambda
             )
-            runners[method.name] = _specops_runner(
-                build_decoder(engine_models[str(engine_key(method, config))], tokenizer, options),
-                max_new_tokens=config.max_new_tokens,
-            )
+            runners[method.name] = _specops_runner(decoder, max_new_tokens=config.max_new_tokens)
         elif llamacpp is not None:
             runners[method.name] = _llamacpp_runner(
                 llamacpp, method, max_new_tokens=config.max_new_tokens, eos=eos
@@ -461,8 +474,9 @@ def format_table(rows: list[dict], skipped: list[dict] | None = None) -> str:
     return "\n".join(lines)
 
 
-def plot(rows: list[dict], path: Path, *, hardware: str = "cpu") -> None:
-    """A bar per method and workload: its speedup over the baseline, on ``hardware``."""
+def plot(rows: list[dict], path: Path, *, hardware: str = DEFAULT_HARDWARE) -> None:
+    """A bar per method and workload: its speedup over the baseline, on ``hardware`` (a
+    hardware target's name, as results store it)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -499,7 +513,7 @@ def _llamacpp_model(config: BenchConfig, target: str) -> Path:
         if not path.is_file():
             raise LlamaCppUnavailable(f"llamacpp_model {str(path)!r} is not a file")
         return path
-    if target != "smollm2":
+    if target != DEFAULT_TARGET:
         raise LlamaCppUnavailable(
             f"llama.cpp decodes a GGUF file, and target {target!r} is a model folder; set "
             "llamacpp_model in the bench config to its GGUF"
@@ -521,11 +535,45 @@ def _n_ctx(prompt_lengths: list[int], config: BenchConfig) -> int:
     return -(-needed // 256) * 256
 
 
+def load_bench_targets(
+    source: str,
+    config: BenchConfig,
+    hardware: dict[str, HardwareTarget],
+    main: HardwareTarget,
+) -> tuple[LoadedTarget, dict[str, LoadedTarget], list[PreTrainedModel]]:
+    """``source`` loaded for every method: the stock target the HF baselines run (stock
+    kernels on ``main``'s device and dtype), the target of each specops method by
+    :func:`engine_key` (on its hardware target of ``hardware``), and the distinct models
+    they hold. One model is loaded per distinct way of loading (kernels, device, dtype,
+    lean step), shared by the targets that load alike."""
+    from serving.loader import load_target
+
+    def way(spec: HardwareTarget, lean_mode: str | None) -> tuple[str, ...]:
+        return (spec.kernels, spec.device, spec.dtype, lean_mode or "")
+
+    stock_hardware = main.model_copy(update={"kernels": "stock"})
+    stock = load_target(source, stock_hardware)
+    loaded: dict[tuple[str, ...], LoadedTarget] = {way(stock_hardware, None): stock}
+    engine_targets: dict[str, LoadedTarget] = {}
+    for method in config.methods:
+        name = engine_key(method, config)
+        if name is None or name in engine_targets:
+            continue
+        spec = hardware[str(method_hardware(method, config))]
+        lean_mode = "off" if method.step == "transformers" else None
+        key = way(spec, lean_mode)
+        if key not in loaded:
+            loaded[key] = load_target(source, spec, lean_mode=lean_mode)
+        # The same model (and step), decoded with this method's hardware target's curves.
+        engine_targets[name] = replace(loaded[key], hardware=spec)
+    return stock, engine_targets, [target.model for target in loaded.values()]
+
+
 def run_bench(
     config: BenchConfig,
     *,
     out_dir: Path = Path("results"),
-    target: str = "smollm2",
+    target: str = DEFAULT_TARGET,
     progress: bool = True,
     prompts: Sequence[EncodedPrompt | Prompt] | None = None,
     draw: bool = True,
@@ -536,7 +584,7 @@ def run_bench(
     run the target on the device and dtype of the config's hardware target (stock kernels).
     llama.cpp methods whose environment or model is missing are left out and listed under
     ``skipped`` with the reason (and logged); the rest of the bench runs."""
-    from serving.loader import encode_messages, load_target
+    from serving.loader import encode_messages
 
     set_threads(config.threads)
     load_before = os.getloadavg()  # other work on the machine shows in every timing
@@ -563,31 +611,17 @@ def run_bench(
             )
         ]
     main = hardware.get(config.hardware) or engine_target(config.hardware, require_curve=False)
-    hf_options = {"kernels": "stock", "device": main.device, "dtype": main.dtype}
-    model, tokenizer = load_target(target, **hf_options)
-    # One model per distinct way of loading (kernels, device, dtype), shared by the targets
-    # that load alike; the stock one on the main target's device is the HF baselines' own.
-    loaded: dict[tuple, Any] = {tuple(sorted(hf_options.items())): model}
-    engine_models: dict[str, Any] = {}
-    for method in config.methods:
-        name = engine_key(method, config)
-        if name is None or name in engine_models:
-            continue
-        options = hardware[str(method_hardware(method, config))].load_options()
-        if method.step == "transformers":
-            options["lean_mode"] = "off"
-        key = tuple(sorted(options.items()))
-        if key not in loaded:
-            loaded[key], _ = load_target(target, **options)
-        engine_models[name] = loaded[key]
+    stock, engine_targets, models = load_bench_targets(target, config, hardware, main)
+    tokenizer = stock.tokenizer
+    assert tokenizer is not None  # load_target loads the source's tokenizer
     encoded = [
         p.token_ids if isinstance(p, EncodedPrompt) else encode_messages(tokenizer, p.messages)
         for p in prompts
     ]
 
     bandwidth = memory_bandwidth(config.bandwidth_mb)
-    footprints = {id(m): weight_bytes_per_token(m) for m in loaded.values()}
-    stock_dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    footprints = {id(m): weight_bytes_per_token(m) for m in models}
+    stock_dtype = str(stock.dtype).removeprefix("torch.")
     weights: dict[str, dict] = {}
     gguf_read = gguf_weights(gguf) if gguf is not None else None
     llama_weights = (
@@ -603,13 +637,14 @@ def run_bench(
         elif hw_name is None:  # HF: the stock model
             weights[method.name] = {
                 "format": f"{stock_dtype} stock",
-                "bytes_per_token": footprints[id(model)],
+                "bytes_per_token": footprints[id(stock.model)],
             }
         else:
+            engine = engine_targets[str(engine_key(method, config))]
             weights[method.name] = {
                 "format": hw_name,
                 "kernels": hardware[hw_name].kernels,
-                "bytes_per_token": footprints[id(engine_models[hw_name])],
+                "bytes_per_token": footprints[id(engine.model)],
             }
 
     llama: LlamaCppProcess | None = None
@@ -630,7 +665,7 @@ def run_bench(
             except LlamaCppUnavailable as error:
                 skipped = [{"method": name, "reason": str(error)} for name in llama_methods]
                 log.warning("skipping %s: %s", ", ".join(llama_methods), error)
-        runners = make_runners(model, engine_models, tokenizer, config, llamacpp=llama)
+        runners = make_runners(stock, engine_targets, config, llamacpp=llama)
         names = list(runners)
         runs = _interleave(runners, list(prompts), encoded, references, progress=progress)
     finally:
@@ -654,7 +689,7 @@ def run_bench(
         "environment": {
             "threads": torch.get_num_threads(),
             "specops_hardware": config.hardware,
-            "specops_kernels": engine_target(config.hardware).kernels,
+            "specops_kernels": main.kernels,
             "specops_targets": {name: spec.load_options() for name, spec in hardware.items()},
             "memory_bandwidth": bandwidth.to_dict(),
             "weights": weights,

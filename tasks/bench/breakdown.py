@@ -25,6 +25,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from serving.errors import BadInputError
+from serving.target import LoadedTarget
 
 CATEGORIES = ("matmuls", "attention", "norms/activations", "rest")
 _MATMULS = (
@@ -143,36 +144,42 @@ def _matmuls_alone(step, rows: int, repeats: int) -> float:
 
 
 def breakdown(
-    model, *, rows: int = 8, context: int = 256, repeats: int = 20, vocab: int | None = None
+    target: LoadedTarget,
+    *,
+    rows: int = 8,
+    context: int = 256,
+    repeats: int = 20,
+    vocab: int | None = None,
 ) -> Breakdown:
-    """Measure :class:`Breakdown` for ``model`` (loaded by ``load_target``; with the lean
-    step installed, both paths are measured, else only transformers')."""
+    """Measure :class:`Breakdown` for ``target`` (loaded by ``load_target``; on the CPU's
+    lean step, both paths are measured, else only transformers')."""
     from transformers import DynamicCache
 
-    from serving.engine.kv import Cache, rewind
-    from serving.lean.install import lean_step
+    from serving.engine.kv import rewind
+    from serving.lean.step import LeanStep
+    from serving.target import Cache
     from tasks.bench.limits import memory_bandwidth, weight_bytes_per_token
 
     if rows < 2 or context < 1 or repeats < 1:
         raise BadInputError(
             f"rows must be >= 2, context and repeats >= 1; got {rows}, {context}, {repeats}"
         )
-    vocab = vocab or int(model.config.vocab_size)
+    vocab = vocab or target.vocab_size
     generator = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, vocab, (1, context), generator=generator)
     blocks = {n: torch.randint(0, vocab, (1, n), generator=generator) for n in (1, rows)}
-    step = lean_step(model)
-    caches: dict[str, Cache] = {"transformers": DynamicCache(config=model.config)}
+    step = target.step if isinstance(target.step, LeanStep) else None
+    caches: dict[str, Cache] = {"transformers": DynamicCache(config=target.config)}
     if step is not None:
         caches["lean"] = step.new_cache()
     passes = []
     with torch.inference_mode():
         for path, cache in caches.items():
-            model(input_ids=prompt, past_key_values=cache, use_cache=True, logits_to_keep=1)
+            target(input_ids=prompt, past_key_values=cache, use_cache=True, logits_to_keep=1)
             for n, block in blocks.items():
 
-                def run(block=block, cache=cache) -> None:
-                    model(input_ids=block, past_key_values=cache, use_cache=True)
+                def run(block: torch.Tensor = block, cache: Cache = cache) -> None:
+                    target(input_ids=block, past_key_values=cache, use_cache=True)
                     rewind(cache, context)
 
                 wall_ms = _median_ms(run, repeats)
@@ -182,7 +189,7 @@ def breakdown(
                 ms["rest"] = max(0.0, wall_ms - sum(ms[c] for c in CATEGORIES[:3]))
                 passes.append(PassBreakdown(path, n, wall_ms, ms))
     bandwidth = memory_bandwidth()
-    weights = weight_bytes_per_token(model)
+    weights = weight_bytes_per_token(target.model)
     return Breakdown(
         passes=passes,
         limit_ms=weights / bandwidth.bytes_per_s * 1000,
@@ -194,6 +201,8 @@ def breakdown(
 
 
 def breakdown_report(hardware: str, result: Breakdown) -> str:
+    """``result`` as ``specops profile --breakdown`` prints it, headed by the hardware
+    target's name."""
     lines = [
         f"{hardware}: where a pass's time goes ({result.threads} threads, {result.context} "
         f"tokens cached); physical limit of a one-token pass {result.limit_ms:.2f} ms "

@@ -28,16 +28,19 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from serving.atomic import atomic_path, write_json_atomic, write_text_atomic
 from serving.distributed.client import SessionResult, TargetClient, run_distributed, run_fused
+from serving.engine.drafters.base import Drafter
 from serving.engine.drafters.factory import build_drafter, parse_drafter_spec
-from serving.engine.drafters.kinds import MODEL_KINDS
+from serving.engine.drafters.kinds import MODEL_KINDS, DrafterSpec
 from serving.engine.policy import make_policy
 from serving.errors import BadInputError
+from serving.hardware import DEFAULT_HARDWARE
+from serving.target import DEFAULT_TARGET, LoadedTarget
 
 MODES = ("distributed", "fused")
 
@@ -80,10 +83,16 @@ class DistributedBenchSettings:
 
 @contextlib.contextmanager
 def target_server_process(
-    *, threads: int = 1, hardware: str = "cpu", target: str = "smollm2", start_s: float = 600.0
+    *,
+    threads: int = 1,
+    hardware: str = DEFAULT_HARDWARE,
+    target: str = DEFAULT_TARGET,
+    start_s: float = 600.0,
 ) -> Iterator[TargetClient]:
     """``specops distributed serve-target`` in a process of its own (its own torch threads,
-    as on a real server) on a free loopback port; yields a client, stops the server after."""
+    as on a real server) on a free loopback port; yields a client, stops the server after.
+    ``hardware`` and ``target`` are its command line's (a hardware target's name, a model
+    source)."""
     with tempfile.TemporaryDirectory(prefix="specops-target-") as folder:
         ready = Path(folder) / "port"
         log_path = Path(folder) / "server.log"
@@ -210,18 +219,28 @@ def summarize_point(
     }
 
 
+def client_drafter(spec: DrafterSpec, draft_target: LoadedTarget | None) -> Drafter | None:
+    """A draft client's drafter of ``spec``, built against ``draft_target``. A drafter of
+    the kinds that draft with a model (:data:`MODEL_KINDS`) needs it; a lookup drafter
+    reads nothing of a target, and is built without one when none was loaded."""
+    if draft_target is not None:
+        return build_drafter(spec, draft_target)
+    if spec.kind in MODEL_KINDS:
+        raise BadInputError(f"drafter {str(spec)!r} needs the target model on the client")
+    return build_drafter(spec, cast(LoadedTarget, None))  # its builder reads no target
+
+
 def run_distributed_bench(
     client: TargetClient,
     prompts: list[list[int]],
     settings: DistributedBenchSettings,
     *,
-    tokenizer=None,
-    draft_target=None,
+    draft_target: LoadedTarget | None = None,
     progress: bool = True,
 ) -> dict[str, Any]:
     """Every point of the grid against the server ``client`` talks to (its ``rtt_s`` is
-    set per point). ``prompts``: token ids, used in order and cycled; ``draft_target``:
-    the model a model-based client drafter (``layers:N``) runs on."""
+    set per point). ``prompts``: token ids, used in order and cycled; ``draft_target``: the
+    target a model-based client drafter (``layers:N``) drafts with (None: none loaded)."""
     from tqdm.auto import tqdm
 
     settings.check()
@@ -256,7 +275,7 @@ def run_distributed_bench(
     max_block = client.info().max_block  # asked once, not once per request
 
     def distributed(job: int) -> SessionResult:
-        drafter = build_drafter(spec, draft_target, tokenizer)
+        drafter = client_drafter(spec, draft_target)
         return run_distributed(
             client,
             prompt_of[job],

@@ -22,12 +22,16 @@ import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 import torch
 
-from serving.engine.kv import new_cache, rewind
+from serving.engine.kv import rewind
 from serving.models.truncated import first_layers
+from serving.target import Cache, LoadedTarget
+
+if TYPE_CHECKING:
+    from serving.hardware import HardwareTarget
 
 
 class PassProfile(TypedDict):
@@ -96,12 +100,16 @@ def _clock(run: Callable[[], object], device: torch.device) -> float:
 
 
 @torch.inference_mode()
-def _time_pass(model, cache, base: int, n: int, vocab: int, generator: torch.Generator) -> float:
-    device = next(model.parameters()).device
+def _time_pass(
+    target: LoadedTarget, cache: Cache, base: int, n: int, vocab: int, generator: torch.Generator
+) -> float:
+    device = target.device
     # Drawn on the CPU generator whatever the device: the same blocks for a seed everywhere.
     block = torch.randint(0, vocab, (1, n), generator=generator).to(device)
     try:
-        return _clock(lambda: model(input_ids=block, past_key_values=cache, use_cache=True), device)
+        return _clock(
+            lambda: target(input_ids=block, past_key_values=cache, use_cache=True), device
+        )
     finally:
         rewind(cache, base)
 
@@ -130,7 +138,7 @@ def curve_yaml(curve: list[float]) -> str:
 
 @torch.inference_mode()
 def profile_model(
-    model,
+    target: LoadedTarget,
     *,
     max_n: int = 16,
     context: int = 256,
@@ -139,23 +147,23 @@ def profile_model(
     seed: int = 0,
     progress: bool = True,
 ) -> PassProfile:
-    """Profile ``model`` on the device its weights are on."""
+    """Profile ``target`` on the device its weights are on; its first-N-layer drafts run
+    the same kind of step as it (:meth:`LoadedTarget.over`)."""
     from tqdm.auto import tqdm
 
-    weight = next(model.parameters())
-    device = weight.device
-    vocab = int(model.config.vocab_size)
+    device = target.device
+    vocab = target.vocab_size
     generator = torch.Generator().manual_seed(seed)
     prompt = torch.randint(0, vocab, (1, context), generator=generator).to(device)
-    subjects: dict[str, tuple[torch.nn.Module, list[int]]] = {
-        "target": (model, list(range(1, max_n + 1)))
+    subjects: dict[str, tuple[LoadedTarget, list[int]]] = {
+        "target": (target, list(range(1, max_n + 1)))
     }
     for layers in draft_layers:
-        if layers < model.config.num_hidden_layers:
-            subjects[f"layers:{layers}"] = (first_layers(model, layers), [1])
+        if layers < target.config.num_hidden_layers:
+            subjects[f"layers:{layers}"] = (target.over(first_layers(target.model, layers)), [1])
     caches = {}
     for name, (subject, _) in subjects.items():
-        cache = new_cache(subject)
+        cache = subject.new_cache()
         subject(input_ids=prompt, past_key_values=cache, use_cache=True, logits_to_keep=1)
         caches[name] = cache
     jobs = [(name, n) for name, (_, sizes) in subjects.items() for n in sizes] * repeats
@@ -173,14 +181,14 @@ def profile_model(
     median = {key: statistics.median(values) for key, values in times.items()}
     unit = median[("target", 1)]
     curve = [round(median[("target", n)] / unit, 3) for n in range(1, max_n + 1)]
-    lookups = _lookup_costs(model, prompt[0], config_curve(curve), progress)
+    lookups = _lookup_costs(target, prompt[0], config_curve(curve), progress)
     return {
         "context": context,
         "repeats": repeats,
         "threads": torch.get_num_threads(),
         "device": str(device),
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "dtype": str(weight.dtype).removeprefix("torch."),
+        "dtype": str(target.dtype).removeprefix("torch."),
         "target_pass_s": {n: median[("target", n)] for n in range(1, max_n + 1)},
         "target_pass_iqr_s": {n: _quartiles(times[("target", n)]) for n in range(1, max_n + 1)},
         "verify_curve": curve,
@@ -196,14 +204,14 @@ LOOKUP_KINDS = ("pld", "ngram", "suffix")
 
 
 def _lookup_costs(
-    model, context: torch.Tensor, curve: list[float], progress: bool
+    target: LoadedTarget, context: torch.Tensor, curve: list[float], progress: bool
 ) -> dict[str, float]:
     """The drafting cost per drafted token of the drafter kinds that run no model (what
     :mod:`tasks.evaluate.costs` measures for each contender of an evaluation), on the
-    profile's context repeated so that a lookup finds what to draft."""
-    from serving.engine.decoder import SpeculativeDecoder
-    from serving.engine.drafters.factory import build_drafter
-    from serving.engine.policy import FixedK
+    profile's context repeated so that a lookup finds what to draft. Each decodes its
+    token budget (no end-of-sequence ids)."""
+    from serving.engine.build import build_decoder
+    from serving.engine.drafters.plan import DraftPlan
     from tasks.evaluate.costs import profile_draft_cost
 
     k = min(8, len(curve) - 1) or 1
@@ -212,7 +220,8 @@ def _lookup_costs(
     prompt = (half * 4)[: len(ids)]
     costs: dict[str, float] = {}
     for kind in LOOKUP_KINDS:
-        decoder = SpeculativeDecoder(model, drafter=build_drafter(kind, model), policy=FixedK(k))
+        plan = DraftPlan.parse(kind, policy="fixed", k=k)
+        decoder = build_decoder(target, plan, eos_token_ids=())
         cost, _ = profile_draft_cost(decoder, [prompt] * 3, curve=curve, k=k, max_new_tokens=32)
         if cost is not None:
             costs[kind] = round(cost, 5)
@@ -231,15 +240,20 @@ def split_rows(rows: int, sequences: int) -> list[int]:
 
 @torch.inference_mode()
 def _time_packed(
-    model, caches, lengths: list[int], sizes: list[int], vocab: int, generator: torch.Generator
+    target: LoadedTarget,
+    caches: list[Cache],
+    lengths: list[int],
+    sizes: list[int],
+    vocab: int,
+    generator: torch.Generator,
 ) -> float:
     from serving.engine.batch.ragged import packed_pass
 
-    device = next(model.parameters()).device
+    device = target.device
     blocks = [torch.randint(0, vocab, (size,), generator=generator).to(device) for size in sizes]
     used = caches[: len(sizes)]
     try:
-        return _clock(lambda: packed_pass(model, used, blocks), device)
+        return _clock(lambda: packed_pass(target, used, blocks), device)
     finally:
         for cache, length in zip(used, lengths[: len(sizes)], strict=True):
             rewind(cache, length)
@@ -252,7 +266,7 @@ def batch_yaml(curve: list[tuple[int, float]]) -> str:
 
 @torch.inference_mode()
 def profile_batch(
-    model,
+    target: LoadedTarget,
     *,
     rows: tuple[int, ...] = BATCH_ROWS,
     sequences: tuple[int, ...] = BATCH_SEQUENCES,
@@ -264,8 +278,8 @@ def profile_batch(
     """Time packed passes over every ``n`` in ``rows`` shared by every ``B`` in
     ``sequences`` with ``B <= n`` (``rows`` must start at 1), on the device the weights are
     on. Sequence i's cache holds a random context of about ``context`` tokens (spread over
-    ±25%, since each sequence attends to its own keys). Makes ``model`` take packed passes
-    (:func:`serving.engine.batch.ragged.use_ragged_attention`, in place)."""
+    ±25%, since each sequence attends to its own keys). Makes the target's model take
+    packed passes (:func:`serving.engine.batch.ragged.use_ragged_attention`, in place)."""
     from tqdm.auto import tqdm
 
     from serving.engine.batch.ragged import use_ragged_attention
@@ -274,10 +288,9 @@ def profile_batch(
         raise ValueError(f"rows must rise from 1, got {rows}")
     if not sequences or min(sequences) < 1:
         raise ValueError(f"sequences must be >= 1, got {sequences}")
-    use_ragged_attention(model)
-    weight = next(model.parameters())
-    device = weight.device
-    vocab = int(model.config.vocab_size)
+    use_ragged_attention(target.model)
+    device = target.device
+    vocab = target.vocab_size
     generator = torch.Generator().manual_seed(seed)
     spread = context // 4
     width = max(sequences)
@@ -286,24 +299,24 @@ def profile_batch(
     random.Random(seed).shuffle(lengths)
     caches = []
     for length in lengths:
-        cache = new_cache(model)
+        cache = target.new_cache()
         prompt = torch.randint(0, vocab, (1, length), generator=generator).to(device)
-        model(input_ids=prompt, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        target(input_ids=prompt, past_key_values=cache, use_cache=True, logits_to_keep=1)
         caches.append(cache)
     cells = [(n, b) for n in rows for b in sorted(set(sequences)) if b <= n]
     # Warm-up: every shape once (a GPU picks and caches its kernels per shape on first use).
     for n, b in cells:
-        _time_packed(model, caches, lengths, split_rows(n, b), vocab, generator)
+        _time_packed(target, caches, lengths, split_rows(n, b), vocab, generator)
     jobs = cells * repeats
     random.Random(seed).shuffle(jobs)
     times: dict[tuple[int, int], list[float]] = {}
     for n, b in tqdm(jobs, desc="profiling batches", disable=not progress):
         times.setdefault((n, b), []).append(
-            _time_packed(model, caches, lengths, split_rows(n, b), vocab, generator)
+            _time_packed(target, caches, lengths, split_rows(n, b), vocab, generator)
         )
     median = {cell: statistics.median(values) for cell, values in times.items()}
     prefill = _time_prefills(
-        model, vocab, generator, repeats=max(3, repeats // 5), progress=progress
+        target, vocab, generator, repeats=max(3, repeats // 5), progress=progress
     )
     unit = median[(1, 1)]
     table: list[BatchCell] = [
@@ -323,27 +336,27 @@ def profile_batch(
         "threads": torch.get_num_threads(),
         "device": str(device),
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "dtype": str(weight.dtype).removeprefix("torch."),
+        "dtype": str(target.dtype).removeprefix("torch."),
         "table": table,
         "batch_curve": [(n, cost) for n, cost in zip(rows, smoothed, strict=True)],
         "prefill": prefill,
     }
 
 
-def _prefill(model, prompt: torch.Tensor, cache) -> object:
-    return model(input_ids=prompt, past_key_values=cache, use_cache=True, logits_to_keep=1)
+def _prefill(target: LoadedTarget, prompt: torch.Tensor, cache: Cache) -> object:
+    return target(input_ids=prompt, past_key_values=cache, use_cache=True, logits_to_keep=1)
 
 
 @torch.inference_mode()
 def _time_prefills(
-    model, vocab: int, generator: torch.Generator, *, repeats: int, progress: bool
+    target: LoadedTarget, vocab: int, generator: torch.Generator, *, repeats: int, progress: bool
 ) -> list[tuple[int, float]]:
     """Median seconds of a prefill of each of :data:`PREFILL_TOKENS` tokens into an empty
     cache, keeping one row of logits (as the engine prefills a prompt)."""
     from tqdm.auto import tqdm
 
-    device = next(model.parameters()).device
-    limit = int(getattr(model.config, "max_position_embeddings", PREFILL_TOKENS[-1]))
+    device = target.device
+    limit = int(getattr(target.config, "max_position_embeddings", PREFILL_TOKENS[-1]))
     sizes = [n for n in PREFILL_TOKENS if n <= limit]
     jobs = [n for n in sizes for _ in range(repeats + 1)]  # the first of each: a warm-up
     random.Random(0).shuffle(jobs)
@@ -351,8 +364,8 @@ def _time_prefills(
     warmed: set[int] = set()
     for n in tqdm(jobs, desc="profiling prefills", disable=not progress):
         prompt = torch.randint(0, vocab, (1, n), generator=generator).to(device)
-        cache = new_cache(model)
-        seconds = _clock(partial(_prefill, model, prompt, cache), device)
+        cache = target.new_cache()
+        seconds = _clock(partial(_prefill, target, prompt, cache), device)
         if n in warmed:
             times.setdefault(n, []).append(seconds)
         warmed.add(n)
@@ -391,23 +404,22 @@ def plot_batch(result: BatchProfile, path: str | Path, *, title: str = "") -> Pa
     return Path(path)
 
 
-def load_for(hardware: str, source: str | None, kernels: str | None, threads: int | None):
-    """``source`` (default: the shipped model) loaded as hardware target ``hardware`` loads
-    it, with its threads set (``kernels``/``threads`` override)."""
-    from serving.hardware import engine_target
-    from serving.loader import DEFAULT_TARGET, load_target, set_threads
+def load_for(
+    hardware: HardwareTarget, source: str | None, kernels: str | None, threads: int | None
+) -> LoadedTarget:
+    """``source`` (default: the shipped model) loaded as ``hardware`` loads it, with its
+    threads set (``kernels``/``threads`` override)."""
+    from serving.loader import load_target, set_threads
+    from serving.target import DEFAULT_TARGET
 
-    target = engine_target(hardware, require_curve=False)
-    options = target.load_options()
     if kernels is not None:
-        options["kernels"] = kernels
-    set_threads(threads if threads is not None else target.threads)
-    model, _ = load_target(source or DEFAULT_TARGET, **options)
-    return model
+        hardware = hardware.model_copy(update={"kernels": kernels})
+    set_threads(threads if threads is not None else hardware.threads)
+    return load_target(source or DEFAULT_TARGET, hardware)
 
 
 def profile_hardware(
-    hardware: str = "cpu",
+    hardware: HardwareTarget,
     *,
     source: str | None = None,
     kernels: str | None = None,
@@ -417,18 +429,18 @@ def profile_hardware(
     repeats: int = 15,
     progress: bool = True,
 ) -> PassProfile:
-    """Load ``source`` (default: the shipped model) as hardware target ``hardware`` loads
-    it (device, dtype, kernels, threads; ``kernels``/``threads`` override) and profile it.
+    """Load ``source`` (default: the shipped model) as ``hardware`` loads it (device,
+    dtype, kernels, threads; ``kernels``/``threads`` override) and profile it.
 
-    The target's verify curve need not exist yet: this is what measures it. Raises
-    :class:`BadInputError` for a target off the specops engine, or one whose device this
-    machine does not have, before any model is loaded."""
-    model = load_for(hardware, source, kernels, threads)
-    return profile_model(model, max_n=max_n, context=context, repeats=repeats, progress=progress)
+    The target's verify curve need not exist yet: this is what measures it (resolve it with
+    ``engine_target(name, require_curve=False)``). Raises :class:`BadInputError` for a
+    device this machine does not have, before any model is loaded."""
+    target = load_for(hardware, source, kernels, threads)
+    return profile_model(target, max_n=max_n, context=context, repeats=repeats, progress=progress)
 
 
 def profile_batch_hardware(
-    hardware: str = "cpu",
+    hardware: HardwareTarget,
     *,
     source: str | None = None,
     kernels: str | None = None,
@@ -438,5 +450,5 @@ def profile_batch_hardware(
     progress: bool = True,
 ) -> BatchProfile:
     """:func:`profile_batch` on ``source`` loaded as :func:`profile_hardware` loads it."""
-    model = load_for(hardware, source, kernels, threads)
-    return profile_batch(model, context=context, repeats=repeats, progress=progress)
+    target = load_for(hardware, source, kernels, threads)
+    return profile_batch(target, context=context, repeats=repeats, progress=progress)

@@ -30,16 +30,22 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from serving.atomic import atomic_path, write_json_atomic
+from serving.engine.build import build_decoder
+from serving.engine.drafters.plan import DraftPlan
 from serving.errors import BadInputError
-from serving.hardware import engine_target, load_hardware
-from serving.loader import DecoderOptions, build_decoder, encode_messages, set_threads
+from serving.hardware import HardwareTarget, engine_target, load_hardware
+from serving.loader import encode_messages, set_threads
 from serving.models.kernels import KERNELS, check_kernels
+from serving.target import DEFAULT_TARGET, LoadedTarget
 from tasks.data.prompts import Prompt
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 DEFAULT_TARGETS = ("cpu", "cpu-int8", "cpu-int4")
 # ``kernels:K`` loads kernels K on the CPU in float32 without a hardware target of its own
@@ -54,8 +60,9 @@ Z95 = 1.959963984540054  # the standard normal's 97.5% quantile
 
 @dataclass(frozen=True)
 class QualityTarget:
-    """One model to measure: ``name`` as given, the ``kernels`` it loads with, the hardware
-    target whose options decode it, and how :func:`serving.loader.load_target` loads it."""
+    """One model to measure: ``name`` as given, the ``kernels`` it loads with, the name of
+    the hardware target whose options decode it, and how
+    :func:`serving.loader.load_target` loads it."""
 
     name: str
     kernels: str
@@ -65,6 +72,11 @@ class QualityTarget:
 
     def load_options(self) -> dict[str, str]:
         return {"kernels": self.kernels, "device": self.device, "dtype": self.dtype}
+
+    def hardware_target(self) -> HardwareTarget:
+        """The hardware target it is loaded and decoded as: ``hardware``'s, on its own
+        kernels, device and dtype."""
+        return engine_target(self.hardware).model_copy(update=self.load_options())
 
 
 def resolve_target(name: str) -> QualityTarget:
@@ -106,9 +118,13 @@ class QualityConfig:
     threads: int = 2
     seed: int = 0  # the seeded (deterministic) order of the held-out prompts
     timeout_s: float = 3.0  # per executed HumanEval problem
-    source: str = "smollm2"  # the target model: smollm2 or a local model folder
+    source: str = DEFAULT_TARGET  # the target model: smollm2 or a local model folder
     drafter: str = "pld"  # output is greedy output whatever the drafter: only speed changes
     k: int = 8
+
+    def plan(self) -> DraftPlan:
+        """How every target decodes: ``drafter`` drafting ``k`` tokens a step."""
+        return DraftPlan.parse(self.drafter, policy="fixed", k=self.k)
 
     def check(self) -> list[QualityTarget]:
         """Every option checked, and the targets resolved, before anything loads."""
@@ -129,9 +145,8 @@ class QualityConfig:
             raise BadInputError(f"timeout_s must be > 0, got {self.timeout_s!r}")
         targets = [resolve_target(name) for name in self.targets]
         for target in targets:
-            DecoderOptions(
-                drafter=self.drafter, k=self.k, policy="fixed", hardware=target.hardware
-            ).check()
+            target.hardware_target()
+        self.plan()
         return targets
 
 
@@ -252,7 +267,7 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 @torch.inference_mode()
 def teacher_forced_agreement(
-    model, prompt: Sequence[int], reference: Sequence[int]
+    model: PreTrainedModel, prompt: Sequence[int], reference: Sequence[int]
 ) -> tuple[int, int]:
     """``(agreeing, positions)``: in one pass of ``model`` over ``prompt + reference``, how
     many of the ``len(reference)`` positions that predict a reference token have it as
@@ -317,11 +332,11 @@ def sharegpt_items(n: int, *, seed: int) -> list[Item]:
     return [Item(prompt=p) for p in build_workload("sharegpt", n, seed=seed, split="heldout")]
 
 
-def _default_loader(source: str) -> Callable[[QualityTarget], tuple[Any, Any]]:
-    def load(target: QualityTarget):
+def _default_loader(source: str) -> Callable[[QualityTarget], LoadedTarget]:
+    def load(target: QualityTarget) -> LoadedTarget:
         from serving.loader import load_target
 
-        return load_target(source, **target.load_options())
+        return load_target(source, target.hardware_target())
 
     return load
 
@@ -334,20 +349,18 @@ def _bar(total: int, desc: str, progress: bool):
 
 def _measure_target(
     target: QualityTarget,
-    model,
-    tokenizer,
+    loaded: LoadedTarget,
     items: list[Item],
     config: QualityConfig,
     reference: dict[str, list[int]] | None,
     *,
     progress: bool,
 ) -> dict[str, Any]:
-    """Greedy outputs of one loaded target on every item, and teacher-forced agreement with
-    ``reference`` (its own outputs when it is the reference)."""
-    options = DecoderOptions(
-        drafter=config.drafter, k=config.k, policy="fixed", hardware=target.hardware
-    )
-    decoder = build_decoder(model, tokenizer, options)
+    """Greedy outputs of one target (``loaded``) on every item, and teacher-forced
+    agreement with ``reference`` (its own outputs when it is the reference)."""
+    tokenizer = loaded.tokenizer
+    assert tokenizer is not None  # the loader loads the source's tokenizer
+    decoder = build_decoder(loaded, config.plan())
     outputs: dict[str, dict[str, Any]] = {}
     started = time.perf_counter()
     with _bar(len(items), f"{target.name}: generate", progress) as bar:
@@ -367,7 +380,7 @@ def _measure_target(
     with _bar(len(items), f"{target.name}: teacher-forced", progress) as bar:
         for item in items:
             agreeing, positions = teacher_forced_agreement(
-                model, item.ids, reference[item.prompt.id]
+                loaded.model, item.ids, reference[item.prompt.id]
             )
             outputs[item.prompt.id].update(tf_agreeing=agreeing, tf_positions=positions)
             bar.update()
@@ -388,7 +401,7 @@ def run_quality(
     out_dir: Path | None = None,
     *,
     items: list[Item] | None = None,
-    loader: Callable[[QualityTarget], tuple[Any, Any]] | None = None,
+    loader: Callable[[QualityTarget], LoadedTarget] | None = None,
     progress: bool = True,
 ) -> dict[str, Any]:
     """Measure every target of ``config`` (see the module's docstring); write
@@ -409,15 +422,14 @@ def run_quality(
     results: dict[str, dict[str, Any]] = {}
     for target in targets:
         started = time.perf_counter()
-        model, tokenizer = load(target)
+        loaded = load(target)
         load_s = time.perf_counter() - started
         if reference is None:  # every target shares the source's tokenizer
+            assert loaded.tokenizer is not None
             for item in items:
-                item.ids = encode_messages(tokenizer, item.prompt.messages)
-        measured = _measure_target(
-            target, model, tokenizer, items, config, reference, progress=progress
-        )
-        del model
+                item.ids = encode_messages(loaded.tokenizer, item.prompt.messages)
+        measured = _measure_target(target, loaded, items, config, reference, progress=progress)
+        del loaded
         gc.collect()
         measured["timing"]["load_s"] = load_s
         if reference is None:

@@ -19,48 +19,57 @@ import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from serving.atomic import write_json_atomic
+from serving.curves import BatchLimits, PassCost
 from serving.engine.decoder import SpeculativeDecoder
 from serving.engine.sampling import SamplingParams
-from serving.hardware import HardwareTarget
-from serving.loader import encode_messages, eos_ids
+from serving.errors import SpecOpsError
+from serving.loader import encode_messages
 from serving.skeleton.constraint import SkeletonConstraint
 from serving.skeleton.decode import SkeletonAnswer, answer_with_skeleton, skeleton_budget
 from serving.skeleton.parse import parse_skeleton
 from serving.skeleton.prompts import branch_messages, skeleton_messages
+from serving.target import LoadedTarget
 from tasks.data.planning import planning_prompts
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
-def skeleton_constraint(model, tokenizer) -> SkeletonConstraint:
+
+def _tokenizer(target: LoadedTarget) -> PreTrainedTokenizerBase:
+    if target.tokenizer is None:
+        raise SpecOpsError(f"target {target.source!r} was loaded without a tokenizer")
+    return target.tokenizer
+
+
+def skeleton_constraint(target: LoadedTarget) -> SkeletonConstraint:
     """The skeleton grammar over the target's vocabulary, ended by the target's EOS ids."""
     return SkeletonConstraint(
-        tokenizer, vocab_size=int(model.config.vocab_size), eos_token_ids=eos_ids(model, tokenizer)
+        _tokenizer(target), vocab_size=target.vocab_size, eos_token_ids=target.eos_token_ids
     )
 
 
 def answer_question(
-    model,
-    tokenizer,
+    target: LoadedTarget,
     new_decoder: Callable[[], SpeculativeDecoder],
     question: str,
     *,
-    hardware: HardwareTarget,
     max_tokens: int,
     sampling: SamplingParams,
 ) -> SkeletonAnswer:
-    """One question answered skeleton-of-thought on ``hardware`` (its batch limits and pass
-    cost): ``specops generate --skeleton``."""
+    """One question answered skeleton-of-thought by ``target`` (with its hardware target's
+    batch limits and pass cost): ``specops generate --skeleton``."""
     return answer_with_skeleton(
         new_decoder,
-        tokenizer,
+        _tokenizer(target),
         question,
-        skeleton_constraint(model, tokenizer),
+        skeleton_constraint(target),
         max_tokens=max_tokens,
         sampling=sampling,
-        limits=hardware.batch_limits(),
-        cost=hardware.pass_cost(),
+        limits=target.hardware.batch_limits(),
+        cost=target.hardware.pass_cost(),
     )
 
 
@@ -85,7 +94,7 @@ def truncated_points(answer: SkeletonAnswer) -> list[int]:
 
 def _sequential(
     new_decoder: Callable[[], SpeculativeDecoder],
-    tokenizer,
+    tokenizer: PreTrainedTokenizerBase,
     question: str,
     constraint: SkeletonConstraint,
     max_tokens: int,
@@ -97,7 +106,7 @@ def _sequential(
         plan_ids, max_new_tokens=skeleton_budget(constraint), constraint=constraint
     )
     tokens = [plan.run().token_ids]
-    skeleton = parse_skeleton(tokenizer.decode(tokens[0], skip_special_tokens=True))
+    skeleton = parse_skeleton(str(tokenizer.decode(tokens[0], skip_special_tokens=True)))
     if skeleton.direct:
         ids = encode_messages(tokenizer, [{"role": "user", "content": question}])
         tokens.append(new_decoder().generate(ids, max_new_tokens=max_tokens).token_ids)
@@ -109,21 +118,23 @@ def _sequential(
 
 
 def run_skeleton_bench(
-    model,
-    tokenizer,
+    target: LoadedTarget,
     new_decoder: Callable[[], SpeculativeDecoder],
     constraint: SkeletonConstraint,
     *,
     prompts: int,
     max_tokens: int,
     plain_max_tokens: int,
-    limits,
-    cost,
+    limits: BatchLimits,
+    cost: PassCost,
     seed: int = 0,
     progress: bool = True,
 ) -> dict[str, Any]:
+    """Every planning prompt answered skeleton-of-thought, the same requests one at a time,
+    and plainly, by ``target`` (see the module docstring)."""
     from tqdm.auto import tqdm
 
+    tokenizer = _tokenizer(target)
     rows = []
     for prompt in tqdm(planning_prompts(prompts, seed=seed), disable=not progress, desc="sot"):
         question = prompt.messages[-1]["content"]

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 
 from pydantic import BaseModel, ConfigDict
 
-from serving import metrics
+from serving.engine import metrics
 from serving.engine.decoder import SpeculativeDecoder
 from serving.engine.metrics import StepRecord
 from serving.engine.sampling import SamplingParams

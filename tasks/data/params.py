@@ -11,9 +11,12 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from serving.engine.drafters.plan import DEFAULT_K, DEFAULT_POLICY
 from serving.engine.policy import PolicyName
 from serving.errors import BadInputError
+from serving.hardware import DEFAULT_HARDWARE
 from serving.records.schema import WORKLOADS, Workload
+from serving.target import DEFAULT_TARGET
 from tasks.data.dataset import DEFAULT_HELDOUT_SHARE
 
 PARAMS_FILE = Path("params.yaml")
@@ -35,12 +38,12 @@ class TrafficParams(_Section):
 
 
 class CollectParams(_Section):
-    target: str = "smollm2"
+    target: str = DEFAULT_TARGET
     drafter: str = "pld"
     drafter_version: str = "builtin"
-    k: int = Field(10, ge=1, le=64)
-    policy: PolicyName = "cost"
-    hardware: str = "cpu"
+    k: int = Field(DEFAULT_K, ge=1, le=64)
+    policy: PolicyName = DEFAULT_POLICY
+    hardware: str = DEFAULT_HARDWARE
     threads: int = Field(2, ge=1)
     max_new_tokens: int = Field(64, ge=1)
     temperature: float = Field(0.0, ge=0.0)

@@ -12,8 +12,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from serving.loader import DecoderOptions, build_decoder
+from serving.engine.build import build_decoder
+from serving.engine.drafters.plan import DraftPlan
 from serving.records.schema import DEFAULT_FAILURE_THRESHOLD
+from serving.target import LoadedTarget
 from tasks.data.collect import CollectSummary, collect
 from tasks.data.prompts import Prompt
 
@@ -24,9 +26,7 @@ def collect_stages(
     prompts: Sequence[Prompt],
     *,
     stages: Sequence[str],
-    model,
-    tokenizer,
-    hardware: str,
+    target: LoadedTarget,
     store_root,
     run_id: str,
     k: int = 8,
@@ -35,22 +35,20 @@ def collect_stages(
     chunk_size: int = 8,
     progress: bool = True,
 ) -> dict[str, CollectSummary]:
-    """One detailed collection per stage (drafter spec), each with ``fixed(k)``."""
-    options = [
-        DecoderOptions(drafter=stage, k=k, policy="fixed", hardware=hardware) for stage in stages
-    ]
-    for option in options:
-        option.check()  # every stage spec is checked before the first generation
+    """One detailed collection per stage (drafter spec), each with ``fixed(k)``, on
+    ``target`` (its records name its hardware target)."""
+    # every stage spec is checked before the first generation
+    plans = [DraftPlan.parse(stage, policy="fixed", k=k) for stage in stages]
     summaries: dict[str, CollectSummary] = {}
-    for stage, option in zip(stages, options, strict=True):
+    for stage, plan in zip(stages, plans, strict=True):
         log.info("collecting %d prompts with stage %s", len(prompts), stage)
         summaries[stage] = collect(
             prompts,
-            decoder=build_decoder(model, tokenizer, option),
-            tokenizer=tokenizer,
+            decoder=build_decoder(target, plan),
+            tokenizer=target.tokenizer,
             store_root=store_root,
             run_id=run_id,
-            hardware=hardware,
+            hardware=target.name,
             max_new_tokens=max_new_tokens,
             failure_threshold=failure_threshold,
             chunk_size=chunk_size,

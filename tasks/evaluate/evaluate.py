@@ -22,14 +22,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from serving.engine.build import build_decoder
 from serving.engine.decoder import SpeculativeDecoder
+from serving.engine.drafters.base import Drafter
 from serving.engine.drafters.package import load_package
+from serving.engine.drafters.plan import CascadePlan
 from serving.engine.metrics import RequestStats, StepRecord, acceptance_by_position, pool
-from serving.engine.policy import DraftLengthPolicy, make_policy
 from serving.errors import BadInputError
-from serving.hardware import engine_target
-from serving.loader import encode_messages, eos_ids
+from serving.loader import encode_messages
 from serving.records.schema import RequestRecord
+from serving.target import LoadedTarget
 from tasks.data.prompts import Prompt
 from tasks.evaluate.evaluated_curve import rounds_curve
 from tasks.evaluate.interleave import Timed, interleave
@@ -96,63 +98,68 @@ class _Run:
     k: int = 0  # the package's k (drafts a step at most)
 
 
-def _decoders(contenders, target, tokenizer, hardware: str) -> list[_Run]:
+def _decoders(contenders: Sequence[Contender], target: LoadedTarget) -> list[_Run]:
     names = [c.name for c in contenders]
     if REFERENCE in names or len(set(names)) != len(names):
         raise BadInputError(f"contender names must be unique and not {REFERENCE!r}: {names}")
-    curve = engine_target(hardware).curve
-    eos = eos_ids(target, tokenizer)
-    runs = [_Run(REFERENCE, SpeculativeDecoder(target, eos_token_ids=eos))]
+    runs = [_Run(REFERENCE, build_decoder(target))]
     for contender in contenders:
-        manifest, drafter = load_package(contender.package, target, tokenizer)
-        policy: DraftLengthPolicy | None = None
+        manifest, drafter = load_package(contender.package, target)
+        plan = manifest.plan(contender.package)
         if drafter is not None and contender.predictor is not None:
-            drafter, policy = _predicted(drafter, contender, manifest.k, curve, hardware)
-        elif drafter is not None:
-            policy = make_policy(manifest.policy, manifest.k, verify_curve=curve)
-        runs.append(
-            _Run(
-                contender.name,
-                SpeculativeDecoder(target, drafter=drafter, policy=policy, eos_token_ids=eos),
-                manifest.k,
+            cascade = CascadePlan((plan.drafter,), manifest.k, contender.predictor)
+            decoder = build_decoder(
+                target, cascade, drafter=_predicted(drafter, contender, manifest.k, target)
             )
-        )
+        else:
+            decoder = build_decoder(target, plan, drafter=drafter)
+        runs.append(_Run(contender.name, decoder, manifest.k))
     return runs
 
 
 def contender_decoders(
-    contenders: Sequence[Contender], target, tokenizer, hardware: str
+    contenders: Sequence[Contender], target: LoadedTarget
 ) -> dict[str, tuple[SpeculativeDecoder, int]]:
     """Each contender's decoder, as the evaluation builds it, with its package's k."""
     return {
         run.name: (run.decoder, run.k)
-        for run in _decoders(contenders, target, tokenizer, hardware)
+        for run in _decoders(contenders, target)
         if run.name != REFERENCE
     }
 
 
-def _predicted(drafter, contender: Contender, k: int, curve, hardware: str):
-    """The package's drafter as the single stage of a cascade driven by the contender's
-    predictor (refused, naming it, when the predictor never saw that kind of drafter)."""
-    from serving.engine.cascade.drafter import CascadeDrafter, CascadePolicy, Stage
+def _predicted(drafter: Drafter, contender: Contender, k: int, target: LoadedTarget) -> Drafter:
+    """The package's drafter (already loaded) as the single stage of a cascade driven by
+    the contender's predictor (refused, naming it, when the predictor never saw that kind
+    of drafter)."""
+    from serving.engine.cascade.drafter import CascadeDrafter, Stage
     from serving.engine.drafters.kinds import stage_of
     from serving.engine.predictor import PredictorError, load_predictor
 
     assert contender.predictor is not None
-    predictor = load_predictor(contender.predictor, hardware=hardware)
+    predictor = load_predictor(contender.predictor, hardware=target.hardware)
     kind = stage_of(drafter.kind)
     if kind not in predictor.stages:
         raise PredictorError(
             f"contender {contender.name!r}: its predictor was trained on stages "
             f"{list(predictor.stages)}, not on {kind!r} drafts"
         )
-    cascade = CascadeDrafter(
+    return CascadeDrafter(
         [Stage(str(drafter.name), kind, drafter)],
         k_max=k,
-        verify_curve=curve,
+        verify_curve=target.hardware.curve,
         predictor=predictor,
     )
-    return cascade, CascadePolicy(cascade)
+
+
+def _encoded(prompt: Prompt | EncodedPrompt, target: LoadedTarget) -> list[int]:
+    """The prompt's token ids: a replayed prompt's as served, a built-in one's chat
+    templated by the target's tokenizer."""
+    if isinstance(prompt, EncodedPrompt):
+        return prompt.token_ids
+    if target.tokenizer is None:
+        raise BadInputError(f"prompt {prompt.id!r} needs the target's tokenizer, and it has none")
+    return encode_messages(target.tokenizer, prompt.messages)
 
 
 @dataclass(frozen=True)
@@ -202,9 +209,7 @@ def evaluate_report(
     contenders: Sequence[Contender],
     prompts: Sequence[Prompt | EncodedPrompt],
     *,
-    target,
-    tokenizer,
-    hardware: str,
+    target: LoadedTarget,
     max_new_tokens: int = 64,
     rounds: int = WALL_CLOCK_ROUNDS,
     pregate_margin: float | None = None,
@@ -212,8 +217,9 @@ def evaluate_report(
     stop_confidence: float = 0.0,
     progress: bool = True,
 ) -> EvaluationReport:
-    """Run the interleaved evaluation (see the module docstring): every contender's
-    drafting cost profiled first (:mod:`tasks.evaluate.costs`), then ``rounds`` timed
+    """Run the interleaved evaluation (see the module docstring) on ``target``, on its
+    hardware target (its verify curve prices the policies): every contender's drafting
+    cost profiled first (:mod:`tasks.evaluate.costs`), then ``rounds`` timed
     rounds over the prompts.
 
     With a ``pregate_margin``, every contender's modelled speedup is predicted first
@@ -234,15 +240,12 @@ def evaluate_report(
         raise BadInputError("nothing to evaluate: give at least one contender")
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
         raise BadInputError(f"rounds must be an integer >= 1, got {rounds!r}")
-    runs = _decoders(contenders, target, tokenizer, hardware)
-    encoded = [
-        p.token_ids if isinstance(p, EncodedPrompt) else encode_messages(tokenizer, p.messages)
-        for p in prompts
-    ]
+    runs = _decoders(contenders, target)
+    encoded = [_encoded(p, target) for p in prompts]
     if any(not ids for ids in encoded):
         empty = [p.id for p, ids in zip(prompts, encoded, strict=True) if not ids]
         raise BadInputError(f"evaluation prompts without tokens: {empty[:3]}")
-    curve = list(engine_target(hardware).curve)
+    curve = list(target.hardware.curve)
     clock = [time.perf_counter()]
     phase_s: dict[str, float] = {}
 
@@ -275,7 +278,7 @@ def evaluate_report(
     rows: dict[str, list[_Generation]] = {run.name: [] for run in runs}
     bar = tqdm(
         total=rounds * len(prompts) * len(timed_runs),
-        desc=f"evaluating on {hardware} ({rounds} rounds)",
+        desc=f"evaluating on {target.name} ({rounds} rounds)",
         disable=not progress,
     )
     decoders = {run.name: run.decoder for run in timed_runs}
@@ -361,7 +364,7 @@ def evaluate_report(
         return groups
 
     return EvaluationReport(
-        hardware=hardware,
+        hardware=target.name,
         prompts=len(prompts),
         max_new_tokens=max_new_tokens,
         rounds=rounds,
@@ -459,7 +462,7 @@ def _pregate(
     encoded: Sequence[list[int]],
     outputs: Sequence[list[int]],
     *,
-    target,
+    target: LoadedTarget,
     curve: Sequence[float],
     costs: dict[str, float],
     margin: float,
@@ -502,9 +505,7 @@ def evaluate(
     contenders: Sequence[Contender],
     prompts: Sequence[Prompt | EncodedPrompt],
     *,
-    target,
-    tokenizer,
-    hardware: str,
+    target: LoadedTarget,
     max_new_tokens: int = 64,
     rounds: int = WALL_CLOCK_ROUNDS,
     stop_confidence: float = 0.0,
@@ -515,8 +516,6 @@ def evaluate(
         contenders,
         prompts,
         target=target,
-        tokenizer=tokenizer,
-        hardware=hardware,
         max_new_tokens=max_new_tokens,
         rounds=rounds,
         stop_confidence=stop_confidence,

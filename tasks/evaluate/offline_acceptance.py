@@ -106,7 +106,7 @@ def head_hits(head, sequence: TeacherSequence, frozen) -> list[list[bool]]:
 
 
 @torch.no_grad()
-def model_hits(model, sequence: TeacherSequence, k: int) -> list[list[bool]]:
+def model_hits(model: torch.nn.Module, sequence: TeacherSequence, k: int) -> list[list[bool]]:
     """``k`` rows of hits of a causal-LM draft on one recorded sequence (see module doc)."""
     device = next(model.parameters()).device
     tokens = sequence.tokens.to(device)[None]  # [1, len]

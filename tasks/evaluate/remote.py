@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from serving.errors import BadInputError, SpecOpsError
+from serving.target import DEFAULT_TARGET
 
 BUNDLE_FORMAT = 1
 # What this path and `specops profile` may import, with what those depend on: the
@@ -67,10 +68,11 @@ def read_bundle(bundle: Path) -> tuple[dict[str, Any], list[Any]]:
 
 
 def run_bundle(
-    bundle: Path, *, target: str = "smollm2", threads: int | None = None, progress: bool = True
+    bundle: Path, *, target: str = DEFAULT_TARGET, threads: int | None = None, progress: bool = True
 ) -> dict[str, Any]:
-    """Evaluate the bundle's contenders on its prompts on the hardware target it names
-    (loaded on that target's device and kernels); return the evaluation file's content."""
+    """Evaluate the bundle's contenders on its prompts on the hardware target it names,
+    ``target`` (a model source: :data:`~serving.target.DEFAULT_TARGET` or a model folder)
+    loaded on that target's device and kernels; return the evaluation file's content."""
     import torch
     import transformers
 
@@ -83,16 +85,14 @@ def run_bundle(
     spec = engine_target(hardware)  # its verify curve must have been measured
     set_threads(threads or spec.threads)
     started = time.time()
-    model, tokenizer = load_target(target, **spec.load_options())
+    loaded = load_target(target, spec)
     contenders = [
         Contender(name, Path(bundle) / "packages" / name) for name in request["contenders"]
     ]
     report = evaluate(
         contenders,
         prompts,
-        target=model,
-        tokenizer=tokenizer,
-        hardware=hardware,
+        target=loaded,
         max_new_tokens=int(request["max_new_tokens"]),
         progress=progress,
     )
@@ -120,7 +120,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("bundle", type=Path)
     parser.add_argument("--out", type=Path, required=True, help="the evaluation file to write")
-    parser.add_argument("--target", default="smollm2", help="smollm2 or a local model folder")
+    parser.add_argument(
+        "--target", default=DEFAULT_TARGET, help=f"{DEFAULT_TARGET} or a local model folder"
+    )
     parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args(argv)
     from tasks.evaluate.evaluation_file import write_evaluation_file

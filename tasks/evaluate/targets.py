@@ -32,6 +32,7 @@ from serving.backends import (
 from serving.errors import BadInputError, ModelSourceError
 from serving.hardware import HardwareTarget, hardware_target
 from serving.paths import PROJECT_ROOT
+from serving.target import DEFAULT_TARGET
 from tasks.data.prompts import Prompt
 from tasks.evaluate.export import export_draft, load_export, speculation_for, target_folder
 
@@ -58,13 +59,19 @@ def backend_python(backend: str) -> Path:
 
 
 def runnable_target(hardware: str) -> HardwareTarget:
-    target = hardware_target(hardware)
-    if not target.runs_here:
+    """The hardware target named ``hardware``, refused unless it runs on this machine."""
+    return check_runnable(hardware_target(hardware))
+
+
+def check_runnable(hardware: HardwareTarget) -> HardwareTarget:
+    """``hardware``, refused unless it runs on this machine."""
+    if not hardware.runs_here:
         raise BadInputError(
-            f"hardware target {hardware!r} ({target.backend} on {target.device}) cannot run on "
-            "this machine; its code is real but untested here (see docs/targets.md)"
+            f"hardware target {hardware.name!r} ({hardware.backend} on {hardware.device}) "
+            "cannot run on this machine; its code is real but untested here (see "
+            "docs/targets.md)"
         )
-    return target
+    return hardware
 
 
 def tokenize(prompts: Sequence[Prompt], folder: Path) -> list[dict[str, Any]]:
@@ -109,19 +116,21 @@ def run_backend(backend: str, request: dict[str, Any], workdir: Path) -> dict[st
 
 
 def evaluate_target(
-    hardware: str,
+    hardware: HardwareTarget,
     drafts: dict[str, Path],
     prompts: Sequence[Prompt],
     *,
     workdir: Path,
-    target: str = "smollm2",
+    target: str = DEFAULT_TARGET,
     max_new_tokens: int = 64,
     k: int | None = None,
     exports: dict[str, Path] | None = None,
 ) -> dict[str, Any]:
-    """Evaluate draft packages (``name -> folder``) on ``hardware``. ``exports`` may give
-    ready exports (``name -> export folder``, e.g. from the registry) instead."""
-    spec = runnable_target(hardware)
+    """Evaluate draft packages (``name -> folder``) on ``hardware`` (refused unless it runs
+    here), with ``target`` (a model source: :data:`~serving.target.DEFAULT_TARGET` or a
+    model folder) as the target. ``exports`` may give ready exports (``name -> export
+    folder``, e.g. from the registry) instead."""
+    spec = check_runnable(hardware)
     backend = spec.backend
     backend_python(backend)  # installed? (before any model work)
     if not prompts:
@@ -140,7 +149,7 @@ def evaluate_target(
     drafts = {n: p for n, p in drafts.items() if n not in unsupported}
     if not drafts and not exports:
         raise UnsupportedDraftError(
-            f"no draft given can run on {hardware!r}: " + "; ".join(unsupported.values())
+            f"no draft given can run on {spec.name!r}: " + "; ".join(unsupported.values())
         )
     folder = target_folder(target)
     speculations: dict[str, Speculation] = {}
@@ -158,7 +167,8 @@ def evaluate_target(
             "threads": spec.threads,
             "dtype": spec.dtype,
             "device": spec.device,
-            # the engine's own kernel choice (oneDNN packing or stock) is part of the target
+            # the engine loads the target for the CPU target with these kernels
+            # (serving.hardware.cpu_target_for)
             **({"kernels": spec.kernels} if backend == "transformers" else {}),
         },
         "prompts": tokenize(prompts, folder),
@@ -169,7 +179,7 @@ def evaluate_target(
     # fails re-binding), and a per-process pair keeps every ratio a same-process one.
     report: dict[str, Any] = {
         "backend": backend,
-        "hardware": hardware,
+        "hardware": spec.name,
         "target": str(folder),
         "options": base["options"],
         "prompts": len(prompts),

@@ -30,6 +30,7 @@ from pathlib import Path
 from serving.atomic import atomic_dir
 from serving.errors import BadInputError, SpecOpsError
 from serving.paths import PROJECT_ROOT
+from serving.target import DEFAULT_TARGET
 from tasks.gpu.manifest import (
     KIT_PACKAGES,
     MIB,
@@ -61,7 +62,7 @@ PLATFORMS = (
 class KitOptions:
     out: Path
     bundle: Path  # from `specops targets bundle`
-    target: str = "smollm2"  # or a local model folder (a rehearsal's tiny one)
+    target: str = DEFAULT_TARGET  # or a local model folder (a rehearsal's tiny one)
     dataset: Path | None = None  # a dataset folder whose train_mix the teacher data comes from
     part_size: int = DEFAULT_PART_SIZE
     wheels: bool = True
@@ -170,7 +171,6 @@ def _tar(folder: Path, out: Path) -> Path:
 def _teacher(options: KitOptions, dataset: Path, hardware: str, scratch: Path) -> Path:
     """Teacher data from the dataset's training mix, one teacher-forced pass of the target
     here (:func:`tasks.train.store_teacher.build_store_teacher`, as the retrain does)."""
-    from serving.loader import eos_ids
     from tasks.data.dataset import read_part
     from tasks.loop.learned import training_target
     from tasks.loop.retrain_config import load_retrain_config
@@ -178,13 +178,13 @@ def _teacher(options: KitOptions, dataset: Path, hardware: str, scratch: Path) -
 
     config = options.retrain or load_retrain_config().target(hardware)
     records = read_part(dataset, "train_mix")
-    model, tokenizer = training_target(options.target)
+    target = training_target(options.target)
     folder = scratch / "teacher"
     build_store_teacher(
         records,
-        model,
+        target.model,
         folder,
-        eos_token_ids=eos_ids(model, tokenizer),
+        eos_token_ids=target.eos_token_ids,
         min_sequences=config.min_sequences,
         min_answer_tokens=config.min_answer_tokens,
         progress=False,
@@ -216,7 +216,7 @@ def build_kit(options: KitOptions, *, say=print) -> KitManifest:
         raise BadInputError(f"--part-size must be at least 1 MiB, got {options.part_size} bytes")
     if options.dataset is not None and not Path(options.dataset).is_dir():
         raise BadInputError(f"--dataset {options.dataset} is not a dataset folder")
-    target_folder = None if options.target == "smollm2" else Path(options.target)
+    target_folder = None if options.target == DEFAULT_TARGET else Path(options.target)
     if target_folder is not None and not (target_folder / "config.json").is_file():
         raise BadInputError(f"--target {options.target!r} is neither smollm2 nor a model folder")
     files: dict[str, SplitFile] = {}

@@ -193,14 +193,15 @@ def tests(kit: Path, manifest: KitManifest, out: Path) -> None:
 def profile(kit: Path, manifest: KitManifest, out: Path) -> None:
     """The verify curve (and batch curve), written to ``RESULTS`` and into the kit's own
     ``configs/hardware.yaml``, so the steps after it price drafts with what was measured."""
-    from serving.hardware import HARDWARE_CONFIG
+    from serving.hardware import HARDWARE_CONFIG, engine_target
     from tasks.bench.profile import profile_batch_hardware, profile_hardware
     from tasks.gpu.hardware_yaml import set_target_key
 
     _require_setup(kit)
     settings, hardware = manifest.settings, manifest.hardware
+    spec = engine_target(hardware, require_curve=False)  # what measures its curve
     result = profile_hardware(
-        hardware,
+        spec,
         source=_model(kit),
         threads=settings.threads,
         max_n=settings.max_n,
@@ -214,7 +215,7 @@ def profile(kit: Path, manifest: KitManifest, out: Path) -> None:
     set_target_key(HARDWARE_CONFIG, hardware, "verify_curve", result["config_curve"], comment)
     if settings.batch_profile:
         batched = profile_batch_hardware(
-            hardware,
+            spec,
             source=_model(kit),
             threads=settings.threads,
             repeats=max(3, settings.repeats // 3),
@@ -368,13 +369,11 @@ def evaluate(kit: Path, manifest: KitManifest, out: Path) -> None:
     contenders = [Contender(name, package) for name, package in packages.items()]
     labels: dict[str, str | None] = {n: request["contenders"].get(n) for n in packages}
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    model, tokenizer = load_target(_model(kit), **spec.load_options())
+    target = load_target(_model(kit), spec)
     report = run_evaluation(
         contenders,
         prompts,
-        target=model,
-        tokenizer=tokenizer,
-        hardware=manifest.hardware,
+        target=target,
         max_new_tokens=int(request["max_new_tokens"]),
         progress=False,
     )

@@ -20,14 +20,14 @@ import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from pydantic import BaseModel, ConfigDict, SerializationInfo, model_serializer
 
 from serving.atomic import write_json_atomic
 from serving.errors import BadInputError
-from serving.loader import eos_ids, set_threads
+from serving.loader import set_threads
 from serving.models.head import load_head
 from tasks.data.dataset import build_dataset
 from tasks.evaluate.offline_acceptance import head_hits, replay_all
@@ -38,6 +38,9 @@ from tasks.train.store_teacher import build_store_teacher
 from tasks.train.suffix_index import read_valid_records
 from tasks.train.teacher import load_teacher_data
 from tasks.train.train_head import TrainHeadConfig, train_head
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 DEFAULT_MARKS_S = (60.0, 120.0, 300.0, 600.0)
 
@@ -85,9 +88,13 @@ class HeadContinuation(_Curve):
     runs: dict[str, list[CurvePoint]]  # "continued" (and "fresh") -> points
 
 
-def replayed_length(head_dir: Path, sequences: Sequence[Any], target, k: int) -> Replayed:
-    head = load_head(head_dir, target)
-    frozen = frozen_target(target, head.vocab_ids)
+def replayed_length(
+    head_dir: Path, sequences: Sequence[Any], model: PreTrainedModel, k: int
+) -> Replayed:
+    """The head at ``head_dir`` replayed over ``sequences`` of the target ``model``'s
+    teacher data, ``k`` drafts per step."""
+    head = load_head(head_dir, model)
+    frozen = frozen_target(model, head.vocab_ids)
     total = replay_all(lambda s: head_hits(head, s, frozen), sequences, k)
     return Replayed(mean_accepted_length=total.mean_accepted_length, agreement=total.agreement)
 
@@ -111,13 +118,14 @@ def head_continuation_curve(
         raise BadInputError(f"{pre_drift_head} is not a saved head (head_config.json is missing)")
     out_dir = Path(out_dir)
     set_threads(threads)
-    model, tokenizer = training_target()
+    target = training_target()
+    model = target.model
     records = read_valid_records(store)
     dataset = build_dataset(records, heldout_share=heldout_share)
     held = [r for r in dataset.heldout_traffic if r.workload == drifted]
     if not held:
         raise BadInputError(f"no held-out {drifted} traffic in {store}: collect some first")
-    eos = eos_ids(model, tokenizer)
+    eos = target.eos_token_ids
     # The mix the loop would train on, and the minimums it would train it with.
     retrain = load_retrain_config().target("cpu")
     build_store_teacher(

@@ -31,14 +31,18 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from serving.errors import BadInputError, IncompatibleDraftError, ModelSourceError
-from serving.loader import eos_ids, load_target, set_threads
+from serving.hardware import engine_target
+from serving.loader import load_target, set_threads
 from serving.security.redact import mask_token
+from serving.target import LoadedTarget
 from tasks.loop.retrain_config import FamilySettings, LearnedFamily, TargetRetrain
 from tasks.train.store_teacher import Answered, TooLittleDataError, build_store_teacher
 
 log = logging.getLogger(__name__)
 
 TEACHER_DIR = "teacher"
+# The hardware target trainers load the target as: torch's stock layers, in float32 on the CPU.
+TRAINING_HARDWARE = "cpu-stock"
 
 
 # An MLflow param of a trained version: what its run was (steps, seconds, init, ...).
@@ -61,15 +65,16 @@ class Trained(BaseModel):
 
 
 @lru_cache(maxsize=2)
-def training_target(target: str | None = None):
-    """The target (default: ``SPECOPS_TARGET``, :mod:`tasks.settings`) with torch's stock
-    linear layers: trainers read its weights (oneDNN-packed layers have none to read), and
-    the LoRA draft copies its first layers."""
+def training_target(target: str | None = None) -> LoadedTarget:
+    """The target model ``target`` (a source; default: ``SPECOPS_TARGET``,
+    :mod:`tasks.settings`) with torch's stock linear layers (:data:`TRAINING_HARDWARE`):
+    trainers read its weights (oneDNN-packed layers have none to read), and the LoRA draft
+    copies its first layers."""
     if target is None:  # the settings need pydantic-settings, which a GPU kit lacks
         from tasks.settings import loop_settings
 
         target = loop_settings().target
-    return load_target(target, kernels="stock")
+    return load_target(target, engine_target(TRAINING_HARDWARE))
 
 
 def _curves(history: Sequence[Any]) -> dict[str, list[tuple[int, float]]]:
@@ -109,7 +114,7 @@ def train_head_challenger(
 ) -> Trained:
     from tasks.train.train_head import TrainHeadConfig, train_head, write_head_package
 
-    model, _ = training_target(target)
+    model = training_target(target).model
     config = TrainHeadConfig(
         teacher_dir=teacher,
         output_dir=work / "head",
@@ -150,7 +155,7 @@ def train_lora_challenger(
 ) -> Trained:
     from tasks.train.distill import DistillConfig, distill, write_draft_package
 
-    model, tokenizer = training_target(target)
+    loaded = training_target(target)
     config = DistillConfig(
         teacher_dir=teacher,
         output_dir=work / "lora",
@@ -160,8 +165,8 @@ def train_lora_challenger(
     )
     result = distill(
         config,
-        model,
-        tokenizer=tokenizer,
+        loaded.model,
+        tokenizer=loaded.tokenizer,
         progress=progress,
         max_train_seconds=settings.budget_seconds,
     )
@@ -232,14 +237,14 @@ def train_learned_challengers(
     threads = torch.get_num_threads()
     try:
         set_threads(config.threads)
-        model, tokenizer = training_target(target)
+        loaded = training_target(target)
         try:
             build_store_teacher(
                 records,
-                model,
+                loaded.model,
                 work / TEACHER_DIR,
-                eos_token_ids=eos_ids(model, tokenizer),
-                mask_token_id=mask_token(tokenizer),
+                eos_token_ids=loaded.eos_token_ids,
+                mask_token_id=mask_token(loaded.tokenizer),
                 min_sequences=config.min_sequences,
                 min_answer_tokens=config.min_answer_tokens,
                 progress=progress,

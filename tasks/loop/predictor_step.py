@@ -28,6 +28,7 @@ from registry.predictor import (
     set_predictor_challenger,
 )
 from serving.errors import BadInputError
+from serving.hardware import HardwareTarget
 from tasks.data.prompts import Prompt
 from tasks.evaluate import gates as gate_config
 from tasks.evaluate.evaluate import Contender, EncodedPrompt, evaluate_report
@@ -56,7 +57,7 @@ def retrain_predictor(
     out: Path,
     prompts: Sequence[Prompt | EncodedPrompt],
     *,
-    hardware: str,
+    hardware: HardwareTarget,
     cache: Path,
     max_new_tokens: int,
     tags: dict[str, str] | None = None,
@@ -64,9 +65,13 @@ def retrain_predictor(
     progress: bool = False,
     key: str | None = None,
 ) -> PredictorOutcome:
-    """``key`` (the retrain's ``<hw>/<slot>/predictor``): a version already registered
-    under it is reused, so a re-run of a crashed retrain registers nothing twice."""
-    outcome = PredictorOutcome(hardware=hardware)
+    """Retrain the predictor of ``hardware`` (a target of any backend) and, where the
+    specops engine serves it, judge it there (see the module docstring; elsewhere the
+    outcome says why it was not judged). ``key`` (the retrain's
+    ``<hw>/<slot>/predictor``): a version already registered under it is reused, so a
+    re-run of a crashed retrain registers nothing twice."""
+    name = hardware.name  # the registry's key, and the records'
+    outcome = PredictorOutcome(hardware=name)
     try:
         trained = train_predictor(dataset, out / "predictor", hardware=hardware, progress=progress)
     except BadInputError as error:  # e.g. only v1 records, one label: said, not hidden
@@ -86,14 +91,14 @@ def retrain_predictor(
         tags=tags,
         curves=curves,
     )
-    set_predictor_challenger(registry, version, hardware)
+    set_predictor_challenger(registry, version, name)
     outcome.challenger = version.label
-    draft = registry.champion(hardware)
+    draft = registry.champion(name)
     if draft is None:
-        outcome.skipped = f"{hardware} has no champion draft for the predictor to drive"
+        outcome.skipped = f"{name} has no champion draft for the predictor to drive"
         return outcome
     package = registry.download(draft, cache)
-    current = champion_predictor(registry, hardware)
+    current = champion_predictor(registry, name)
     outcome.champion = current.label if current else None
     current_folder = download_predictor(registry, current, cache) if current else None
     try:
@@ -101,14 +106,12 @@ def retrain_predictor(
             Contender("champion", package, predictor=current_folder),
             Contender("challenger", package, predictor=trained.folder),
         ]
-        model, tokenizer = loop_steps.target_for(hardware)
+        target = loop_steps.target_for(loop_steps.engine_of(hardware))
         config = gate_config.load_gates()
         report = evaluate_report(
             contenders,
             prompts,
-            target=model,
-            tokenizer=tokenizer,
-            hardware=hardware,
+            target=target,
             max_new_tokens=max_new_tokens,
             rounds=config.wall_clock_rounds,
             stop_confidence=config.wall_clock_confidence,
@@ -133,7 +136,7 @@ def retrain_predictor(
         promote_predictor(
             registry,
             version,
-            hardware,
+            name,
             reason=result.reason,
             metrics={
                 "speedup": float(judged.results["challenger"].speedup or 0.0),

@@ -14,6 +14,7 @@ from prefect.client.schemas.objects import State, TaskRun
 
 from registry.client import Registry
 from serving.errors import BadInputError
+from serving.hardware import engine_target, hardware_target
 from tasks.data.curate import CurateSummary
 from tasks.data.dataset import read_part
 from tasks.data.prompts import Prompt
@@ -76,7 +77,7 @@ def replay_traffic(
         draft_label=draft.label,
         store_root=Path(store),
         run_id=run_id,
-        hardware=hardware,
+        hardware=engine_target(hardware),
         max_new_tokens=max_new_tokens,
     )
     return Replayed(**dict(summary), champion=draft.label)
@@ -136,7 +137,6 @@ def retrain_trigger(
     say nothing about the new one. On a vLLM target the windows its deployment scraped from
     vLLM's counters count too (:mod:`tasks.data.vllm_acceptance`)."""
     from registry.history import last_retrain
-    from serving.hardware import hardware_target
     from tasks.data.acceptance import PooledAcceptance, rolling_acceptance
     from tasks.data.vllm_acceptance import vllm_groups
     from tasks.loop.retrain_config import load_retrain_config
@@ -177,7 +177,6 @@ def watch_champion(store: str, *, hardware: str) -> Watch:
     one expected under the target's lock, the displaced version held out of promotion), or
     raise the alarm when there is none to restore."""
     from registry.client import RegistryError
-    from serving.hardware import hardware_target
     from tasks.data.vllm_acceptance import vllm_groups
     from tasks.loop.retrain_config import load_retrain_config
     from tasks.loop.watch import judge, judge_scraped
@@ -283,12 +282,9 @@ def shadow_scores(store: str, work: str, *, hardware: str) -> Shadow:
                     roles[draft.label] = (role, registry.download(draft, cache), draft.tags)
         if not roles:
             return Shadow(hardware=hardware, scores=[], skipped={})
-        model, tokenizer = loop.target_for(hardware)
+        target = loop.target_for(engine_target(hardware))
         records = read_valid_records(Path(store), hardware=hardware)
-        scores, skipped = score(
-            records, roles, target=model, tokenizer=tokenizer, hardware=hardware,
-            settings=settings,
-        )  # fmt: skip
+        scores, skipped = score(records, roles, target=target, settings=settings)
         run_id = None
         if scores:
             run_id = log_shadow(
@@ -315,7 +311,6 @@ def _captured_pairs(store: str | None, hardware: str) -> list[Pair]:
     (:mod:`tasks.data.vllm_pairs`); none on other backends or without a store."""
     from prefect import get_run_logger
 
-    from serving.hardware import hardware_target
     from tasks.data.vllm_pairs import read_pairs
 
     if store is None or hardware_target(hardware).backend != "vllm":
@@ -465,7 +460,7 @@ def evaluate_gate_promote(
             registry,
             drafts,
             prompts,
-            hardware=hardware,
+            hardware=engine_target(hardware),
             cache=Path(cache),
             max_new_tokens=max_new_tokens,
             promote=promote,
@@ -502,7 +497,7 @@ def retrain_predictor(
         Path(dataset),
         Path(out),
         prompts,
-        hardware=hardware,
+        hardware=hardware_target(hardware),
         cache=Path(cache),
         max_new_tokens=max_new_tokens,
         tags=tags,

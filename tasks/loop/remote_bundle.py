@@ -23,7 +23,7 @@ from pathlib import Path
 from registry.client import DraftVersion, Registry
 from serving.atomic import atomic_dir
 from serving.errors import BadInputError
-from serving.hardware import hardware_target
+from serving.hardware import HardwareTarget
 from serving.loader import encode_messages
 from tasks.data.prompts import Prompt
 from tasks.evaluate.evaluate import EncodedPrompt
@@ -45,7 +45,7 @@ def encode_prompts(tokenizer, prompts: Sequence[Prompt | EncodedPrompt]) -> list
 
 def prepare_bundle(
     registry: Registry,
-    hardware: str,
+    hardware: HardwareTarget,
     challengers: Sequence[DraftVersion],
     prompts: Sequence[Prompt | EncodedPrompt],
     out: Path,
@@ -57,13 +57,12 @@ def prepare_bundle(
     """Write the bundle for evaluating ``hardware``'s champion (if any) and
     ``challengers`` on ``prompts`` into ``out`` (atomically: a half-written bundle never
     travels). ``tokenizer`` is the target's."""
-    hardware_target(hardware)  # a known target
     if not challengers:
         raise BadInputError("nothing to evaluate: give at least one challenger")
     if not prompts:
         raise BadInputError("no evaluation prompts")
     by_name: dict[str, DraftVersion] = {}
-    current = registry.champion(hardware)
+    current = registry.champion(hardware.name)
     if current is not None:
         by_name["champion"] = current
     for index, draft in enumerate(challengers):
@@ -74,7 +73,7 @@ def prepare_bundle(
             shutil.copytree(registry.download(draft, cache), scratch / PACKAGES / name)
         request = {
             "format": BUNDLE_FORMAT,
-            "hardware": hardware,
+            "hardware": hardware.name,
             "max_new_tokens": max_new_tokens,
             "contenders": {
                 name: f"{draft.family}/{draft.version}" for name, draft in by_name.items()
@@ -83,5 +82,5 @@ def prepare_bundle(
         (scratch / REQUEST).write_text(json.dumps(request, indent=2))
         (scratch / PROMPTS).write_text(json.dumps([asdict(p) for p in encoded]))
     for draft in challengers:
-        registry.set_challenger(draft, hardware)
+        registry.set_challenger(draft, hardware.name)
     return Path(out)

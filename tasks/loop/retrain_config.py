@@ -10,6 +10,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from serving.engine.drafters.plan import DEFAULT_POLICY
 from serving.engine.policy import PolicyName
 from serving.errors import BadInputError
 from serving.paths import CONFIG_DIR
@@ -27,7 +28,7 @@ class FamilySettings(BaseModel):
 
     budget_seconds: float = Field(gt=0)  # in optimiser steps, over every run of one retrain
     k: int = Field(default=5, ge=1, le=16)  # the package's largest draft block
-    policy: PolicyName = "cost"
+    policy: PolicyName = DEFAULT_POLICY
     settings: dict[str, Any] = Field(default_factory=dict)  # the trainer's config fields
 
 

@@ -24,9 +24,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from serving.hardware import engine_target
 from serving.records.schema import RequestRecord
 from serving.security.redact import PLACEHOLDER
+from serving.target import LoadedTarget
 from tasks.evaluate.costs import fix_draft_cost, profile_draft_cost
 from tasks.evaluate.evaluate import Contender, contender_decoders
 from tasks.evaluate.pregate import predict
@@ -108,23 +108,22 @@ def shadow_scores(
     records: Sequence[RequestRecord],
     contenders: Mapping[str, tuple[str, Path, Mapping[str, str]]],
     *,
-    target,
-    tokenizer,
-    hardware: str,
+    target: LoadedTarget,
     settings: ShadowSettings,
 ) -> tuple[list[ShadowScore], dict[str, int]]:
-    """Every contender's :class:`ShadowScore` per workload (see the module docstring), and
-    the records left out by reason. ``contenders``: label -> (role, draft package folder,
-    its version's tags, where ``<hardware>/draft_cost`` is its evaluated drafting cost)."""
+    """Every contender's :class:`ShadowScore` per workload on ``target``'s hardware target
+    (see the module docstring), and the records left out by reason. ``contenders``: label
+    -> (role, draft package folder, its version's tags, where ``<hardware>/draft_cost`` is
+    its evaluated drafting cost)."""
+    hardware = target.name
     kept, skipped = replayable(records, hardware=hardware)
     groups = newest_by_workload(kept, settings.newest)
     if not groups or not contenders:
         return [], skipped
     built = contender_decoders(
-        [Contender(label, package) for label, (_, package, _) in contenders.items()],
-        target, tokenizer, hardware,
-    )  # fmt: skip
-    curve = list(engine_target(hardware).curve)
+        [Contender(label, package) for label, (_, package, _) in contenders.items()], target
+    )
+    curve = list(target.hardware.curve)
     prompts = [r.prompt_token_ids for rows in groups.values() for r in rows]
     costs: dict[str, float] = {}
     for label, (_, _, tags) in contenders.items():

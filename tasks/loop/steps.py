@@ -11,21 +11,20 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from functools import lru_cache
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from registry.client import DraftVersion, Registry
-from serving.engine.decoder import SpeculativeDecoder
-from serving.engine.drafters.factory import parse_drafter_spec
+from serving.engine.build import build_decoder
 from serving.engine.drafters.kinds import BUILTIN_KINDS
 from serving.engine.drafters.package import DraftManifest, load_package, write_package
-from serving.engine.policy import make_policy
+from serving.engine.drafters.plan import DEFAULT_K, DEFAULT_POLICY, DraftPlan
 from serving.errors import BadInputError
-from serving.hardware import engine_target
-from serving.loader import eos_ids, load_target
+from serving.hardware import HardwareTarget, engine_target
+from serving.loader import load_target
 from serving.records.schema import RequestRecord
+from serving.target import LoadedTarget
 from tasks.data.collect import CollectSummary, collect
 from tasks.data.curate import CurateSummary, curate
 from tasks.data.dataset import read_part
@@ -39,12 +38,28 @@ from tasks.settings import loop_settings
 
 log = logging.getLogger(__name__)
 
+# The targets this process loaded, by hardware target's name and source.
+_LOADED: dict[tuple[str, str], LoadedTarget] = {}
 
-@lru_cache(maxsize=4)
-def target_for(hardware: str, target: str | None = None):
-    """The target model (default: ``SPECOPS_TARGET``, :mod:`tasks.settings`) on
-    ``hardware``'s kernels, loaded once per process."""
-    return load_target(target or loop_settings().target, **engine_target(hardware).load_options())
+
+def engine_of(hardware: HardwareTarget) -> HardwareTarget:
+    """``hardware`` where the specops engine serves it, with its measured verify curve;
+    else the :class:`BadInputError` :func:`serving.hardware.engine_target` gives for it."""
+    if hardware.backend == "transformers" and hardware.verify_curve:
+        return hardware
+    engine_target(hardware.name)  # raises, saying which of the two it lacks
+    raise BadInputError(f"hardware target {hardware.name!r} is not served by the specops engine")
+
+
+def target_for(hardware: HardwareTarget, source: str | None = None) -> LoadedTarget:
+    """The target model ``source`` (default: ``SPECOPS_TARGET``, :mod:`tasks.settings`)
+    loaded for ``hardware``, once per process."""
+    source = source or loop_settings().target
+    key = (hardware.name, source)
+    loaded = _LOADED.get(key)
+    if loaded is None or loaded.hardware != hardware:
+        loaded = _LOADED[key] = load_target(source, hardware)
+    return loaded
 
 
 def champion_package(registry: Registry, hardware: str, cache: Path) -> tuple[DraftVersion, Path]:
@@ -79,29 +94,23 @@ def replay_traffic(
     draft_label: str,
     store_root: Path,
     run_id: str,
-    hardware: str,
+    hardware: HardwareTarget,
     max_new_tokens: int,
     failure_threshold: float = 0.5,
     progress: bool = True,
 ) -> CollectSummary:
-    """Serve ``prompts`` with the champion package in detailed mode; append their records
-    (re-running with the same ``run_id`` skips what is already stored)."""
-    model, tokenizer = target_for(hardware)
-    manifest, drafter = load_package(package, model, tokenizer)
-    policy = None
-    if drafter is not None:
-        curve = engine_target(hardware).curve
-        policy = make_policy(manifest.policy, manifest.k, verify_curve=curve)
-    decoder = SpeculativeDecoder(
-        model, drafter=drafter, policy=policy, eos_token_ids=eos_ids(model, tokenizer)
-    )
+    """Serve ``prompts`` with the champion package on ``hardware`` in detailed mode; append
+    their records (re-running with the same ``run_id`` skips what is already stored)."""
+    target = target_for(hardware)
+    manifest, drafter = load_package(package, target)
+    decoder = build_decoder(target, manifest.plan(Path(package)), drafter=drafter)
     return collect(
         prompts,
         decoder=decoder,
-        tokenizer=tokenizer,
+        tokenizer=target.tokenizer,
         store_root=store_root,
         run_id=run_id,
-        hardware=hardware,
+        hardware=hardware.name,
         drafter_version=draft_label,
         max_new_tokens=max_new_tokens,
         failure_threshold=failure_threshold,
@@ -135,21 +144,24 @@ def retention_step(
 
 
 def builtin_package(
-    drafter: str, folder: Path, *, k: int = 10, policy: str = "cost", family: str = "ngram"
+    drafter: str,
+    folder: Path,
+    *,
+    k: int = DEFAULT_K,
+    policy: str = DEFAULT_POLICY,
+    family: str = "ngram",
 ) -> Path:
     """A draft package of a drafter that needs no files (prompt lookup, the n-gram store,
     the target's first layers), ready to register: how a fresh registry gets its first
     champion."""
-    spec = parse_drafter_spec(drafter)
-    if spec.kind not in BUILTIN_KINDS:
+    plan = DraftPlan.parse(drafter, policy=policy, k=k)
+    if plan.drafter.kind not in BUILTIN_KINDS:
         raise BadInputError(
             f"drafter {drafter!r} needs files; bootstrap with one of "
             f"{', '.join(BUILTIN_KINDS)} (e.g. pld:3), or train a draft package "
             "(`specops train-draft`) and register it"
         )
-    manifest = DraftManifest(
-        drafter=drafter, k=k, policy=policy, family=family, description="built-in drafter"
-    )
+    manifest = DraftManifest.of(plan, family=family, description="built-in drafter")
     return write_package(Path(folder) / drafter.replace(":", "-"), manifest)
 
 
@@ -172,7 +184,7 @@ def train_suffix_challenger(
     records: Sequence[RequestRecord | Sequence[int]],
     out_dir: Path,
     *,
-    k: int = 10,
+    k: int = DEFAULT_K,
     source: str = "the store",
 ) -> Path:
     """A suffix-decoding draft whose corpus is the target's outputs in the trainable
@@ -189,7 +201,7 @@ def train_suffix_challenger(
         DraftManifest(
             drafter="suffix:corpus.json",
             k=k,
-            policy="cost",
+            policy=DEFAULT_POLICY,
             family="suffix",
             description=f"suffix corpus of the target's outputs collected in {source}",
         ),
@@ -258,7 +270,7 @@ def evaluate_and_decide(
     challengers: Sequence[DraftVersion],
     prompts: Sequence[Prompt | EncodedPrompt],
     *,
-    hardware: str,
+    hardware: HardwareTarget,
     cache: Path,
     max_new_tokens: int,
     promote: bool = True,
@@ -270,15 +282,15 @@ def evaluate_and_decide(
     then :func:`decide` (``tags``, the lineage, go on every evaluation run). ``pregate``
     False times every challenger, however slow the pre-gate predicts it (an operator's
     evaluation of a version before promoting it by hand)."""
-    model, tokenizer = target_for(hardware)
-    current = registry.champion(hardware)
+    target = target_for(hardware)
+    current = registry.champion(hardware.name)
     contenders: list[Contender] = []
     by_name: dict[str, DraftVersion] = {}
     if current is not None:
         contenders.append(Contender("champion", registry.download(current, cache)))
         by_name["champion"] = current
     for index, draft in enumerate(challengers):
-        registry.set_challenger(draft, hardware)
+        registry.set_challenger(draft, hardware.name)
         name = f"challenger-{index}"
         contenders.append(Contender(name, registry.download(draft, cache)))
         by_name[name] = draft
@@ -286,9 +298,7 @@ def evaluate_and_decide(
     report = evaluate_report(
         contenders,
         prompts,
-        target=model,
-        tokenizer=tokenizer,
-        hardware=hardware,
+        target=target,
         max_new_tokens=max_new_tokens,
         rounds=gates_now.wall_clock_rounds,
         stop_confidence=gates_now.wall_clock_confidence,
@@ -296,7 +306,7 @@ def evaluate_and_decide(
         progress=progress,
     )
     return decide(
-        registry, report, by_name, hardware=hardware, cache=cache, promote=promote, tags=tags
+        registry, report, by_name, hardware=hardware.name, cache=cache, promote=promote, tags=tags
     )
 
 

@@ -21,12 +21,12 @@ from registry.client import DraftVersion, Registry
 from serving.backends import UnsupportedDraftError
 from serving.engine.drafters.package import read_manifest
 from serving.errors import ModelSourceError
-from serving.hardware import load_hardware
+from serving.hardware import HardwareTarget, load_hardware
 from tasks.data.prompts import Prompt
 from tasks.evaluate import gates
 from tasks.evaluate.export import export_draft, speculation_for
 from tasks.evaluate.priced import priced_backend_speedups
-from tasks.evaluate.targets import evaluate_target, metrics_of, runnable_target
+from tasks.evaluate.targets import check_runnable, evaluate_target, metrics_of
 from tasks.loop.lineage import git_commit
 
 log = logging.getLogger(__name__)
@@ -90,7 +90,7 @@ def export_for_targets(registry: Registry, draft: DraftVersion, cache: Path) -> 
 
 def evaluate_registered(
     registry: Registry,
-    hardware: str,
+    hardware: HardwareTarget,
     drafts: Sequence[DraftVersion],
     prompts: Sequence[Prompt],
     *,
@@ -99,8 +99,9 @@ def evaluate_registered(
     max_new_tokens: int = 64,
     promote: bool = True,
 ) -> dict[str, Any]:
-    """Evaluate registered drafts on ``hardware``, log it, and promote the winner there."""
-    spec = runnable_target(hardware)
+    """Evaluate registered drafts on ``hardware`` (refused unless it runs here), log it,
+    and promote the winner there."""
+    spec = check_runnable(hardware)
     exports = {
         d.label: ensure_export(registry, d, spec.backend, cache, k=spec.num_speculative_tokens)
         for d in drafts
@@ -112,7 +113,7 @@ def evaluate_registered(
     for draft in drafts:
         registry.log_evaluation(
             draft,
-            hardware,
+            hardware.name,
             metrics_of(report["results"][draft.label], plain),
             report={k: v for k, v in report.items() if k != "per_prompt"},
             params={"backend": spec.backend, "prompts": len(prompts)},
@@ -124,7 +125,7 @@ def evaluate_registered(
 
 def _decide(
     registry: Registry,
-    hardware: str,
+    hardware: HardwareTarget,
     drafts: Sequence[DraftVersion],
     report: dict[str, Any],
     *,
@@ -137,9 +138,9 @@ def _decide(
     speedups: dict[str, float | None] = (
         {name: result["speedup"] for name, result in results.items()}
         if config.speed_profile is None
-        else priced_backend_speedups(report, config.speed_profile.pricing(hardware))
+        else priced_backend_speedups(report, config.speed_profile.pricing(hardware.name))
     )
-    champion = registry.champion(hardware)
+    champion = registry.champion(hardware.name)
     bar = 1.0 + gain
     if champion is not None and champion.label in results:
         bar = max(bar, (speedups[champion.label] or 0.0) * (1.0 + gain))
@@ -153,16 +154,19 @@ def _decide(
     if not candidates:
         return {
             "promoted": None,
-            "reason": f"no exact draft reached {bar:.2f}x plain decoding on {hardware} "
+            "reason": f"no exact draft reached {bar:.2f}x plain decoding on {hardware.name} "
             f"(champion: {champion.label if champion else 'none: plain decoding serves'})",
         }
     best = max(candidates, key=lambda d: speedups[d.label] or 0.0)
     reason = (
-        f"{best.label}: {speedups[best.label] or 0.0:.2f}x plain on {hardware}, "
+        f"{best.label}: {speedups[best.label] or 0.0:.2f}x plain on {hardware.name}, "
         f"exact; bar {bar:.2f}x"
     )
     if promote:
         registry.promote(
-            best, hardware, reason=reason, metrics=metrics_of(results[best.label], results["plain"])
+            best,
+            hardware.name,
+            reason=reason,
+            metrics=metrics_of(results[best.label], results["plain"]),
         )
     return {"promoted": best.label if promote else None, "winner": best.label, "reason": reason}

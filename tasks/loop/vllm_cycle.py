@@ -25,9 +25,11 @@ import httpx
 from registry.client import Registry
 from serving.atomic import write_json_atomic
 from serving.engine.drafters.package import DraftManifest, write_package
+from serving.engine.drafters.plan import DraftPlan
 from serving.gateway.front import Front
 from serving.gateway.sink import ACCEPTANCE, PAIRS, area_parts
 from serving.gateway.vllm_process import free_port
+from serving.hardware import HardwareTarget
 from serving.security.keys import client_key
 from serving.security.tls import ServerTls, ca_context, uvicorn_tls
 from tasks.data.traffic import build_workload
@@ -38,11 +40,11 @@ SERVED_NAME = "specops"
 
 
 def _packages(work: Path, drafters: list[str], k: int) -> dict[str, Path]:
+    """A package of each drafter spec, registered under its kind's family."""
     out = {}
     for drafter in drafters:
-        family = {"pld": "ngram", "suffix": "suffix"}.get(drafter.partition(":")[0], "draft")
         folder = work / "packages" / drafter.replace(":", "-")
-        write_package(folder, DraftManifest(drafter=drafter, k=k, family=family))
+        write_package(folder, DraftManifest.of(DraftPlan.parse(drafter, k=k)))
         out[drafter] = folder
     return out
 
@@ -138,7 +140,7 @@ def _wait_for(
 
 def run_cycle(
     *,
-    hardware: str,
+    hardware: HardwareTarget,
     target: str,
     work: Path,
     store: Path,
@@ -156,8 +158,9 @@ def run_cycle(
     tls: ServerTls | None = None,
     tls_ca: Path | None = None,
 ) -> dict[str, Any]:
-    """``tls``: the front serves TLS with it, and the cycle's clients trust ``tls_ca``
-    (the CA that signed it; None: the system's CAs)."""
+    """The cycle on ``hardware`` (a vLLM target: :func:`tasks.loop.vllm_target.check_vllm`)
+    serving ``target`` (a model source). ``tls``: the front serves TLS with it, and the
+    cycle's clients trust ``tls_ca`` (the CA that signed it; None: the system's CAs)."""
     import uvicorn
 
     registry = registry or Registry()
@@ -175,9 +178,9 @@ def run_cycle(
         workdir=work / "evaluate", max_new_tokens=eval_tokens, promote=False,
     )  # fmt: skip
     first, second = versions
-    registry.promote(first, hardware, reason="cycle: first champion")
+    registry.promote(first, hardware.name, reason="cycle: first champion")
 
-    front = Front(hardware=hardware)
+    front = Front(hardware=hardware.name)
     deployment = deployment_for(
         hardware, target=target, work=work, store=store, front=front, registry=registry,
         poll_s=1.0, scrape_s=2.0, redact_patterns=[],  # captured pairs redacted, as deployed
@@ -202,8 +205,11 @@ def run_cycle(
         load.start()
         time.sleep(settle_s)
         acts = [
-            (second.label, lambda: registry.promote(second, hardware, reason="cycle: promote")),
-            (first.label, lambda: registry.rollback(hardware, reason="cycle: rollback")),
+            (
+                second.label,
+                lambda: registry.promote(second, hardware.name, reason="cycle: promote"),
+            ),
+            (first.label, lambda: registry.rollback(hardware.name, reason="cycle: rollback")),
         ]
         for label, act in acts if rollback else acts[:1]:
             acted = time.time()
@@ -220,13 +226,13 @@ def run_cycle(
         serving.join(timeout=30)
     windows = [
         json.loads(line)
-        for part in area_parts(store, ACCEPTANCE, hardware)
+        for part in area_parts(store, ACCEPTANCE, hardware.name)
         for line in part.read_text().splitlines()
     ]
-    pairs = sum(len(p.read_text().splitlines()) for p in area_parts(store, PAIRS, hardware))
+    pairs = sum(len(p.read_text().splitlines()) for p in area_parts(store, PAIRS, hardware.name))
     switches = [e for e in front.events if e["event"] == "switched"]
     report = {
-        "hardware": hardware,
+        "hardware": hardware.name,
         "target": target,
         "drafters": list(drafters),
         "versions": [v.label for v in versions],

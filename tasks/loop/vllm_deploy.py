@@ -38,10 +38,11 @@ from serving.gateway.front import Front, Upstream
 from serving.gateway.scrape import Counters, read_counters, window
 from serving.gateway.sink import ACCEPTANCE, PAIRS, PartSink
 from serving.gateway.vllm_process import ServerSpec, ServerStartError, VLLMServer
+from serving.hardware import HardwareTarget
 from serving.server.capture import capture_run_id
-from tasks.evaluate.targets import backend_python, runnable_target, target_folder
+from tasks.evaluate.targets import backend_python, check_runnable, target_folder
 from tasks.loop.target_promotion import ensure_export
-from tasks.loop.vllm_target import vllm_target
+from tasks.loop.vllm_target import check_vllm
 
 log = logging.getLogger(__name__)
 
@@ -64,9 +65,11 @@ class ChampionReleases:
     while the target has none). Polled every few seconds, so a champion's export is
     fetched once, not on every poll."""
 
-    def __init__(self, hardware: str, *, cache: Path, registry: Registry | None = None) -> None:
-        self.hardware = hardware
-        self.target = vllm_target(hardware, installed=False)
+    def __init__(
+        self, hardware: HardwareTarget, *, cache: Path, registry: Registry | None = None
+    ) -> None:
+        self.target = check_vllm(hardware, installed=False)
+        self.hardware = hardware.name  # the registry's key
         self.cache = Path(cache)
         self.registry = registry or Registry()
         self._known: dict[tuple[str, str | None], Release] = {}
@@ -330,7 +333,7 @@ class Deployment:
 
 
 def deployment_for(
-    hardware: str,
+    hardware: HardwareTarget,
     *,
     target: str,
     work: Path,
@@ -343,10 +346,10 @@ def deployment_for(
     """A deployment of ``hardware``'s registry champion; checked before anything starts.
     Captured pairs are redacted with the built-in patterns and ``redact_patterns``
     (``None``: no redaction) using the target's tokenizer."""
-    spec = runnable_target(hardware)
+    spec = check_runnable(hardware)
     releases = ChampionReleases(hardware, cache=work / "cache", registry=registry)
     settings = DeploySettings(
-        hardware=hardware,
+        hardware=hardware.name,
         model=target_folder(target),
         python=backend_python("vllm"),
         work=work / "logs",

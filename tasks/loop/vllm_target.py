@@ -6,18 +6,23 @@ from __future__ import annotations
 
 from serving.errors import BadInputError
 from serving.hardware import HardwareTarget
-from tasks.evaluate.targets import backend_python, runnable_target
+from tasks.evaluate.targets import backend_python, check_runnable, runnable_target
 
 
 def vllm_target(hardware: str, *, installed: bool = True) -> HardwareTarget:
-    """``hardware``'s settings; refused unless it is a vLLM target that runs here and (with
+    """The hardware target named ``hardware``, checked by :func:`check_vllm`."""
+    return check_vllm(runnable_target(hardware), installed=installed)
+
+
+def check_vllm(hardware: HardwareTarget, *, installed: bool = True) -> HardwareTarget:
+    """``hardware``, refused unless it is a vLLM target that runs here and (with
     ``installed``) vLLM's environment exists (the refusal names its install command)."""
-    target = runnable_target(hardware)
-    if target.backend != "vllm":
+    check_runnable(hardware)
+    if hardware.backend != "vllm":
         raise BadInputError(
-            f"hardware target {hardware!r} runs on {target.backend!r}, not vLLM; "
+            f"hardware target {hardware.name!r} runs on {hardware.backend!r}, not vLLM; "
             "`specops deploy vllm` serves vLLM targets (cpu-vllm, cuda-vllm)"
         )
     if installed:
         backend_python("vllm")
-    return target
+    return hardware

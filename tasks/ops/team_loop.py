@@ -40,6 +40,7 @@ from typing import Any
 
 from serving.atomic import write_json_atomic
 from serving.errors import SpecOpsError
+from serving.hardware import DEFAULT_HARDWARE
 from tasks.ops.server_process import ServerProcess
 from tasks.ops.stack import Stack, StackError
 
@@ -53,8 +54,10 @@ SWAP_SLACK_S = 5.0
 @dataclass
 class TeamLoopOptions:
     checkout: Path
+    # serving.target.DEFAULT_TARGET and the draft plans' DEFAULT_K and DEFAULT_POLICY are
+    # spelled out below: importing them would load torch into the stack's driver.
     target: str = "smollm2"
-    hardware: str = "cpu"
+    hardware: str = DEFAULT_HARDWARE
     replicas: int = 2
     workload: str = "humaneval"
     requests: int = 12

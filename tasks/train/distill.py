@@ -37,13 +37,14 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import torch
 from pydantic import Field, model_validator
 
 from serving.atomic import atomic_dir, write_json_atomic
 from serving.engine.drafters.package import DraftManifest, write_package
+from serving.engine.drafters.plan import DEFAULT_POLICY
 from serving.errors import BadInputError, IncompatibleDraftError
 from serving.models.lora import BASE_FILE, lora_base_of, write_lora_base
 from tasks.train.distill_data import DistillBatch, LossKind, distill_loss, make_batch
@@ -76,6 +77,10 @@ from tasks.train.teacher import (
     load_teacher_data,
     target_fingerprint,
 )
+
+if TYPE_CHECKING:
+    from peft import PeftModel
+    from transformers import PreTrainedModel
 
 CHECKPOINT_FILE = CHECKPOINT_DIR  # the loop's checkpoint folder under output_dir
 ADAPTER_DIR = "adapter"
@@ -163,7 +168,9 @@ class DistillResult:
 # --------------------------------------------------------------------------- checks
 
 
-def check_teacher(manifest: TeacherManifest, target, teacher_dir: Path, loss: LossKind) -> None:
+def check_teacher(
+    manifest: TeacherManifest, target: PreTrainedModel, teacher_dir: Path, loss: LossKind
+) -> None:
     """Refuse teacher data of another target, or ``loss="kl"`` on a cache without the
     target's top-k distribution."""
     ours = target_fingerprint(target)
@@ -187,7 +194,7 @@ def check_teacher(manifest: TeacherManifest, target, teacher_dir: Path, loss: Lo
 
 @torch.no_grad()
 def _evaluate(
-    model,
+    model: torch.nn.Module,
     sequences: list[TeacherSequence],
     loss: LossKind,
     batch_size: int,
@@ -215,10 +222,10 @@ def _evaluate(
 
 
 def evaluate_draft(
-    model,
+    model: torch.nn.Module,
     teacher_dir: str | Path,
     *,
-    target=None,
+    target: PreTrainedModel | None = None,
     loss: LossKind = "kl",
     batch_size: int = 4,
     max_seq_len: int = 256,
@@ -235,7 +242,7 @@ def evaluate_draft(
 # -------------------------------------------------------------------------------- train
 
 
-def _build(config: DistillConfig, target, tokenizer, scratch: Path):
+def _build(config: DistillConfig, target: PreTrainedModel, tokenizer, scratch: Path):
     model = base_draft(
         target, layers=config.layers, draft_model=config.draft_model, tokenizer=tokenizer
     )
@@ -285,7 +292,7 @@ class DistillTask:
 
 def distill(
     config: DistillConfig,
-    target,
+    target: PreTrainedModel,
     *,
     tokenizer=None,
     progress: bool = True,
@@ -361,17 +368,23 @@ def check_batches(sequences: list[TeacherSequence], config: DistillConfig) -> li
 
 
 def _save_models(
-    model, config: DistillConfig, target, tokenizer, check_sequences: list[TeacherSequence]
+    model: torch.nn.Module,
+    config: DistillConfig,
+    target: PreTrainedModel,
+    tokenizer,
+    check_sequences: list[TeacherSequence],
 ) -> SavedModels:
-    """Write the trained ``model`` (see the module docstring): the full model, or the
-    adapter, its checked merge and, with ``quantize``, the checked re-quantised merge."""
+    """Write the trained ``model`` (see the module docstring): the full model (a causal
+    LM), or the adapter (a peft model), its checked merge and, with ``quantize``, the
+    checked re-quantised merge."""
     output_dir = Path(config.output_dir)
     model_dir = output_dir / MODEL_DIR
     if config.kind == "full":
-        return SavedModels(save_causal_lm(model, model_dir, tokenizer), None, None, None, None)
+        full = cast("PreTrainedModel", model)
+        return SavedModels(save_causal_lm(full, model_dir, tokenizer), None, None, None, None)
     adapter_dir = output_dir / ADAPTER_DIR
     with atomic_dir(adapter_dir) as scratch:
-        model.save_pretrained(scratch)
+        cast("PeftModel", model).save_pretrained(str(scratch))
         if config.layers is not None:  # its base, for a package that stores the adapter only
             write_lora_base(scratch, lora_base_of(target, config.layers))
 
@@ -422,7 +435,7 @@ def write_draft_package(
     folder: str | Path,
     *,
     k: int = 5,
-    policy: str = "cost",
+    policy: str = DEFAULT_POLICY,
     description: str = "",
     requantized: bool = True,
 ) -> Path:

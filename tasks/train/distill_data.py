@@ -79,7 +79,7 @@ class DistillLoss:
     answer_positions: torch.Tensor  # scalar int
 
 
-def distill_loss(model, batch: DistillBatch, loss: LossKind) -> DistillLoss:
+def distill_loss(model: torch.nn.Module, batch: DistillBatch, loss: LossKind) -> DistillLoss:
     """The draft's loss on ``batch`` and its top-1 agreement with the target."""
     logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
     draft_logprobs = logits.float().log_softmax(dim=-1)  # [batch, len, vocab]

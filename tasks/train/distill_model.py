@@ -25,7 +25,7 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 
@@ -34,6 +34,9 @@ from serving.errors import BadInputError, IncompatibleDraftError, ModelSourceErr
 from serving.models.lora import load_adapter, merge_adapter
 from serving.models.truncated import first_layers
 from tasks.train.distill_data import DistillBatch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 Quantize = Literal["none", "8bit", "4bit"]
 BITSANDBYTES = "bitsandbytes==0.50.2"  # the version that ran nf4/int8 on this CPU
@@ -75,17 +78,20 @@ def check_quantize_available(quantize: Quantize) -> None:
         ) from exc
 
 
-def _check_trainable(target) -> None:
+def _check_trainable(target: PreTrainedModel) -> None:
     from serving.models.onednn import PackedLinear
 
     if any(isinstance(module, PackedLinear) for module in target.modules()):
         raise BadInputError(
             "the target's linear layers are packed for oneDNN (inference only, no weights to "
-            "copy); load it with kernels='stock' to train a layers draft"
+            "copy); load it on hardware target 'cpu-stock' (kernels='stock') to train a layers "
+            "draft"
         )
 
 
-def base_draft(target, *, layers: int | None, draft_model: Path | None, tokenizer=None):
+def base_draft(
+    target: PreTrainedModel, *, layers: int | None, draft_model: Path | None, tokenizer=None
+):
     """A fresh fp32 base for the draft, in train mode: a deep copy of ``target``'s first
     ``layers`` layers, or the causal LM in the folder ``draft_model``."""
     from transformers import AutoModelForCausalLM
@@ -115,7 +121,7 @@ def base_draft(target, *, layers: int | None, draft_model: Path | None, tokenize
     return model.float().train()
 
 
-def quantized(model, quantize: Quantize, scratch: Path):
+def quantized(model: PreTrainedModel, quantize: Quantize, scratch: Path):
     """``model`` reloaded with its linear layers in bitsandbytes 8-bit or nf4 (through a
     temporary save under ``scratch``), prepared for k-bit LoRA training."""
     from peft import prepare_model_for_kbit_training
@@ -152,7 +158,14 @@ def load_quantized(folder: str | Path, quantize: Quantize):
     )
 
 
-def with_lora(model, *, r: int, alpha: int, dropout: float, target_modules: str | tuple[str, ...]):
+def with_lora(
+    model: PreTrainedModel,
+    *,
+    r: int,
+    alpha: int,
+    dropout: float,
+    target_modules: str | tuple[str, ...],
+):
     """Wrap ``model`` in a fresh peft LoRA adapter (only the adapter is trainable)."""
     from peft import LoraConfig, get_peft_model
 
@@ -185,7 +198,9 @@ def merge_lora(adapter_dir: str | Path, base):
     return merge_adapter(adapter_dir, base)
 
 
-def save_causal_lm(model, folder: Path, tokenizer=None, *, atomic: bool = True) -> Path:
+def save_causal_lm(
+    model: PreTrainedModel, folder: Path, tokenizer=None, *, atomic: bool = True
+) -> Path:
     """A standalone Hugging Face causal-LM folder (with the tokenizer, if given), written
     atomically (``atomic=False``: straight into ``folder``, itself a scratch folder)."""
     if not atomic:
@@ -210,7 +225,7 @@ class MergeCheck:
 
 
 @torch.no_grad()
-def _logits(model, batches: Sequence[DistillBatch]) -> Iterator[torch.Tensor]:
+def _logits(model: torch.nn.Module, batches: Sequence[DistillBatch]) -> Iterator[torch.Tensor]:
     """Per batch, ``model``'s fp32 logits at its real (unpadded) positions ``[n, vocab]``,
     on the model's device."""
     device = next(model.parameters()).device
@@ -250,7 +265,9 @@ def check_merge(unmerged, merged, batches: Sequence[DistillBatch]) -> MergeCheck
     return check
 
 
-def top1_agreement(model, reference, batches: Sequence[DistillBatch]) -> float:
+def top1_agreement(
+    model: torch.nn.Module, reference: torch.nn.Module, batches: Sequence[DistillBatch]
+) -> float:
     """The fraction of the real positions of ``batches`` at which ``model``'s top token is
     ``reference``'s."""
     agree = total = 0
@@ -262,7 +279,7 @@ def top1_agreement(model, reference, batches: Sequence[DistillBatch]) -> float:
     return agree / total
 
 
-def _is_quantized(model, quantize: Quantize) -> bool:
+def _is_quantized(model: torch.nn.Module, quantize: Quantize) -> bool:
     import bitsandbytes as bnb
 
     kind = bnb.nn.Linear8bitLt if quantize == "8bit" else bnb.nn.Linear4bit

@@ -19,6 +19,7 @@ vocabulary counts as a miss.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -26,6 +27,9 @@ from transformers import DynamicCache
 
 from serving.models.head import DraftHead, causal_mask, output_weight
 from tasks.train.head_data import HeadBatch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 IGNORE = -100
 
@@ -51,9 +55,9 @@ class FrozenTarget:
         )
 
 
-def frozen_target(target, vocab_ids: torch.Tensor | None) -> FrozenTarget:
+def frozen_target(target: PreTrainedModel, vocab_ids: torch.Tensor | None) -> FrozenTarget:
     """``target``'s input embedding and output-layer rows (of ``vocab_ids``, or all)."""
-    embed = target.get_input_embeddings().weight.detach().float()
+    embed = target.get_input_embeddings().weight.detach().float()  # type: ignore[operator]
     output = output_weight(target).detach().float()
     if vocab_ids is None:
         return FrozenTarget(embed, output, None, None)

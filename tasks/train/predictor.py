@@ -43,7 +43,7 @@ from serving.engine.predictor import (
     vectorize,
 )
 from serving.errors import BadInputError
-from serving.hardware import hardware_target
+from serving.hardware import HardwareTarget, hardware_target
 from tasks.data.params import PredictorParams
 from tasks.train.predictor_data import (
     HELDOUT_PARTS,
@@ -264,23 +264,24 @@ def train_predictor(
     dataset_dir: str | Path,
     out_dir: str | Path,
     *,
-    hardware: str,
+    hardware: HardwareTarget,
     settings: PredictorParams | None = None,
     metrics_path: str | Path | None = None,
     plot: str | Path | None = None,
     plot_data: str | Path | None = None,
     progress: bool = True,
 ) -> TrainedPredictor:
-    """Train a predictor for ``hardware`` on ``dataset_dir``, evaluate it on the held-out
-    parts, save it to ``out_dir`` (replaced whole) and write the optional outputs."""
+    """Train a predictor for ``hardware`` on ``dataset_dir`` (its records collected there),
+    evaluate it on the held-out parts, save it to ``out_dir`` (replaced whole) and write
+    the optional outputs."""
     settings = settings or PredictorParams()
-    hardware_target(hardware)  # an unknown target fails before anything is read
-    train = training_rows(dataset_dir, hardware=hardware)
-    heldout = heldout_rows(dataset_dir, hardware=hardware)
-    fitted = fit_predictor(train, settings, hardware=hardware, progress=progress)
+    name = hardware.name  # what the records and the saved predictor carry
+    train = training_rows(dataset_dir, hardware=name)
+    heldout = heldout_rows(dataset_dir, hardware=name)
+    fitted = fit_predictor(train, settings, hardware=name, progress=progress)
     evaluation = evaluate_predictor(fitted.predictor, heldout)
     metrics: dict[str, Any] = {
-        "hardware": hardware,
+        "hardware": name,
         "feature_set": FEATURE_SET,
         "data": {
             "train": _rows_summary(train, TRAIN_PARTS),
@@ -303,7 +304,7 @@ def train_predictor(
 
 
 def evaluate_saved_predictor(
-    folder: str | Path, dataset_dir: str | Path, *, hardware: str | None = None
+    folder: str | Path, dataset_dir: str | Path, *, hardware: HardwareTarget | None = None
 ) -> PredictorEvaluation:
     """A saved predictor's scores on the held-out parts of ``dataset_dir`` (the rows of
     the hardware target it was trained for; ``hardware``, when given, must be that one)."""

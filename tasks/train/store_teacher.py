@@ -20,11 +20,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from serving.errors import BadInputError
 from tasks.train.teacher import TeacherConfig
 from tasks.train.teacher_build import TeacherPrompt, TeacherReport, build_teacher_cache
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 # The tiny-target trainer tests learn from 24 answers of at most 24 tokens (~500 tokens);
 # with less, the held-out slice (at least one sequence) scores one or two answers and a
@@ -110,7 +113,7 @@ def check_enough(usable: UsableRecords, *, min_sequences: int, min_answer_tokens
 
 def build_store_teacher(
     records: Iterable[Answered],
-    target,
+    target: PreTrainedModel,
     cache_dir: str | Path,
     *,
     eos_token_ids: Sequence[int],

@@ -20,12 +20,15 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from serving.errors import BadInputError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 TEACHER_FORMAT = 1
 MANIFEST = "manifest.json"
@@ -82,10 +85,10 @@ class TeacherSequence:
 # -------------------------------------------------------------------------- target side
 
 
-def target_fingerprint(target) -> dict[str, object]:
+def target_fingerprint(target: PreTrainedModel) -> dict[str, object]:
     """Shapes plus a digest of a few weights: enough to refuse mixing two targets' data."""
     config = target.config
-    embed = target.get_input_embeddings().weight.detach()
+    embed = target.get_input_embeddings().weight.detach()  # type: ignore[operator]
     digest = hashlib.sha256(embed[:4].float().cpu().numpy().tobytes()).hexdigest()[:16]
     return {
         "name": str(getattr(config, "_name_or_path", "") or config.model_type),

@@ -22,13 +22,17 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 @torch.inference_mode()
 def greedy_answers(
-    target,
+    target: PreTrainedModel,
     prompts: Sequence[list[int]],
     *,
     max_new_tokens: int,
@@ -52,7 +56,7 @@ def greedy_answers(
         eos_token_id=list(eos_token_ids) or None,
         pad_token_id=pad_token_id,
     )
-    out = target.generate(
+    out = target.generate(  # type: ignore[operator]  # transformers' GenerationMixin
         input_ids.to(device),
         attention_mask=attention_mask.to(device),
         generation_config=generation,
@@ -84,7 +88,7 @@ def read_jsonl(path: Path, keys: tuple[str, ...]) -> list[dict]:
 
 
 def write_answers(
-    target,
+    target: PreTrainedModel,
     prompts: Sequence[dict],
     out: Path,
     *,

@@ -19,6 +19,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -34,6 +35,9 @@ from tasks.train.teacher import (
     target_fingerprint,
 )
 from tasks.train.teacher_answers import greedy_answers
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 _LOGIT_CHUNK = 256  # positions per output-layer chunk when taking top-k (bounds memory)
 
@@ -102,7 +106,7 @@ def sharegpt_teacher_prompts(
 
 @torch.inference_mode()
 def teacher_forced(
-    target, sequences: Sequence[list[int]], *, top_k: int, pad_token_id: int
+    target: PreTrainedModel, sequences: Sequence[list[int]], *, top_k: int, pad_token_id: int
 ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """One right-padded pass over ``sequences``: per sequence ``(features [seq, hidden],
     top_ids [seq, top_k], top_logprobs [seq, top_k])``."""
@@ -176,7 +180,7 @@ def _shard_prompt_ids(path: Path) -> list[str] | None:
 
 
 def build_teacher_cache(
-    target,
+    target: PreTrainedModel,
     prompts: Sequence[TeacherPrompt],
     cache_dir: str | Path,
     *,

@@ -32,15 +32,18 @@ import shutil
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from pydantic import Field
 
 from serving.atomic import write_json_atomic
+from serving.engine.drafters.kinds import DrafterSpec
 from serving.engine.drafters.package import MANIFEST as PACKAGE_MANIFEST
 from serving.engine.drafters.package import DraftManifest, write_package
 from serving.engine.drafters.package import read_manifest as read_package_manifest
+from serving.engine.drafters.plan import DEFAULT_POLICY, DraftPlan
+from serving.engine.policy import check_policy
 from serving.errors import IncompatibleDraftError, ModelSourceError
 from serving.models.head import CONFIG_FILE as HEAD_CONFIG_FILE
 from serving.models.head import (
@@ -72,6 +75,9 @@ from tasks.train.loop import (
     training_device,
 )
 from tasks.train.teacher import TeacherSequence, load_teacher_data
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 CHECKPOINT_FILE = CHECKPOINT_DIR  # the loop's checkpoint folder under output_dir
 HEAD_DIR = "head"
@@ -179,7 +185,7 @@ def evaluate(
 
 def evaluate_head(
     head: DraftHead,
-    target,
+    target: PreTrainedModel,
     teacher_dir: str | Path,
     *,
     batch_size: int = 8,
@@ -206,7 +212,7 @@ def evaluate_head(
 # -------------------------------------------------------------------------------- train
 
 
-def check_target(manifest_target: dict[str, object], target) -> None:
+def check_target(manifest_target: dict[str, object], target: PreTrainedModel) -> None:
     hidden, vocab = int(target.config.hidden_size), int(target.config.vocab_size)
     for key, ours in (("hidden_size", hidden), ("vocab_size", vocab)):
         if manifest_target.get(key) != ours:
@@ -275,7 +281,7 @@ def check_init_head(found: HeadConfig, expected: HeadConfig, source: Path) -> No
 
 def initial_head(
     config: TrainHeadConfig,
-    target,
+    target: PreTrainedModel,
     train: list[TeacherSequence],
     eos_token_ids: list[int],
 ) -> DraftHead:
@@ -323,7 +329,7 @@ def initial_head(
 
 def train_head(
     config: TrainHeadConfig,
-    target,
+    target: PreTrainedModel,
     *,
     progress: bool = True,
     on_step: Callable[[int, dict[str, float]], None] | None = None,
@@ -378,17 +384,15 @@ def write_head_package(
     folder: str | Path,
     *,
     k: int = 5,
-    policy: str = "cost",
+    policy: str = DEFAULT_POLICY,
     description: str = "",
 ) -> Path:
-    """Write a trained head as a draft package (family ``head``): ``head/`` (drafter
-    ``head:head``) and ``train_metrics.json``."""
+    """Write a trained head as a draft package (its kind's family, ``head``): ``head/``
+    (drafter ``head:head``) and ``train_metrics.json``."""
     agreement = result.final.agreement
-    manifest = DraftManifest(
-        drafter="head:head",
-        k=k,
-        policy=policy,
-        family="head",
+    plan = DraftPlan(DrafterSpec("head", HEAD_DIR), check_policy(policy), k)
+    manifest = DraftManifest.of(
+        plan,
         description=description
         or (
             f"draft head, {result.steps} steps, held-out agreement "

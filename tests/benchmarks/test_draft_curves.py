@@ -22,6 +22,7 @@ from benchmarks.draft_curves import (
 )
 from serving.engine.drafters.package import load_package
 from serving.errors import BadInputError
+from serving.target import LoadedTarget
 from tasks.train.teacher import TeacherConfig
 from tasks.train.teacher_build import TeacherPrompt, build_teacher_cache
 
@@ -67,7 +68,7 @@ def test_each_mark_is_trained_scored_and_kept(target, caches, tmp_path, name):
     settings = CurvesConfig(marks_minutes=MARKS, designs=DESIGNS)
     sequences = answer_sequences(heldout, target)
     kwargs = dict(
-        target=target, tokenizer=None, teacher_dir=train, heldout=sequences,
+        target=LoadedTarget.of(target), teacher_dir=train, heldout=sequences,
         out_dir=tmp_path, progress=False, log=lambda line: None,
     )  # fmt: skip
     points = run_design(name, DESIGNS[name], settings, **kwargs)
@@ -83,7 +84,7 @@ def test_each_mark_is_trained_scored_and_kept(target, caches, tmp_path, name):
     assert again == points
 
     package = package_design(name, saved, tmp_path / "package", k=2)
-    manifest, drafter = load_package(package, target)
+    manifest, drafter = load_package(package, LoadedTarget.of(target))
     assert manifest.k == 2 and drafter is not None
 
     written = write_report(tmp_path, goal=1.6)
@@ -97,7 +98,7 @@ def test_bad_settings_name_the_design(target, caches, tmp_path):
     settings = CurvesConfig(marks_minutes=MARKS, designs=bad)
     with pytest.raises(BadInputError, match="design 'head' has bad settings"):
         run_design(
-            "head", bad["head"], settings, target=target, tokenizer=None,
+            "head", bad["head"], settings, target=LoadedTarget.of(target),
             teacher_dir=train, heldout=answer_sequences(heldout, target), out_dir=tmp_path,
         )  # fmt: skip
 
@@ -115,16 +116,17 @@ def test_the_wall_clock_check_runs_every_design_and_prompt_lookup(model_folder, 
     """A tiny target with the real tokenizer: the check decodes real held-out prompts."""
     from benchmarks.curves_report import SPEED_FILE
     from benchmarks.draft_curves import speed
+    from serving.hardware import engine_target
     from serving.loader import load_target
 
-    target, tokenizer = load_target(str(model_folder), kernels="stock")
+    stock = load_target(str(model_folder), engine_target("cpu-stock"))
     generator = torch.Generator().manual_seed(0)
     prompts = [
         TeacherPrompt(f"r{i}", torch.randint(3, 49152, (6,), generator=generator).tolist())
         for i in range(8)
     ]
     build_teacher_cache(
-        target, prompts, tmp_path / "teacher", eos_token_ids=[2],
+        stock.model, prompts, tmp_path / "teacher", eos_token_ids=[2],
         config=TeacherConfig(max_new_tokens=8), progress=False,
     )  # fmt: skip
     design = Design(
@@ -132,13 +134,12 @@ def test_the_wall_clock_check_runs_every_design_and_prompt_lookup(model_folder, 
     )
     settings = CurvesConfig(marks_minutes=[0.002], designs={"head-rv": design})
     run_design(
-        "head-rv", design, settings, target=target, tokenizer=tokenizer,
-        teacher_dir=tmp_path / "teacher", heldout=answer_sequences(tmp_path / "teacher", target),
+        "head-rv", design, settings, target=stock, teacher_dir=tmp_path / "teacher",
+        heldout=answer_sequences(tmp_path / "teacher", stock.model),
         out_dir=tmp_path / "curves", progress=False, log=lambda line: None,
     )  # fmt: skip
-    engine, tokenizer = load_target(str(model_folder))
     report = speed(
-        tmp_path / "curves", target=engine, tokenizer=tokenizer, k=2, prompts=2,
+        tmp_path / "curves", target=load_target(str(model_folder)), k=2, prompts=2,
         max_new_tokens=8, threads=1,
     )  # fmt: skip
     names = set(report["results"])

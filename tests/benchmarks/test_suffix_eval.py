@@ -9,6 +9,7 @@ from serving.engine.decoder import SpeculativeDecoder
 from serving.engine.drafters.prompt_lookup import PromptLookupDrafter
 from serving.engine.drafters.suffix import SuffixDrafter, SuffixIndex
 from serving.engine.policy import FixedK
+from serving.target import LoadedTarget
 
 
 def corpus_of(*sequences: list[int]) -> SuffixIndex:
@@ -26,7 +27,7 @@ def test_replay_counts_what_the_engine_counts(target, prompt, greedy_reference, 
         SuffixDrafter(corpus_of(greedy_reference[3:20], greedy_reference[30:])),
     ]
     for drafter in drafters:
-        decoder = SpeculativeDecoder(target, drafter=drafter, policy=FixedK(k))
+        decoder = SpeculativeDecoder(LoadedTarget.of(target), drafter=drafter, policy=FixedK(k))
         stats = decoder.generate(prompt, max_new_tokens=len(greedy_reference)).stats
         replay = replay_greedy(drafter, prompt, greedy_reference, k)
         assert (replay.checks, replay.draft_tokens, replay.accepted_tokens) == (

@@ -21,7 +21,6 @@ from serving.engine.drafters.model import ModelDrafter
 from serving.engine.drafters.ngram_store import NGramDrafter
 from serving.engine.drafters.prompt_lookup import PromptLookupDrafter
 from serving.engine.drafters.suffix import suffix_drafter
-from serving.engine.kv import new_cache
 from serving.engine.policy import FixedK
 from serving.engine.sampling import SamplingParams, make_sampler
 from serving.engine.step import speculative_step
@@ -29,6 +28,7 @@ from serving.errors import BadInputError
 from serving.models.head import DraftHead, head_config_for
 from serving.models.tiny import tiny_llama
 from serving.models.truncated import first_layers
+from serving.target import LoadedTarget
 
 NEW_TOKENS = 24
 NO_GPU = not torch.cuda.is_available()
@@ -38,9 +38,9 @@ DEVICES = [
 ]
 
 
-def _head(target, draft_vocab_size: int | None = None) -> DraftHead:
+def _head(target: LoadedTarget, draft_vocab_size: int | None = None) -> DraftHead:
     torch.manual_seed(0)
-    config = head_config_for(target, intermediate_size=48, draft_vocab_size=draft_vocab_size)
+    config = head_config_for(target.model, intermediate_size=48, draft_vocab_size=draft_vocab_size)
     vocab_ids = None if draft_vocab_size is None else torch.arange(draft_vocab_size) * 2
     return DraftHead(config, vocab_ids=vocab_ids).eval()
 
@@ -50,8 +50,8 @@ DRAFTERS = {
     "pld": lambda target: PromptLookupDrafter(),
     "ngram": lambda target: NGramDrafter(),
     "suffix": lambda target: suffix_drafter(None),
-    "layers": lambda target: ModelDrafter(first_layers(target, 2)),
-    "model": lambda target: ModelDrafter(tiny_llama(seed=1).to(next(target.parameters()).device)),
+    "layers": lambda target: ModelDrafter(target.over(first_layers(target.model, 2))),
+    "model": lambda target: ModelDrafter(LoadedTarget.of(tiny_llama(seed=1).to(target.device))),
     "head": lambda target: HeadDrafter(_head(target), target),
     "head_reduced": lambda target: HeadDrafter(_head(target, draft_vocab_size=40), target),
 }
@@ -78,13 +78,14 @@ def _guard(module: torch.nn.Module, seen: list[str]) -> None:
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("drafter_name", DRAFTERS)
 def test_every_tensor_handed_to_a_model_is_on_its_device(prompt, device, drafter_name):
-    target = tiny_llama().to(device)
+    model = tiny_llama().to(device)
+    target = LoadedTarget.of(model)  # no end-of-sequence ids: decodes to the budget
     plain = SpeculativeDecoder(target).generate(prompt, max_new_tokens=NEW_TOKENS).token_ids
     drafter = DRAFTERS[drafter_name](target)
     seen: list[str] = []
-    _guard(target, seen)
+    _guard(model, seen)
     if isinstance(drafter, ModelDrafter):
-        _guard(drafter.model, seen)
+        _guard(drafter.model.model, seen)
     if isinstance(drafter, HeadDrafter):
         _guard(drafter.head, seen)
     decoder = SpeculativeDecoder(
@@ -106,10 +107,10 @@ def test_every_tensor_handed_to_a_model_is_on_its_device(prompt, device, drafter
 @pytest.mark.parametrize("device", DEVICES)
 def test_a_model_draft_loads_onto_its_targets_device_and_dtype(tmp_path, device):
     tiny_llama(seed=1).save_pretrained(tmp_path / "draft")
-    target = tiny_llama(dtype=torch.bfloat16).to(device)
+    target = LoadedTarget.of(tiny_llama(dtype=torch.bfloat16).to(device))
     drafter = build_drafter(f"model:{tmp_path / 'draft'}", target)
     assert isinstance(drafter, ModelDrafter)
-    weight = next(drafter.model.parameters())
+    weight = next(drafter.model.model.parameters())
     assert weight.device.type == device and weight.dtype == torch.bfloat16
     assert drafter.device == weight.device
 
@@ -118,7 +119,7 @@ def test_a_model_draft_loads_onto_its_targets_device_and_dtype(tmp_path, device)
 def test_a_float32_head_drafts_for_a_bfloat16_target(prompt, device):
     # The head keeps its own dtype; the target's features and embeddings are cast to it,
     # and its predicted features back for the target's output layer.
-    target = tiny_llama(dtype=torch.bfloat16).to(device)
+    target = LoadedTarget.of(tiny_llama(dtype=torch.bfloat16).to(device))
     head = _head(target)
     drafter = HeadDrafter(head, target)
     assert next(drafter.head.parameters()).device.type == device
@@ -149,8 +150,8 @@ def test_a_sampler_draws_where_it_was_made():
 
 @pytest.mark.skipif(NO_GPU, reason="torch sees no CUDA GPU")
 def test_a_cpu_sampler_is_refused_for_a_cuda_target(prompt):
-    target = tiny_llama().to("cuda")
-    cache = new_cache(target)
+    target = LoadedTarget.of(tiny_llama().to("cuda"))
+    cache = target.new_cache()
     sampler = make_sampler(SamplingParams(temperature=1.0, seed=0))  # on the CPU
     with pytest.raises(BadInputError, match="make_sampler"):
         speculative_step(target, cache, [prompt[0]], None, 0, sampler)

@@ -5,8 +5,13 @@ import itertools
 import pytest
 
 from serving.errors import BadInputError
-from serving.hardware import HARDWARE_CONFIG, engine_target, hardware_target, load_hardware
-from serving.loader import DecoderOptions
+from serving.hardware import (
+    DEFAULT_HARDWARE,
+    HARDWARE_CONFIG,
+    engine_target,
+    hardware_target,
+    load_hardware,
+)
 
 
 def test_shipped_config_has_the_cpu_target():
@@ -46,7 +51,7 @@ def test_the_cuda_target_loads_from_the_shipped_config():
     assert cuda.load_options() == {"kernels": "stock", "device": "cuda", "dtype": "float32"}
     assert engine_target("cpu").load_options()["device"] == "cpu"
     # Measured, so the engine takes the target (options are checked before any load).
-    DecoderOptions(hardware="cuda").check()
+    assert engine_target("cuda").name == "cuda"
 
 
 def test_the_engine_refuses_a_target_whose_curve_was_not_measured(tmp_path):
@@ -93,3 +98,18 @@ def test_an_unmeasured_target_that_does_not_run_here_loads(tmp_path):
     assert hardware_target("gpu", path).device_type == "cuda"
     with pytest.raises(BadInputError, match=f"put its curve in {path}"):
         engine_target("gpu", path)
+
+
+def test_a_resolved_target_carries_its_name_and_is_frozen():
+    import yaml
+    from pydantic import ValidationError
+
+    assert DEFAULT_HARDWARE == "cpu"
+    cpu = engine_target(DEFAULT_HARDWARE)
+    assert cpu.name == "cpu" and hardware_target("cpu-int4").name == "cpu-int4"
+    # The name is the key the target is stored under, not a field of the file.
+    assert "name" not in cpu.model_dump()
+    assert "name" not in yaml.safe_load(yaml.safe_dump(cpu.model_dump()))
+    with pytest.raises(ValidationError, match="frozen"):
+        cpu.kernels = "stock"  # type: ignore[misc]
+    assert load_hardware().targets["cpu"].name == ""  # as stored: unnamed until resolved

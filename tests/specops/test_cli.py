@@ -51,6 +51,18 @@ def test_bad_bootstrap_options_fail_before_any_flow_runs(args, fragment):
     assert "Traceback" not in result.output
 
 
+def test_the_command_line_loads_without_torch():
+    """`specops --help` does not pay for torch or transformers (docs/architecture.md)."""
+    import subprocess
+    import sys
+
+    probe = "import sys, specops.cli; print(sorted({'torch', 'transformers'} & set(sys.modules)))"
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert done.stdout.strip() == "[]"
+
+
 @pytest.mark.real_model
 def test_generate_json_on_the_real_model(real_packed):
     result = runner.invoke(

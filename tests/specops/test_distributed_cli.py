@@ -88,7 +88,8 @@ def test_serve_target_serves_the_tiny_target_until_sigterm(
     import grpc
 
     from serving.engine.decoder import SpeculativeDecoder
-    from serving.loader import eos_ids, load_target
+    from serving.hardware import engine_target
+    from serving.loader import load_target
 
     ready = tmp_path / "port"
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -121,10 +122,8 @@ def test_serve_target_serves_the_tiny_target_until_sigterm(
     info = seen["info"]
     assert (info.model, info.vocab_size) == (str(target_dir), 96)
     assert (info.max_block, info.max_sessions) == (5, 3)  # the options reached the server
-    model, tokenizer = load_target(str(target_dir), kernels="stock")
-    plain = SpeculativeDecoder(model, eos_token_ids=eos_ids(model, tokenizer)).generate(
-        PROMPT, max_new_tokens=6
-    )
+    loaded = load_target(str(target_dir), engine_target("cpu-stock"))
+    plain = SpeculativeDecoder(loaded).generate(PROMPT, max_new_tokens=6)  # the target's EOS
     assert seen["result"].token_ids == plain.token_ids  # the target's own greedy output
 
 

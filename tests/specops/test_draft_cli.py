@@ -121,6 +121,7 @@ def test_train_draft_suffix_indexes_the_store(tmp_path):
 
 def test_train_draft_ngram_carries_its_shared_store_in_the_package(tmp_path, target):
     from serving.engine.drafters.factory import build_drafter
+    from serving.target import LoadedTarget
 
     store = tmp_path / "store"
     rows = [_record(0), _record(1), _record(2, split="heldout")]
@@ -135,7 +136,7 @@ def test_train_draft_ngram_carries_its_shared_store_in_the_package(tmp_path, tar
     manifest = read_manifest(out)
     assert manifest.drafter == "ngram:3,fallback=shared,min_conf=0.25,store=store.json"
     spec = manifest.spec(out)  # the store resolves inside the package
-    drafter = build_drafter(spec, target)
+    drafter = build_drafter(spec, LoadedTarget.of(target))
     described = drafter.describe()
     assert described["fallback"] == "shared" and described["store"] == str(out / "store.json")
     assert described["min_confidence"] == 0.25 and described["store_contexts"] > 0

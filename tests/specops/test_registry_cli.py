@@ -12,6 +12,8 @@ from typer.testing import CliRunner
 from registry.client import Registry
 from registry.config import load_registry_config
 from serving.engine.drafters.package import DraftManifest, write_package
+from serving.hardware import engine_target
+from serving.target import LoadedTarget, eos_ids
 from specops.cli import app
 from tasks.evaluate.evaluate import Contender, evaluate
 from tasks.evaluate.evaluation_file import evaluation_of, machine_info, write_evaluation_file
@@ -46,10 +48,13 @@ def report(tmp_path_factory, target, char_tokenizer, make_prompts):
             "challenger-0", write_package(folder / "b", DraftManifest(drafter="ngram:3", k=4))
         ),
     ]
-    return evaluate(
-        contenders, make_prompts()[:3], target=target, tokenizer=char_tokenizer,
-        hardware="cpu", max_new_tokens=8, progress=False,
-    )  # fmt: skip
+    loaded = LoadedTarget.of(
+        target,
+        char_tokenizer,
+        hardware=engine_target("cpu"),
+        eos_token_ids=eos_ids(target, char_tokenizer),
+    )
+    return evaluate(contenders, make_prompts()[:3], target=loaded, max_new_tokens=8, progress=False)
 
 
 def _evaluation_file(path, report, contenders):

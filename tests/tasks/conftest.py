@@ -9,10 +9,11 @@ import pytest
 from serving.engine.decoder import SpeculativeDecoder
 from serving.engine.drafters.prompt_lookup import PromptLookupDrafter
 from serving.engine.policy import FixedK
+from serving.target import LoadedTarget
 
 
 @pytest.fixture
 def pld_decoder(target) -> SpeculativeDecoder:
     return SpeculativeDecoder(
-        target, drafter=PromptLookupDrafter(), policy=FixedK(4), eos_token_ids=[2]
+        LoadedTarget.of(target, eos_token_ids=[2]), drafter=PromptLookupDrafter(), policy=FixedK(4)
     )

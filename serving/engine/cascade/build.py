@@ -34,7 +34,7 @@ def stage_kinds(specs: Sequence[DrafterSpec]) -> list[StageName]:
 
 
 def check_predictor_for(
-    predictor: str | Path, specs: Sequence[DrafterSpec], hardware: str | None
+    predictor: str | Path, specs: Sequence[DrafterSpec], hardware: HardwareTarget | None
 ) -> None:
     """Refuse a predictor folder that cannot score this cascade (no weights read)."""
     meta = check_predictor(predictor, hardware=hardware)
@@ -52,7 +52,7 @@ def check_cascade(plan: CascadePlan, hardware: HardwareTarget) -> None:
     """Refuse, before any weights load, a cascade whose predictor folder cannot score it
     on ``hardware``."""
     if plan.predictor is not None:
-        check_predictor_for(plan.predictor, plan.stages, hardware.name)
+        check_predictor_for(plan.predictor, plan.stages, hardware)
 
 
 def build_cascade(
@@ -67,8 +67,8 @@ def build_cascade(
     specs = list(plan.stages)
     kinds = stage_kinds(specs)
     if predictor is None and plan.predictor is not None:
-        check_predictor_for(plan.predictor, specs, target.name)
-        predictor = load_predictor(plan.predictor, hardware=target.name)
+        check_predictor_for(plan.predictor, specs, target.hardware)
+        predictor = load_predictor(plan.predictor, hardware=target.hardware)
     if predictor is not None:
         missing = [k for k in kinds if k not in predictor.stages]
         if missing:

@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from serving.atomic import atomic_dir
 from serving.engine.drafters.base import Drafter
 from serving.engine.drafters.factory import DrafterSpec, build_drafter
-from serving.engine.drafters.plan import DEFAULT_K, DEFAULT_POLICY, DraftPlan
+from serving.engine.drafters.plan import DEFAULT_K, DEFAULT_POLICY, DraftPlan, in_package
 from serving.engine.policy import MAX_DRAFT_TOKENS, POLICIES
 from serving.errors import BadInputError, ModelSourceError
 
@@ -72,8 +72,7 @@ class DraftManifest(BaseModel):
     def plan(self, folder: Path) -> DraftPlan:
         """The plan with its drafter's paths (a path argument, an n-gram store) resolved
         against ``folder``."""
-        stored = DraftPlan.parse(self.drafter, policy=self.policy, k=self.k)
-        return stored.relocated(folder)
+        return DraftPlan.parse(in_package(self.drafter, folder), policy=self.policy, k=self.k)
 
     def spec(self, folder: Path) -> DrafterSpec:
         """The drafter spec with its paths resolved against ``folder``."""

@@ -2,7 +2,8 @@
 
 A :class:`DraftPlan` is what every front asks for — a command's ``--drafter/--policy/-k``,
 an HTTP request's ``drafter``, a draft package's ``draft.json`` (``drafter``, ``policy``,
-``k``, exactly as stored), a champion, an evaluation's contender — parsed from its strings
+``k``, exactly as stored; :func:`in_package` resolves its paths), a champion, an
+evaluation's contender — parsed from its strings
 in one place (:meth:`DraftPlan.parse`) and turned into a decoder in one place
 (:func:`serving.engine.build.build_decoder`). A :class:`CascadePlan` is the same for a
 draft cascade (:mod:`serving.engine.cascade`): its stages in order, its largest block and
@@ -16,17 +17,29 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from serving.defaults import DEFAULT_CASCADE_K, DEFAULT_K, DEFAULT_POLICY
 from serving.engine.drafters.factory import parse_drafter_spec
-from serving.engine.drafters.kinds import KIND_BY_NAME, DrafterKind, DrafterSpec
+from serving.engine.drafters.kinds import (
+    KIND_BY_NAME,
+    DrafterKind,
+    DrafterSpec,
+    kind_of,
+    split_spec,
+)
 from serving.engine.policy import PolicyName, check_k, check_policy
 from serving.errors import BadInputError, ModelSourceError
 
-# The draft-length policy and largest draft a plan takes when none is named (a package's
-# draft.json without them, a champion, a per-request drafter).
-DEFAULT_POLICY: PolicyName = "cost"
-DEFAULT_K = 10
-# A cascade's largest block when none is named.
-DEFAULT_CASCADE_K = 8
+__all__ = [
+    "DEFAULT_CASCADE_K",
+    "DEFAULT_K",
+    "DEFAULT_POLICY",
+    "PLAIN",
+    "CascadePlan",
+    "DraftPlan",
+    "Plan",
+    "in_package",
+]
+
 NO_DRAFT = DrafterSpec("none")
 
 
@@ -66,13 +79,13 @@ class DraftPlan:
         )
 
     def relocated(self, folder: Path) -> DraftPlan:
-        """The plan with its drafter's package-relative paths (a path argument, an n-gram
-        store) resolved against the package ``folder``; a path leaving it is refused."""
-        relocate, arg = self.kind.relocate, self.drafter.arg
-        if relocate is None or not arg:
+        """This plan with its drafter's package-relative paths resolved against the
+        package ``folder`` (:func:`in_package`) and checked."""
+        spec = str(self.drafter)
+        located = in_package(spec, folder)
+        if located == spec:
             return self
-        inside = relocate(arg, lambda path: str(_inside(folder, path)))
-        return replace(self, drafter=parse_drafter_spec(f"{self.drafter.kind}:{inside}"))
+        return replace(self, drafter=parse_drafter_spec(located))
 
     def fields(self) -> dict[str, object]:
         """The plan as draft.json stores it: ``drafter``, ``policy``, ``k``."""
@@ -140,6 +153,16 @@ class CascadePlan:
 # What a decoder is built from (serving.engine.build.build_decoder).
 Plan = DraftPlan | CascadePlan
 PLAIN = DraftPlan()
+
+
+def in_package(drafter: str, folder: Path) -> str:
+    """The drafter spec ``drafter`` as a package stores it (its path argument, or an n-gram
+    store, relative to the package) with those paths resolved against the package
+    ``folder``, unchecked (parse the result); a path leaving the package is refused."""
+    kind, (name, arg) = kind_of(drafter), split_spec(drafter)
+    if kind is None or kind.relocate is None or not arg:
+        return drafter
+    return f"{name}:{kind.relocate(arg, lambda path: str(_inside(folder, path)))}"
 
 
 def _inside(folder: Path, arg: str) -> Path:

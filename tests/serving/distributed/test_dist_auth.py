@@ -24,17 +24,17 @@ NEW = 12
 
 
 @pytest.fixture(scope="module")
-def forwards(target):
+def forwards(loaded):
     """How many times the target model ran (a forward pre-hook counts them)."""
     calls = []
-    handle = target.register_forward_pre_hook(lambda *_: calls.append(1))
+    handle = loaded.model.register_forward_pre_hook(lambda *_: calls.append(1))
     yield calls
     handle.remove()
 
 
 @pytest.fixture(scope="module")
-def secure(target, tls_files, forwards):
-    service = TargetService(target, eos_token_ids=[], limits=TargetLimits(max_sessions=2))
+def secure(loaded, tls_files, forwards):
+    service = TargetService(loaded, eos_token_ids=[], limits=TargetLimits(max_sessions=2))
     running = serve_target(
         service, keys=from_keys([KEY]), tls=server_tls(tls_files.cert, tls_files.key)
     )
@@ -79,8 +79,8 @@ def test_a_call_without_the_key_is_unauthenticated_and_never_reaches_the_model(
     assert len(secure.service.table) == 0  # no session was made
 
 
-def test_the_key_over_tls_decodes_as_plain(secure, tls_files, forwards, target, prompt):
-    expected = SpeculativeDecoder(target).generate(prompt, max_new_tokens=NEW).token_ids
+def test_the_key_over_tls_decodes_as_plain(secure, tls_files, forwards, loaded, prompt):
+    expected = SpeculativeDecoder(loaded).generate(prompt, max_new_tokens=NEW).token_ids
     before = len(forwards)
     with TargetClient(_address(secure), api_key=KEY, tls_ca=tls_files.ca) as client:
         assert client.info().model == "target"
@@ -112,8 +112,8 @@ def test_a_client_that_does_not_trust_the_server_gets_nothing(secure, tls_files,
     assert failed.value.code == grpc.StatusCode.UNAVAILABLE
 
 
-def test_beyond_loopback_without_a_key_is_refused(target):
-    service = TargetService(target, eos_token_ids=[])
+def test_beyond_loopback_without_a_key_is_refused(loaded):
+    service = TargetService(loaded, eos_token_ids=[])
     with pytest.raises(BadInputError, match=r"refusing to bind '0\.0\.0\.0'.*--api-key-file"):
         serve_target(service, host="0.0.0.0")
     assert not service.scheduler._thread.is_alive()  # closed with the refusal

@@ -20,9 +20,9 @@ from serving.errors import BadInputError
 
 
 @pytest.fixture
-def server(target):
+def server(loaded):
     service = TargetService(
-        target, eos_token_ids=[], limits=TargetLimits(idle_timeout_s=0.3, max_block=8)
+        loaded, eos_token_ids=[], limits=TargetLimits(idle_timeout_s=0.3, max_block=8)
     )
     running = serve_target(service)
     yield running
@@ -128,15 +128,15 @@ def test_a_batch_past_its_deadline_closes_every_session_it_moved(prompt, server,
             assert "after its step ran" in gone.value.details  # closed, not expired
 
 
-def test_a_step_cancelled_before_its_pass_changes_nothing(target, prompt):
+def test_a_step_cancelled_before_its_pass_changes_nothing(loaded, prompt):
     table = SessionTable(limit=2, idle_timeout_s=60)
     sched = scheduler_module.Scheduler(
-        target,
+        loaded,
         table,
         limits=scheduler_module.BatchLimits(),
         cost=scheduler_module.PassCost(),
     )  # not started: this test runs its rounds by hand
-    decoder = SpeculativeDecoder(target, drafter=ClientBlock(), policy=FixedK(8))
+    decoder = SpeculativeDecoder(loaded, drafter=ClientBlock(), policy=FixedK(8))
     session = Session("s", decoder.begin(prompt, max_new_tokens=8), fused=False)
     sched._work([scheduler_module._Job("start", build=lambda: session)])
     before = list(session.decoding.tokens)
@@ -153,7 +153,7 @@ def test_a_step_cancelled_before_its_pass_changes_nothing(target, prompt):
     sched._work(jobs)
     assert (
         done_future.result().new_tokens
-        == SpeculativeDecoder(target).generate(prompt, max_new_tokens=1).token_ids
+        == SpeculativeDecoder(loaded).generate(prompt, max_new_tokens=1).token_ids
     )
 
 

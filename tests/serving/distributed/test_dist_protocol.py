@@ -19,9 +19,9 @@ OTHER_PROMPTS = [[1, 9, 9, 4, 7, 9, 9, 4, 7, 9], [1, 30, 31, 32, 30, 31, 32, 30,
 
 
 @pytest.fixture(scope="module")
-def running(target):
+def running(loaded):
     service = TargetService(
-        target, eos_token_ids=[], limits=TargetLimits(max_sessions=6, max_block=8)
+        loaded, eos_token_ids=[], limits=TargetLimits(max_sessions=6, max_block=8)
     )
     server = serve_target(service)
     yield server
@@ -34,12 +34,12 @@ def client(running):
         yield made
 
 
-def _plain(target, prompt, new=NEW, sampling=None):
-    return SpeculativeDecoder(target).generate(prompt, max_new_tokens=new, sampling=sampling)
+def _plain(loaded, prompt, new=NEW, sampling=None):
+    return SpeculativeDecoder(loaded).generate(prompt, max_new_tokens=new, sampling=sampling)
 
 
-def test_distributed_greedy_equals_plain(target, prompt, client):
-    expected = _plain(target, prompt).token_ids
+def test_distributed_greedy_equals_plain(loaded, prompt, client):
+    expected = _plain(loaded, prompt).token_ids
     result = run_distributed(
         client, prompt, drafter=PromptLookupDrafter(), policy=FixedK(4), max_new_tokens=NEW
     )
@@ -49,16 +49,16 @@ def test_distributed_greedy_equals_plain(target, prompt, client):
     assert result.round_trips == len(result.steps) + 2
 
 
-def test_model_drafter_on_the_client_equals_plain(target, prompt, client):
-    expected = _plain(target, prompt).token_ids
-    drafter = build_drafter("layers:1", target)
+def test_model_drafter_on_the_client_equals_plain(loaded, prompt, client):
+    expected = _plain(loaded, prompt).token_ids
+    drafter = build_drafter("layers:1", loaded)
     result = run_distributed(client, prompt, drafter=drafter, policy=FixedK(3), max_new_tokens=NEW)
     assert result.token_ids == expected
     assert result.accepted_tokens > 0
 
 
-def test_fused_and_plain_over_the_link_equal_plain(target, prompt, client):
-    expected = _plain(target, prompt).token_ids
+def test_fused_and_plain_over_the_link_equal_plain(loaded, prompt, client):
+    expected = _plain(loaded, prompt).token_ids
     fused = run_fused(client, prompt, server_drafter="pld", k=4, max_new_tokens=NEW)
     assert fused.token_ids == expected
     assert fused.draft_tokens > 0
@@ -69,11 +69,11 @@ def test_fused_and_plain_over_the_link_equal_plain(target, prompt, client):
     assert over_link.token_ids == expected
 
 
-def test_sampling_matches_the_engine_with_the_same_seed(target, prompt, client):
+def test_sampling_matches_the_engine_with_the_same_seed(loaded, prompt, client):
     """The server samples with the request's seeded sampler and verifies the client's
     blocks as the engine verifies the same drafter's: the same draws, the same output."""
     sampling = SamplingParams(temperature=0.9, top_k=20, seed=7)
-    engine = SpeculativeDecoder(target, drafter=PromptLookupDrafter(), policy=FixedK(4))
+    engine = SpeculativeDecoder(loaded, drafter=PromptLookupDrafter(), policy=FixedK(4))
     expected = engine.generate(prompt, max_new_tokens=NEW, sampling=sampling).token_ids
     result = run_distributed(
         client,
@@ -84,7 +84,7 @@ def test_sampling_matches_the_engine_with_the_same_seed(target, prompt, client):
         sampling=sampling,
     )
     assert result.token_ids == expected
-    assert expected != _plain(target, prompt).token_ids  # it did sample
+    assert expected != _plain(loaded, prompt).token_ids  # it did sample
 
 
 def _drive(client, prompts, *, batched: bool):
@@ -124,13 +124,13 @@ def _drive(client, prompts, *, batched: bool):
     return replies
 
 
-def test_batch_verify_equals_single_verifies(target, prompt, client):
+def test_batch_verify_equals_single_verifies(loaded, prompt, client):
     prompts = [prompt, *OTHER_PROMPTS]
     batched = _drive(client, prompts, batched=True)
     single = _drive(client, prompts, batched=False)
     assert batched == single
     for p, steps in zip(prompts, batched, strict=True):
-        assert [t for _, _, e in steps for t in e] == _plain(target, p, 24).token_ids
+        assert [t for _, _, e in steps for t in e] == _plain(loaded, p, 24).token_ids
 
 
 def _code(call) -> tuple[grpc.StatusCode, str]:
@@ -139,7 +139,7 @@ def _code(call) -> tuple[grpc.StatusCode, str]:
     return caught.value.code, caught.value.details
 
 
-def test_bad_requests_get_statuses_and_the_server_keeps_serving(target, prompt, client):
+def test_bad_requests_get_statuses_and_the_server_keeps_serving(loaded, prompt, client):
     session = client.start(prompt, max_new_tokens=4).session_id
     code, details = _code(lambda: client.verify("no-such-session", []))
     assert code == grpc.StatusCode.NOT_FOUND and "no-such-session" in details
@@ -165,10 +165,10 @@ def test_bad_requests_get_statuses_and_the_server_keeps_serving(target, prompt, 
         pass
     code, details = _code(lambda: client.verify(session, []))
     assert code == grpc.StatusCode.FAILED_PRECONDITION and "Finalize" in details
-    assert list(client.finalize(session).output_token_ids) == _plain(target, prompt, 4).token_ids
+    assert list(client.finalize(session).output_token_ids) == _plain(loaded, prompt, 4).token_ids
     # ...and the server still serves.
     result = run_distributed(client, prompt, drafter=None, policy=None, max_new_tokens=6)
-    assert result.token_ids == _plain(target, prompt, 6).token_ids
+    assert result.token_ids == _plain(loaded, prompt, 6).token_ids
 
 
 def test_session_limit(prompt, running, client):

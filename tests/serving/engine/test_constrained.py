@@ -18,6 +18,7 @@ from serving.engine.policy import FixedK
 from serving.errors import BadInputError
 from serving.models.tiny import tiny_llama
 from serving.models.truncated import first_layers
+from serving.target import LoadedTarget
 
 VOCAB = 96
 LENGTH = 14  # the toy grammar's outputs: exactly this many tokens
@@ -53,12 +54,12 @@ class _State:
         return self.position >= LENGTH
 
 
-def constrained_greedy(model, prompt: list[int]) -> list[int]:
+def constrained_greedy(tiny: LoadedTarget, prompt: list[int]) -> list[int]:
     """The constrained target's greedy output, from full forwards (no cache, no drafts)."""
     tokens, state, out = list(prompt), Alternating().start(), []
     with torch.inference_mode():
         while not state.is_finished():
-            logits = model(torch.tensor([tokens])).logits[0, -1]
+            logits = tiny(torch.tensor([tokens])).logits[0, -1]
             token = int(logits.masked_fill(~state.allowed(), float("-inf")).argmax())
             state = state.advance(token)
             tokens.append(token)
@@ -70,36 +71,37 @@ PROMPTS = [[1, 5, 17, 42, 8, 5, 17, 42, 33, 9, 5, 17], [7, 60, 7, 60, 7], [4]]
 DRAFTERS = {
     "none": lambda t: (None, None),
     "prompt_lookup": lambda t: (PromptLookupDrafter(), FixedK(4)),
-    "first_layers": lambda t: (ModelDrafter(first_layers(t, 2)), FixedK(3)),
-    "other_model": lambda t: (ModelDrafter(tiny_llama(seed=1)), FixedK(5)),
+    "first_layers": lambda t: (ModelDrafter(t.over(first_layers(t.model, 2))), FixedK(3)),
+    "other_model": lambda t: (ModelDrafter(LoadedTarget.of(tiny_llama(seed=1))), FixedK(5)),
 }
 
 
 @pytest.fixture(scope="module")
-def model():
-    return tiny_llama()
+def tiny() -> LoadedTarget:
+    """A tiny target of this module's own, taken as it is."""
+    return LoadedTarget.of(tiny_llama())
 
 
 @pytest.mark.parametrize("drafter", DRAFTERS)
-def test_constrained_speculation_equals_the_constrained_target(model, drafter):
+def test_constrained_speculation_equals_the_constrained_target(tiny, drafter):
     for prompt in PROMPTS:
-        made, policy = DRAFTERS[drafter](model)
-        decoder = SpeculativeDecoder(model, drafter=made, policy=policy)
+        made, policy = DRAFTERS[drafter](tiny)
+        decoder = SpeculativeDecoder(tiny, drafter=made, policy=policy)
         result = decoder.stream(prompt, max_new_tokens=64, constraint=Alternating()).run()
-        assert result.token_ids == constrained_greedy(model, prompt)
+        assert result.token_ids == constrained_greedy(tiny, prompt)
         assert result.stop_reason == "eos"  # the grammar completed
 
 
-def test_constrained_requests_in_a_batch_equal_each_alone(model):
+def test_constrained_requests_in_a_batch_equal_each_alone(tiny):
     decodings = [
-        SpeculativeDecoder(model, drafter=made, policy=policy).begin(
+        SpeculativeDecoder(tiny, drafter=made, policy=policy).begin(
             prompt, max_new_tokens=64, constraint=Alternating()
         )
         for prompt in PROMPTS
-        for made, policy in [DRAFTERS[name](model) for name in DRAFTERS]
+        for made, policy in [DRAFTERS[name](tiny) for name in DRAFTERS]
     ]
-    results = decode_together(decodings, model, limits=BatchLimits(4, 32))
-    expected = [constrained_greedy(model, p) for p in PROMPTS for _ in DRAFTERS]
+    results = decode_together(decodings, tiny, limits=BatchLimits(4, 32))
+    expected = [constrained_greedy(tiny, p) for p in PROMPTS for _ in DRAFTERS]
     assert [r.token_ids for r in results] == expected
 
 
@@ -112,9 +114,9 @@ def test_deterministic_drafts_are_cut_at_the_first_forbidden_one():
     assert len(whole) == 4 and len(states) == 4 and masks.shape == (5, VOCAB)
 
 
-def test_a_constraint_of_another_vocabulary_is_refused(model):
+def test_a_constraint_of_another_vocabulary_is_refused(tiny):
     class Wide(Alternating):
         vocab_size = VOCAB + 1
 
     with pytest.raises(BadInputError, match="vocabulary has 96"):
-        SpeculativeDecoder(model).begin([1, 2], constraint=Wide())
+        SpeculativeDecoder(tiny).begin([1, 2], constraint=Wide())

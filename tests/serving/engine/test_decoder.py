@@ -8,6 +8,7 @@ import re
 
 import pytest
 import torch
+from transformers import PreTrainedModel
 
 from serving.engine.decoder import CONTEXT_WINDOW, SpeculativeDecoder
 from serving.engine.detailed import SCHEMA_VERSION
@@ -15,29 +16,36 @@ from serving.engine.drafters.base import Drafter, DraftProposal
 from serving.engine.drafters.model import ModelDrafter
 from serving.engine.drafters.ngram_store import NGramDrafter
 from serving.engine.drafters.prompt_lookup import PromptLookupDrafter
-from serving.engine.kv import cache_length, new_cache
+from serving.engine.kv import cache_length
 from serving.engine.policy import MAX_DRAFT_TOKENS, AdaptiveK, FixedK
 from serving.engine.sampling import SamplingParams, make_sampler
 from serving.engine.step import speculative_step
 from serving.errors import BadInputError
 from serving.models.tiny import tiny_llama
 from serving.models.truncated import first_layers
+from serving.target import LoadedTarget
 
 NEW_TOKENS = 48  # the length of conftest's greedy_reference
 EOS = 2  # the tiny model's eos id; greedy_reference emits it at index 6
 
 
+def model_drafter(model: PreTrainedModel) -> ModelDrafter:
+    """A drafter of ``model`` taken as it is (the tiny target's kind of target)."""
+    return ModelDrafter(LoadedTarget.of(model))
+
+
+# Each takes the loaded tiny target (tests/serving/conftest.py's ``loaded``).
 DRAFTERS = {
-    "other_model": lambda target: ModelDrafter(tiny_llama(seed=1)),
-    "first_layers": lambda target: ModelDrafter(first_layers(target, 2)),
-    "prompt_lookup": lambda target: PromptLookupDrafter(),
-    "ngram": lambda target: NGramDrafter(),
-    "ngram_target_fallback": lambda target: NGramDrafter(n=3, fallback="target"),
+    "other_model": lambda loaded: model_drafter(tiny_llama(seed=1)),
+    "first_layers": lambda loaded: ModelDrafter(loaded.over(first_layers(loaded.model, 2))),
+    "prompt_lookup": lambda loaded: PromptLookupDrafter(),
+    "ngram": lambda loaded: NGramDrafter(),
+    "ngram_target_fallback": lambda loaded: NGramDrafter(n=3, fallback="target"),
 }
 
 
-def test_plain_decoding_matches_hugging_face(target, prompt, greedy_reference):
-    result = SpeculativeDecoder(target).generate(prompt, max_new_tokens=NEW_TOKENS)
+def test_plain_decoding_matches_hugging_face(loaded, prompt, greedy_reference):
+    result = SpeculativeDecoder(loaded).generate(prompt, max_new_tokens=NEW_TOKENS)
     assert result.token_ids == greedy_reference
     assert result.from_draft == [False] * NEW_TOKENS
     assert result.stats.checks == NEW_TOKENS and result.stats.acceptance_rate is None
@@ -46,9 +54,9 @@ def test_plain_decoding_matches_hugging_face(target, prompt, greedy_reference):
 
 @pytest.mark.parametrize("k", [1, 2, 4, 8])
 @pytest.mark.parametrize("drafter_name", DRAFTERS)
-def test_greedy_speculative_equals_plain_greedy(target, prompt, greedy_reference, drafter_name, k):
-    drafter = DRAFTERS[drafter_name](target)
-    result = SpeculativeDecoder(target, drafter=drafter, policy=FixedK(k)).generate(
+def test_greedy_speculative_equals_plain_greedy(loaded, prompt, greedy_reference, drafter_name, k):
+    drafter = DRAFTERS[drafter_name](loaded)
+    result = SpeculativeDecoder(loaded, drafter=drafter, policy=FixedK(k)).generate(
         prompt, max_new_tokens=NEW_TOKENS
     )
     assert result.token_ids == greedy_reference
@@ -56,18 +64,18 @@ def test_greedy_speculative_equals_plain_greedy(target, prompt, greedy_reference
 
 
 @pytest.mark.parametrize("drafter_name", DRAFTERS)
-def test_greedy_equality_with_adaptive_k(target, prompt, greedy_reference, drafter_name):
-    drafter = DRAFTERS[drafter_name](target)
-    decoder = SpeculativeDecoder(target, drafter=drafter, policy=AdaptiveK(2, k_max=6))
+def test_greedy_equality_with_adaptive_k(loaded, prompt, greedy_reference, drafter_name):
+    drafter = DRAFTERS[drafter_name](loaded)
+    decoder = SpeculativeDecoder(loaded, drafter=drafter, policy=AdaptiveK(2, k_max=6))
     assert decoder.generate(prompt, max_new_tokens=NEW_TOKENS).token_ids == greedy_reference
 
 
-def test_the_targets_guesses_fill_the_n_gram_drafts(target, prompt, greedy_reference):
+def test_the_targets_guesses_fill_the_n_gram_drafts(loaded, prompt, greedy_reference):
     """Where the request's n-grams know nothing, the target's guesses from its last pass
     are drafted: more drafts and more accepted tokens than stopping, the same output."""
     results = {
         fallback: SpeculativeDecoder(
-            target, drafter=NGramDrafter(n=3, fallback=fallback), policy=FixedK(4)
+            loaded, drafter=NGramDrafter(n=3, fallback=fallback), policy=FixedK(4)
         ).generate(prompt, max_new_tokens=NEW_TOKENS)
         for fallback in ("stop", "target")
     }
@@ -77,19 +85,19 @@ def test_the_targets_guesses_fill_the_n_gram_drafts(target, prompt, greedy_refer
     assert results["target"].stats.accepted_tokens >= results["stop"].stats.accepted_tokens
 
 
-def test_single_token_prompt_needs_no_prefill(target):
-    drafter = ModelDrafter(first_layers(target, 3))
-    plain = SpeculativeDecoder(target).generate([7], max_new_tokens=20)
-    spec = SpeculativeDecoder(target, drafter=drafter, policy=FixedK(3)).generate(
+def test_single_token_prompt_needs_no_prefill(loaded):
+    drafter = ModelDrafter(loaded.over(first_layers(loaded.model, 3)))
+    plain = SpeculativeDecoder(loaded).generate([7], max_new_tokens=20)
+    spec = SpeculativeDecoder(loaded, drafter=drafter, policy=FixedK(3)).generate(
         [7], max_new_tokens=20
     )
     assert spec.token_ids == plain.token_ids
 
 
 @pytest.mark.parametrize("k", [1, 4, 8])
-def test_a_model_drafting_for_itself_accepts_every_draft(target, prompt, greedy_reference, k):
-    drafter = ModelDrafter(tiny_llama())  # same seed: identical weights
-    result = SpeculativeDecoder(target, drafter=drafter, policy=FixedK(k)).generate(
+def test_a_model_drafting_for_itself_accepts_every_draft(loaded, prompt, greedy_reference, k):
+    drafter = model_drafter(tiny_llama())  # same seed: identical weights
+    result = SpeculativeDecoder(loaded, drafter=drafter, policy=FixedK(k)).generate(
         prompt, max_new_tokens=NEW_TOKENS
     )
     assert result.token_ids == greedy_reference
@@ -100,18 +108,18 @@ def test_a_model_drafting_for_itself_accepts_every_draft(target, prompt, greedy_
 
 
 def test_target_cache_holds_all_but_the_last_token_after_every_step(
-    target, prompt, greedy_reference
+    loaded, prompt, greedy_reference
 ):
     drafter = PromptLookupDrafter(max_ngram=2)
     sampler = make_sampler()
-    cache = new_cache(target)
+    cache = loaded.new_cache()
     with torch.inference_mode():
-        target(input_ids=torch.tensor([prompt[:-1]]), past_key_values=cache, use_cache=True)
+        loaded(input_ids=torch.tensor([prompt[:-1]]), past_key_values=cache, use_cache=True)
     drafter.begin(list(prompt))
     tokens = list(prompt)
     rejected = accepted = 0
     while len(tokens) - len(prompt) < NEW_TOKENS:
-        step = speculative_step(target, cache, tokens, drafter, 4, sampler)
+        step = speculative_step(loaded, cache, tokens, drafter, 4, sampler)
         tokens += step.new_tokens
         assert cache_length(cache) == len(tokens) - 1
         rejected += step.accepted < step.proposed
@@ -123,19 +131,19 @@ def test_target_cache_holds_all_but_the_last_token_after_every_step(
 @pytest.mark.parametrize(
     "make_decoder",
     [
-        lambda target: SpeculativeDecoder(target, eos_token_ids=[EOS]),
-        lambda target: SpeculativeDecoder(
-            target, drafter=ModelDrafter(tiny_llama()), policy=FixedK(8), eos_token_ids=[EOS]
+        lambda loaded: SpeculativeDecoder(loaded, eos_token_ids=[EOS]),
+        lambda loaded: SpeculativeDecoder(
+            loaded, drafter=model_drafter(tiny_llama()), policy=FixedK(8), eos_token_ids=[EOS]
         ),
-        lambda target: SpeculativeDecoder(
-            target, drafter=PromptLookupDrafter(), policy=FixedK(4), eos_token_ids=[EOS, 95]
+        lambda loaded: SpeculativeDecoder(
+            loaded, drafter=PromptLookupDrafter(), policy=FixedK(4), eos_token_ids=[EOS, 95]
         ),
     ],
     ids=["plain", "self_draft", "prompt_lookup"],
 )
-def test_eos_stops_generation(target, prompt, greedy_reference, make_decoder):
+def test_eos_stops_generation(loaded, prompt, greedy_reference, make_decoder):
     stop = greedy_reference.index(EOS)
-    result = make_decoder(target).generate(prompt, max_new_tokens=NEW_TOKENS)
+    result = make_decoder(loaded).generate(prompt, max_new_tokens=NEW_TOKENS)
     assert result.token_ids == greedy_reference[: stop + 1]
     assert result.stop_reason == "eos"
     assert result.stats.generated_tokens == stop + 1
@@ -143,9 +151,9 @@ def test_eos_stops_generation(target, prompt, greedy_reference, make_decoder):
 
 @pytest.mark.parametrize("max_new_tokens", [1, 2, 5, 9, 17])
 @pytest.mark.parametrize("k", [1, 8])
-def test_max_new_tokens_is_respected_exactly(target, prompt, greedy_reference, max_new_tokens, k):
-    drafter = ModelDrafter(tiny_llama())  # accepts everything, so blocks run into the budget
-    result = SpeculativeDecoder(target, drafter=drafter, policy=FixedK(k)).generate(
+def test_max_new_tokens_is_respected_exactly(loaded, prompt, greedy_reference, max_new_tokens, k):
+    drafter = model_drafter(tiny_llama())  # accepts everything, so blocks run into the budget
+    result = SpeculativeDecoder(loaded, drafter=drafter, policy=FixedK(k)).generate(
         prompt, max_new_tokens=max_new_tokens
     )
     assert result.token_ids == greedy_reference[:max_new_tokens]
@@ -155,8 +163,8 @@ def test_max_new_tokens_is_respected_exactly(target, prompt, greedy_reference, m
 
 
 @pytest.mark.parametrize("drafter_name", ["first_layers", "prompt_lookup"])
-def test_stream_provenance_matches_the_statistics(target, prompt, drafter_name):
-    decoder = SpeculativeDecoder(target, drafter=DRAFTERS[drafter_name](target), policy=FixedK(4))
+def test_stream_provenance_matches_the_statistics(loaded, prompt, drafter_name):
+    decoder = SpeculativeDecoder(loaded, drafter=DRAFTERS[drafter_name](loaded), policy=FixedK(4))
     generation = decoder.stream(prompt, max_new_tokens=NEW_TOKENS)
     events = list(generation)
     result = generation.result
@@ -194,17 +202,17 @@ def check_record(result, prompt, drafter_kind: str):
 
 
 @pytest.mark.parametrize("drafter_name", ["first_layers", "ngram"])
-def test_detailed_mode_records_disagreements(target, prompt, drafter_name):
-    decoder = SpeculativeDecoder(target, drafter=DRAFTERS[drafter_name](target), policy=FixedK(4))
+def test_detailed_mode_records_disagreements(loaded, prompt, drafter_name):
+    decoder = SpeculativeDecoder(loaded, drafter=DRAFTERS[drafter_name](loaded), policy=FixedK(4))
     result = decoder.generate(prompt, max_new_tokens=NEW_TOKENS, mode="detailed")
     kind = {"first_layers": "model", "ngram": "ngram_store"}[drafter_name]
     check_record(result, prompt, kind)
     assert decoder.generate(prompt, max_new_tokens=8).record is None  # fast mode: no record
 
 
-def test_detailed_mode_under_sampling(target, prompt):
+def test_detailed_mode_under_sampling(loaded, prompt):
     decoder = SpeculativeDecoder(
-        target, drafter=ModelDrafter(first_layers(target, 2)), policy=FixedK(3)
+        loaded, drafter=ModelDrafter(loaded.over(first_layers(loaded.model, 2))), policy=FixedK(3)
     )
     sampling = SamplingParams(temperature=0.8, seed=5)
     result = decoder.generate(prompt, max_new_tokens=NEW_TOKENS, sampling=sampling, mode="detailed")
@@ -230,14 +238,14 @@ class ScriptedDrafter(Drafter):
         pass
 
 
-def test_no_disagreement_is_recorded_past_an_accepted_eos(target, prompt, greedy_reference):
+def test_no_disagreement_is_recorded_past_an_accepted_eos(loaded, prompt, greedy_reference):
     # One block accepts the EOS draft and the draft after it, then is rejected: the output
     # stops at EOS, so that rejection is not a disagreement of this output.
     stop = greedy_reference.index(EOS)
     wrong = (greedy_reference[stop + 2] + 1) % 96
     script = [*greedy_reference[: stop + 2], wrong]
     decoder = SpeculativeDecoder(
-        target, drafter=ScriptedDrafter(script), policy=FixedK(len(script)), eos_token_ids=[EOS]
+        loaded, drafter=ScriptedDrafter(script), policy=FixedK(len(script)), eos_token_ids=[EOS]
     )
     result = decoder.generate(prompt, max_new_tokens=NEW_TOKENS, mode="detailed")
     assert result.token_ids == greedy_reference[: stop + 1]
@@ -257,12 +265,12 @@ def test_no_disagreement_is_recorded_past_an_accepted_eos(target, prompt, greedy
         ([3], {"mode": "verbose"}, "'verbose'"),
     ],
 )
-def test_bad_requests_fail_before_any_model_work(target, monkeypatch, prompt_tokens, kwargs, shown):
+def test_bad_requests_fail_before_any_model_work(loaded, monkeypatch, prompt_tokens, kwargs, shown):
     def forward(*args, **kw):
         raise AssertionError("the model ran before the request was validated")
 
-    decoder = SpeculativeDecoder(target, drafter=PromptLookupDrafter(), policy=FixedK(2))
-    monkeypatch.setattr(target, "forward", forward)
+    decoder = SpeculativeDecoder(loaded, drafter=PromptLookupDrafter(), policy=FixedK(2))
+    monkeypatch.setattr(loaded.model, "forward", forward)
     with pytest.raises(BadInputError) as excinfo:
         decoder.stream(prompt_tokens, **kwargs)
     assert shown in str(excinfo.value)
@@ -278,19 +286,19 @@ def test_bad_draft_lengths_raise(k):
         AdaptiveK(k)
 
 
-def test_a_drafter_needs_a_policy(target):
+def test_a_drafter_needs_a_policy(loaded):
     with pytest.raises(BadInputError, match="policy"):
-        SpeculativeDecoder(target, drafter=NGramDrafter())
+        SpeculativeDecoder(loaded, drafter=NGramDrafter())
 
 
 @pytest.mark.parametrize("drafter_name", [None, "first_layers", "ngram", "ngram_target_fallback"])
-def test_seeded_sampling_is_reproducible(target, prompt, drafter_name):
+def test_seeded_sampling_is_reproducible(loaded, prompt, drafter_name):
     def run(seed: int) -> list[int]:
         if drafter_name is None:
-            decoder = SpeculativeDecoder(target)
+            decoder = SpeculativeDecoder(loaded)
         else:
             decoder = SpeculativeDecoder(
-                target, drafter=DRAFTERS[drafter_name](target), policy=FixedK(3)
+                loaded, drafter=DRAFTERS[drafter_name](loaded), policy=FixedK(3)
             )
         sampling = SamplingParams(temperature=1.0, top_p=0.95, seed=seed)
         return decoder.generate(prompt, max_new_tokens=32, sampling=sampling).token_ids

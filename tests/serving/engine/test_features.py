@@ -67,8 +67,8 @@ def test_prompt_lookup_reports_its_matched_length():
     assert proposal.match_len.tolist() == [3, 3]
 
 
-def test_detailed_records_hold_one_row_per_ruled_draft(target, prompt):
-    decoder = SpeculativeDecoder(target, drafter=PromptLookupDrafter(2), policy=FixedK(4))
+def test_detailed_records_hold_one_row_per_ruled_draft(loaded, prompt):
+    decoder = SpeculativeDecoder(loaded, drafter=PromptLookupDrafter(2), policy=FixedK(4))
     result = decoder.generate(prompt * 3, max_new_tokens=40, mode="detailed")
     record = result.record
     assert record is not None and record.drafted

@@ -16,6 +16,7 @@ from serving.engine.predictor import (
     vectorize,
 )
 from serving.errors import BadInputError
+from serving.hardware import hardware_target
 from tests.serving.engine.cascade.conftest import tiny_predictor
 
 
@@ -73,7 +74,7 @@ def test_save_and_load_round_trip(tmp_path):
     predictor = tiny_predictor()
     rows = [_row(), _row(stage="suffix", confidence=0.5)]
     folder = predictor.save(tmp_path / "p")
-    loaded = load_predictor(folder, hardware="cpu")
+    loaded = load_predictor(folder, hardware=hardware_target("cpu"))
     assert torch.allclose(loaded.predict(rows), predictor.predict(rows))
     loaded.shrink = False
     assert torch.allclose(loaded.predict(rows), predictor.raw(rows))

@@ -15,6 +15,7 @@ from serving.engine.relaxed import check_lambda, verify_relaxed
 from serving.engine.sampling import SamplingParams
 from serving.errors import BadInputError
 from serving.models.tiny import tiny_llama
+from serving.target import LoadedTarget
 
 NEW_TOKENS = 48
 
@@ -65,18 +66,18 @@ def test_lambda_inf_spellings_mean_lossless():
     assert check_lambda(None) == check_lambda("inf") == check_lambda(math.inf) == math.inf
 
 
-def _decoder(target, lam):
-    drafter = ModelDrafter(tiny_llama(seed=1))
+def _decoder(target: LoadedTarget, lam):
+    drafter = ModelDrafter(LoadedTarget.of(tiny_llama(seed=1)))
     return SpeculativeDecoder(target, drafter=drafter, policy=FixedK(4), relax_lambda=lam)
 
 
-def test_engine_with_infinite_lambda_is_exactly_lossless(target, prompt, greedy_reference):
-    result = _decoder(target, math.inf).generate(prompt, max_new_tokens=NEW_TOKENS)
+def test_engine_with_infinite_lambda_is_exactly_lossless(loaded, prompt, greedy_reference):
+    result = _decoder(loaded, math.inf).generate(prompt, max_new_tokens=NEW_TOKENS)
     assert result.token_ids == greedy_reference
 
 
-def test_engine_relaxed_reports_unverified_tokens(target, prompt, greedy_reference):
-    generation = _decoder(target, 0.001).stream(prompt, max_new_tokens=NEW_TOKENS, mode="detailed")
+def test_engine_relaxed_reports_unverified_tokens(loaded, prompt, greedy_reference):
+    generation = _decoder(loaded, 0.001).stream(prompt, max_new_tokens=NEW_TOKENS, mode="detailed")
     events = list(generation)
     result = generation.result
     unverified = [i for i, e in enumerate(events) if not e.verified]
@@ -88,6 +89,6 @@ def test_engine_relaxed_reports_unverified_tokens(target, prompt, greedy_referen
     assert len(rows) == len(unverified)
 
 
-def test_relaxed_mode_refuses_sampling(target, prompt):
+def test_relaxed_mode_refuses_sampling(loaded, prompt):
     with pytest.raises(BadInputError, match="greedy"):
-        _decoder(target, 1.0).stream(prompt, sampling=SamplingParams(temperature=0.8))
+        _decoder(loaded, 1.0).stream(prompt, sampling=SamplingParams(temperature=0.8))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from transformers import PreTrainedModel
 
 from serving.curves import BatchLimits, PassCost
 from serving.engine.batch.batch import decode_together
@@ -16,12 +17,13 @@ from serving.engine.drafters.head import HeadDrafter
 from serving.engine.drafters.prompt_lookup import PromptLookupDrafter
 from serving.engine.policy import FixedK
 from serving.models.head import DraftHead, head_config_for
+from serving.target import LoadedTarget
 from tests.serving.lean.models import tiny_target
 
 PROMPTS = [[1, 5, 17, 42, 8, 5, 17, 42, 33, 9, 5, 17], [3, 4, 5, 6, 3, 4, 5, 6, 3, 4], [7]]
 
 
-def _forbid_transformers_layers(model) -> None:
+def _forbid_transformers_layers(model: PreTrainedModel) -> None:
     def raising(*args, **kwargs):
         raise AssertionError("transformers' decoder layer ran")
 
@@ -31,19 +33,19 @@ def _forbid_transformers_layers(model) -> None:
 
 @pytest.fixture(scope="module")
 def lean_target():
-    model = tiny_target("onednn", num_layers=3, max_positions=512)
-    use_ragged_attention(model)
-    _forbid_transformers_layers(model)
-    return model
+    target = tiny_target("onednn", num_layers=3, max_positions=512)
+    use_ragged_attention(target.model)
+    _forbid_transformers_layers(target.model)
+    return target
 
 
-def _plain(target, prompt, new=24):
+def _plain(target: LoadedTarget, prompt, new=24):
     return SpeculativeDecoder(target).generate(prompt, max_new_tokens=new).token_ids
 
 
-def _drafters(target):
+def _drafters(target: LoadedTarget):
     torch.manual_seed(0)
-    head = DraftHead(head_config_for(target, intermediate_size=48)).eval()
+    head = DraftHead(head_config_for(target.model, intermediate_size=48)).eval()
     return [
         (PromptLookupDrafter(), FixedK(4)),
         (build_drafter("layers:1", target), FixedK(3)),
@@ -97,13 +99,14 @@ def test_the_distributed_target_serves_the_lean_step(lean_target):
 
 
 def test_chat_answers_on_the_lean_step(model_folder):
+    from serving.hardware import engine_target
     from serving.loader import load_target
     from specops.chat.commands import Settings
     from specops.chat.session import ChatSession
 
-    model, tokenizer = load_target(str(model_folder), kernels="onednn", lean_mode="on")
-    _forbid_transformers_layers(model)
-    session = ChatSession(model, tokenizer, settings=Settings(max_tokens=12, policy="fixed", k=3))
+    target = load_target(str(model_folder), engine_target("cpu"), lean_mode="on")
+    _forbid_transformers_layers(target.model)
+    session = ChatSession(target, settings=Settings(max_tokens=12, policy="fixed", k=3))
     session.set("drafter", "layers:1")
     turn = session.ask("Say hello")
     assert turn.result.token_ids and turn.result.stats.draft_tokens > 0

@@ -4,6 +4,8 @@ the capture itself on a GPU where torch sees one."""
 
 from __future__ import annotations
 
+from typing import cast
+
 import pytest
 import torch
 from transformers import DynamicCache
@@ -14,28 +16,29 @@ from serving.engine.batch.ragged import use_ragged_attention
 from serving.engine.decoder import SpeculativeDecoder
 from serving.engine.drafters.factory import build_drafter
 from serving.engine.drafters.prompt_lookup import PromptLookupDrafter
-from serving.engine.kv import new_cache, rewind
+from serving.engine.kv import rewind
 from serving.engine.policy import FixedK
 from serving.errors import BadInputError, SpecOpsError
 from serving.lean import graphed
 from serving.lean.graphed import GraphedCache, GraphedStep, graphs_wanted
-from serving.lean.install import attach
 from serving.models.fused import fuse_projections
 from serving.models.tiny import tiny_llama
+from serving.target import LoadedTarget
 
 PROMPTS = [[1, 5, 17, 42, 8, 5, 17, 42, 33, 9, 5, 17], [3, 4, 5, 6, 3, 4, 5, 6, 3, 4], [7]]
 NO_GPU = not torch.cuda.is_available()
 
 
-def _target(device: str = "cpu", *, fused: bool = False, capture: bool = False):
-    model = tiny_llama(num_layers=3, max_positions=512).to(device)
+def _target(device: str = "cpu", *, fused: bool = False, capture: bool = False) -> LoadedTarget:
+    """A tiny target on the graphed step (no end-of-sequence ids: it decodes to its budget)."""
+    model = tiny_llama(num_layers=3, max_positions=512)
+    cast(torch.nn.Module, model).to(device)  # in place: every parameter moves
     if fused:
         fuse_projections(model)
-    attach(model, GraphedStep(model, capture=capture))
-    return model
+    return LoadedTarget.of(model, step=GraphedStep(model, capture=capture))
 
 
-def _reference(model, ids: list[int], cuts: list[int]) -> list[torch.Tensor]:
+def _reference(model: LoadedTarget, ids: list[int], cuts: list[int]) -> list[torch.Tensor]:
     """transformers' forward over ``ids`` in passes ending at ``cuts`` (a DynamicCache)."""
     cache, out, start = DynamicCache(config=model.config), [], 0
     for cut in cuts:
@@ -52,7 +55,7 @@ def test_passes_match_transformers_forward_at_every_block_size(fused):
     cuts = [9, 10, 14, 15, 23, 24, 40]  # a prefill, then blocks of 1, 4, 1, 8, 1 and 16
     with torch.inference_mode():
         expected = _reference(model, ids, cuts)
-        cache, start = new_cache(model), 0
+        cache, start = model.new_cache(), 0
         assert isinstance(cache, GraphedCache)
         for cut, want in zip(cuts, expected, strict=True):
             block = torch.tensor(ids[start:cut])[None]
@@ -66,7 +69,7 @@ def test_a_rewind_only_lowers_the_length_and_stale_entries_never_count():
     model = _target()
     ids = [(5 * i + 1) % 96 for i in range(20)]
     with torch.inference_mode():
-        cache = new_cache(model)
+        cache = model.new_cache()
         model(input_ids=torch.tensor(ids[:12])[None], past_key_values=cache)
         model(input_ids=torch.tensor([9, 9, 9, 9])[None], past_key_values=cache)  # rejected
         rewind(cache, 12)
@@ -77,7 +80,7 @@ def test_a_rewind_only_lowers_the_length_and_stale_entries_never_count():
         cache.crop(-30)
 
 
-def _greedy(target, prompt, drafter=None, policy=None, new=24):
+def _greedy(target: LoadedTarget, prompt, drafter=None, policy=None, new=24):
     decoder = SpeculativeDecoder(target, drafter=drafter, policy=policy)
     return decoder.generate(prompt, max_new_tokens=new).token_ids
 
@@ -91,8 +94,9 @@ def test_speculative_output_equals_plain_output_with_every_draft_kind():
             (build_drafter("layers:1", model), FixedK(3)),
         ]:
             assert _greedy(model, prompt, drafter, policy) == plain
-    draft = build_drafter("layers:1", model).model  # type: ignore[attr-defined]
-    assert isinstance(draft.specops_lean, GraphedStep)  # its own step over the shared layers
+    draft = build_drafter("layers:1", model).model  # type: ignore[union-attr]
+    # its own step over the shared layers
+    assert isinstance(draft.step, GraphedStep) and draft.step is not model.step
 
 
 def test_requests_taking_turns_get_what_each_gets_alone():
@@ -114,7 +118,7 @@ def test_requests_taking_turns_get_what_each_gets_alone():
 
 def test_packed_batches_equal_each_request_alone():
     model = _target()
-    use_ragged_attention(model)
+    use_ragged_attention(model.model)
     alone = [_greedy(model, p) for p in PROMPTS]
     decodings = [
         SpeculativeDecoder(model, drafter=drafter, policy=policy).begin(p, max_new_tokens=24)
@@ -133,12 +137,13 @@ def test_packed_batches_equal_each_request_alone():
 def test_the_buffers_grow_past_their_first_capacity(monkeypatch):
     monkeypatch.setattr(graphed, "INITIAL_CAPACITY", 16)
     model = _target()
-    step = model.specops_lean
-    assert step.capacity == 16
+    step = model.step
+    assert isinstance(step, GraphedStep) and step.capacity == 16
     prompt = PROMPTS[0]
     plain = _greedy(model, prompt, new=40)
     assert step.capacity >= len(prompt) + 40
-    transformers_only = tiny_llama(num_layers=3, max_positions=512)  # DynamicCache passes
+    # DynamicCache passes
+    transformers_only = LoadedTarget.of(tiny_llama(num_layers=3, max_positions=512))
     assert _greedy(transformers_only, prompt, new=40) == plain
     cache = step.new_cache()
     cache.length = 510
@@ -169,7 +174,8 @@ def test_another_architecture_is_named():
 @pytest.mark.parametrize("fused", [False, True])
 def test_captured_passes_decode_exactly_on_the_gpu(fused):
     model = _target("cuda", fused=fused, capture=True)
-    step = model.specops_lean
+    step = model.step
+    assert isinstance(step, GraphedStep)
     for prompt in PROMPTS:
         plain = _greedy(model, prompt)
         for drafter, policy in [
@@ -179,7 +185,7 @@ def test_captured_passes_decode_exactly_on_the_gpu(fused):
             assert _greedy(model, prompt, drafter, policy) == plain
     assert 1 in step.graphs and step.graphs[1].graph is not None
     eager = _target("cuda", fused=fused, capture=False)
-    eager.load_state_dict(model.state_dict())
+    eager.model.load_state_dict(model.model.state_dict())
     assert [_greedy(eager, p) for p in PROMPTS] == [_greedy(model, p) for p in PROMPTS]
 
 

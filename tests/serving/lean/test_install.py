@@ -10,11 +10,14 @@ import pytest
 import torch
 
 from serving.errors import BadInputError
+from serving.hardware import engine_target
 from serving.lean import build
 from serving.lean.build import LeanUnavailable
-from serving.lean.install import install, lean_mode, lean_step, preflight
+from serving.lean.install import lean_mode, make_step, preflight
+from serving.lean.step import LeanStep
 from serving.models.kernels import apply_kernels
 from serving.models.tiny import tiny_llama
+from serving.target import DEFAULT_TARGET, prepare_target
 from tests.serving.lean.models import tiny_target
 
 
@@ -27,9 +30,13 @@ def test_modes_come_from_the_argument_or_the_environment(monkeypatch):
 
 
 def test_off_keeps_transformers_forward():
+    from transformers import DynamicCache
+
     model = tiny_llama(hidden_size=64, intermediate_size=128)
-    apply_kernels(model, "int4", fuse=True)
-    assert install(model, "off") is None and lean_step(model) is None
+    target = prepare_target(model, engine_target("cpu-int4"), lean_mode="off")
+    assert target.kernels == "int4" and target.step is None
+    assert isinstance(target.new_cache(), DynamicCache)  # passes run transformers' forward
+    assert make_step(model, "off") is None
 
 
 def test_stock_kernels_fall_back_quietly_or_fail_when_asked(caplog):
@@ -42,9 +49,9 @@ def test_stock_kernels_fall_back_quietly_or_fail_when_asked(caplog):
     assert preflight("stock", "cuda", "auto") is True
     assert preflight("stock", "cuda", "off") is False
     model = tiny_llama()  # stock kernels: not packed for the CPU
-    assert install(model, "auto") is None
+    assert make_step(model, "auto") is None
     with pytest.raises(LeanUnavailable, match="not packed for the CPU"):
-        install(model, "on")
+        make_step(model, "on")
 
 
 def test_another_architecture_decodes_through_transformers(caplog):
@@ -53,7 +60,7 @@ def test_another_architecture_decodes_through_transformers(caplog):
     model = GPT2LMHeadModel(GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=96)).eval()
     apply_kernels(model, "onednn")
     with caplog.at_level(logging.WARNING, logger="serving.lean.install"):
-        assert install(model, "auto") is None
+        assert make_step(model, "auto") is None
     assert "architecture 'gpt2' is not Llama's" in caplog.text
     with torch.inference_mode():
         assert model(input_ids=torch.tensor([[1, 2, 3]])).logits.shape == (1, 3, 96)
@@ -63,7 +70,7 @@ def test_unfused_projections_are_named():
     model = tiny_llama(hidden_size=64, intermediate_size=128)
     apply_kernels(model, "onednn")  # packed, not fused
     with pytest.raises(LeanUnavailable, match="not fused"):
-        install(model, "on")
+        make_step(model, "on")
 
 
 def test_a_missing_compiler_is_one_clear_error_before_any_weights(monkeypatch):
@@ -78,7 +85,7 @@ def test_a_missing_compiler_is_one_clear_error_before_any_weights(monkeypatch):
 
     monkeypatch.setattr("serving.models.real.load_real_model", must_not_load)
     with pytest.raises(LeanUnavailable, match=r"no C\+\+ compiler"):
-        loader.load_target(kernels="int4", lean_mode="on")
+        loader.load_target(DEFAULT_TARGET, engine_target("cpu-int4"), lean_mode="on")
 
 
 def test_a_failing_compile_is_one_clear_error_and_leaves_no_library(monkeypatch, tmp_path):
@@ -102,9 +109,9 @@ def test_layers_n_drafts_of_a_lean_target_run_lean_too():
     from serving.models.truncated import first_layers
 
     target = tiny_target("int4")
-    draft = first_layers(target, 2)
-    step = lean_step(draft)
-    assert step is not None and len(step.layers) == 2
+    draft = target.over(first_layers(target.model, 2))
+    assert isinstance(draft.step, LeanStep) and len(draft.step.layers) == 2
+    assert draft.kernels == "int4"
 
 
 _REBUILD = """

@@ -16,10 +16,12 @@ from serving.engine.drafters.model import ModelDrafter
 from serving.engine.policy import FixedK
 from serving.engine.sampling import make_sampler
 from serving.errors import ModelSourceError
+from serving.hardware import engine_target
 from serving.models.kernels import apply_kernels
 from serving.models.lora import BASE_FILE, fp32_first_layers, load_lora_draft
 from serving.models.quantized import QuantisedKernelsUnavailable, check_kernels
 from serving.models.tiny import tiny_llama
+from serving.target import LoadedTarget, prepare_target
 from tasks.train.distill_model import base_draft, merge_lora
 
 
@@ -48,16 +50,16 @@ def test_a_stored_adapter_loads_as_the_merge_training_wrote(target, lora_adapter
 
 
 def test_its_drafter_proposes_what_the_merged_model_proposes(
-    target, prompt, greedy_reference, lora_adapter, tmp_path
+    target, loaded, prompt, greedy_reference, lora_adapter, tmp_path
 ):
     adapter = lora_adapter(target, tmp_path / "adapter")
-    stored = build_drafter(f"lora:{adapter}", target)
-    merged = ModelDrafter(_training_merge(adapter, target))
+    stored = build_drafter(f"lora:{adapter}", loaded)
+    merged = ModelDrafter(LoadedTarget.of(_training_merge(adapter, target)))
     request = DraftRequest(tokens=list(prompt), k=6, sampler=make_sampler(temperature=0.0))
     for drafter in (stored, merged):
         drafter.begin(list(prompt))
     assert torch.equal(stored.propose(request).tokens, merged.propose(request).tokens)
-    decoder = SpeculativeDecoder(target, drafter=stored, policy=FixedK(4))
+    decoder = SpeculativeDecoder(loaded, drafter=stored, policy=FixedK(4))
     out = decoder.generate(prompt, max_new_tokens=len(greedy_reference))
     assert out.token_ids == greedy_reference  # the target verifies: lossless whatever it drafts
     assert out.stats.draft_tokens > 0
@@ -79,12 +81,12 @@ def _rewrite_base(adapter, **changes) -> None:
     ids=["too-many-layers", "hidden-size", "vocabulary", "bad-base-file"],
 )
 def test_an_adapter_that_does_not_fit_the_target_is_refused(
-    target, lora_adapter, tmp_path, change, message
+    target, loaded, lora_adapter, tmp_path, change, message
 ):
     adapter = lora_adapter(target, tmp_path / "adapter")
     _rewrite_base(adapter, **change)
     with pytest.raises(ModelSourceError, match=message):
-        build_drafter(f"lora:{adapter}", target)
+        build_drafter(f"lora:{adapter}", loaded)
 
 
 def test_an_adapter_of_a_wider_target_is_refused_naming_the_width(lora_adapter, tmp_path):
@@ -120,6 +122,7 @@ def test_on_a_packed_or_quantised_target_the_base_comes_from_its_folder(
     stock.save_pretrained(folder)
     adapter = lora_adapter(stock, tmp_path / "adapter")
     packed = load_target_without_tokenizer(folder, kernels)
+    assert packed.kernels == kernels
     drafter = build_drafter(f"lora:{adapter}", packed)
     # The fp32 merge of training, then the target's kernels: what a model:weights draft of
     # that merge gets on this target.
@@ -128,15 +131,21 @@ def test_on_a_packed_or_quantised_target_the_base_comes_from_its_folder(
     ids = torch.tensor([[1, 5, 17, 42, 8, 5]])
     with torch.inference_mode():
         assert torch.equal(drafter.model(ids).logits, expected(ids).logits)
-    assert type(drafter.model.lm_head) is type(expected.lm_head)
+    assert type(drafter.model.model.lm_head) is type(expected.lm_head)
 
 
-def load_target_without_tokenizer(folder, kernels: str):
+# The hardware target of each kernel family (configs/hardware.yaml).
+HARDWARE = {"onednn": "cpu", "int8": "cpu-int8", "int4": "cpu-int4"}
+
+
+def load_target_without_tokenizer(folder, kernels: str) -> LoadedTarget:
+    """The model saved in ``folder`` made the target of ``kernels``' hardware target, as
+    ``load_target`` makes it (without the lean step)."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    apply_kernels(model, kernels)
-    return model
+    hardware = engine_target(HARDWARE[kernels])
+    return prepare_target(model, hardware, source=str(folder), lean_mode="off")
 
 
 def test_a_packed_target_without_its_own_folder_is_refused(tmp_path):

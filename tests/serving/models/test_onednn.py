@@ -6,6 +6,7 @@ import torch
 from serving.engine.decoder import SpeculativeDecoder
 from serving.models.onednn import PackedLinear, onednn_available, pack_linear_layers
 from serving.models.tiny import tiny_llama
+from serving.target import LoadedTarget
 
 pytestmark = pytest.mark.skipif(not onednn_available(), reason="torch built without oneDNN")
 
@@ -37,8 +38,9 @@ def test_pack_replaces_every_linear_and_keeps_greedy_output():
     assert replaced == sum(isinstance(m, torch.nn.Linear) for m in stock.modules())
     assert not any(isinstance(m, torch.nn.Linear) for m in packed.modules())
     prompt = list(range(3, 20))
-    expected = SpeculativeDecoder(stock).generate(prompt, max_new_tokens=32).token_ids
-    assert SpeculativeDecoder(packed).generate(prompt, max_new_tokens=32).token_ids == expected
+    expected = SpeculativeDecoder(LoadedTarget.of(stock)).generate(prompt, max_new_tokens=32)
+    got = SpeculativeDecoder(LoadedTarget.of(packed)).generate(prompt, max_new_tokens=32)
+    assert got.token_ids == expected.token_ids
 
 
 def test_a_linear_subclass_such_as_a_quantised_layer_is_not_packed():

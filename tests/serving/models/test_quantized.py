@@ -2,11 +2,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from serving.engine.decoder import SpeculativeDecoder
 from serving.engine.drafters.factory import build_drafter
 from serving.engine.policy import FixedK
+from serving.hardware import engine_target
 from serving.loader import load_target
 from serving.models import quantized
 from serving.models.kernels import apply_kernels
@@ -21,6 +22,7 @@ from serving.models.quantized import (
     quantize_linear_layers,
 )
 from serving.models.tiny import tiny_llama
+from serving.target import LoadedTarget
 from tests.serving.models.passes import block_and_singles
 
 LAYERS = {"int8": Int8Linear, "int4": Int4Linear}
@@ -80,8 +82,10 @@ def test_a_layer_the_kernel_cannot_shape_stays_float():
         Int4Linear(torch.nn.Linear(48, 32))
 
 
-def _plain(model, prompt, new_tokens=40):
-    return SpeculativeDecoder(model).generate(prompt, max_new_tokens=new_tokens).token_ids
+def _plain(model: PreTrainedModel, prompt, new_tokens=40):
+    """``model``'s greedy output, taken as it is (no end-of-sequence ids)."""
+    decoder = SpeculativeDecoder(LoadedTarget.of(model))
+    return decoder.generate(prompt, max_new_tokens=new_tokens).token_ids
 
 
 @pytest.mark.parametrize("scheme", ["int8", "int4"])
@@ -101,8 +105,10 @@ def test_speculative_output_equals_plain_output_on_a_quantised_target(scheme, sp
     model = tiny_llama()
     apply_kernels(model, scheme)
     reference = _plain(model, prompt)
-    drafter = build_drafter(spec, model)
-    decoder = SpeculativeDecoder(model, drafter=drafter, policy=FixedK(k))
+    target = LoadedTarget.of(model)
+    assert target.kernels == scheme
+    drafter = build_drafter(spec, target)
+    decoder = SpeculativeDecoder(target, drafter=drafter, policy=FixedK(k))
     assert decoder.generate(prompt, max_new_tokens=40).token_ids == reference
 
 
@@ -140,7 +146,7 @@ def test_missing_cpu_features_are_named_before_any_model_work(monkeypatch, tmp_p
     with pytest.raises(QuantisedKernelsUnavailable, match="AVX2 or AVX-512"):
         check_kernels("int4")
     with pytest.raises(QuantisedKernelsUnavailable, match="AVX2 or AVX-512"):
-        load_target(str(tmp_path / "no-model-here"), kernels="int8")
+        load_target(str(tmp_path / "no-model-here"), engine_target("cpu-int8"))
 
 
 def test_a_torch_without_the_kernels_is_told_how_to_install_them(monkeypatch):

@@ -36,13 +36,13 @@ FIXTURE = Path(__file__).parent / "fixtures" / "records-v2.jsonl"
 
 
 @pytest.fixture(scope="module")
-def detailed(target, prompt):
+def detailed(loaded, prompt):
     """A detailed-mode record from the tiny target with prompt lookup (it has rejections)."""
     from serving.engine.decoder import SpeculativeDecoder
     from serving.engine.drafters.prompt_lookup import PromptLookupDrafter
     from serving.engine.policy import FixedK
 
-    decoder = SpeculativeDecoder(target, drafter=PromptLookupDrafter(), policy=FixedK(4))
+    decoder = SpeculativeDecoder(loaded, drafter=PromptLookupDrafter(), policy=FixedK(4))
     result = decoder.generate(
         prompt, max_new_tokens=24, sampling=SamplingParams(seed=7), mode="detailed"
     )
@@ -53,7 +53,7 @@ def detailed(target, prompt):
 
 
 @pytest.fixture(scope="module")
-def relaxed(target, prompt):
+def relaxed(loaded, prompt):
     """A relaxed-verification record with a model draft: drafts kept unverified, and the
     draft's confidence and entropy on every drafted token."""
     from serving.engine.decoder import SpeculativeDecoder
@@ -62,8 +62,8 @@ def relaxed(target, prompt):
     from serving.models.truncated import first_layers
 
     decoder = SpeculativeDecoder(
-        target,
-        drafter=ModelDrafter(first_layers(target, 1)),
+        loaded,
+        drafter=ModelDrafter(loaded.over(first_layers(loaded.model, 1))),
         policy=FixedK(4),
         relax_lambda=0.05,
     )

@@ -19,6 +19,7 @@ from serving.security.redact import (
     redact_record,
     token_ends,
 )
+from serving.target import LoadedTarget
 
 EMAIL = "alice.smith@example.com"
 KEY = "sk-proj-AbCdEfGhIjKlMnOpQrStUv123456"
@@ -30,8 +31,9 @@ def tokenizer(model_folder):
 
 
 @pytest.fixture(scope="module")
-def tiny(model_folder):
-    return AutoModelForCausalLM.from_pretrained(model_folder).eval()
+def tiny(model_folder) -> LoadedTarget:
+    """The tiny target with the real tokenizer, taken as it is (no end-of-sequence ids)."""
+    return LoadedTarget.of(AutoModelForCausalLM.from_pretrained(model_folder).eval())
 
 
 def test_builtin_patterns_find_emails_and_keys():

@@ -13,6 +13,7 @@ from fastapi.testclient import TestClient
 from serving.server.app import create_app
 from serving.server.config import load_server_config
 from serving.server.state import ServerState, build_state
+from tests.serving.server.served import served_target
 
 
 @pytest.fixture(scope="module")
@@ -22,8 +23,8 @@ def tiny_state(model_folder, tmp_path_factory) -> Iterator[ServerState]:
     from serving.models.tiny import tiny_llama
 
     # The weights model_folder saved, rebuilt in memory (same seed, same shape).
-    target = tiny_llama(vocab_size=49152, hidden_size=64, num_layers=2)
-    tokenizer = AutoTokenizer.from_pretrained(model_folder)
+    model = tiny_llama(vocab_size=49152, hidden_size=64, num_layers=2)
+    target = served_target(model, AutoTokenizer.from_pretrained(model_folder))
     config = load_server_config(
         **{
             "capture.store": str(tmp_path_factory.mktemp("store")),
@@ -33,7 +34,7 @@ def tiny_state(model_folder, tmp_path_factory) -> Iterator[ServerState]:
     )
     threads = torch.get_num_threads()  # build_state sets the server's; the suite's come back
     try:
-        yield build_state(config, target=target, tokenizer=tokenizer)
+        yield build_state(config, target=target)
     finally:
         torch.set_num_threads(threads)
 

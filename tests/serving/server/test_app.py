@@ -7,8 +7,7 @@ import json
 import pytest
 from fastapi.testclient import TestClient
 
-from serving.engine.decoder import SpeculativeDecoder
-from serving.loader import eos_ids
+from serving.engine.build import build_decoder
 from serving.server.app import create_app
 from serving.server.config import load_server_config
 from serving.server.state import build_state
@@ -18,12 +17,11 @@ pytestmark = pytest.mark.real_model
 
 @pytest.fixture(scope="module")
 def client(real_packed, tmp_path_factory):
-    model, tokenizer = real_packed
     store = tmp_path_factory.mktemp("store")
     config = load_server_config(
         **{"capture.store": str(store), "limits.max_tokens": 64, "limits.queue_size": 4}
     )
-    state = build_state(config, target=model, tokenizer=tokenizer)
+    state = build_state(config, target=real_packed)
     with TestClient(create_app(state)) as test_client:
         yield test_client
 
@@ -49,7 +47,7 @@ def assert_openai_error(response, status, *needles):
 
 
 def test_non_streaming_chat_equals_the_engine_greedy(client, real_packed):
-    model, tokenizer = real_packed
+    tokenizer = real_packed.tokenizer
     response = chat(client, drafter="pld")
     assert response.status_code == 200, response.text
     body = response.json()
@@ -59,7 +57,7 @@ def test_non_streaming_chat_equals_the_engine_greedy(client, real_packed):
         tokenize=True,
     )
     ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-    plain = SpeculativeDecoder(model, eos_token_ids=eos_ids(model, tokenizer))
+    plain = build_decoder(real_packed)  # stops at the target's end-of-sequence ids
     want = plain.generate(ids, max_new_tokens=12)
     assert body["choices"][0]["message"]["content"] == tokenizer.decode(
         want.token_ids, skip_special_tokens=True

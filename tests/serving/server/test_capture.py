@@ -22,16 +22,16 @@ from tasks.data.validate import validate_store
 NOW = 1_750_000_000.0  # 2025-06-15T15:06:40Z
 
 
-def detailed_record(target, prompt):
-    decoder = SpeculativeDecoder(target, drafter=PromptLookupDrafter(), policy=FixedK(3))
+def detailed_record(loaded, prompt):
+    decoder = SpeculativeDecoder(loaded, drafter=PromptLookupDrafter(), policy=FixedK(3))
     return decoder.generate(prompt, max_new_tokens=24, mode="detailed").record
 
 
-def test_captured_requests_land_in_the_store_and_validate(tmp_path, target, prompt):
+def test_captured_requests_land_in_the_store_and_validate(tmp_path, loaded, prompt):
     capture = Capture(root=tmp_path, share=1.0, hardware="cpu", chunk_size=2)
     for i in range(3):
         capture.add(
-            detailed_record(target, prompt[i:]),
+            detailed_record(loaded, prompt[i:]),
             prompt_text=f"prompt {i}",
             output_text="text",
             drafter_version="7",
@@ -54,9 +54,9 @@ def test_the_share_decides_how_many_requests_are_captured(tmp_path):
     assert 230 < taken < 370
 
 
-def test_old_records_are_flushed_by_age(tmp_path, target, prompt):
+def test_old_records_are_flushed_by_age(tmp_path, loaded, prompt):
     capture = Capture(root=tmp_path, share=1.0, hardware="cpu", chunk_size=100, max_age_s=0.0)
-    capture.add(detailed_record(target, prompt), prompt_text="p", output_text="o")
+    capture.add(detailed_record(loaded, prompt), prompt_text="p", output_text="o")
     capture.flush_if_old()
     assert len(store.part_files(tmp_path)) == 1
 
@@ -84,10 +84,10 @@ def _read_back(root) -> list:
     return [row for _, row in store.read_raw(root)]
 
 
-def test_replicas_in_one_process_write_disjoint_parts(tmp_path, target, prompt):
+def test_replicas_in_one_process_write_disjoint_parts(tmp_path, loaded, prompt):
     """Same host, same pid, same second: what the old ``serve-<start>-<pid>`` run id
     collided on."""
-    record = detailed_record(target, prompt)
+    record = detailed_record(loaded, prompt)
     start = threading.Barrier(2)
     with ThreadPoolExecutor(2) as pool:
         futures = [pool.submit(_capture_many, tmp_path, record, None, 12, start) for _ in range(2)]
@@ -99,8 +99,8 @@ def test_replicas_in_one_process_write_disjoint_parts(tmp_path, target, prompt):
 
 
 @pytest.mark.slow  # replica processes
-def test_replica_processes_write_disjoint_parts_and_lose_nothing(tmp_path, target, prompt):
-    record = detailed_record(target, prompt)
+def test_replica_processes_write_disjoint_parts_and_lose_nothing(tmp_path, loaded, prompt):
+    record = detailed_record(loaded, prompt)
     context = multiprocessing.get_context("spawn")  # a fresh interpreter, like a replica
     start, results = context.Barrier(2), context.Queue()
     processes = [
@@ -123,9 +123,9 @@ def test_replica_processes_write_disjoint_parts_and_lose_nothing(tmp_path, targe
     assert {row["run_id"].split("-")[2] for row in rows} == {"1", "2"}
 
 
-def test_a_taken_part_name_is_retried_under_the_next_number(tmp_path, target, prompt, caplog):
+def test_a_taken_part_name_is_retried_under_the_next_number(tmp_path, loaded, prompt, caplog):
     """Even with one run id forced on two writers, no part is replaced and no row lost."""
-    record = detailed_record(target, prompt)
+    record = detailed_record(loaded, prompt)
     first = Capture(root=tmp_path, share=1.0, hardware="cpu", chunk_size=1)
     second = Capture(root=tmp_path, share=1.0, hardware="cpu", chunk_size=10)
     second.run_id = first.run_id

@@ -4,8 +4,7 @@ kept disagreements reported), bad λ refused; a damaged predictor leaves it serv
 import pytest
 from fastapi.testclient import TestClient
 
-from serving.engine.decoder import SpeculativeDecoder
-from serving.loader import eos_ids
+from serving.engine.build import build_decoder
 from serving.server.app import create_app
 from serving.server.config import load_server_config
 from serving.server.state import build_state
@@ -17,7 +16,6 @@ QUESTION = "List the numbers from one to ten, then from ten to one."
 
 
 def _client(real_packed, tmp_path, predictor_path):
-    model, tokenizer = real_packed
     config = load_server_config(
         **{
             "capture.store": str(tmp_path / "store"),
@@ -27,7 +25,7 @@ def _client(real_packed, tmp_path, predictor_path):
             "cascade.predictor_path": str(predictor_path),
         }
     )
-    return TestClient(create_app(build_state(config, target=model, tokenizer=tokenizer)))
+    return TestClient(create_app(build_state(config, target=real_packed)))
 
 
 def _chat(client, **fields):
@@ -43,12 +41,12 @@ def _chat(client, **fields):
 
 
 def _greedy(real_packed, n):
-    model, tokenizer = real_packed
+    tokenizer = real_packed.tokenizer
     ids = tokenizer.apply_chat_template(
         [{"role": "user", "content": QUESTION}], add_generation_prompt=True, tokenize=True
     )
     ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-    plain = SpeculativeDecoder(model, eos_token_ids=eos_ids(model, tokenizer))
+    plain = build_decoder(real_packed)  # stops at the target's end-of-sequence ids
     return tokenizer.decode(
         plain.generate(ids, max_new_tokens=n).token_ids, skip_special_tokens=True
     )

@@ -16,6 +16,7 @@ from serving.security.keys import from_keys
 from serving.server.app import create_app
 from serving.server.config import load_server_config
 from serving.server.state import build_state
+from tests.serving.server.served import served_target
 
 LEGIT, FLOOD, BURSTY, OTHER = (
     f"sk-{who}-0123456789" for who in ("legit", "flood", "bursty", "other")
@@ -43,10 +44,9 @@ def client(model_folder, tmp_path_factory):
         }
     )
     threads = torch.get_num_threads()
-    target = tiny_llama(vocab_size=49152, hidden_size=64, num_layers=2)
-    state = build_state(
-        config, target=target, tokenizer=AutoTokenizer.from_pretrained(model_folder)
-    )
+    model = tiny_llama(vocab_size=49152, hidden_size=64, num_layers=2)
+    target = served_target(model, AutoTokenizer.from_pretrained(model_folder))
+    state = build_state(config, target=target)
     state.api_keys = from_keys([LEGIT, FLOOD, BURSTY, OTHER])
     try:
         with TestClient(create_app(state)) as test_client:

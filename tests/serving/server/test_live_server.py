@@ -12,10 +12,10 @@ import openai
 import pytest
 import yaml
 
-from serving.engine.decoder import SpeculativeDecoder
+from serving.engine.build import build_decoder
 from serving.engine.drafters.package import DraftManifest, write_package
 from serving.engine.drafters.suffix import SuffixCorpus
-from serving.loader import encode_messages, eos_ids
+from serving.loader import encode_messages
 from serving.records import store
 from serving.server.config import SERVING_CONFIG
 from tasks.data.validate import validate_store
@@ -42,7 +42,7 @@ def champion(tmp_path_factory, real_packed):
     """A prompt-lookup package, and an n-gram package carrying a shared store (built from
     the prompts' tokens) to swap to."""
     root = tmp_path_factory.mktemp("champion")
-    _, tokenizer = real_packed
+    tokenizer = real_packed.tokenizer
     corpus = root / "store.json"
     sequences = tuple(tuple(tokenizer(p, add_special_tokens=False)["input_ids"]) for p in PROMPTS)
     save_suffix_index(SuffixCorpus(sequences, {}), corpus)
@@ -82,8 +82,8 @@ def client(server):
 @pytest.fixture(scope="module")
 def references(real_packed):
     """Plain greedy (no draft) through the engine: what every drafter must reproduce."""
-    model, tokenizer = real_packed
-    plain = SpeculativeDecoder(model, eos_token_ids=eos_ids(model, tokenizer))
+    tokenizer = real_packed.tokenizer
+    plain = build_decoder(real_packed)  # stops at the target's end-of-sequence ids
     out = {}
     for prompt in PROMPTS:
         ids = encode_messages(tokenizer, [{"role": "user", "content": prompt}])

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import os
 
+from serving.hardware import hardware_target
 from serving.server.predictor_watch import LocalPredictor, PredictorWatcher
 from tests.serving.engine.cascade.conftest import tiny_predictor
 
 
 def test_swaps_on_change_and_keeps_serving_through_a_bad_version(tmp_path):
     folder = tiny_predictor(seed=0).save(tmp_path / "p")
-    watcher = PredictorWatcher(LocalPredictor(folder), hardware="cpu")
+    watcher = PredictorWatcher(LocalPredictor(folder), hardware=hardware_target("cpu"))
     first = watcher.current
     assert first is not None and watcher.last_error is None
     assert watcher.poll() is False  # nothing changed
@@ -30,6 +31,8 @@ def test_swaps_on_change_and_keeps_serving_through_a_bad_version(tmp_path):
 
 
 def test_no_predictor_at_start_leaves_the_cascade_on_running_acceptance(tmp_path):
-    watcher = PredictorWatcher(LocalPredictor(tmp_path / "missing"), hardware="cpu")
+    watcher = PredictorWatcher(
+        LocalPredictor(tmp_path / "missing"), hardware=hardware_target("cpu")
+    )
     assert watcher.current is None
     assert "no predictor" in (watcher.last_error or "")

@@ -11,9 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from serving.engine.decoder import SpeculativeDecoder
-from serving.engine.drafters.factory import build_drafter, parse_drafter_spec
-from serving.engine.policy import make_policy
+from serving.engine.build import build_decoder
+from serving.engine.drafters.plan import DraftPlan
 from serving.engine.sampling import SamplingParams
 
 PROMPT = "abc abc abc abc"
@@ -147,11 +146,10 @@ def test_sampling_with_a_drafter_equals_the_engines_own_draws(tiny_client, tiny_
         num_speculative_tokens=4,
     )  # fmt: skip
     prompt_ids = list(state.tokenizer(PROMPT, add_special_tokens=False)["input_ids"])
-    decoder = SpeculativeDecoder(
+    decoder = build_decoder(
         state.target,
-        drafter=build_drafter(parse_drafter_spec(drafter), state.target),
-        policy=make_policy("fixed", 4, verify_curve=state.verify_curve),
-        eos_token_ids=state.eos_token_ids,
+        DraftPlan.parse(drafter, policy="fixed", k=4),
+        eos_token_ids=state.target.eos_token_ids,
         max_context=state.max_context,
     )
     want = decoder.generate(

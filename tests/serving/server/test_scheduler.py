@@ -11,8 +11,8 @@ from serving.server.drain import UNKNOWN_RETRY_AFTER_S
 from serving.server.scheduler import Job, QueueFullError, Scheduler
 
 
-def decoder(target):
-    return SpeculativeDecoder(target, drafter=PromptLookupDrafter(), policy=FixedK(3))
+def decoder(loaded):
+    return SpeculativeDecoder(loaded, drafter=PromptLookupDrafter(), policy=FixedK(3))
 
 
 class Collector:
@@ -38,14 +38,14 @@ def job(generation, collector, *, deadline_s: float = 60.0) -> Job:
 
 
 @pytest.mark.parametrize(("workers", "max_active"), [(1, 3), (2, 4)])
-def test_batched_requests_decode_exactly_as_one_at_a_time(target, prompt, workers, max_active):
+def test_batched_requests_decode_exactly_as_one_at_a_time(loaded, prompt, workers, max_active):
     prompts = [prompt, prompt[3:], [7, 7, 8, 9, 7, 7, 8], prompt[:5], prompt[1:9]]
-    expected = [decoder(target).generate(p, max_new_tokens=30).token_ids for p in prompts]
+    expected = [decoder(loaded).generate(p, max_new_tokens=30).token_ids for p in prompts]
     scheduler = Scheduler(queue_size=8, max_active=max_active, workers=workers)
     collectors = [Collector() for _ in prompts]
     for p, collector in zip(prompts, collectors, strict=True):
         # Each request has its own decoder (own drafter state and KV cache).
-        scheduler.submit(job(decoder(target).stream(p, max_new_tokens=30), collector))
+        scheduler.submit(job(decoder(loaded).stream(p, max_new_tokens=30), collector))
     scheduler.start()
     try:
         outputs = [collector.drain() for collector in collectors]
@@ -56,23 +56,23 @@ def test_batched_requests_decode_exactly_as_one_at_a_time(target, prompt, worker
         assert tokens == want == result.token_ids
 
 
-def test_a_full_queue_refuses_at_once(target, prompt):
+def test_a_full_queue_refuses_at_once(loaded, prompt):
     scheduler = Scheduler(queue_size=2, max_active=1)  # not started: nothing leaves the queue
     for _ in range(2):
-        scheduler.submit(job(decoder(target).stream(prompt, max_new_tokens=4), Collector()))
+        scheduler.submit(job(decoder(loaded).stream(prompt, max_new_tokens=4), Collector()))
     assert scheduler.full
     with pytest.raises(QueueFullError, match="queue is full") as refused:
-        scheduler.submit(job(decoder(target).stream(prompt, max_new_tokens=4), Collector()))
+        scheduler.submit(job(decoder(loaded).stream(prompt, max_new_tokens=4), Collector()))
     assert scheduler.waiting == 2
     # nothing has left yet: the drain rate is unknown, Retry-After its conservative default
     assert refused.value.retry_after_s == UNKNOWN_RETRY_AFTER_S
     assert f"retry in {UNKNOWN_RETRY_AFTER_S} s" in str(refused.value)
 
 
-def test_a_cancelled_request_stops_and_reports_what_it_decoded(target, prompt):
+def test_a_cancelled_request_stops_and_reports_what_it_decoded(loaded, prompt):
     scheduler = Scheduler(queue_size=4, max_active=2)
     collector = Collector()
-    generation = decoder(target).stream(prompt, max_new_tokens=200)
+    generation = decoder(loaded).stream(prompt, max_new_tokens=200)
     request = job(generation, collector)
     scheduler.submit(request)
     scheduler.start()
@@ -89,11 +89,11 @@ def test_a_cancelled_request_stops_and_reports_what_it_decoded(target, prompt):
     assert len(generation.result.token_ids) < 200
 
 
-def test_a_request_past_its_deadline_is_cut_with_timeout(target, prompt):
+def test_a_request_past_its_deadline_is_cut_with_timeout(loaded, prompt):
     scheduler = Scheduler(queue_size=4, max_active=1)
     collector = Collector()
     scheduler.submit(
-        job(decoder(target).stream(prompt, max_new_tokens=50), collector, deadline_s=-1)
+        job(decoder(loaded).stream(prompt, max_new_tokens=50), collector, deadline_s=-1)
     )
     scheduler.start()
     try:
@@ -103,16 +103,16 @@ def test_a_request_past_its_deadline_is_cut_with_timeout(target, prompt):
     assert (tokens, kind, reason) == ([], "cancelled", "timeout")
 
 
-def test_a_failing_request_is_reported_and_the_loop_goes_on(target, prompt):
+def test_a_failing_request_is_reported_and_the_loop_goes_on(loaded, prompt):
     class Broken(PromptLookupDrafter):
         def propose(self, request):
             raise RuntimeError("boom")
 
     scheduler = Scheduler(queue_size=4, max_active=2)
     broken, healthy = Collector(), Collector()
-    failing = SpeculativeDecoder(target, drafter=Broken(), policy=FixedK(3))
+    failing = SpeculativeDecoder(loaded, drafter=Broken(), policy=FixedK(3))
     scheduler.submit(job(failing.stream(prompt, max_new_tokens=8), broken))
-    scheduler.submit(job(decoder(target).stream(prompt, max_new_tokens=8), healthy))
+    scheduler.submit(job(decoder(loaded).stream(prompt, max_new_tokens=8), healthy))
     scheduler.start()
     try:
         _, kind, error = broken.drain()
@@ -121,10 +121,10 @@ def test_a_failing_request_is_reported_and_the_loop_goes_on(target, prompt):
         scheduler.stop()
     assert kind == "error" and "boom" in str(error)
     assert healthy_kind == "done"
-    assert tokens == decoder(target).generate(prompt, max_new_tokens=8).token_ids
+    assert tokens == decoder(loaded).generate(prompt, max_new_tokens=8).token_ids
 
 
-def test_a_job_without_a_decoding_is_refused(target, prompt):
+def test_a_job_without_a_decoding_is_refused(loaded, prompt):
     class NotAGeneration:
         decoding = None
 
@@ -133,14 +133,14 @@ def test_a_job_without_a_decoding_is_refused(target, prompt):
         scheduler.submit(job(NotAGeneration(), Collector()))  # type: ignore[arg-type]
 
 
-def test_passes_are_reported_with_their_size_and_tokens(target, prompt):
+def test_passes_are_reported_with_their_size_and_tokens(loaded, prompt):
     passes: list[tuple[int, int]] = []
     scheduler = Scheduler(
         queue_size=8, max_active=4, on_pass=lambda size, tokens: passes.append((size, tokens))
     )
     collectors = [Collector() for _ in range(4)]
     for collector in collectors:
-        scheduler.submit(job(decoder(target).stream(prompt, max_new_tokens=12), collector))
+        scheduler.submit(job(decoder(loaded).stream(prompt, max_new_tokens=12), collector))
     scheduler.start()
     try:
         for collector in collectors:
@@ -151,23 +151,23 @@ def test_passes_are_reported_with_their_size_and_tokens(target, prompt):
     assert all(tokens >= size for size, tokens in passes)
 
 
-def test_stop_cancels_what_is_left(target, prompt):
+def test_stop_cancels_what_is_left(loaded, prompt):
     scheduler = Scheduler(queue_size=4, max_active=1)
     collectors = [Collector(), Collector()]
     for collector in collectors:
-        scheduler.submit(job(decoder(target).stream(prompt, max_new_tokens=200), collector))
+        scheduler.submit(job(decoder(loaded).stream(prompt, max_new_tokens=200), collector))
     scheduler.start()
     collectors[0].events.get(timeout=30)
     scheduler.stop()
     assert collectors[1].drain()[1] == "cancelled"
 
 
-def test_workers_never_hold_more_requests_than_max_active(target, prompt):
+def test_workers_never_hold_more_requests_than_max_active(loaded, prompt):
     scheduler = Scheduler(queue_size=8, max_active=1, workers=2)
     assert scheduler.workers == 1
     collectors = [Collector() for _ in range(3)]
     for collector in collectors:
-        scheduler.submit(job(decoder(target).stream(prompt, max_new_tokens=20), collector))
+        scheduler.submit(job(decoder(loaded).stream(prompt, max_new_tokens=20), collector))
     scheduler.start()
     try:
         collectors[0].events.get(timeout=30)
@@ -178,7 +178,7 @@ def test_workers_never_hold_more_requests_than_max_active(target, prompt):
         scheduler.stop()
 
 
-def test_a_failing_batch_step_fails_its_requests_and_the_loop_goes_on(target, prompt, monkeypatch):
+def test_a_failing_batch_step_fails_its_requests_and_the_loop_goes_on(loaded, prompt, monkeypatch):
     from serving.engine.batch.batch import Batch
 
     real_step = Batch.step
@@ -193,15 +193,15 @@ def test_a_failing_batch_step_fails_its_requests_and_the_loop_goes_on(target, pr
     monkeypatch.setattr(Batch, "step", step_once_broken)
     scheduler = Scheduler(queue_size=4, max_active=2)
     first = Collector()
-    scheduler.submit(job(decoder(target).stream(prompt, max_new_tokens=8), first))
+    scheduler.submit(job(decoder(loaded).stream(prompt, max_new_tokens=8), first))
     scheduler.start()
     try:
         _, kind, error = first.drain()
         assert kind == "error" and "step broke" in str(error)
         later = Collector()
-        scheduler.submit(job(decoder(target).stream(prompt, max_new_tokens=8), later))
+        scheduler.submit(job(decoder(loaded).stream(prompt, max_new_tokens=8), later))
         tokens, kind, _ = later.drain()
     finally:
         scheduler.stop()
     assert kind == "done"
-    assert tokens == decoder(target).generate(prompt, max_new_tokens=8).token_ids
+    assert tokens == decoder(loaded).generate(prompt, max_new_tokens=8).token_ids

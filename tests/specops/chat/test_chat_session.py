@@ -18,15 +18,15 @@ from specops.chat.session import PLAIN, ChatSession, Interrupted
 
 @pytest.fixture(scope="module")
 def loaded(model_folder):
+    """The tiny target loaded as ``specops chat`` loads it (hardware target ``cpu``)."""
     from serving.loader import load_target
 
-    return load_target(str(model_folder), kernels="stock")
+    return load_target(str(model_folder))
 
 
 @pytest.fixture
 def session(loaded):
-    model, tokenizer = loaded
-    return ChatSession(model, tokenizer, settings=Settings(max_tokens=16, policy="fixed", k=4))
+    return ChatSession(loaded, settings=Settings(max_tokens=16, policy="fixed", k=4))
 
 
 def test_an_answer_streams_its_text_with_provenance(session, model_folder):

@@ -10,6 +10,7 @@ import pytest
 from serving.distributed.client import TargetClient
 from serving.distributed.server import TargetService, serve_target
 from serving.errors import BadInputError
+from serving.target import LoadedTarget
 from tasks.bench.distributed import (
     DistributedBenchSettings,
     crossover,
@@ -22,7 +23,7 @@ PROMPTS = [[1, 5, 17, 42, 8, 5, 17, 42, 33, 9, 5, 17], [1, 9, 9, 4, 7, 9, 9, 4, 
 
 @pytest.fixture
 def client(target):
-    running = serve_target(TargetService(target, eos_token_ids=[]))
+    running = serve_target(TargetService(LoadedTarget.of(target), eos_token_ids=[]))
     with TargetClient(f"127.0.0.1:{running.port}") as made:
         yield made
     running.stop()

@@ -7,8 +7,9 @@ import torch
 import yaml
 
 from serving.errors import BadInputError
-from serving.hardware import HardwareTarget
+from serving.hardware import HardwareTarget, engine_target
 from serving.models.tiny import tiny_llama
+from serving.target import LoadedTarget
 from tasks.bench.profile import (
     batch_yaml,
     config_curve,
@@ -23,7 +24,12 @@ from tasks.bench.profile import (
 
 def test_profile_reports_a_curve_relative_to_one_token():
     result = profile_model(
-        tiny_llama(), max_n=3, context=16, repeats=2, draft_layers=(1, 2), progress=False
+        LoadedTarget.of(tiny_llama()),
+        max_n=3,
+        context=16,
+        repeats=2,
+        draft_layers=(1, 2),
+        progress=False,
     )
     assert result["verify_curve"][0] == 1.0
     assert len(result["verify_curve"]) == 3
@@ -36,7 +42,12 @@ def test_profile_reports_a_curve_relative_to_one_token():
 
 def test_profile_records_where_it_ran_and_the_curve_the_config_takes():
     result = profile_model(
-        tiny_llama(), max_n=4, context=8, repeats=1, draft_layers=(), progress=False
+        LoadedTarget.of(tiny_llama()),
+        max_n=4,
+        context=8,
+        repeats=1,
+        draft_layers=(),
+        progress=False,
     )
     assert (result["device"], result["device_name"], result["dtype"]) == ("cpu", "cpu", "float32")
     curve = result["config_curve"]
@@ -56,12 +67,12 @@ def test_profiling_the_cuda_target_is_allowed_before_its_curve_exists():
     # The target resolves although its curve is missing (profiling is what measures it);
     # what stops it here is the missing GPU, named before any model is loaded.
     with pytest.raises(BadInputError, match="device 'cuda' was asked for"):
-        profile_hardware("cuda")
+        profile_hardware(engine_target("cuda", require_curve=False))
 
 
 def test_profiling_refuses_a_target_off_the_engine():
     with pytest.raises(BadInputError, match="'vllm' backend"):
-        profile_hardware("cpu-vllm")
+        profile_hardware(engine_target("cpu-vllm", require_curve=False))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU")
@@ -78,7 +89,12 @@ def test_specops_profile_names_the_missing_gpu():
 
 def test_batch_profile_is_relative_to_one_row_of_one_sequence():
     result = profile_batch(
-        tiny_llama(), rows=(1, 2, 4, 6), sequences=(1, 2, 4), context=12, repeats=1, progress=False
+        LoadedTarget.of(tiny_llama()),
+        rows=(1, 2, 4, 6),
+        sequences=(1, 2, 4),
+        context=12,
+        repeats=1,
+        progress=False,
     )
     cells = {(cell["rows"], cell["sequences"]) for cell in result["table"]}
     assert cells == {(1, 1), (2, 1), (2, 2), (4, 1), (4, 2), (4, 4), (6, 1), (6, 2), (6, 4)}
@@ -96,7 +112,12 @@ def test_batch_profile_is_relative_to_one_row_of_one_sequence():
 
 def test_the_batch_curve_takes_the_most_sequences_and_pastes_into_the_config():
     result = profile_batch(
-        tiny_llama(), rows=(1, 2, 3, 8), sequences=(1, 2, 8), context=8, repeats=1, progress=False
+        LoadedTarget.of(tiny_llama()),
+        rows=(1, 2, 3, 8),
+        sequences=(1, 2, 8),
+        context=8,
+        repeats=1,
+        progress=False,
     )
     curve = result["batch_curve"]
     assert [n for n, _ in curve] == [1, 2, 3, 8] and curve[0] == (1, 1.0)
@@ -111,7 +132,7 @@ def test_the_batch_curve_takes_the_most_sequences_and_pastes_into_the_config():
 def test_batch_profile_plots_and_leaves_the_model_usable(tmp_path):
     model = tiny_llama()
     result = profile_batch(
-        model, rows=(1, 4), sequences=(1, 4), context=8, repeats=2, progress=False
+        LoadedTarget.of(model), rows=(1, 4), sequences=(1, 4), context=8, repeats=2, progress=False
     )
     path = plot_batch(result, tmp_path / "profile-batch.png")
     assert path.read_bytes().startswith(b"\x89PNG")

@@ -11,6 +11,7 @@ import torch
 from serving.errors import BadInputError
 from serving.models.kernels import apply_kernels
 from serving.models.tiny import tiny_llama
+from serving.target import LoadedTarget, eos_ids
 from tasks.bench.quality import (
     Item,
     QualityConfig,
@@ -227,7 +228,12 @@ def test_a_run_on_the_tiny_target_writes_its_results_and_plot(tmp_path, char_tok
         model = tiny_llama(max_positions=512)
         apply_kernels(model, target.kernels)
         loaded.append(target.name)
-        return model, char_tokenizer
+        return LoadedTarget.of(
+            model,
+            char_tokenizer,
+            hardware=target.hardware_target(),
+            eos_token_ids=eos_ids(model, char_tokenizer),
+        )
 
     config = QualityConfig(
         targets=("kernels:onednn", "kernels:int8"), max_new_tokens=6, threads=1, timeout_s=2.0

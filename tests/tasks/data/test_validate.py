@@ -488,12 +488,14 @@ def test_records_from_the_engine_pass(target, prompt):
     from serving.engine.sampling import SamplingParams
     from serving.models.truncated import first_layers
     from serving.records.schema import from_detailed
+    from serving.target import LoadedTarget
 
+    loaded = LoadedTarget.of(target)
     decoders = [
-        SpeculativeDecoder(target, drafter=PromptLookupDrafter(), policy=FixedK(4)),
+        SpeculativeDecoder(loaded, drafter=PromptLookupDrafter(), policy=FixedK(4)),
         SpeculativeDecoder(
-            target,
-            drafter=ModelDrafter(first_layers(target, 1)),
+            loaded,
+            drafter=ModelDrafter(loaded.over(first_layers(target, 1))),
             policy=FixedK(4),
             relax_lambda=0.05,
         ),

@@ -16,6 +16,7 @@ def pld_bundle(registry, model_folder: Path, folder: Path, *, prompts: int):
     ``prompts`` prompts (8, 9, ... tokens of :data:`CODE`), written under ``folder``."""
     from transformers import AutoTokenizer
 
+    from serving.hardware import engine_target
     from tasks.loop.remote_bundle import prepare_bundle
 
     tokenizer = AutoTokenizer.from_pretrained(model_folder)
@@ -24,7 +25,7 @@ def pld_bundle(registry, model_folder: Path, folder: Path, *, prompts: int):
     ids = tokenizer(CODE)["input_ids"]
     encoded = [EncodedPrompt(f"p{i}", "traffic:humaneval", ids[: 8 + i]) for i in range(prompts)]
     bundle = prepare_bundle(
-        registry, "cpu", [draft], encoded, folder / "bundle", tokenizer=tokenizer,
+        registry, engine_target("cpu"), [draft], encoded, folder / "bundle", tokenizer=tokenizer,
         cache=folder / "cache", max_new_tokens=8,
     )  # fmt: skip
     return bundle, draft, encoded

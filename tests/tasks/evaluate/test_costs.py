@@ -10,6 +10,7 @@ from serving.engine.drafters.prompt_lookup import PromptLookupDrafter
 from serving.engine.metrics import StepRecord
 from serving.engine.policy import CostAwareK, FixedK
 from serving.models.tiny import tiny_llama
+from serving.target import LoadedTarget
 from tasks.evaluate.costs import fix_draft_cost, profile_draft_cost, step_ratios
 
 CURVE = [1.0, 1.5, 2.0, 2.0]
@@ -27,7 +28,7 @@ def test_a_step_is_priced_against_its_own_verification():
 
 
 def test_the_profile_sets_the_policy_aside_and_a_repetitive_text_drafts():
-    target = tiny_llama(num_layers=2)
+    target = LoadedTarget.of(tiny_llama(num_layers=2))
     policy = CostAwareK(k_max=4, verify_curve=tuple(CURVE))
     decoder = SpeculativeDecoder(target, drafter=PromptLookupDrafter(), policy=policy)
     prompts = [[3, 4, 5, 6, 3, 4, 5, 6, 3, 4, 5, 6, 3, 4], [1, 2, 1, 2, 1, 2, 1, 2]]
@@ -42,7 +43,7 @@ def test_the_profile_sets_the_policy_aside_and_a_repetitive_text_drafts():
 
 
 def test_the_profile_stops_once_it_has_enough_steps():
-    target = tiny_llama(num_layers=2)
+    target = LoadedTarget.of(tiny_llama(num_layers=2))
     decoder = SpeculativeDecoder(target, drafter=PromptLookupDrafter(), policy=FixedK(4))
     prompts = [[3, 4, 5, 6, 3, 4, 5, 6, 3, 4, 5, 6, 3, 4]] * 50
     calls = []

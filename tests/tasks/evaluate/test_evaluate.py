@@ -8,6 +8,7 @@ from serving.engine.drafters.package import DraftManifest, write_package
 from serving.errors import BadInputError
 from serving.models.tiny import tiny_llama
 from serving.records.schema import RequestRecord, parse_record
+from serving.target import LoadedTarget
 from tasks.evaluate.evaluate import (
     REFERENCE,
     Contender,
@@ -28,10 +29,10 @@ def contenders(tmp_path):
     ]
 
 
-def test_every_contender_is_lossless_and_measured(target, char_tokenizer, make_prompts, contenders):
+def test_every_contender_is_lossless_and_measured(evaluation_target, make_prompts, contenders):
     prompts = make_prompts()
     report = evaluate(
-        contenders, prompts, target=target, tokenizer=char_tokenizer, hardware="cpu",
+        contenders, prompts, target=evaluation_target,
         max_new_tokens=16, progress=False,
     )  # fmt: skip
     assert report["prompts"] == len(prompts)
@@ -77,19 +78,19 @@ def test_every_contender_is_lossless_and_measured(target, char_tokenizer, make_p
 
 
 def test_an_output_that_differs_from_plain_decoding_is_caught(
-    monkeypatch, target, char_tokenizer, make_prompts, contenders
+    monkeypatch, evaluation_target, make_prompts, contenders
 ):
     build = evaluate_module._decoders
 
     def with_a_wrong_challenger(*args):
         runs = build(*args)
         other = tiny_llama(seed=7)  # another model: its greedy output differs
-        runs[-1].decoder = SpeculativeDecoder(other, eos_token_ids=[2])
+        runs[-1].decoder = SpeculativeDecoder(LoadedTarget.of(other), eos_token_ids=[2])
         return runs
 
     monkeypatch.setattr(evaluate_module, "_decoders", with_a_wrong_challenger)
     report = evaluate(
-        contenders, make_prompts(), target=target, tokenizer=char_tokenizer, hardware="cpu",
+        contenders, make_prompts(), target=evaluation_target,
         max_new_tokens=12, progress=False,
     )  # fmt: skip
     assert report["results"]["champion"]["lossless"]
@@ -98,7 +99,7 @@ def test_an_output_that_differs_from_plain_decoding_is_caught(
 
 
 def test_a_challenger_the_first_round_shows_slower_is_timed_no_more(
-    monkeypatch, target, char_tokenizer, make_prompts, contenders
+    monkeypatch, evaluation_target, make_prompts, contenders
 ):
     """With a stopping confidence, a challenger whose first round puts its wall-clock
     interval wholly below the champion's runs no second round; the champion does."""
@@ -119,7 +120,7 @@ def test_a_challenger_the_first_round_shows_slower_is_timed_no_more(
     monkeypatch.setattr(evaluate_module, "_decoders", with_a_slow_challenger)
     prompts = make_prompts()
     report = evaluate(
-        contenders, prompts, target=target, tokenizer=char_tokenizer, hardware="cpu",
+        contenders, prompts, target=evaluation_target,
         max_new_tokens=12, rounds=3, stop_confidence=0.95, progress=False,
     )  # fmt: skip
     assert list(report["stopped_early"]) == ["challenger"]
@@ -129,14 +130,14 @@ def test_a_challenger_the_first_round_shows_slower_is_timed_no_more(
     assert report["results"]["challenger"]["lossless"]
 
 
-def test_bad_evaluations_fail_clearly(target, char_tokenizer, make_prompts, contenders):
+def test_bad_evaluations_fail_clearly(evaluation_target, make_prompts, contenders):
     with pytest.raises(BadInputError, match="held-out split is empty"):
-        evaluate(contenders, [], target=target, tokenizer=char_tokenizer, hardware="cpu")
+        evaluate(contenders, [], target=evaluation_target)
     with pytest.raises(BadInputError, match="at least one contender"):
-        evaluate([], make_prompts(), target=target, tokenizer=char_tokenizer, hardware="cpu")
+        evaluate([], make_prompts(), target=evaluation_target)
     twice = [contenders[0], contenders[0]]
     with pytest.raises(BadInputError, match="must be unique"):
-        evaluate(twice, make_prompts(), target=target, tokenizer=char_tokenizer, hardware="cpu")
+        evaluate(twice, make_prompts(), target=evaluation_target)
 
 
 def record(rid: str, workload: str, timestamp: float, ids: list[int]) -> RequestRecord:
@@ -164,7 +165,7 @@ def test_traffic_prompts_take_the_newest_per_workload_once_each():
 
 
 def test_held_out_traffic_and_built_in_prompts_are_reported_apart(
-    target, char_tokenizer, make_prompts, contenders
+    evaluation_target, char_tokenizer, make_prompts, contenders
 ):
     builtin = make_prompts()
     traffic = [
@@ -176,8 +177,8 @@ def test_held_out_traffic_and_built_in_prompts_are_reported_apart(
         ),
     ]
     report = evaluate(
-        contenders, [*builtin, *traffic], target=target, tokenizer=char_tokenizer,
-        hardware="cpu", max_new_tokens=12, progress=False,
+        contenders, [*builtin, *traffic], target=evaluation_target,
+        max_new_tokens=12, progress=False,
     )  # fmt: skip
     assert set(report["by_source"]) == {"builtin", "traffic"}
     assert report["by_source"]["traffic"]["champion"]["requests"] == 2
@@ -186,6 +187,5 @@ def test_held_out_traffic_and_built_in_prompts_are_reported_apart(
     assert all(r["lossless"] for r in report["results"].values())
     with pytest.raises(BadInputError, match="without tokens"):
         evaluate(
-            contenders, [EncodedPrompt("x", "traffic:live", [])], target=target,
-            tokenizer=char_tokenizer, hardware="cpu",
+            contenders, [EncodedPrompt("x", "traffic:live", [])], target=evaluation_target,
         )  # fmt: skip

@@ -21,7 +21,7 @@ LABELS = {"champion": "ngram/1", "challenger-0": "specops-draft-head/2"}
 
 
 @pytest.fixture(scope="module")
-def report(tmp_path_factory, target, char_tokenizer, make_prompts):
+def report(tmp_path_factory, evaluation_target, make_prompts):
     folder = tmp_path_factory.mktemp("packages")
     contenders = [
         Contender("champion", write_package(folder / "a", DraftManifest(drafter="pld:3", k=4))),
@@ -30,8 +30,8 @@ def report(tmp_path_factory, target, char_tokenizer, make_prompts):
         ),
     ]
     return evaluate(
-        contenders, make_prompts()[:3], target=target, tokenizer=char_tokenizer,
-        hardware="cpu", max_new_tokens=8, progress=False,
+        contenders, make_prompts()[:3], target=evaluation_target, max_new_tokens=8,
+        progress=False,
     )  # fmt: skip
 
 

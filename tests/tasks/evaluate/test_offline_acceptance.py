@@ -12,6 +12,7 @@ from serving.engine.drafters.model import ModelDrafter
 from serving.engine.policy import FixedK
 from serving.models.head import load_head
 from serving.models.truncated import first_layers
+from serving.target import LoadedTarget
 from tasks.evaluate.offline_acceptance import Replay, head_hits, model_hits, replay, replay_all
 from tasks.train.head_data import split_sequences
 from tasks.train.head_loss import frozen_target
@@ -63,8 +64,9 @@ def test_model_draft_replay_equals_the_engine(target, recorded):
     _, sequences = recorded
     draft = first_layers(target, 1)
     offline = replay_all(lambda s: model_hits(draft, s, 2), sequences, 2)
+    loaded = LoadedTarget.of(target)
     decoder = SpeculativeDecoder(
-        target, drafter=ModelDrafter(draft), policy=FixedK(2), eos_token_ids=[2]
+        loaded, drafter=ModelDrafter(loaded.over(draft)), policy=FixedK(2), eos_token_ids=[2]
     )
     online = engine_replay(decoder, sequences)
     assert (offline.steps, offline.tokens) == (online.steps, online.tokens)
@@ -89,8 +91,9 @@ def test_head_replay_equals_the_engine(target, recorded, tmp_path):
     frozen = frozen_target(target, head.vocab_ids)
     sequences, _ = split_sequences(sequences, 0.0)
     offline = replay_all(lambda s: head_hits(head, s, frozen), sequences, 2)
+    loaded = LoadedTarget.of(target)
     decoder = SpeculativeDecoder(
-        target, drafter=HeadDrafter(head, target), policy=FixedK(2), eos_token_ids=[2]
+        loaded, drafter=HeadDrafter(head, loaded), policy=FixedK(2), eos_token_ids=[2]
     )
     online = engine_replay(decoder, sequences)
     assert (offline.steps, offline.tokens) == (online.steps, online.tokens)

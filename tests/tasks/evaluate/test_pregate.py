@@ -15,8 +15,9 @@ from serving.engine.drafters.prompt_lookup import PromptLookupDrafter
 from serving.engine.policy import FixedK
 from serving.errors import SpecOpsError
 from serving.models.head import DraftHead, head_config_for
+from serving.target import LoadedTarget
 from tasks.evaluate.evaluate import Contender, evaluate_report
-from tasks.evaluate.pregate import RecordedTarget, predict
+from tasks.evaluate.pregate import RecordedStep, predict
 
 PROMPTS = [[1, 5, 17, 42, 8, 5, 17, 42, 33, 9, 5, 17], [3, 4, 5, 6, 3, 4, 5, 6, 3, 4], [7, 8]]
 CURVE = [1.0, 1.1, 1.2, 1.3, 1.4, 1.5]
@@ -34,11 +35,12 @@ def _steps(result):
     ],
 )
 def test_a_replay_takes_exactly_the_steps_of_a_real_run(target, make):
-    drafter, policy = make(target)
-    real = SpeculativeDecoder(target, drafter=drafter, policy=policy)
-    recorded = RecordedTarget(target)
-    replay = SpeculativeDecoder(recorded, drafter=drafter, policy=policy)
-    plain = SpeculativeDecoder(target)
+    loaded = LoadedTarget.of(target)
+    drafter, policy = make(loaded)
+    real = SpeculativeDecoder(loaded, drafter=drafter, policy=policy)
+    recorded = RecordedStep(loaded.vocab_size, loaded.device)
+    replay = SpeculativeDecoder(loaded.with_step(recorded), drafter=drafter, policy=policy)
+    plain = SpeculativeDecoder(loaded)
     for prompt in PROMPTS:
         expected = real.generate(prompt, max_new_tokens=24)
         recorded.use(prompt + plain.generate(prompt, max_new_tokens=24).token_ids)
@@ -50,9 +52,9 @@ def test_a_replay_takes_exactly_the_steps_of_a_real_run(target, make):
 def test_a_head_reads_the_recorded_features():
     from serving.models.tiny import tiny_llama
 
-    target = tiny_llama(num_layers=2)
+    target = LoadedTarget.of(tiny_llama(num_layers=2))
     torch.manual_seed(0)
-    head = DraftHead(head_config_for(target, intermediate_size=48)).eval()
+    head = DraftHead(head_config_for(target.model, intermediate_size=48)).eval()
     decoders = {
         "head": SpeculativeDecoder(target, drafter=HeadDrafter(head, target), policy=FixedK(2))
     }
@@ -67,14 +69,16 @@ def test_a_head_reads_the_recorded_features():
 
 
 def test_past_the_recording_is_an_error(target):
-    recorded = RecordedTarget(target)
+    loaded = LoadedTarget.of(target)
+    recorded = RecordedStep(loaded.vocab_size, loaded.device)
     recorded.use([1, 2, 3])
-    replay = SpeculativeDecoder(recorded)
+    replay = SpeculativeDecoder(loaded.with_step(recorded))
     with pytest.raises(SpecOpsError, match="past its 3 recorded tokens"):
         replay.generate([1, 2, 3, 4, 5], max_new_tokens=5)
 
 
 def test_predicted_speedups_price_the_replayed_steps(target):
+    target = LoadedTarget.of(target)
     plain = SpeculativeDecoder(target)
     outputs = [plain.generate(p, max_new_tokens=24).token_ids for p in PROMPTS]
     lookup = SpeculativeDecoder(target, drafter=PromptLookupDrafter(), policy=FixedK(4))
@@ -91,6 +95,7 @@ def test_predicted_speedups_price_the_replayed_steps(target):
 
 
 def test_prefills_are_priced_alike_for_plain_decoding_and_the_draft(target):
+    target = LoadedTarget.of(target)
     plain = SpeculativeDecoder(target)
     outputs = [plain.generate(p, max_new_tokens=24).token_ids for p in PROMPTS]
     lookup = SpeculativeDecoder(target, drafter=PromptLookupDrafter(), policy=FixedK(4))
@@ -108,9 +113,7 @@ def test_prefills_are_priced_alike_for_plain_decoding_and_the_draft(target):
                 prefills=[1.0, 1.0])  # fmt: skip
 
 
-def test_a_challenger_predicted_to_lose_is_not_timed(
-    tmp_path, target, char_tokenizer, make_prompts
-):
+def test_a_challenger_predicted_to_lose_is_not_timed(tmp_path, evaluation_target, make_prompts):
     champion = write_package(tmp_path / "a", DraftManifest(drafter="pld:3", k=4, policy="cost"))
     # A draft model that is the target's first layer: it costs a share of a pass per drafted
     # token, and on repetitive text the lookup wins by far.
@@ -118,7 +121,7 @@ def test_a_challenger_predicted_to_lose_is_not_timed(
     prompts = make_prompts()
     report = evaluate_report(
         [Contender("champion", champion), Contender("challenger", loser)], prompts,
-        target=target, tokenizer=char_tokenizer, hardware="cpu", max_new_tokens=16,
+        target=evaluation_target, max_new_tokens=16,
         rounds=2, pregate_margin=0.0, progress=False,
     )  # fmt: skip
     predicted = report.predicted_speedups

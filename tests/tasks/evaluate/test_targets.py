@@ -8,6 +8,7 @@ import pytest
 from serving.backends import BackendUnavailableError
 from serving.engine.drafters.package import DraftManifest, write_package
 from serving.errors import BadInputError
+from serving.hardware import hardware_target
 from tasks.data.prompts import Prompt
 from tasks.evaluate.targets import backend_python, evaluate_target, metrics_of, table
 
@@ -40,16 +41,18 @@ def test_an_uninstalled_backend_environment_names_its_setup(monkeypatch, tmp_pat
         backend_python("vllm")
     pkg = write_package(tmp_path / "pkg", DraftManifest(drafter="pld:3"))
     with pytest.raises(BackendUnavailableError):
-        evaluate_target("cpu-vllm", {"pld": pkg}, PROMPTS, workdir=tmp_path / "w")
+        evaluate_target(hardware_target("cpu-vllm"), {"pld": pkg}, PROMPTS, workdir=tmp_path / "w")
 
 
 def test_targets_this_machine_cannot_run_say_so(tmp_path):
     pkg = write_package(tmp_path / "pkg", DraftManifest(drafter="pld:3"))
     for hardware in ("cuda-vllm", "trn1-neuron"):
         with pytest.raises(BadInputError, match="cannot run on this machine"):
-            evaluate_target(hardware, {"pld": pkg}, PROMPTS, workdir=tmp_path / "w")
+            evaluate_target(
+                hardware_target(hardware), {"pld": pkg}, PROMPTS, workdir=tmp_path / "w"
+            )
     with pytest.raises(BadInputError, match="unknown hardware target 'tpu'"):
-        evaluate_target("tpu", {"pld": pkg}, PROMPTS, workdir=tmp_path / "w")
+        evaluate_target(hardware_target("tpu"), {"pld": pkg}, PROMPTS, workdir=tmp_path / "w")
 
 
 @pytest.mark.real_model
@@ -59,7 +62,7 @@ def test_the_engine_target_through_the_backend_process(tmp_path, model_folder):
         "layers1": write_package(tmp_path / "l1", DraftManifest(drafter="layers:1")),
     }
     report = evaluate_target(
-        "cpu",
+        hardware_target("cpu"),
         packages,
         PROMPTS,
         workdir=tmp_path / "w",
@@ -87,7 +90,7 @@ def test_drafts_a_backend_cannot_load_are_reported_not_run(monkeypatch, tmp_path
     monkeypatch.setenv("SPECOPS_MLX_PYTHON", sys.executable)  # "installed"
     pkg = write_package(tmp_path / "pkg", DraftManifest(drafter="pld:3"))
     with pytest.raises(UnsupportedDraftError, match="no draft given can run on 'cpu-mlx'"):
-        evaluate_target("cpu-mlx", {"pld": pkg}, PROMPTS, workdir=tmp_path / "w")
+        evaluate_target(hardware_target("cpu-mlx"), {"pld": pkg}, PROMPTS, workdir=tmp_path / "w")
     report = {
         "hardware": "cpu-mlx",
         "backend": "mlx",

@@ -14,7 +14,7 @@ import yaml
 from transformers import AutoTokenizer
 
 from serving.engine.drafters.package import DraftManifest, write_package
-from serving.hardware import HARDWARE_CONFIG, load_hardware
+from serving.hardware import HARDWARE_CONFIG, hardware_target, load_hardware
 from serving.records.schema import parse_record
 from tasks.data.dataset import part_path
 from tasks.evaluate.evaluate import EncodedPrompt
@@ -67,8 +67,8 @@ def _bundle(registry, model_folder, tmp_path):
         EncodedPrompt(f"p{i}", "grounded", tokenizer.encode(text)) for i, text in enumerate(TEXTS)
     ]
     return prepare_bundle(
-        registry, "cpu", [draft], prompts, tmp_path / "bundle", tokenizer=tokenizer,
-        cache=tmp_path / "cache", max_new_tokens=8,
+        registry, hardware_target("cpu"), [draft], prompts, tmp_path / "bundle",
+        tokenizer=tokenizer, cache=tmp_path / "cache", max_new_tokens=8,
     )  # fmt: skip
 
 

@@ -10,6 +10,7 @@ from safetensors.torch import load_file
 from serving.engine.drafters.package import DraftManifest, load_package, write_package
 from serving.errors import BadInputError
 from serving.models.tiny import tiny_llama
+from serving.target import LoadedTarget
 from tasks.loop.damage import scramble_weights
 
 
@@ -31,7 +32,7 @@ def test_scrambled_weights_keep_their_shapes_and_values_but_not_their_order(tmp_
         if tensor.unique().numel() > 1:  # a norm's weights of ones look the same permuted
             assert not torch.equal(after[name], tensor), name
     # Still a package that loads, from weights that no longer mean anything.
-    manifest, drafter = load_package(package, target)
+    manifest, drafter = load_package(package, LoadedTarget.of(target))
     assert manifest.family == "head" and drafter is not None
     # A fixed seed: scrambling a second copy the same way gives the same files.
     again = write_package(

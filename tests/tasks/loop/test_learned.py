@@ -5,6 +5,7 @@ import pytest
 
 import tasks.loop.learned as learned
 from serving.engine.drafters.package import read_manifest
+from serving.hardware import engine_target
 from serving.records.schema import RequestRecord, parse_record
 from tasks.loop.retrain_config import FamilySettings, TargetRetrain
 from tests.tasks.data.test_validate import make_record
@@ -43,10 +44,9 @@ CONFIG = TargetRetrain(
 
 
 @pytest.fixture
-def tiny(monkeypatch, target, char_tokenizer):
-    monkeypatch.setattr(
-        learned, "training_target", lambda target_name="smollm2": (target, char_tokenizer)
-    )
+def tiny(monkeypatch, loaded_on):
+    stock = loaded_on(engine_target(learned.TRAINING_HARDWARE))
+    monkeypatch.setattr(learned, "training_target", lambda target_name="smollm2": stock)
 
 
 def records(n: int) -> list[RequestRecord]:

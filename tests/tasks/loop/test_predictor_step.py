@@ -10,6 +10,7 @@ from registry.client import Registry
 from registry.config import RegistryConfig
 from registry.predictor import champion_predictor, predictor_by_alias
 from serving.engine.drafters.package import DraftManifest, write_package
+from serving.hardware import engine_target
 from tasks.data.curate import curate
 from tasks.loop.predictor_step import retrain_predictor
 
@@ -25,11 +26,8 @@ def registry(tmp_path, mlflow_uri):
 
 
 @pytest.fixture
-def world(tmp_path, monkeypatch, target, char_tokenizer, make_prompts, registry):
-    model = target
-    monkeypatch.setattr(
-        loop, "target_for", lambda hardware, target="smollm2": (model, char_tokenizer)
-    )
+def world(tmp_path, monkeypatch, loaded_on, make_prompts, registry):
+    monkeypatch.setattr(loop, "target_for", lambda hardware, source=None: loaded_on(hardware))
     # A fixed draft length: the replayed traffic (what the predictor learns from) must not
     # follow measured times, or a loaded machine drafts less and the data changes.
     package = write_package(tmp_path / "pld", DraftManifest(drafter="pld:3", k=4, policy="fixed"))
@@ -39,7 +37,7 @@ def world(tmp_path, monkeypatch, target, char_tokenizer, make_prompts, registry)
     prompts = make_prompts(TEXTS)
     loop.replay_traffic(
         prompts, package=package, draft_label=draft.label, store_root=tmp_path / "store",
-        run_id="r", hardware="cpu", max_new_tokens=24, progress=False,
+        run_id="r", hardware=engine_target("cpu"), max_new_tokens=24, progress=False,
     )  # fmt: skip
     curate(tmp_path / "store", tmp_path / "dataset", heldout_share=0.25)
     return tmp_path, prompts
@@ -48,7 +46,7 @@ def world(tmp_path, monkeypatch, target, char_tokenizer, make_prompts, registry)
 def test_the_predictor_is_registered_judged_and_promoted_only_through_the_gates(world, registry):
     tmp_path, prompts = world
     outcome = retrain_predictor(
-        registry, tmp_path / "dataset", tmp_path / "out", prompts, hardware="cpu",
+        registry, tmp_path / "dataset", tmp_path / "out", prompts, hardware=engine_target("cpu"),
         cache=tmp_path / "cache", max_new_tokens=16,
     )  # fmt: skip
     assert outcome.skipped is None, outcome.skipped
@@ -73,7 +71,7 @@ def test_a_predictor_that_never_saw_the_champions_drafter_is_not_judged(world, r
     registry.log_evaluation(other, "cpu", {"speedup": 2.0})
     registry.promote(other, "cpu", reason="test: another kind of draft serves")
     outcome = retrain_predictor(
-        registry, tmp_path / "dataset", tmp_path / "out", prompts, hardware="cpu",
+        registry, tmp_path / "dataset", tmp_path / "out", prompts, hardware=engine_target("cpu"),
         cache=tmp_path / "cache", max_new_tokens=16, promote=True,
     )  # fmt: skip
     assert outcome.challenger is not None and outcome.gate is None and outcome.promoted is None
@@ -83,7 +81,7 @@ def test_a_predictor_that_never_saw_the_champions_drafter_is_not_judged(world, r
 def test_too_little_data_is_a_reason_not_a_crash(tmp_path, registry):
     (tmp_path / "dataset").mkdir()
     outcome = retrain_predictor(
-        registry, tmp_path / "dataset", tmp_path / "out", [], hardware="cpu",
+        registry, tmp_path / "dataset", tmp_path / "out", [], hardware=engine_target("cpu"),
         cache=tmp_path / "cache", max_new_tokens=16,
     )  # fmt: skip
     assert outcome.skipped and outcome.skipped.startswith("no predictor trained")

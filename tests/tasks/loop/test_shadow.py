@@ -10,7 +10,7 @@ from serving.engine.decoder import SpeculativeDecoder
 from serving.engine.drafters.factory import build_drafter
 from serving.engine.drafters.package import DraftManifest, write_package
 from serving.engine.policy import FixedK
-from serving.loader import eos_ids
+from serving.hardware import engine_target
 from serving.records.schema import Sampling, parse_record
 from tasks.loop.shadow import ShadowSettings, as_metrics, replayable, shadow_scores
 from tests.tasks.data.test_validate import make_record
@@ -19,8 +19,13 @@ PROMPTS = [[1, 5, 17, 42, 8, 5, 17, 42, 33, 9, 5, 17], [3, 4, 5, 6, 3, 4, 5, 6, 
 
 
 @pytest.fixture
-def records(target, char_tokenizer):
-    plain = SpeculativeDecoder(target, eos_token_ids=eos_ids(target, char_tokenizer))
+def loaded(loaded_on):
+    return loaded_on(engine_target("cpu"))
+
+
+@pytest.fixture
+def records(loaded):
+    plain = SpeculativeDecoder(loaded)
     rows = []
     for index, prompt in enumerate(PROMPTS * 2):
         output = plain.generate(prompt, max_new_tokens=20).token_ids
@@ -48,15 +53,13 @@ def records(target, char_tokenizer):
 
 
 @pytest.mark.parametrize(("spec", "k"), [("pld:3", 4), ("layers:3", 3)])
-def test_a_draft_scores_what_it_accepts_when_run_for_real(
-    tmp_path, target, char_tokenizer, records, spec, k
-):
+def test_a_draft_scores_what_it_accepts_when_run_for_real(tmp_path, loaded, records, spec, k):
     """Prompt lookup (which the random tiny target never accepts) and the target's first
     three layers (often accepted): the replay's counts are a real run's."""
     package = write_package(tmp_path / "d", DraftManifest(drafter=spec, k=k, policy="fixed"))
     scores, skipped = shadow_scores(
-        records, {"d/1": ("champion", package, {"cpu/draft_cost": "0.0"})}, target=target,
-        tokenizer=char_tokenizer, hardware="cpu", settings=ShadowSettings(newest=3),
+        records, {"d/1": ("champion", package, {"cpu/draft_cost": "0.0"})}, target=loaded,
+        settings=ShadowSettings(newest=3),
     )  # fmt: skip
     assert skipped == {}
     (score,) = scores
@@ -66,10 +69,7 @@ def test_a_draft_scores_what_it_accepts_when_run_for_real(
         "live",
         3,
     )
-    real = SpeculativeDecoder(
-        target, drafter=build_drafter(spec, target), policy=FixedK(k),
-        eos_token_ids=eos_ids(target, char_tokenizer),
-    )  # fmt: skip
+    real = SpeculativeDecoder(loaded, drafter=build_drafter(spec, loaded), policy=FixedK(k))
     runs = [real.generate(p, max_new_tokens=20) for p in PROMPTS]  # the newest three
     drafted = sum(s.proposed for r in runs for s in r.steps)
     accepted = sum(s.accepted for r in runs for s in r.steps)
@@ -85,15 +85,13 @@ def test_a_draft_scores_what_it_accepts_when_run_for_real(
     assert metrics["d/1/live/records"] == 3.0
 
 
-def test_a_draft_never_evaluated_there_has_its_cost_profiled(
-    tmp_path, target, char_tokenizer, records
-):
+def test_a_draft_never_evaluated_there_has_its_cost_profiled(tmp_path, loaded, records):
     package = write_package(
         tmp_path / "layer", DraftManifest(drafter="layers:1", k=3, policy="fixed")
     )
     scores, _ = shadow_scores(
-        records, {"layers/2": ("challenger", package, {})}, target=target,
-        tokenizer=char_tokenizer, hardware="cpu", settings=ShadowSettings(),
+        records, {"layers/2": ("challenger", package, {})}, target=loaded,
+        settings=ShadowSettings(),
     )  # fmt: skip
     (score,) = scores
     assert score.records == len(records) and score.draft_cost > 0

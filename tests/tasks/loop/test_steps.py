@@ -10,6 +10,7 @@ from registry.client import Registry
 from registry.config import RegistryConfig
 from serving.engine.drafters.package import DraftManifest, read_manifest, write_package
 from serving.errors import BadInputError
+from serving.hardware import engine_target
 from tasks.data.curate import curate
 from tasks.data.dataset import read_part
 from tests.tasks.loop.priced_gates import use_priced_gates
@@ -21,18 +22,15 @@ def registry(tmp_path, mlflow_uri):
 
 
 @pytest.fixture
-def tiny(monkeypatch, target, char_tokenizer):
-    monkeypatch.setattr(
-        loop, "target_for", lambda hardware, target="smollm2": (model, char_tokenizer)
-    )
-    model = target
+def tiny(monkeypatch, loaded_on):
+    monkeypatch.setattr(loop, "target_for", lambda hardware, source=None: loaded_on(hardware))
 
 
 def test_replay_then_a_suffix_challenger_from_the_collected_outputs(tmp_path, tiny, make_prompts):
     package = write_package(tmp_path / "pld", DraftManifest(drafter="pld:3", k=4, policy="fixed"))
     summary = loop.replay_traffic(
         make_prompts(), package=package, draft_label="t/1", store_root=tmp_path / "store",
-        run_id="r", hardware="cpu", max_new_tokens=16, progress=False,
+        run_id="r", hardware=engine_target("cpu"), max_new_tokens=16, progress=False,
     )  # fmt: skip
     assert summary.written == len(make_prompts())
     curate(tmp_path / "store", tmp_path / "dataset", heldout_share=0.25)
@@ -55,7 +53,7 @@ def test_evaluate_and_decide_logs_gates_and_promotes(
         family="ngram",
     )
     decision = loop.evaluate_and_decide(
-        registry, [draft], make_prompts(), hardware="cpu", cache=tmp_path / "cache",
+        registry, [draft], make_prompts(), hardware=engine_target("cpu"), cache=tmp_path / "cache",
         max_new_tokens=16, progress=False,
     )  # fmt: skip
     assert decision.champion is None
@@ -99,7 +97,7 @@ def test_a_challenger_the_pre_gate_refused_is_tagged_and_never_timed(
         family="layers",
     )
     decision = loop.evaluate_and_decide(
-        registry, [layer], make_prompts(), hardware="cpu", cache=tmp_path / "cache",
+        registry, [layer], make_prompts(), hardware=engine_target("cpu"), cache=tmp_path / "cache",
         max_new_tokens=16, progress=False,
     )  # fmt: skip
     gate = decision.gates[layer.label]

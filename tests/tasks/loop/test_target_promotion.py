@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from serving.engine.drafters.package import DraftManifest, write_package
+from serving.hardware import hardware_target
 from tasks.loop.target_promotion import evaluate_registered, export_for_targets
 from tests.tasks.evaluate.test_targets import PROMPTS
 from tests.tasks.loop.priced_gates import use_priced_gates
@@ -45,7 +46,7 @@ def test_evaluated_there_then_promoted_there(registry, tmp_path, monkeypatch):
     )
     report = evaluate_registered(
         registry,
-        "cpu-stock",
+        hardware_target("cpu-stock"),
         [pld],
         PROMPTS,
         cache=tmp_path / "cache",

@@ -13,6 +13,7 @@ from serving.engine.drafters.ngram_store import NGramDrafter
 from serving.engine.drafters.prompt_lookup import PromptLookupDrafter
 from serving.engine.policy import FixedK
 from serving.records.schema import from_detailed, parse_record
+from serving.target import LoadedTarget
 from tasks.data.dataset import build_dataset, write_dataset
 
 DRAFTERS = {"pld": PromptLookupDrafter, "ngram": NGramDrafter}
@@ -26,7 +27,9 @@ def engine_records(
     rng = random.Random(seed)
     records: list[dict] = []
     for name, make in DRAFTERS.items():
-        decoder = SpeculativeDecoder(target, drafter=make(), policy=FixedK(4), eos_token_ids=[])
+        decoder = SpeculativeDecoder(
+            LoadedTarget.of(target), drafter=make(), policy=FixedK(4), eos_token_ids=[]
+        )
         for i in range(prompts):
             phrase = [rng.randrange(3, 96) for _ in range(rng.randrange(3, 7))]
             prompt = [1, *phrase * rng.randrange(2, 4), *rng.sample(range(3, 96), 4)]

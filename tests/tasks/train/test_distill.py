@@ -31,6 +31,7 @@ from serving.errors import BadInputError, IncompatibleDraftError, ModelSourceErr
 from serving.models.lora import BASE_FILE
 from serving.models.tiny import tiny_llama
 from serving.models.truncated import first_layers
+from serving.target import LoadedTarget
 from tasks.train.distill import (
     ADAPTER_DIR,
     CHECKPOINT_FILE,
@@ -227,14 +228,15 @@ def test_the_package_serves_greedy_identical_output(
     assert (folder / ADAPTER_DIR / BASE_FILE).is_file()
     sizes = {path: path.stat().st_size for path in folder.rglob("*") if path.is_file()}
     assert max(sizes.values()) < 1_000_000, sizes  # no merged model in it
-    manifest, drafter = load_package(folder, target)
+    loaded = LoadedTarget.of(target)
+    manifest, drafter = load_package(folder, loaded)
     assert isinstance(drafter, ModelDrafter)
     assert drafter.model.config.num_hidden_layers == 2
     # Merged at load into the target's own first layers: the weights training merged.
     written = AutoModelForCausalLM.from_pretrained(result.model_dir).eval()
-    assert_same_weights(drafter.model.state_dict(), written.state_dict())
-    assert proposals(drafter, prompt) == proposals(ModelDrafter(written), prompt)
-    decoder = SpeculativeDecoder(target, drafter=drafter, policy=FixedK(4))
+    assert_same_weights(drafter.model.model.state_dict(), written.state_dict())
+    assert proposals(drafter, prompt) == proposals(ModelDrafter(loaded.over(written)), prompt)
+    decoder = SpeculativeDecoder(loaded, drafter=drafter, policy=FixedK(4))
     out = decoder.generate(prompt, max_new_tokens=len(greedy_reference))
     assert out.token_ids == greedy_reference
     assert out.stats.draft_tokens > 0 and out.stats.accepted_tokens > 0
@@ -248,11 +250,13 @@ def test_a_lora_package_with_its_merged_weights_still_loads(
     manifest = DraftManifest(drafter="model:weights", k=4, policy="fixed", family="lora")
     files = {"weights": result.model_dir, ADAPTER_DIR: result.adapter_dir}
     folder = write_package(tmp_path / "old", manifest, files)
-    _, drafter = load_package(folder, target)
+    loaded = LoadedTarget.of(target)
+    _, drafter = load_package(folder, loaded)
     assert isinstance(drafter, ModelDrafter)
-    stored = load_package(write_draft_package(result, tmp_path / "new"), target)[1]
-    assert_same_weights(drafter.model.state_dict(), stored.model.state_dict())
-    decoder = SpeculativeDecoder(target, drafter=drafter, policy=FixedK(4))
+    stored = load_package(write_draft_package(result, tmp_path / "new"), loaded)[1]
+    assert isinstance(stored, ModelDrafter)
+    assert_same_weights(drafter.model.model.state_dict(), stored.model.model.state_dict())
+    decoder = SpeculativeDecoder(loaded, drafter=drafter, policy=FixedK(4))
     out = decoder.generate(prompt, max_new_tokens=len(greedy_reference))
     assert out.token_ids == greedy_reference and out.stats.draft_tokens > 0
 
@@ -273,7 +277,7 @@ def test_a_lora_package_of_a_larger_base_than_the_target_has_is_refused(target, 
     folder = write_draft_package(lora_run, tmp_path / "package")
     small = tiny_llama(num_layers=2)  # layers:2 needs a target of 3 layers or more
     with pytest.raises(ModelSourceError, match=r"first 2 layers of a 4-layer target.*has 2 layers"):
-        load_package(folder, small)
+        load_package(folder, LoadedTarget.of(small))
 
 
 def test_a_small_causal_lm_sharing_the_vocabulary_is_distilled(target, teacher_dir, tmp_path):

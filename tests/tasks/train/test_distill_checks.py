@@ -17,6 +17,7 @@ from serving.engine.decoder import SpeculativeDecoder
 from serving.engine.drafters.model import ModelDrafter
 from serving.engine.drafters.package import load_package
 from serving.engine.policy import FixedK
+from serving.target import LoadedTarget
 from tasks.train.distill import (
     ADAPTER_DIR,
     METRICS_FILE,
@@ -168,21 +169,22 @@ def test_an_8bit_run_writes_a_checked_requantized_merge_that_serves(
 
     folder = write_draft_package(result, tmp_path / "package", k=4, policy="fixed")
     assert "weights 8bit" in json.loads((folder / "draft.json").read_text())["description"]
-    _, drafter = load_package(folder, target)
+    served = LoadedTarget.of(target)
+    _, drafter = load_package(folder, served)
     assert isinstance(drafter, ModelDrafter)
-    assert isinstance(drafter.model.model.layers[0].self_attn.q_proj, bnb.nn.Linear8bitLt)
-    decoder = SpeculativeDecoder(target, drafter=drafter, policy=FixedK(4))
+    assert isinstance(drafter.model.model.model.layers[0].self_attn.q_proj, bnb.nn.Linear8bitLt)
+    decoder = SpeculativeDecoder(served, drafter=drafter, policy=FixedK(4))
     out = decoder.generate(prompt, max_new_tokens=len(greedy_reference))
     assert out.token_ids == greedy_reference and out.stats.draft_tokens > 0
     # Its fp32 merge ships as the adapter alone: merged into the fp32 base when it loads.
     plain = write_draft_package(result, tmp_path / "fp32", requantized=False)
     assert json.loads((plain / "draft.json").read_text())["drafter"] == "lora:adapter"
     assert not (plain / "weights").exists()
-    _, fp32_drafter = load_package(plain, target)
+    _, fp32_drafter = load_package(plain, served)
     assert isinstance(fp32_drafter, ModelDrafter)
-    assert type(fp32_drafter.model.model.layers[0].self_attn.q_proj) is torch.nn.Linear
+    assert type(fp32_drafter.model.model.model.layers[0].self_attn.q_proj) is torch.nn.Linear
     merged = fp32.state_dict()
-    for name, tensor in fp32_drafter.model.state_dict().items():
+    for name, tensor in fp32_drafter.model.model.state_dict().items():
         assert torch.equal(tensor, merged[name]), name
 
 
@@ -209,7 +211,7 @@ def test_merge_and_requantization_on_a_real_draft(real_stock, real_prompts, tmp_
     one is not zero), on the target's greedy answers to two prompts. Prints the numbers
     (``-s``) that tasks/train/distill_model.py cites; the re-quantised part needs
     bitsandbytes."""
-    target, _ = real_stock
+    target = real_stock.model
     sequences = []
     for ids in real_prompts:
         with torch.inference_mode():

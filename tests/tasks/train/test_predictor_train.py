@@ -12,6 +12,7 @@ import torch
 
 from serving.engine.predictor import PredictorError, load_predictor
 from serving.errors import BadInputError
+from serving.hardware import hardware_target
 from tasks.data.params import PredictorParams
 from tasks.train.predictor import (
     evaluate_saved_predictor,
@@ -44,7 +45,7 @@ def trained(dataset, tmp_path_factory):
     result = train_predictor(
         dataset,
         folder / "predictor",
-        hardware="cpu",
+        hardware=hardware_target("cpu"),
         settings=FAST,
         metrics_path=folder / "metrics.json",
         plot=folder / "reliability.png",
@@ -62,7 +63,7 @@ def test_the_engine_records_carry_both_labels_and_both_stages(records):
 
 def test_trained_saved_loaded_and_scored_alike(trained, dataset):
     result, folder = trained
-    loaded = load_predictor(result.folder, hardware="cpu")
+    loaded = load_predictor(result.folder, hardware=hardware_target("cpu"))
     rows = heldout_rows(dataset, hardware="cpu")
     assert torch.equal(loaded.predict(rows.features), result.predictor.predict(rows.features))
     assert torch.equal(loaded.raw(rows.features), result.predictor.raw(rows.features))
@@ -74,7 +75,7 @@ def test_trained_saved_loaded_and_scored_alike(trained, dataset):
     assert set(saved["heldout"]["by_stage"]) == {"ngram", "pld"}
     assert saved["data"]["train"]["parts"] == ["trainable"]
     assert saved["training"]["stopped"] in ("early stopping", "epochs")
-    again = evaluate_saved_predictor(result.folder, dataset, hardware="cpu")
+    again = evaluate_saved_predictor(result.folder, dataset, hardware=hardware_target("cpu"))
     assert again.to_dict() == result.evaluation.to_dict()
 
 
@@ -103,7 +104,11 @@ def test_it_learns_a_separable_signal(records, tmp_path):
     cut = statistics.median(logprobs)
     dataset = write_parts(relabel(records, lambda row: row["recent_logprob"] > cut), tmp_path)
     result = train_predictor(
-        dataset, tmp_path / "predictor", hardware="cpu", settings=FAST, progress=False
+        dataset,
+        tmp_path / "predictor",
+        hardware=hardware_target("cpu"),
+        settings=FAST,
+        progress=False,
     )
     assert result.evaluation.groups["all"][RAW].auc > 0.9
     assert result.evaluation.groups["all"][SHRUNK].auc > 0.8
@@ -148,20 +153,20 @@ def test_a_constant_feature_is_not_scaled_up():
 
 def test_an_unknown_hardware_target_fails_first(tmp_path):
     with pytest.raises(BadInputError, match=r"unknown hardware target 'tpu-v9'; known: \["):
-        train_predictor(tmp_path / "nothing", tmp_path / "out", hardware="tpu-v9")
+        train_predictor(tmp_path / "nothing", tmp_path / "out", hardware=hardware_target("tpu-v9"))
     assert not (tmp_path / "out").exists()
 
 
 def test_a_predictor_for_another_target_is_refused(trained, dataset):
     result, _ = trained
     with pytest.raises(PredictorError, match="trained for hardware target 'cpu', not 'cpu-int8'"):
-        evaluate_saved_predictor(result.folder, dataset, hardware="cpu-int8")
+        evaluate_saved_predictor(result.folder, dataset, hardware=hardware_target("cpu-int8"))
 
 
 def test_a_retrain_replaces_the_folder_whole(dataset, tmp_path):
     out = tmp_path / "predictor"
     out.mkdir()
     (out / "stale.txt").write_text("old")
-    train_predictor(dataset, out, hardware="cpu", settings=FAST, progress=False)
+    train_predictor(dataset, out, hardware=hardware_target("cpu"), settings=FAST, progress=False)
     assert sorted(p.name for p in out.iterdir()) == ["predictor.json", "predictor.safetensors"]
     assert [p.name for p in tmp_path.iterdir()] == ["predictor"]  # no temporaries left

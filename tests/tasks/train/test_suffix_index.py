@@ -14,6 +14,7 @@ from serving.engine.drafters.suffix import SuffixDrafter
 from serving.engine.policy import FixedK
 from serving.errors import BadInputError, ModelSourceError
 from serving.records.store import read_raw
+from serving.target import LoadedTarget
 from tasks.data.collect import collect
 from tasks.train.suffix_index import (
     build_suffix_index,
@@ -125,7 +126,8 @@ def test_builds_from_the_train_outputs_of_valid_records(tmp_path, store):
 def test_the_built_corpus_serves_through_the_factory(tmp_path, store, target):
     path = tmp_path / "c.json"
     corpus = build_suffix_index_from_store(store, path)
-    drafter = build_drafter(f"suffix:{path}", target)
+    loaded = LoadedTarget.of(target)
+    drafter = build_drafter(f"suffix:{path}", loaded)
     assert isinstance(drafter, SuffixDrafter) and drafter.global_index is not None
     assert drafter.describe()["global_sha256"] == corpus.checksum()
     # Replaying a collected train prompt: its own earlier output is in the corpus, so the
@@ -133,7 +135,7 @@ def test_the_built_corpus_serves_through_the_factory(tmp_path, store, target):
     train = [r for r in read_valid_records(store) if r.split == "train"]
     record = max(train, key=lambda r: len(r.output_token_ids))
     assert len(record.output_token_ids) >= 4
-    decoder = SpeculativeDecoder(target, drafter=drafter, policy=FixedK(4), eos_token_ids=[2])
+    decoder = SpeculativeDecoder(loaded, drafter=drafter, policy=FixedK(4), eos_token_ids=[2])
     result = decoder.generate(record.prompt_token_ids, max_new_tokens=12)
     assert result.token_ids == record.output_token_ids
     assert result.stats.accepted_tokens > 0

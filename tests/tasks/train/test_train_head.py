@@ -15,6 +15,7 @@ from serving.engine.policy import FixedK
 from serving.errors import BadInputError, IncompatibleDraftError, ModelSourceError
 from serving.models.head import load_head
 from serving.models.tiny import tiny_llama
+from serving.target import LoadedTarget
 from tasks.train.teacher import (
     MANIFEST,
     TeacherConfig,
@@ -125,8 +126,9 @@ def test_a_reduced_vocabulary_head_keeps_eos_and_drafts(target, teacher_dir, pro
     head = load_head(result.head_dir, target)
     assert head.vocab_ids is not None and head.vocab_ids.shape == (40,)
     assert 2 in head.vocab_ids.tolist()  # the EOS id
-    plain = SpeculativeDecoder(target).generate(prompt, max_new_tokens=16).token_ids
-    decoder = SpeculativeDecoder(target, drafter=HeadDrafter(head, target), policy=FixedK(3))
+    loaded = LoadedTarget.of(target)
+    plain = SpeculativeDecoder(loaded).generate(prompt, max_new_tokens=16).token_ids
+    decoder = SpeculativeDecoder(loaded, drafter=HeadDrafter(head, loaded), policy=FixedK(3))
     assert decoder.generate(prompt, max_new_tokens=16).token_ids == plain
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from tests.serving.test_verify import P_MIN, chisquare_pvalue
 
 import serving.engine.batch.batch as batch_module
 from serving.curves import BatchLimits, PassCost
@@ -19,15 +18,17 @@ from serving.engine.drafters.head import HeadDrafter
 from serving.engine.drafters.model import ModelDrafter
 from serving.engine.drafters.ngram_store import NGramDrafter
 from serving.engine.drafters.prompt_lookup import PromptLookupDrafter
-from serving.engine.kv import new_cache
 from serving.engine.policy import AdaptiveK, CostAwareK, FixedK
 from serving.engine.sampling import SamplingParams, make_sampler
 from serving.errors import BadInputError
-from serving.lean.install import install
+from serving.hardware import engine_target
+from serving.lean.install import make_step
 from serving.models.head import DraftHead, head_config_for
 from serving.models.kernels import apply_kernels
 from serving.models.tiny import tiny_llama
 from serving.models.truncated import first_layers
+from serving.target import LoadedTarget
+from tests.serving.engine.test_verify import P_MIN, chisquare_pvalue
 
 # Prompts of mixed lengths; the repeated n-grams give prompt lookup something to draft.
 PROMPTS = [
@@ -49,33 +50,37 @@ def batch_target(request):
     model = tiny_llama()
     if request.param == "lean":
         apply_kernels(model, "onednn", fuse=True)
-        install(model, "on")
+        step = make_step(model, "on")
     else:
         apply_kernels(model, request.param)
+        step = None
     use_ragged_attention(model)
-    return model
+    if request.param == "stock":
+        return LoadedTarget.of(model)
+    return LoadedTarget.of(model, hardware=engine_target("cpu"), step=step)
 
 
-def _drafters(target):
+def _drafters(target: LoadedTarget):
     torch.manual_seed(0)
-    head = DraftHead(head_config_for(target, intermediate_size=48)).eval()
+    head = DraftHead(head_config_for(target.model, intermediate_size=48)).eval()
     return [
         lambda: (PromptLookupDrafter(), FixedK(4)),
         lambda: (None, None),
-        lambda: (ModelDrafter(first_layers(target, 2)), AdaptiveK(2, k_max=6)),
+        lambda: (ModelDrafter(target.over(first_layers(target.model, 2))), AdaptiveK(2, k_max=6)),
         lambda: (NGramDrafter(), CostAwareK(k_max=6)),
-        lambda: (ModelDrafter(tiny_llama(seed=1)), FixedK(3)),
+        lambda: (ModelDrafter(LoadedTarget.of(tiny_llama(seed=1))), FixedK(3)),
         lambda: (HeadDrafter(head, target), FixedK(2)),
-        lambda: (ModelDrafter(tiny_llama()), CostAwareK(k_max=8)),  # itself: all accepted
+        # itself: all accepted
+        lambda: (ModelDrafter(LoadedTarget.of(tiny_llama())), CostAwareK(k_max=8)),
     ]
 
 
-def _decoder(target, make, eos=()):
+def _decoder(target: LoadedTarget, make, eos=()):
     drafter, policy = make()
     return SpeculativeDecoder(target, drafter=drafter, policy=policy, eos_token_ids=eos)
 
 
-def _solo(target, makes, eos=()):
+def _solo(target: LoadedTarget, makes, eos=()):
     return [
         _decoder(target, make, eos).generate(prompt, max_new_tokens=budget).token_ids
         for make, prompt, budget in zip(makes, PROMPTS, BUDGETS, strict=True)
@@ -85,21 +90,17 @@ def _solo(target, makes, eos=()):
 def test_a_packed_pass_computes_each_row_as_a_one_token_pass(batch_target):
     prompts = [torch.tensor(p) for p in PROMPTS[:4]]
     blocks = [torch.tensor(b) for b in ([4], [8, 9, 10, 11], [5, 6], [1, 2, 3])]
-    exact = (
-        batch_target.specops_kernels == "onednn"
-        if hasattr(batch_target, "specops_kernels")
-        else False
-    )
+    exact = batch_target.kernels == "onednn"
     with torch.inference_mode():
         caches = []
         for prompt in prompts:
-            caches.append(new_cache(batch_target))
+            caches.append(batch_target.new_cache())
             batch_target(input_ids=prompt[None], past_key_values=caches[-1], use_cache=True)
         packed = packed_pass(batch_target, caches, blocks)
         for prompt, block, logits, cache in zip(
             prompts, blocks, packed.logits, caches, strict=True
         ):
-            alone = new_cache(batch_target)
+            alone = batch_target.new_cache()
             batch_target(input_ids=prompt[None], past_key_values=alone, use_cache=True)
             rows = [
                 batch_target(input_ids=t.view(1, 1), past_key_values=alone, use_cache=True).logits[
@@ -278,7 +279,7 @@ def test_sampling_through_a_batch_keeps_the_target_distribution(batch_target, dr
     decodings = []
     for seed in range(600):
         made = (
-            (ModelDrafter(draft_model), FixedK(2))
+            (ModelDrafter(LoadedTarget.of(draft_model)), FixedK(2))
             if drafter == "model"
             else (PromptLookupDrafter(), FixedK(2))
         )

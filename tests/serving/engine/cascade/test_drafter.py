@@ -7,32 +7,33 @@ import itertools
 
 import pytest
 
-from serving.curves import DEFAULT_VERIFY_CURVE
+from serving.engine.build import build_decoder
 from serving.engine.cascade.build import build_cascade, parse_stages
 from serving.engine.cascade.drafter import TARGET_STAGE
 from serving.engine.decoder import SpeculativeDecoder
+from serving.engine.drafters.plan import CascadePlan
 from serving.engine.predictor import PredictorError
 from serving.errors import BadInputError
+from serving.target import LoadedTarget
 from tests.serving.engine.cascade.conftest import tiny_predictor
 
 NEW_TOKENS = 48
 STAGES = ("suffix", "pld:2", "ngram:3", "layers:1")
 
 
-def _decoder(target, stages, predictor=None, **kwargs):
-    cascade, policy = build_cascade(
-        list(stages), target, verify_curve=DEFAULT_VERIFY_CURVE, predictor=predictor
-    )
-    return SpeculativeDecoder(target, drafter=cascade, policy=policy, **kwargs), cascade
+def _decoder(target: LoadedTarget, stages, predictor=None):
+    plan = CascadePlan.parse(list(stages))
+    cascade = build_cascade(plan, target, predictor=predictor)
+    return build_decoder(target, plan, drafter=cascade), cascade
 
 
 @pytest.mark.parametrize("order", list(itertools.permutations(STAGES)))
 @pytest.mark.parametrize("with_predictor", [False, True])
 def test_cascade_is_lossless_for_every_stage_order(
-    target, prompt, greedy_reference, order, with_predictor
+    cascade_target, prompt, greedy_reference, order, with_predictor
 ):
     predictor = tiny_predictor() if with_predictor else None
-    decoder, cascade = _decoder(target, order, predictor)
+    decoder, cascade = _decoder(cascade_target, order, predictor)
     result = decoder.generate(prompt, max_new_tokens=NEW_TOKENS)
     assert result.token_ids == greedy_reference
     # every step stopped somewhere: at a stage's block, or at the target alone
@@ -40,15 +41,15 @@ def test_cascade_is_lossless_for_every_stage_order(
     assert set(cascade.stops) <= {*order, TARGET_STAGE}
 
 
-def test_every_single_stage_is_lossless(target, prompt, greedy_reference, predictor):
+def test_every_single_stage_is_lossless(cascade_target, prompt, greedy_reference, predictor):
     for stage in STAGES:
-        decoder, _ = _decoder(target, [stage], predictor)
+        decoder, _ = _decoder(cascade_target, [stage], predictor)
         assert decoder.generate(prompt, max_new_tokens=NEW_TOKENS).token_ids == greedy_reference
 
 
-def test_a_model_stage_drafts_and_is_verified(target, prompt, greedy_reference):
+def test_a_model_stage_drafts_and_is_verified(cascade_target, prompt, greedy_reference):
     # The target's own first layers as the only stage: its drafts get accepted.
-    decoder, _ = _decoder(target, ["layers:2"], None)
+    decoder, _ = _decoder(cascade_target, ["layers:2"], None)
     result = decoder.generate(prompt, max_new_tokens=NEW_TOKENS, mode="detailed")
     assert result.token_ids == greedy_reference
     assert result.stats.draft_tokens > 0
@@ -58,8 +59,8 @@ def test_a_model_stage_drafts_and_is_verified(target, prompt, greedy_reference):
     assert all(row.stage_index == 0 for row in result.record.drafted)
 
 
-def test_detailed_records_carry_the_chosen_stage(target, prompt):
-    decoder, _ = _decoder(target, ["pld:2", "layers:2"], None)
+def test_detailed_records_carry_the_chosen_stage(cascade_target, prompt):
+    decoder, _ = _decoder(cascade_target, ["pld:2", "layers:2"], None)
     result = decoder.generate(prompt, max_new_tokens=NEW_TOKENS, mode="detailed")
     drafted = result.record.drafted
     assert drafted, "the cascade drafted nothing"
@@ -84,19 +85,18 @@ def test_bad_stage_lists_are_refused(stages, message):
         parse_stages(stages)
 
 
-def test_a_predictor_for_another_target_or_feature_set_is_refused(target, tmp_path):
+def test_a_predictor_for_another_target_or_feature_set_is_refused(cascade_target, tmp_path):
     folder = tiny_predictor(hardware="cuda").save(tmp_path / "p")
+    assert cascade_target.name == "cpu"
     with pytest.raises(PredictorError, match="hardware target 'cuda', not 'cpu'"):
-        build_cascade(
-            "pld", target, verify_curve=DEFAULT_VERIFY_CURVE, predictor=folder, hardware="cpu"
-        )
+        build_cascade(CascadePlan.parse("pld", predictor=folder), cascade_target)
     narrow = tiny_predictor(stages=("pld",)).save(tmp_path / "narrow")
     with pytest.raises(PredictorError, match="never seen"):
-        build_cascade("pld,suffix", target, verify_curve=DEFAULT_VERIFY_CURVE, predictor=narrow)
+        build_cascade(CascadePlan.parse("pld,suffix", predictor=narrow), cascade_target)
     meta = (folder / "predictor.json").read_text().replace("specops-features/1", "old/0")
     (folder / "predictor.json").write_text(meta)
     with pytest.raises(PredictorError, match="feature set 'old/0'"):
-        build_cascade("pld", target, verify_curve=DEFAULT_VERIFY_CURVE, predictor=folder)
+        build_cascade(CascadePlan.parse("pld", predictor=folder), cascade_target)
 
 
 class _Trusts:
@@ -113,8 +113,8 @@ class _Trusts:
         return torch.tensor([1.0 if row.stage == self.stage else 0.0 for row in rows])
 
 
-def test_stages_not_chosen_still_learn_where_the_target_ruled(target, prompt):
-    decoder, cascade = _decoder(target, ["pld:2", "ngram:3"], None)
+def test_stages_not_chosen_still_learn_where_the_target_ruled(cascade_target, prompt):
+    decoder, cascade = _decoder(cascade_target, ["pld:2", "ngram:3"], None)
     cascade.predictor = _Trusts("ngram")
     decoder.generate(prompt * 3, max_new_tokens=NEW_TOKENS)
     chosen = {name for name in cascade.stops if name != TARGET_STAGE}
@@ -124,7 +124,7 @@ def test_stages_not_chosen_still_learn_where_the_target_ruled(target, prompt):
 
 
 @pytest.mark.slow  # a statistical test: thousands of sampled tokens
-def test_sampling_through_the_cascade_keeps_the_targets_distribution(target, prompt):
+def test_sampling_through_the_cascade_keeps_the_targets_distribution(cascade_target, prompt):
     """Two-sample chi-square: the first two sampled tokens through a cascade whose model
     stage drafts (and whose n-gram stage may) against plain sampling, over many seeds."""
     import numpy as np
@@ -132,8 +132,8 @@ def test_sampling_through_the_cascade_keeps_the_targets_distribution(target, pro
 
     from serving.engine.sampling import SamplingParams
 
-    plain = SpeculativeDecoder(target)
-    decoder, cascade = _decoder(target, ["pld:2", "layers:2"], None)
+    plain = SpeculativeDecoder(cascade_target)
+    decoder, cascade = _decoder(cascade_target, ["pld:2", "layers:2"], None)
     trials = 800
     counts = {name: {} for name in ("plain", "cascade")}
     for seed in range(trials):

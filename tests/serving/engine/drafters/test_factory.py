@@ -8,6 +8,7 @@ from serving.engine.drafters.ngram_store import NGramDrafter
 from serving.engine.drafters.prompt_lookup import PromptLookupDrafter
 from serving.errors import BadInputError, IncompatibleDraftError
 from serving.models.tiny import tiny_llama
+from serving.target import LoadedTarget
 
 
 @pytest.mark.parametrize(
@@ -53,31 +54,31 @@ def test_parse_rejects_bad_specs_naming_the_value(spec, fragment):
         parse_drafter_spec(spec)
 
 
-def test_build_each_kind(target):
-    assert build_drafter("none", target) is None
-    assert isinstance(build_drafter("pld:2", target), PromptLookupDrafter)
-    assert isinstance(build_drafter("ngram:3", target), NGramDrafter)
-    layers = build_drafter("layers:2", target)
+def test_build_each_kind(loaded):
+    assert build_drafter("none", loaded) is None
+    assert isinstance(build_drafter("pld:2", loaded), PromptLookupDrafter)
+    assert isinstance(build_drafter("ngram:3", loaded), NGramDrafter)
+    layers = build_drafter("layers:2", loaded)
     assert isinstance(layers, ModelDrafter)
     assert layers.model.config.num_hidden_layers == 2
 
 
-def test_layers_must_be_fewer_than_the_target_has(target):
+def test_layers_must_be_fewer_than_the_target_has(loaded):
     with pytest.raises(BadInputError, match="layers:N needs 1 <= N < 4"):
-        build_drafter("layers:4", target)
+        build_drafter("layers:4", loaded)
 
 
-def test_model_draft_from_a_folder(tmp_path, target):
+def test_model_draft_from_a_folder(tmp_path, loaded):
     draft = tiny_llama(num_layers=1, seed=3)
     draft.save_pretrained(tmp_path / "draft")
-    drafter = build_drafter(f"model:{tmp_path / 'draft'}", target)
+    drafter = build_drafter(f"model:{tmp_path / 'draft'}", loaded)
     assert isinstance(drafter, ModelDrafter)
 
 
-def test_model_draft_with_another_vocabulary_is_refused(tmp_path, target):
+def test_model_draft_with_another_vocabulary_is_refused(tmp_path, loaded):
     tiny_llama(vocab_size=80).save_pretrained(tmp_path / "other")
     with pytest.raises(IncompatibleDraftError, match="vocabulary of 80 tokens"):
-        build_drafter(f"model:{tmp_path / 'other'}", target)
+        build_drafter(f"model:{tmp_path / 'other'}", loaded)
 
 
 @pytest.mark.real_model
@@ -86,14 +87,13 @@ def test_model_draft_with_another_tokenizer_is_refused(tmp_path, target, real_st
     from tokenizers.models import WordLevel
     from transformers import PreTrainedTokenizerFast
 
-    _, real_tokenizer = real_stock
     folder = tmp_path / "other-tokenizer"
     tiny_llama().save_pretrained(folder)
     vocab = {f"w{i}": i for i in range(96)}
     other = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(WordLevel(vocab, unk_token="w0")))
     other.save_pretrained(folder)
     with pytest.raises(IncompatibleDraftError, match="different tokenizer"):
-        build_drafter(f"model:{folder}", target, real_tokenizer)
+        build_drafter(f"model:{folder}", LoadedTarget.of(target, real_stock.tokenizer))
 
 
 def test_model_draft_runs_on_its_targets_kernels(tmp_path):
@@ -106,8 +106,8 @@ def test_model_draft_runs_on_its_targets_kernels(tmp_path):
     packed_target = tiny_llama()
     pack_linear_layers(packed_target)
     tiny_llama(num_layers=1, seed=3).save_pretrained(tmp_path / "draft")
-    drafter = build_drafter(f"model:{tmp_path / 'draft'}", packed_target)
-    assert not any(isinstance(m, torch.nn.Linear) for m in drafter.model.modules())
+    drafter = build_drafter(f"model:{tmp_path / 'draft'}", LoadedTarget.of(packed_target))
+    assert not any(isinstance(m, torch.nn.Linear) for m in drafter.model.model.modules())
 
 
 @pytest.mark.parametrize(
@@ -129,13 +129,13 @@ def test_ngram_options_round_trip(arg):
     assert parse_ngram_options("ngram", None) == NgramOptions()
 
 
-def test_a_shared_store_from_a_corpus_file(tmp_path, target):
+def test_a_shared_store_from_a_corpus_file(tmp_path, loaded):
     from serving.engine.drafters.suffix import SuffixCorpus
     from tasks.train.suffix_index import save_suffix_index
 
     path = tmp_path / "store.json"
     save_suffix_index(SuffixCorpus(((5, 6, 7, 8), (5, 6, 9)), {}), path)
-    drafter = build_drafter(f"ngram:3,fallback=shared,store={path}", target)
+    drafter = build_drafter(f"ngram:3,fallback=shared,store={path}", loaded)
     assert drafter.describe()["store"] == str(path)
     drafter.begin([1, 2, 5])  # the request knows nothing after 5; the store knows 5 -> 6
     assert drafter.shared.predict([5]).token == 6

@@ -15,7 +15,7 @@ from serving.engine.decoder import SpeculativeDecoder
 from serving.engine.drafters.base import DraftRequest, StepFeedback
 from serving.engine.drafters.factory import build_drafter, parse_drafter_spec
 from serving.engine.drafters.head import HeadDrafter
-from serving.engine.kv import cache_length, new_cache
+from serving.engine.kv import cache_length
 from serving.engine.policy import FixedK
 from serving.engine.sampling import SamplingParams, make_sampler
 from serving.engine.step import speculative_step
@@ -32,6 +32,7 @@ from serving.models.head import (
 )
 from serving.models.onednn import onednn_available, pack_linear_layers
 from serving.models.tiny import tiny_llama
+from serving.target import LoadedTarget
 from tasks.train.teacher import TeacherConfig
 from tasks.train.teacher_build import TeacherPrompt, build_teacher_cache
 from tasks.train.train_head import TrainHeadConfig, train_head
@@ -135,10 +136,10 @@ def prompt_hidden(target, tokens: list[int]) -> torch.Tensor:
 @pytest.mark.parametrize("k", [1, 2, 4, 8])
 @pytest.mark.parametrize("vocab", ["full", "reduced"])
 def test_greedy_speculative_equals_plain_greedy(
-    target, prompt, greedy_reference, trained_heads, vocab, k
+    loaded, prompt, greedy_reference, trained_heads, vocab, k
 ):
-    drafter = HeadDrafter(trained_heads[vocab], target)
-    result = SpeculativeDecoder(target, drafter=drafter, policy=FixedK(k)).generate(
+    drafter = HeadDrafter(trained_heads[vocab], loaded)
+    result = SpeculativeDecoder(loaded, drafter=drafter, policy=FixedK(k)).generate(
         prompt, max_new_tokens=NEW_TOKENS
     )
     assert result.token_ids == greedy_reference
@@ -146,16 +147,16 @@ def test_greedy_speculative_equals_plain_greedy(
     assert any(result.from_draft)
 
 
-def test_untrained_head_keeps_greedy_output(target, prompt, greedy_reference, random_head):
-    decoder = SpeculativeDecoder(target, drafter=HeadDrafter(random_head, target), policy=FixedK(3))
+def test_untrained_head_keeps_greedy_output(loaded, prompt, greedy_reference, random_head):
+    decoder = SpeculativeDecoder(loaded, drafter=HeadDrafter(random_head, loaded), policy=FixedK(3))
     assert decoder.generate(prompt, max_new_tokens=NEW_TOKENS).token_ids == greedy_reference
 
 
-def test_one_token_prompt(target, trained_heads):
+def test_one_token_prompt(loaded, trained_heads):
     prompt = [5]
-    plain = SpeculativeDecoder(target).generate(prompt, max_new_tokens=20).token_ids
-    drafter = HeadDrafter(trained_heads["full"], target)
-    result = SpeculativeDecoder(target, drafter=drafter, policy=FixedK(4)).generate(
+    plain = SpeculativeDecoder(loaded).generate(prompt, max_new_tokens=20).token_ids
+    drafter = HeadDrafter(trained_heads["full"], loaded)
+    result = SpeculativeDecoder(loaded, drafter=drafter, policy=FixedK(4)).generate(
         prompt, max_new_tokens=20
     )
     assert result.token_ids == plain
@@ -164,8 +165,10 @@ def test_one_token_prompt(target, trained_heads):
 
 @pytest.mark.skipif(not onednn_available(), reason="torch built without oneDNN")
 def test_packed_target_keeps_greedy_output(prompt, trained_heads):
-    packed = copy.deepcopy(tiny_llama())
-    pack_linear_layers(packed)
+    model = copy.deepcopy(tiny_llama())
+    pack_linear_layers(model)
+    packed = LoadedTarget.of(model)
+    assert packed.kernels == "onednn"
     plain = SpeculativeDecoder(packed).generate(prompt, max_new_tokens=NEW_TOKENS).token_ids
     for head in trained_heads.values():
         drafter = HeadDrafter(head, packed)
@@ -180,8 +183,8 @@ def test_packed_target_keeps_greedy_output(prompt, trained_heads):
 
 
 @pytest.mark.parametrize("accepted", [0, 1, 2, 3, 4])
-def test_commit_keeps_only_true_pairs(target, prompt, head, accepted):
-    drafter = HeadDrafter(head, target)
+def test_commit_keeps_only_true_pairs(target, loaded, prompt, head, accepted):
+    drafter = HeadDrafter(head, loaded)
     drafter.begin(prompt)
     drafter.prefill(prompt_hidden(target, prompt))
     assert cache_length(drafter._cache) == len(prompt) - 1  # pairs (f_i, x_{i+1})
@@ -205,11 +208,11 @@ def test_commit_keeps_only_true_pairs(target, prompt, head, accepted):
     assert cache_length(drafter._cache) == len(tokens) - 1 + 2
 
 
-def test_cache_tracks_the_committed_tokens_across_steps(target, prompt, head):
-    drafter = HeadDrafter(head, target)
-    cache = new_cache(target)
+def test_cache_tracks_the_committed_tokens_across_steps(target, loaded, prompt, head):
+    drafter = HeadDrafter(head, loaded)
+    cache = loaded.new_cache()
     with torch.inference_mode():
-        out = target(
+        out = loaded(
             input_ids=torch.tensor([prompt[:-1]]),
             past_key_values=cache,
             use_cache=True,
@@ -222,7 +225,7 @@ def test_cache_tracks_the_committed_tokens_across_steps(target, prompt, head):
     # k = 0 steps (the policy skipping drafting) still commit, and their pairs are fed later.
     for k in itertools.islice(itertools.cycle([4, 0, 2, 3, 0, 0, 5, 1]), 24):
         expected = reference_drafts(head, target, tokens, k) if k else []
-        step = speculative_step(target, cache, tokens, drafter, k, GREEDY)
+        step = speculative_step(loaded, cache, tokens, drafter, k, GREEDY)
         if k:
             assert step.proposed == k
             assert step.new_tokens[: step.accepted] == expected[: step.accepted]
@@ -235,9 +238,9 @@ def test_cache_tracks_the_committed_tokens_across_steps(target, prompt, head):
     assert 0 in accepted_counts and max(accepted_counts) >= 2  # every kind of rewind ran
 
 
-def test_drafts_are_checked_by_the_recorded_proposals(target, prompt, head):
+def test_drafts_are_checked_by_the_recorded_proposals(target, loaded, prompt, head):
     """Every proposal the engine asks for equals the from-scratch reference."""
-    drafter = HeadDrafter(head, target)
+    drafter = HeadDrafter(head, loaded)
     seen: list[tuple[list[int], list[int]]] = []
     propose = drafter.propose
 
@@ -247,7 +250,7 @@ def test_drafts_are_checked_by_the_recorded_proposals(target, prompt, head):
         return proposal
 
     drafter.propose = recording  # type: ignore[method-assign]
-    SpeculativeDecoder(target, drafter=drafter, policy=FixedK(3)).generate(
+    SpeculativeDecoder(loaded, drafter=drafter, policy=FixedK(3)).generate(
         prompt, max_new_tokens=24
     )
     assert seen
@@ -255,8 +258,8 @@ def test_drafts_are_checked_by_the_recorded_proposals(target, prompt, head):
         assert drafts == reference_drafts(head, target, tokens, len(drafts))
 
 
-def test_a_missing_prefill_is_reported(target, prompt, random_head):
-    drafter = HeadDrafter(random_head, target)
+def test_a_missing_prefill_is_reported(loaded, prompt, random_head):
+    drafter = HeadDrafter(random_head, loaded)
     drafter.begin(prompt)
     with pytest.raises(SpecOpsError, match="prefill"):
         drafter.propose(DraftRequest(prompt, 2, GREEDY))
@@ -267,10 +270,10 @@ def test_a_missing_prefill_is_reported(target, prompt, random_head):
 # ----------------------------------------------------------------------------- sampling
 
 
-def test_sampling_draft_probs_cover_the_full_vocabulary(target, prompt, trained_heads):
+def test_sampling_draft_probs_cover_the_full_vocabulary(target, loaded, prompt, trained_heads):
     head = trained_heads["reduced"]
     sampler = make_sampler(SamplingParams(temperature=0.8, top_p=0.95, seed=0))
-    drafter = HeadDrafter(head, target)
+    drafter = HeadDrafter(head, loaded)
     drafter.begin(prompt)
     drafter.prefill(prompt_hidden(target, prompt))
     proposal = drafter.propose(DraftRequest(prompt, 4, sampler))
@@ -284,9 +287,9 @@ def test_sampling_draft_probs_cover_the_full_vocabulary(target, prompt, trained_
 
 
 @pytest.mark.parametrize("vocab", ["full", "reduced"])
-def test_sampling_with_the_head_runs(target, prompt, trained_heads, vocab):
-    drafter = HeadDrafter(trained_heads[vocab], target)
-    decoder = SpeculativeDecoder(target, drafter=drafter, policy=FixedK(3))
+def test_sampling_with_the_head_runs(loaded, prompt, trained_heads, vocab):
+    drafter = HeadDrafter(trained_heads[vocab], loaded)
+    decoder = SpeculativeDecoder(loaded, drafter=drafter, policy=FixedK(3))
     params = SamplingParams(temperature=0.7, top_k=20, seed=3)
     first = decoder.generate(prompt, max_new_tokens=32, sampling=params)
     again = decoder.generate(prompt, max_new_tokens=32, sampling=params)
@@ -336,13 +339,13 @@ def test_corrupt_or_missing_files_raise_model_source_error(target, random_head, 
 # ------------------------------------------------------------------------------ factory
 
 
-def test_factory_builds_a_head_drafter(target, prompt, greedy_reference, random_head, tmp_path):
+def test_factory_builds_a_head_drafter(loaded, prompt, greedy_reference, random_head, tmp_path):
     path = save_head(random_head, tmp_path / "head")
     assert parse_drafter_spec(f"head:{path}").kind == "head"
-    drafter = build_drafter(f"head:{path}", target)
+    drafter = build_drafter(f"head:{path}", loaded)
     assert isinstance(drafter, HeadDrafter) and drafter.needs_target_hidden
     assert drafter.describe()["kind"] == "head"
-    decoder = SpeculativeDecoder(target, drafter=drafter, policy=FixedK(2))
+    decoder = SpeculativeDecoder(loaded, drafter=drafter, policy=FixedK(2))
     assert decoder.generate(prompt, max_new_tokens=NEW_TOKENS).token_ids == greedy_reference
 
 
@@ -363,12 +366,15 @@ def test_factory_rejects_bad_head_specs(spec, fragment):
 def test_head_drafter_is_lossless_on_the_real_model(real_packed, real_prompts, draft_vocab):
     """The hidden-state plumbing on the packed real target (an untrained head: it only
     exercises rejections; trained-head numbers come from `python -m benchmarks.draft_curves`)."""
-    model, _ = real_packed
+    target = real_packed
     torch.manual_seed(0)
     vocab_ids = None if draft_vocab is None else torch.randperm(49152)[:draft_vocab]
-    head = DraftHead(head_config_for(model, draft_vocab_size=draft_vocab), vocab_ids).eval()
-    plain = SpeculativeDecoder(model)
-    drafted = SpeculativeDecoder(model, drafter=HeadDrafter(head, model), policy=FixedK(4))
+    head = DraftHead(head_config_for(target.model, draft_vocab_size=draft_vocab), vocab_ids).eval()
+    # No end-of-sequence ids: both decode 24 tokens.
+    plain = SpeculativeDecoder(target, eos_token_ids=())
+    drafted = SpeculativeDecoder(
+        target, drafter=HeadDrafter(head, target), policy=FixedK(4), eos_token_ids=()
+    )
     for prompt in real_prompts:
         expected = plain.generate(prompt, max_new_tokens=24).token_ids
         result = drafted.generate(prompt, max_new_tokens=24)

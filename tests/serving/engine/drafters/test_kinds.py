@@ -9,6 +9,7 @@ import importlib
 from pathlib import Path
 
 import pytest
+from transformers import PreTrainedModel
 
 import serving
 from serving.engine.decoder import SpeculativeDecoder
@@ -29,8 +30,10 @@ from serving.engine.drafters.kinds import (
     SPEC_SYNTAX,
     STAGES,
     DrafterKind,
+    kind_of,
     spec_help,
     spec_syntax,
+    split_spec,
     stage_of,
 )
 from serving.engine.drafters.prompt_lookup import PromptLookupDrafter
@@ -132,10 +135,10 @@ def test_the_chat_offers_every_kind():
     for kind in DRAFTER_KINDS:
         assert kind.completions, kind.name
         for spec in kind.completions:
-            assert spec.partition(":")[0] == kind.name
+            assert split_spec(spec)[0] == kind.name
 
 
-def _spec_for(kind: DrafterKind, folder: Path, target, lora_adapter) -> str:
+def _spec_for(kind: DrafterKind, folder: Path, target: PreTrainedModel, lora_adapter) -> str:
     """A spec of ``kind`` that builds on the tiny target, with the files it needs
     (``lora_adapter``: the conftest fixture that writes an adapter)."""
     if kind.name == "suffix" or kind.name == "ngram":
@@ -169,18 +172,18 @@ def _spec_for(kind: DrafterKind, folder: Path, target, lora_adapter) -> str:
 
 @pytest.mark.parametrize("kind", DRAFTER_KINDS, ids=lambda kind: kind.name)
 def test_every_kind_parses_builds_and_drafts_under_its_stage(
-    kind, tmp_path, target, prompt, greedy_reference, lora_adapter
+    kind, tmp_path, loaded, prompt, greedy_reference, lora_adapter
 ):
-    spec = _spec_for(kind, tmp_path, target, lora_adapter)
+    spec = _spec_for(kind, tmp_path, loaded.model, lora_adapter)
     parsed = parse_drafter_spec(spec)
     assert parsed.kind == kind.name and str(parsed) == spec
-    drafter = build_drafter(spec, target)
+    drafter = build_drafter(spec, loaded)
     if kind.stage is None:
         assert drafter is None
         return
     assert isinstance(drafter, Drafter)
     assert stage_of(drafter.kind) == kind.stage
-    decoder = SpeculativeDecoder(target, drafter=drafter, policy=FixedK(3))
+    decoder = SpeculativeDecoder(loaded, drafter=drafter, policy=FixedK(3))
     result = decoder.generate(prompt, max_new_tokens=16, mode="detailed")
     assert result.token_ids == greedy_reference[:16]  # lossless, whatever it drafted
     assert result.record is not None
@@ -209,13 +212,13 @@ def test_a_drafter_of_no_registered_kind_drafts_as_the_default_stage():
         assert stage_of(kind) == DEFAULT_STAGE
 
 
-def test_the_engine_reads_the_kind_not_the_description(target, prompt):
+def test_the_engine_reads_the_kind_not_the_description(loaded, prompt):
     class Relabelled(PromptLookupDrafter):
         kind = "ngram"  # describe() still says "prompt_lookup"
 
     drafter = Relabelled()
     assert drafter.describe()["kind"] == "prompt_lookup"
-    decoder = SpeculativeDecoder(target, drafter=drafter, policy=FixedK(3))
+    decoder = SpeculativeDecoder(loaded, drafter=drafter, policy=FixedK(3))
     assert decoder.stage == "ngram"
     result = decoder.generate(prompt * 2, max_new_tokens=16, mode="detailed")
     assert result.record is not None and result.record.drafted
@@ -236,12 +239,105 @@ class _ContextReader(PromptLookupDrafter):
 
 @pytest.mark.parametrize("needs_context", [False, True])
 def test_needs_context_is_declared_on_the_base_and_read_by_the_engine(
-    target, prompt, needs_context
+    loaded, prompt, needs_context
 ):
     assert Drafter.needs_context is False
     drafter = _ContextReader()
     drafter.needs_context = needs_context
-    decoder = SpeculativeDecoder(target, drafter=drafter, policy=FixedK(3))
+    decoder = SpeculativeDecoder(loaded, drafter=drafter, policy=FixedK(3))
     decoder.generate(prompt, max_new_tokens=8)  # fast mode: no context unless asked for
     assert drafter.contexts
     assert all((context is not None) == needs_context for context in drafter.contexts)
+
+
+# What each kind is called where it is stored or sent (describe()'s "kind", which records
+# and responses carry), the registry family its packages are registered under by default,
+# and the speculation method the other backends run it as (None: the specops engine only).
+WIRE = {
+    "none": "none",
+    "pld": "prompt_lookup",
+    "ngram": "ngram_store",
+    "suffix": "suffix",
+    "layers": "model",
+    "model": "model",
+    "head": "head",
+    "lora": "model",
+}
+FAMILY = {
+    "none": "none",
+    "pld": "ngram",
+    "ngram": "ngram",
+    "suffix": "suffix",
+    "layers": "draft",
+    "model": "full",
+    "head": "head",
+    "lora": "lora",
+}
+BACKEND_METHOD = {
+    "none": "none",
+    "pld": "ngram",
+    "ngram": None,
+    "suffix": "suffix",
+    "layers": "draft_model",
+    "model": "draft_model",
+    "head": "eagle",
+    "lora": "draft_model",
+}
+# A spec of each kind as a package's draft.json names it (speculation_for reads the string).
+STORED_SPECS = {
+    "none": "none",
+    "pld": "pld:5",
+    "ngram": "ngram:4",
+    "suffix": "suffix:corpus.json",
+    "layers": "layers:2",
+    "model": "model:weights",
+    "head": "head:weights",
+    "lora": "lora:adapter",
+}
+
+
+@pytest.mark.parametrize("kind", DRAFTER_KINDS, ids=lambda kind: kind.name)
+def test_each_kinds_wire_name_is_what_its_drafter_describes(kind, tmp_path, loaded, lora_adapter):
+    assert kind.wire == WIRE[kind.name]
+    drafter = build_drafter(_spec_for(kind, tmp_path, loaded.model, lora_adapter), loaded)
+    if kind.stage is None:
+        assert drafter is None
+        return
+    assert drafter is not None and drafter.describe()["kind"] == kind.wire
+
+
+def test_every_kind_has_a_family_and_a_backend_method():
+    assert set(WIRE) == set(FAMILY) == set(BACKEND_METHOD) == set(STORED_SPECS) == set(KINDS)
+    for kind in DRAFTER_KINDS:
+        assert (kind.family, kind.backend_method) == (
+            FAMILY[kind.name],
+            BACKEND_METHOD[kind.name],
+        ), kind.name
+        # A registered model's name is <prefix>-<family> (registry.client.model_name).
+        assert kind.family and all(c.isalnum() or c in "-_" for c in kind.family)
+
+
+@pytest.mark.parametrize("kind", DRAFTER_KINDS, ids=lambda kind: kind.name)
+def test_each_kinds_backend_method_is_what_an_export_runs(kind):
+    """tasks/evaluate/export.py turns a package's spec into the backend's speculation
+    method of its kind, on every backend that runs that method, and refuses it on every
+    other (a kind with no method: on all of them)."""
+    from serving.backends import BACKENDS, UnsupportedDraftError
+    from tasks.evaluate.export import speculation_for
+
+    spec = STORED_SPECS[kind.name]
+    assert kind_of(spec) is kind
+    for backend, info in BACKENDS.items():
+        if kind.backend_method is not None and kind.backend_method in info.methods:
+            speculation = speculation_for(spec, backend, 4)
+            assert speculation.method == kind.backend_method, (kind.name, backend)
+        else:
+            with pytest.raises(
+                UnsupportedDraftError,
+                match=repr(spec) if kind.backend_method is None else "cannot draft",
+            ):
+                speculation_for(spec, backend, 4)
+    if kind.backend_method is not None:
+        assert any(kind.backend_method in info.methods for info in BACKENDS.values())
+    if kind.name == "pld":  # vLLM's ngram method looks up to the spec's longest n-gram
+        assert speculation_for(spec, "vllm", 4).prompt_lookup_max == 5

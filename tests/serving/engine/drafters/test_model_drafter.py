@@ -6,13 +6,14 @@ import torch
 from serving.engine.decoder import SpeculativeDecoder
 from serving.engine.drafters.base import DraftRequest, StepFeedback
 from serving.engine.drafters.model import ModelDrafter
-from serving.engine.kv import cache_length, new_cache
+from serving.engine.kv import cache_length
 from serving.engine.policy import FixedK
 from serving.engine.sampling import SamplingParams, make_sampler
 from serving.engine.step import speculative_step
 from serving.errors import BadInputError, IncompatibleDraftError
 from serving.models.tiny import tiny_llama
 from serving.models.truncated import first_layers
+from serving.target import LoadedTarget
 
 GREEDY = make_sampler()
 
@@ -38,7 +39,7 @@ def greedy_continuation(model, tokens: list[int], k: int) -> list[int]:
 
 @pytest.mark.parametrize("accepted", [0, 1, 2, 3, 4])
 def test_commit_rewinds_the_cache_to_the_accepted_prefix(draft_model, prompt, accepted):
-    drafter = ModelDrafter(draft_model)
+    drafter = ModelDrafter(LoadedTarget.of(draft_model))
     drafter.begin(prompt)
     drafts = drafter.propose(DraftRequest(prompt, 4, GREEDY)).tokens.tolist()
     assert drafts == greedy_continuation(draft_model, prompt, 4)
@@ -57,9 +58,9 @@ def test_commit_rewinds_the_cache_to_the_accepted_prefix(draft_model, prompt, ac
     assert next_drafts == greedy_continuation(draft_model, tokens, 3)
 
 
-def test_cache_tracks_the_committed_tokens_across_steps(target, prompt):
-    draft = first_layers(target, 3)  # agrees with the target only sometimes
-    drafter = ModelDrafter(draft)
+def test_cache_tracks_the_committed_tokens_across_steps(loaded, prompt):
+    draft = first_layers(loaded.model, 3)  # agrees with the target only sometimes
+    drafter = ModelDrafter(loaded.over(draft))
     proposals: list[tuple[list[int], list[int]]] = []
     propose = drafter.propose
 
@@ -69,15 +70,15 @@ def test_cache_tracks_the_committed_tokens_across_steps(target, prompt):
         return proposal
 
     drafter.propose = recording_propose
-    cache = new_cache(target)
+    cache = loaded.new_cache()
     with torch.inference_mode():
-        target(input_ids=torch.tensor([prompt[:-1]]), past_key_values=cache, use_cache=True)
+        loaded(input_ids=torch.tensor([prompt[:-1]]), past_key_values=cache, use_cache=True)
     drafter.begin(list(prompt))
     tokens = list(prompt)
     accepted_counts = []
     for _ in range(20):
         base = len(tokens)
-        step = speculative_step(target, cache, tokens, drafter, 4, GREEDY)
+        step = speculative_step(loaded, cache, tokens, drafter, 4, GREEDY)
         tokens += step.new_tokens
         accepted_counts.append(step.accepted)
         assert cache_length(cache) == len(tokens) - 1
@@ -88,7 +89,7 @@ def test_cache_tracks_the_committed_tokens_across_steps(target, prompt):
 
 
 def test_early_stop_below_the_confidence_threshold(draft_model, prompt):
-    drafter = ModelDrafter(draft_model, confidence_threshold=0.999)
+    drafter = ModelDrafter(LoadedTarget.of(draft_model), confidence_threshold=0.999)
     drafter.begin(prompt)
     proposal = drafter.propose(DraftRequest(prompt, 4, GREEDY))
     assert len(proposal) == 1  # a random tiny model is never that sure
@@ -98,7 +99,7 @@ def test_early_stop_below_the_confidence_threshold(draft_model, prompt):
 
 def test_sampling_drafts_carry_the_distribution_they_were_drawn_from(draft_model, prompt):
     sampler = make_sampler(SamplingParams(temperature=0.8, top_k=5, seed=0))
-    drafter = ModelDrafter(draft_model)
+    drafter = ModelDrafter(LoadedTarget.of(draft_model))
     drafter.begin(prompt)
     proposal = drafter.propose(DraftRequest(prompt, 3, sampler))
     assert proposal.draft_probs is not None and proposal.draft_probs.shape == (3, 96)
@@ -111,15 +112,15 @@ def test_sampling_drafts_carry_the_distribution_they_were_drawn_from(draft_model
     assert (picked > 0).all()
 
 
-def test_incompatible_vocabulary_is_refused(target):
-    drafter = ModelDrafter(tiny_llama(vocab_size=64), name="small-vocab")
+def test_incompatible_vocabulary_is_refused(loaded):
+    drafter = ModelDrafter(LoadedTarget.of(tiny_llama(vocab_size=64)), name="small-vocab")
     with pytest.raises(IncompatibleDraftError, match=r"64 tokens.*has 96"):
         drafter.check_compatible(96)
     with pytest.raises(IncompatibleDraftError, match="small-vocab"):
-        SpeculativeDecoder(target, drafter=drafter, policy=FixedK(2))
+        SpeculativeDecoder(loaded, drafter=drafter, policy=FixedK(2))
 
 
 @pytest.mark.parametrize("threshold", [-0.1, 1.0, 2.0])
 def test_bad_confidence_threshold_raises(draft_model, threshold):
     with pytest.raises(BadInputError, match=re.escape(repr(threshold))):
-        ModelDrafter(draft_model, confidence_threshold=threshold)
+        ModelDrafter(LoadedTarget.of(draft_model), confidence_threshold=threshold)

@@ -217,47 +217,47 @@ def test_missing_or_unreadable_corpus_files_are_refused(tmp_path):
         load_suffix_corpus(tmp_path / "cut.json")
 
 
-def test_factory_specs(tmp_path, target):
+def test_factory_specs(tmp_path, loaded):
     write_corpus(tmp_path / "c.json", [[1, 2, 3]])
     assert parse_drafter_spec("suffix").arg is None
     assert parse_drafter_spec(f"SUFFIX:{tmp_path / 'c.json'}").kind == "suffix"
     with pytest.raises(BadInputError, match="is not a suffix corpus file"):
         parse_drafter_spec(f"suffix:{tmp_path / 'missing.json'}")
-    plain = build_drafter("suffix", target)
+    plain = build_drafter("suffix", loaded)
     assert isinstance(plain, SuffixDrafter) and plain.global_index is None
-    with_corpus = build_drafter(f"suffix:{tmp_path / 'c.json'}", target)
+    with_corpus = build_drafter(f"suffix:{tmp_path / 'c.json'}", loaded)
     assert isinstance(with_corpus, SuffixDrafter) and with_corpus.global_index is not None
     assert with_corpus.describe()["global_tokens"] == 3
     (tmp_path / "bad.json").write_text("[]")
     with pytest.raises(ModelSourceError, match=r"bad\.json"):
-        build_drafter(f"suffix:{tmp_path / 'bad.json'}", target)
+        build_drafter(f"suffix:{tmp_path / 'bad.json'}", loaded)
 
 
-def test_corpus_with_ids_outside_the_vocabulary_is_incompatible(tmp_path, target):
+def test_corpus_with_ids_outside_the_vocabulary_is_incompatible(tmp_path, loaded):
     write_corpus(tmp_path / "c.json", [[1, 2, 500]])
     with pytest.raises(IncompatibleDraftError, match="token id 500"):
-        SpeculativeDecoder(target, drafter=suffix_drafter(tmp_path / "c.json"), policy=FixedK(2))
+        SpeculativeDecoder(loaded, drafter=suffix_drafter(tmp_path / "c.json"), policy=FixedK(2))
 
 
 # --- Greedy equality through the engine -----------------------------------------------------
 
 
-def decode(target, prompt, drafter, k, new_tokens):
-    decoder = SpeculativeDecoder(target, drafter=drafter, policy=FixedK(k))
+def decode(loaded, prompt, drafter, k, new_tokens):
+    decoder = SpeculativeDecoder(loaded, drafter=drafter, policy=FixedK(k))
     return decoder.generate(prompt, max_new_tokens=new_tokens)
 
 
 @pytest.mark.parametrize("k", [1, 3, 8])
-def test_greedy_output_equals_plain_greedy(target, prompt, greedy_reference, k):
+def test_greedy_output_equals_plain_greedy(loaded, prompt, greedy_reference, k):
     rng = random.Random(k)
     noise = index_of(*[[rng.randrange(96) for _ in range(40)] for _ in range(5)])
     own_outputs = index_of(greedy_reference, greedy_reference[5:30])
     for global_index in (None, noise, own_outputs):
-        result = decode(target, prompt, SuffixDrafter(global_index), k, len(greedy_reference))
+        result = decode(loaded, prompt, SuffixDrafter(global_index), k, len(greedy_reference))
         assert result.token_ids == greedy_reference, (k, global_index)
         assert result.stats.draft_tokens > 0
     # An index of the target's own earlier output predicts it: after the first two tokens
     # (which no index continues: the output's first token follows the prompt, its second
     # the ambiguous "46") every block of k drafts is kept whole.
-    result = decode(target, prompt, SuffixDrafter(own_outputs), k, len(greedy_reference))
+    result = decode(loaded, prompt, SuffixDrafter(own_outputs), k, len(greedy_reference))
     assert result.stats.checks <= 2 + math.ceil((len(greedy_reference) - 2) / (k + 1))
