@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
@@ -223,11 +223,9 @@ def client_drafter(spec: DrafterSpec, draft_target: LoadedTarget | None) -> Draf
     """A draft client's drafter of ``spec``, built against ``draft_target``. A drafter of
     the kinds that draft with a model (:data:`MODEL_KINDS`) needs it; a lookup drafter
     reads nothing of a target, and is built without one when none was loaded."""
-    if draft_target is not None:
-        return build_drafter(spec, draft_target)
-    if spec.kind in MODEL_KINDS:
+    if draft_target is None and spec.kind in MODEL_KINDS:
         raise BadInputError(f"drafter {str(spec)!r} needs the target model on the client")
-    return build_drafter(spec, cast(LoadedTarget, None))  # its builder reads no target
+    return build_drafter(spec, draft_target)
 
 
 def run_distributed_bench(

@@ -13,8 +13,10 @@ import tasks.loop.steps as loop
 from registry.client import Registry
 from registry.history import last_retrain
 from serving.engine.drafters.package import DraftManifest, write_package
+from serving.hardware import HardwareTarget, engine_target
 from serving.models.tiny import tiny_llama
 from serving.records import store as record_store
+from serving.target import LoadedTarget, eos_ids
 from tasks.loop.results import Bootstrapped, DeploymentRun, Retrained
 from tests.tasks.loop.priced_gates import use_priced_gates
 
@@ -34,19 +36,21 @@ def world(monkeypatch, tmp_path, target, char_tokenizer, make_prompts, mlflow_ur
     from the tests' small texts; the registry is a fresh SQLite store."""
     monkeypatch.setenv("SPECOPS_MLFLOW_URI", mlflow_uri)
     monkeypatch.setenv("SPECOPS_MLFLOW_ARTIFACTS", str(tmp_path / "artifacts"))
-    monkeypatch.setattr(
-        loop, "target_for", lambda hardware, target="smollm2": (target_model, char_tokenizer)
-    )
-    target_model = target
+
+    def loaded_on(hardware: HardwareTarget) -> LoadedTarget:
+        """The tiny target as the flows load it for ``hardware`` (its model as it is)."""
+        eos = eos_ids(target, char_tokenizer)
+        return LoadedTarget.of(target, char_tokenizer, hardware=hardware, eos_token_ids=eos)
+
+    monkeypatch.setattr(loop, "target_for", lambda hardware, source=None: loaded_on(hardware))
 
     def workload(name, n, *, seed=0, split="heldout"):
         return make_prompts()[:n]  # six short texts with repeats (tests/conftest.py)
 
     monkeypatch.setattr(steps, "build_workload", workload)
     # The learned challengers train on the tiny target too, within a few seconds each.
-    monkeypatch.setattr(
-        learned, "training_target", lambda target="smollm2": (target_model, char_tokenizer)
-    )
+    stock = loaded_on(engine_target(learned.TRAINING_HARDWARE))
+    monkeypatch.setattr(learned, "training_target", lambda target=None: stock)
     config = tmp_path / "retrain.yaml"
     config.write_text(TINY_RETRAIN)
     monkeypatch.setattr(retrain_config, "load_retrain_config", lambda path=config: LOAD(path))

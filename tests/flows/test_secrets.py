@@ -10,6 +10,8 @@ import pytest
 
 import tasks.loop.prefect_tasks as steps
 import tasks.loop.steps as loop
+from serving.hardware import HardwareTarget
+from serving.target import LoadedTarget, eos_ids
 
 pytestmark = pytest.mark.slow  # the bootstrap flow under a Prefect server
 
@@ -37,8 +39,12 @@ def test_a_configured_secret_reaches_no_store_and_no_log(
     monkeypatch.setenv("SPECOPS_API_KEYS", SECRET)
     monkeypatch.setenv("SPECOPS_MLFLOW_URI", mlflow_uri)
     monkeypatch.setenv("SPECOPS_MLFLOW_ARTIFACTS", str(tmp_path / "artifacts"))
-    tiny = target
-    monkeypatch.setattr(loop, "target_for", lambda hardware, target=None: (tiny, char_tokenizer))
+    eos = eos_ids(target, char_tokenizer)
+
+    def loaded_on(hardware: HardwareTarget) -> LoadedTarget:
+        return LoadedTarget.of(target, char_tokenizer, hardware=hardware, eos_token_ids=eos)
+
+    monkeypatch.setattr(loop, "target_for", lambda hardware, source=None: loaded_on(hardware))
     monkeypatch.setattr(
         steps, "build_workload", lambda name, n, *, seed=0, split="heldout": make_prompts()[:n]
     )

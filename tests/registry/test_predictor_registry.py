@@ -29,6 +29,7 @@ from serving.engine.predictor import (
     load_predictor,
     make_mlp,
 )
+from serving.hardware import hardware_target
 
 METRICS = {"auc": 0.71, "brier": 0.18, "ece": 0.04, "raw/ece": 0.06, "pld/auc": 0.69}
 LINEAGE = {"data_version": "dataset:0123456789abcdef", "git_commit": "abc123"}
@@ -92,7 +93,8 @@ def test_aliases_are_per_target(registry, saved, tmp_path):
     assert champion_predictor(registry, "cpu-int8").version == int8.version
     assert champion_predictor(registry, "cpu-int4") is None
     folder = download_champion_predictor(registry, "cpu-int8", tmp_path / "cache")
-    assert folder is not None and load_predictor(folder, hardware="cpu-int8").hardware == "cpu-int8"
+    on_int8 = hardware_target("cpu-int8")
+    assert folder is not None and load_predictor(folder, hardware=on_int8).hardware == "cpu-int8"
     assert download_predictor(registry, int8, tmp_path / "cache") == folder  # reused
     # A draft promotion's rollback never reads a predictor promotion.
     with pytest.raises(RegistryError, match="no promotion on 'cpu' to roll back"):

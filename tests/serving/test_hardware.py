@@ -8,6 +8,7 @@ from serving.errors import BadInputError
 from serving.hardware import (
     DEFAULT_HARDWARE,
     HARDWARE_CONFIG,
+    cpu_target_for,
     engine_target,
     hardware_target,
     load_hardware,
@@ -113,3 +114,19 @@ def test_a_resolved_target_carries_its_name_and_is_frozen():
     with pytest.raises(ValidationError, match="frozen"):
         cpu.kernels = "stock"  # type: ignore[misc]
     assert load_hardware().targets["cpu"].name == ""  # as stored: unnamed until resolved
+
+
+def test_the_cpu_target_of_each_kernel_family():
+    for kernels, name in [
+        ("onednn", "cpu"),
+        ("int8", "cpu-int8"),
+        ("int4", "cpu-int4"),
+        ("stock", "cpu-stock"),
+    ]:
+        target = cpu_target_for(kernels)
+        assert (target.name, target.kernels, target.device) == (name, kernels, "cpu")
+        assert target.verify_curve  # an engine target: its curve measured
+    with pytest.raises(
+        BadInputError, match=r"no CPU target of configs/hardware\.yaml runs kernels"
+    ):
+        cpu_target_for("cuda")

@@ -52,7 +52,9 @@ def parse_drafter_spec(spec: str) -> DrafterSpec:
     return DrafterSpec(kind.name, arg)
 
 
-def build_drafter(spec: str | DrafterSpec, target: LoadedTarget) -> Drafter | None:
-    """Build the drafter for ``spec`` against ``target`` (``None`` for plain decoding)."""
+def build_drafter(spec: str | DrafterSpec, target: LoadedTarget | None) -> Drafter | None:
+    """Build the drafter for ``spec`` against ``target`` (``None`` for plain decoding). A
+    lookup drafter reads nothing of the target and may be built without one (a draft
+    client that loaded none); the others refuse ``None`` naming the spec."""
     parsed = parse_drafter_spec(spec) if isinstance(spec, str) else spec
     return KIND_BY_NAME[parsed.kind].build(parsed, target)

@@ -55,8 +55,9 @@ class DrafterSpec:
         return self.kind if self.arg is None else f"{self.kind}:{self.arg}"
 
 
-# (spec, the loaded target) -> the drafter, or None for plain decoding.
-Builder = Callable[[DrafterSpec, "LoadedTarget"], "Drafter | None"]
+# (spec, the loaded target) -> the drafter, or None for plain decoding. A lookup drafter
+# reads nothing of the target and is built without one (a draft client that loaded none).
+Builder = Callable[[DrafterSpec, "LoadedTarget | None"], "Drafter | None"]
 
 
 @dataclass(frozen=True)
@@ -159,17 +160,27 @@ def _store_path(arg: str, inside: Callable[[str], str]) -> str:
 # ------------------------------------------------------------------------------ builders
 
 
-def _build_none(spec: DrafterSpec, target: LoadedTarget) -> None:
+def _needed(spec: DrafterSpec, target: LoadedTarget | None) -> LoadedTarget:
+    """The target a drafter built from it (or served like it) needs."""
+    if target is None:
+        raise BadInputError(
+            f"drafter {str(spec)!r} drafts with a model of the target's: load the target "
+            "where it is built"
+        )
+    return target
+
+
+def _build_none(spec: DrafterSpec, target: LoadedTarget | None) -> None:
     return None
 
 
-def _build_pld(spec: DrafterSpec, target: LoadedTarget) -> Drafter:
+def _build_pld(spec: DrafterSpec, target: LoadedTarget | None) -> Drafter:
     from serving.engine.drafters.prompt_lookup import PromptLookupDrafter
 
     return PromptLookupDrafter(max_ngram=int_arg(str(spec), spec.arg, 3, 1))
 
 
-def _build_ngram(spec: DrafterSpec, target: LoadedTarget) -> Drafter:
+def _build_ngram(spec: DrafterSpec, target: LoadedTarget | None) -> Drafter:
     from serving.engine.drafters.ngram_store import NGramDrafter, load_shared_store
 
     options = parse_ngram_options(str(spec), spec.arg)
@@ -183,41 +194,45 @@ def _build_ngram(spec: DrafterSpec, target: LoadedTarget) -> Drafter:
     )
 
 
-def _build_suffix(spec: DrafterSpec, target: LoadedTarget) -> Drafter:
+def _build_suffix(spec: DrafterSpec, target: LoadedTarget | None) -> Drafter:
     from serving.engine.drafters.suffix import suffix_drafter
 
     return suffix_drafter(spec.arg)
 
 
-def _build_layers(spec: DrafterSpec, target: LoadedTarget) -> Drafter:
+def _build_layers(spec: DrafterSpec, target: LoadedTarget | None) -> Drafter:
     from serving.engine.drafters.model import ModelDrafter
     from serving.models.truncated import first_layers
 
+    target = _needed(spec, target)
     layers = int_arg(str(spec), spec.arg, None, 1)
     # The target's own first layers, on the same kind of lean step as the target.
     return ModelDrafter(target.over(first_layers(target.model, layers)), name=str(spec))
 
 
-def _build_model(spec: DrafterSpec, target: LoadedTarget) -> Drafter:
+def _build_model(spec: DrafterSpec, target: LoadedTarget | None) -> Drafter:
     from serving.engine.drafters.model import load_model_drafter
 
+    target = _needed(spec, target)
     assert spec.arg is not None  # checked: model:PATH
     return load_model_drafter(spec.arg, target, name=str(spec))
 
 
-def _build_lora(spec: DrafterSpec, target: LoadedTarget) -> Drafter:
+def _build_lora(spec: DrafterSpec, target: LoadedTarget | None) -> Drafter:
     from serving.engine.drafters.model import model_drafter_for
     from serving.models.lora import load_lora_draft
 
+    target = _needed(spec, target)
     assert spec.arg is not None  # checked: lora:PATH
     model = load_lora_draft(spec.arg, target.model).to(target.dtype)  # fp32 merge, then its dtype
     return model_drafter_for(model, target, name=str(spec))
 
 
-def _build_head(spec: DrafterSpec, target: LoadedTarget) -> Drafter:
+def _build_head(spec: DrafterSpec, target: LoadedTarget | None) -> Drafter:
     from serving.engine.drafters.head import HeadDrafter
     from serving.models.head import load_head
 
+    target = _needed(spec, target)
     assert spec.arg is not None  # checked: head:PATH
     return HeadDrafter(load_head(spec.arg, target.model), target, name=str(spec))
 

@@ -54,12 +54,14 @@ class DraftPlan:
 
     def __post_init__(self) -> None:
         check_policy(self.policy)
-        check_k(self.k)
+        if self.drafts:  # plain decoding drafts nothing: its k is never used
+            check_k(self.k)
 
     @classmethod
     def parse(cls, drafter: str, *, policy: str = DEFAULT_POLICY, k: int = DEFAULT_K) -> DraftPlan:
-        """The plan of a drafter spec string and a policy and k, every part checked."""
-        return cls(parse_drafter_spec(drafter), check_policy(policy), check_k(k))
+        """The plan of a drafter spec string and a policy and k, every part checked (k
+        only where it drafts)."""
+        return cls(parse_drafter_spec(drafter), check_policy(policy), k)
 
     @property
     def kind(self) -> DrafterKind:

@@ -69,17 +69,15 @@ def test_a_missing_backend_names_its_extra(monkeypatch, tmp_path, backend, comma
 @pytest.mark.real_model
 def test_transformers_backend_reproduces_greedy(tmp_path, model_folder, prompt):
     (tmp_path / "target").symlink_to(model_folder)
-    plain = open_backend(
-        "transformers", str(tmp_path / "target"), Speculation(), hardware="cpu-stock"
-    )
+    plain = open_backend("transformers", str(tmp_path / "target"), Speculation(), kernels="stock")
     lookup = open_backend(
-        "transformers", str(tmp_path / "target"), Speculation("ngram", 3), hardware="cpu-stock"
+        "transformers", str(tmp_path / "target"), Speculation("ngram", 3), kernels="stock"
     )
     self_draft = open_backend(
         "transformers",
         str(tmp_path / "target"),
         Speculation("draft_model", 3, draft_path=str(tmp_path / "target")),
-        hardware="cpu-stock",
+        kernels="stock",
     )
     reference = plain.generate(prompt, 24)
     assert reference.accepted_tokens == 0 and reference.checks == len(reference.token_ids)
