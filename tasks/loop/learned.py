@@ -1,5 +1,6 @@
 """The retrain flow's learned challengers: a draft head and a LoRA draft, trained on the
-collected store's training mix within each family's time budget (``configs/retrain.yaml``).
+collected store's training mix within each family's time budget, and its step bound when
+it has one (``configs/retrain.yaml``).
 
 The training mix (failures 80 % / replay 20 %, :mod:`tasks.data.dataset`) already holds each
 request's prompt and the target's own output, so the teacher data is one teacher-forced
@@ -99,6 +100,12 @@ def _run_params(result: Any, settings: FamilySettings) -> dict[str, Param]:
     }
 
 
+def _max_steps(settings: FamilySettings) -> int:
+    """The trainer's ``max_steps``: the family's step bound, else so many that the time
+    budget decides."""
+    return settings.max_steps if settings.max_steps is not None else 10**9
+
+
 def _fmt(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3f}"
 
@@ -118,7 +125,7 @@ def train_head_challenger(
     config = TrainHeadConfig(
         teacher_dir=teacher,
         output_dir=work / "head",
-        max_steps=10**9,  # the time budget decides
+        max_steps=_max_steps(settings),
         init_head=init_head,
         **settings.settings,
     )
@@ -160,7 +167,7 @@ def train_lora_challenger(
         teacher_dir=teacher,
         output_dir=work / "lora",
         kind="lora",
-        max_steps=10**9,  # the time budget decides
+        max_steps=_max_steps(settings),
         **settings.settings,
     )
     result = distill(

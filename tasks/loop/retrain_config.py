@@ -1,6 +1,7 @@
 """The retrain flow's settings (``configs/retrain.yaml``): which learned challengers each
-hardware target trains, their time budgets and settings, the data minimums, the relative
-retrain trigger and the cool-down. Loaded and validated at the edge."""
+hardware target trains, their time budgets (and optional step bounds) and settings, the
+data minimums, the relative retrain trigger and the cool-down. Loaded and validated at the
+edge."""
 
 from __future__ import annotations
 
@@ -8,7 +9,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    model_serializer,
+    model_validator,
+)
 
 from serving.engine.drafters.plan import DEFAULT_POLICY
 from serving.engine.policy import PolicyName
@@ -27,9 +36,21 @@ class FamilySettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     budget_seconds: float = Field(gt=0)  # in optimiser steps, over every run of one retrain
+    # And at most this many optimiser steps, over every run of one retrain (the first bound
+    # reached ends it); None: the time budget alone. Steps are the same on any machine.
+    max_steps: int | None = Field(default=None, ge=1)
     k: int = Field(default=5, ge=1, le=16)  # the package's largest draft block
     policy: PolicyName = DEFAULT_POLICY
     settings: dict[str, Any] = Field(default_factory=dict)  # the trainer's config fields
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_step_bound(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """Without a step bound the settings dump as they did before there was one (a kit's
+        manifest, an MLflow param)."""
+        data = handler(self)
+        if self.max_steps is None:
+            data.pop("max_steps", None)
+        return data
 
 
 class TargetRetrain(BaseModel):

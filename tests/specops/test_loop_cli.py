@@ -4,10 +4,17 @@
 
 The target is a tiny random Llama with a character tokenizer, saved as a model folder and
 named by ``SPECOPS_TARGET`` as a user names theirs: every step loads it as it would load the
-real model, on the real workloads. Two things are configured for the test: the retrain's
-families train within a second on it (``TINY_RETRAIN``), and the gates price speed by a
-fixed profile under which prompt lookup must pass (``tests/tasks/loop/priced_gates.py``),
-so that the bootstrap's promotion is a fact, not the machine's timing.
+real model, on the real workloads. Four things are configured for the test, so that the
+main job is the same run on every try, whatever the machine's load: the retrain's families
+train a fixed number of optimiser steps (``max_steps`` in ``TINY_RETRAIN``, under a time
+budget they never reach); the gates price speed by a fixed profile under which prompt
+lookup must pass, with the wall clock's interval check off; the cost-aware draft-length
+policy prices drafting by that profile instead of the seconds it measures
+(``tests/tasks/loop/priced_gates.py``); and MLflow's run ids and the download cache's
+folder, which name the packages that served each request, are the same on every run
+(``_same_names_on_every_run``). What the run did (tokens, steps, acceptance, gate
+decisions) is compared with the baseline recorded before the refactor
+(``tests/fixtures/behaviour/tiny-main-job.json``, ``tests/specops/loop_digest.py``).
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -31,7 +39,8 @@ from serving.paths import PROJECT_ROOT
 from serving.records.store import read_raw
 from specops.cli import app
 from tests.specops.conftest import make_char_tokenizer
-from tests.tasks.loop.priced_gates import use_priced_gates
+from tests.specops.loop_digest import differences, dumps, loop_digest
+from tests.tasks.loop.priced_gates import use_priced_gates, use_priced_policy
 
 runner = CliRunner()
 DVC = str(Path(sys.executable).with_name("dvc"))
@@ -48,16 +57,22 @@ targets:
     min_sequences: 2
     min_answer_tokens: 8
     head:
-      budget_seconds: 1
+      budget_seconds: 600
+      max_steps: 20
       settings: {batch_size: 2, max_seq_len: 64, eval_every: 5, checkpoint_every: 5,
                  eval_fraction: 0.0}
     lora:
-      budget_seconds: 1
+      budget_seconds: 600
+      max_steps: 20
       settings: {layers: 1, loss: ce, lora_r: 2, lora_alpha: 4, batch_size: 2, max_seq_len: 64,
                  eval_every: 5, checkpoint_every: 5, eval_fraction: 0.0}
 """
 
 DEMO = dict(before_prompts=3, after_prompts=4, max_new_tokens=8)
+TRAIN_SECONDS = 600  # a budget the step bounds (max_steps) always reach first
+# What the main job did on today's code (before the refactor of issue 50), as
+# tests/specops/loop_digest.py digests it.
+BEHAVIOUR = Path(__file__).parents[1] / "fixtures" / "behaviour" / "tiny-main-job.json"
 
 
 def _invoke(*args: object, env: dict[str, str] | None = None):
@@ -100,8 +115,42 @@ def loop_world(harness, tiny_target, tmp_path_factory):
         patch.setenv("PREFECT_LOGGING_LEVEL", "WARNING")
         patch.setattr(retrain_config, "load_retrain_config", lambda path=config: LOAD_RETRAIN(path))
         use_priced_gates(patch, root)
+        use_priced_policy(patch)  # drafting priced by the profile, not by the clock
         yield root
     torch.set_num_threads(threads)  # `--threads` sets it for the process
+
+
+class _CountingUuid:
+    """``uuid.uuid4`` for MLflow's tracking store: run ids 1, 2, ... in creation order."""
+
+    def __init__(self) -> None:
+        self.created = 0
+
+    def uuid4(self) -> uuid.UUID:
+        self.created += 1
+        return uuid.UUID(int=self.created, version=4)
+
+
+def _same_names_on_every_run(patch: pytest.MonkeyPatch, root: Path) -> str:
+    """What the demo names the same way on every run, returned as its ``SPECOPS_CACHE``.
+
+    A served request's id hashes its drafter's description, and a head or LoRA drafter is
+    described by its package's folder: the download cache's ``<family>/<version>-<MLflow
+    run id>``. The retrain orders its training mix by those ids, so a random run id or
+    another cache folder trains another head. Here MLflow's run ids count up, and the
+    cache is ``cache`` in the working directory (the machine's data, model and kernel
+    caches linked in, so nothing is built again)."""
+    from mlflow.store.tracking import sqlalchemy_store
+
+    from serving.models.real import cache_root
+
+    patch.setattr(sqlalchemy_store, "uuid", _CountingUuid())
+    shared, own = cache_root(), root / "cache"
+    own.mkdir()
+    for entry in sorted(shared.iterdir()) if shared.is_dir() else []:
+        if entry.is_dir() and entry.name not in ("registry", "locks"):
+            (own / entry.name).symlink_to(entry, target_is_directory=True)
+    return own.name
 
 
 @pytest.fixture(scope="module")
@@ -109,13 +158,15 @@ def demo(loop_world):
     """``specops loop demo`` once, with the smallest sizes; its output and workspace."""
     work = loop_world / "demo"
     started = time.perf_counter()
-    result = _invoke(
-        "demo", "--work", work, "--before-prompts", DEMO["before_prompts"],
-        "--after-prompts", DEMO["after_prompts"], "--max-new-tokens", DEMO["max_new_tokens"],
-        "--head-seconds", 1, "--lora-seconds", 1, "--threads", 1,
-        env={"SPECOPS_MLFLOW_URI": f"sqlite:///{work}/mlflow.db",
-             "SPECOPS_MLFLOW_ARTIFACTS": str(work / "mlartifacts")},
-    )  # fmt: skip
+    with pytest.MonkeyPatch.context() as patch:
+        cache = _same_names_on_every_run(patch, loop_world)
+        result = _invoke(
+            "demo", "--work", work, "--before-prompts", DEMO["before_prompts"],
+            "--after-prompts", DEMO["after_prompts"], "--max-new-tokens", DEMO["max_new_tokens"],
+            "--head-seconds", TRAIN_SECONDS, "--lora-seconds", TRAIN_SECONDS, "--threads", 1,
+            env={"SPECOPS_MLFLOW_URI": f"sqlite:///{work}/mlflow.db",
+                 "SPECOPS_MLFLOW_ARTIFACTS": str(work / "mlartifacts"), "SPECOPS_CACHE": cache},
+        )  # fmt: skip
     print(f"specops loop demo took {time.perf_counter() - started:.0f} s")
     return result, work
 
@@ -179,11 +230,18 @@ def test_the_main_job_runs_end_to_end_on_the_tiny_target(demo, loop_world, monke
     # The drill: the retrain's head evaluated, promoted by hand over the champion the
     # retrain left, its weights scrambled where serving loads them, then a collect whose
     # watch judged it. (Whether the tiny target's head collapses is chance: a whole one
-    # rolled back is tests/flows/test_loop_flows.py's.)
+    # rolled back is tests/flows/test_loop_flows.py's.) When the retrain promoted the head
+    # itself, the drill finds it serving: not evaluated or promoted again, and what it
+    # displaced is the champion before the retrain (as for a drill run again,
+    # tests/flows/test_loop_flows.py).
     (head,) = [c for c in retrained["challengers"] if c["family"] == "head"]
     assert drill["skipped"] is None and drill["draft"] == head["label"]
-    assert drill["displaced"] == (ba["promoted"] or ba["champion_before"])
-    assert drill["scrambled"] and drill["evaluated"]["promoted"] is None
+    assert drill["scrambled"]
+    if ba["promoted"] == head["label"]:
+        assert drill["displaced"] == ba["champion_before"] and drill["evaluated"] is None
+    else:
+        assert drill["displaced"] == (ba["promoted"] or ba["champion_before"])
+        assert drill["evaluated"]["promoted"] is None
     assert drill["collected"]["replayed"]["champion"] == head["label"] and drilled > 0
     assert drill["collected"]["watch"]["champion"] == head["label"]
     assert drill["collected"]["validation"]["validation"]["valid"] == len(rows)
@@ -202,6 +260,28 @@ def test_the_main_job_runs_end_to_end_on_the_tiny_target(demo, loop_world, monke
     files = {f.path for f in registry.client.list_artifacts(run.info.run_id)}
     assert {"loop.json", "loop.png"} <= files
     assert run.data.tags["hardware"] == "cpu"
+
+
+@pytest.mark.slow  # the main job on the tiny target (~1 min, once per module)
+def test_the_main_job_does_what_it_did_before_the_refactor(demo, loop_world):
+    """The same records (token ids, steps, acceptance) and decisions (triggers, gates,
+    promotions, watch) as the baseline. A difference is a change of behaviour: the run's
+    own digest is written beside the workspace, to compare or, for a change meant, to
+    replace the baseline with."""
+    result, work = demo
+    assert result.exit_code == 0, result.output
+    actual = loop_digest(work / "store", loop_world / "results/main/loop.json")
+    expected = json.loads(BEHAVIOUR.read_text())
+    found = list(differences(expected, actual))
+    if found:
+        written = loop_world / BEHAVIOUR.name
+        written.write_text(dumps(actual))
+        shown = "\n  ".join(found[:5]) + ("\n  ..." if len(found) > 5 else "")
+        pytest.fail(
+            f"the main job's behaviour differs from {BEHAVIOUR.relative_to(BEHAVIOUR.parents[3])} "
+            f"in {len(found)} place(s); the first:\n  {shown}\nthis run's digest: {written}",
+            pytrace=False,
+        )
 
 
 @pytest.mark.slow  # the main job on the tiny target (~1 min, once per module)

@@ -12,6 +12,12 @@ clock (tests/tasks/evaluate/test_interval.py tests it), so one timed round does;
 is the pre-gate, which
 predicts with the contenders' own profiled costs, not this profile
 (tests/tasks/evaluate/test_pregate.py).
+
+:func:`use_priced_policy` goes one step further, for a test that compares the steps
+themselves (tests/specops/loop_digest.py): the cost-aware draft-length policy prices drafting
+at the profile's cost too, instead of the seconds it measures while decoding (or those an
+evaluation profiled), so that the k it picks, and a greedy request's steps, depend only on
+what was accepted.
 """
 
 from __future__ import annotations
@@ -20,8 +26,11 @@ from pathlib import Path
 
 import pytest
 
+from serving.policy import CostAwareK
 from tasks.evaluate import gates
 from tasks.evaluate.gates import GateConfig
+
+PRICED_DRAFT_COST = 0.0  # one drafted token, in one-token target passes
 
 PRICED_GATES = f"""\
 min_prompts: 4
@@ -33,7 +42,7 @@ wall_clock_rounds: 1
 pregate_margin: null
 speed_profile:
   verify_curve: [{", ".join(["1.0"] * 17)}]
-  draft_cost: 0.0
+  draft_cost: {PRICED_DRAFT_COST}
 """
 
 
@@ -45,3 +54,10 @@ def use_priced_gates(monkeypatch: pytest.MonkeyPatch, folder: Path) -> GateConfi
     real = gates.load_gates
     monkeypatch.setattr(gates, "load_gates", lambda config=path: real(config))
     return real(path)
+
+
+def use_priced_policy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every cost-aware draft-length policy (until the test ends) prices a drafted token at
+    :data:`PRICED_DRAFT_COST`, whatever it measured or was given: its choice of k then reads
+    only the acceptance it saw and the target's fixed verify curve (configs/hardware.yaml)."""
+    monkeypatch.setattr(CostAwareK, "draft_cost", lambda self: PRICED_DRAFT_COST)

@@ -93,3 +93,20 @@ def test_the_head_continues_from_a_given_head(tiny, tmp_path):
         records(6), tmp_path / "b", head_only, init_head=pre.package / "head", progress=False
     )
     assert cont.params["init"] == str(pre.package / "head")
+
+
+def test_a_step_bound_ends_training_after_that_many_optimiser_steps(tiny, tmp_path):
+    """``max_steps`` beside a budget it cannot reach: exactly that many steps, on any
+    machine; run again in the same slot, nothing is left to train."""
+    bounded = TargetRetrain(
+        families=["head", "lora"],
+        min_sequences=2,
+        min_answer_tokens=8,
+        head=CONFIG.family("head").model_copy(update={"budget_seconds": 600.0, "max_steps": 4}),
+        lora=CONFIG.family("lora").model_copy(update={"budget_seconds": 600.0, "max_steps": 2}),
+    )
+    first = learned.train_learned_challengers(records(6), tmp_path, bounded, progress=False)
+    assert [(t.family, t.params["steps"]) for t in first] == [("head", 4), ("lora", 2)]
+    assert [s for s, _ in first[0].curves["train/loss"]] == [0, 3, 4]  # eval_every 3, last
+    again = learned.train_learned_challengers(records(6), tmp_path, bounded, progress=False)
+    assert [(t.params["steps"], t.params["resumed_from"]) for t in again] == [(4, 4), (2, 2)]

@@ -1,7 +1,7 @@
 import pytest
 
 from serving.errors import BadInputError
-from tasks.loop.retrain_config import load_retrain_config
+from tasks.loop.retrain_config import FamilySettings, load_retrain_config
 
 
 def test_the_shipped_config_gives_cpu_a_head_and_a_lora_under_ten_minutes_each():
@@ -32,3 +32,14 @@ def test_a_family_listed_without_settings_is_refused(tmp_path):
     path.write_text("targets:\n  cpu:\n    families: [head]\n")
     with pytest.raises(BadInputError, match="no settings"):
         load_retrain_config(path)
+
+
+def test_a_step_bound_is_optional_and_kept_when_budgets_change():
+    cpu = load_retrain_config().target("cpu")
+    assert cpu.family("head").max_steps is None  # the shipped config: time budgets only
+    bounded = cpu.model_copy(
+        update={"head": cpu.family("head").model_copy(update={"max_steps": 20})}
+    ).with_budgets({"head": 60})
+    assert (bounded.family("head").max_steps, bounded.family("head").budget_seconds) == (20, 60)
+    with pytest.raises(ValueError, match="greater than or equal to 1"):
+        FamilySettings(budget_seconds=1, max_steps=0)
