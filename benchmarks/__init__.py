@@ -3,7 +3,8 @@ grammar library drives the skeleton, whether a traffic-trained suffix corpus bea
 lookup, the cascade's λ against quality, which trainable draft design pays, the head's
 settings, what QLoRA costs on the CPU, what a LoRA package weighs, what a storm of
 refusals costs the decoding), and its answer is kept in a page of ``docs/`` with the
-command that reproduces it. They stay runnable from the repository root:
+command that reproduces it (the results files it quotes in ``measurements/``). They stay
+runnable from the repository root:
 
     python -m benchmarks.constraint_compare   docs/skeleton.md
     python -m benchmarks.suffix_eval          docs/training.md

@@ -5,7 +5,7 @@ collapse, with no request failing in the replicas meanwhile (issue 38's target).
 Run alone, from the repository root, after ``bash scripts/main.sh`` (its workspace holds
 the registry, the head its drill damaged and the champion it displaced)::
 
-    python -m benchmarks.drill_replicas --work .specops/demo --out docs/drill-replicas.json
+    python -m benchmarks.drill_replicas --work .specops/demo --out measurements/drill-replicas.json
 
 1. ``--replicas`` ``specops serve`` processes start, following the hardware target's
    champion in the workspace's registry (polling every ``--poll-s``) and capturing every

@@ -4,10 +4,17 @@ The main job's last retrain evaluation, re-run on the same registered versions: 
 champion and its timed challengers (``--challenger``; the learned drafts the pre-gate
 refused are left out, as the retrain left them untimed), on the same prompts (the built-in
 held-out prompts and the workspace's held-out traffic), ``--runs`` times alone and
-``--runs`` times beside a CPU-bound process pinned to one core. Each run applies the gates
-as they are (modelled speed with the wall clock's interval, ``configs/gates.yaml``) and the
-wall-clock-only rule they replaced (measured speed over the timed rounds, the same margins,
-no interval) to the same measurements, and records which version each would promote.
+``--runs`` times beside a CPU-bound process pinned to one core. Each run applies to the
+same measurements the gates of ``configs/gates.yaml`` (modelled speed, priced with the
+``--modelled-curve``, with the wall clock's interval), the same gates on the other curve,
+and the wall-clock-only rule they replaced (measured speed over the timed rounds, the same
+margins, no interval), and records which version each would promote.
+
+Two settings reproduce earlier studies and are not the product's (docs/loop.md,
+"Evaluation and gates"): ``--speed measured`` has the gates decide on measured speed (with
+the interval) instead of modelled speed; ``--modelled-curve evaluated`` prices the modelled
+speed with the curve the evaluation's own passes followed instead of the target's fixed
+one.
 
 Run it alone, after ``bash scripts/main.sh`` (its workspace holds the registry):
 ``python -m benchmarks.gate_stability --work .specops/demo --threads 2 --out FILE.json``.
@@ -22,31 +29,65 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from benchmarks.cli import run_study
 from serving.atomic import write_json_atomic
 from serving.hardware import DEFAULT_HARDWARE
 
+if TYPE_CHECKING:
+    from tasks.evaluate.gates import GateConfig
+    from tasks.evaluate.modelled import Curve
+    from tasks.evaluate.report import EvaluationReport
+
 BURNER = "while True: pass"
+Speed = Literal["modelled", "measured"]
 
 
-def winner(report, config, names: dict[str, str]) -> tuple[str, dict[str, str]]:
-    """The label the gates under ``config`` would leave as champion, and each verdict."""
-    from tasks.evaluate.gates import gate, judged_report
+def judged(
+    report: EvaluationReport,
+    config: GateConfig,
+    speed: Speed = "modelled",
+    curve: Curve = "profiled",
+) -> EvaluationReport:
+    """The report the gates judge in this study: as the product judges it (modelled speed on
+    the target's fixed curve, or the config's ``speed_profile``), or, as earlier studies
+    did, on measured ``speed`` (``report`` itself) or the evaluated ``curve``."""
+    from tasks.evaluate.gates import judged_report
+    from tasks.evaluate.modelled import modelled_report
 
-    judged = judged_report(report, config)
+    if config.speed_profile is not None or (speed == "modelled" and curve == "profiled"):
+        return judged_report(report, config)
+    return report if speed == "measured" else modelled_report(report, curve)
+
+
+def winner(
+    report: EvaluationReport,
+    config: GateConfig,
+    names: dict[str, str],
+    *,
+    speed: Speed = "modelled",
+    curve: Curve = "profiled",
+) -> tuple[str, dict[str, str]]:
+    """The label the gates under ``config`` would leave as champion, and each verdict, with
+    speed judged as :func:`judged` says."""
+    from tasks.evaluate.gates import GateResult, gate
+
+    report = judged(report, config, speed, curve)
+    by_clock = speed == "measured" and config.speed_profile is None
+    decided_by = "measured speed" if by_clock else config.decided_by
     verdicts, passing = {}, []
     for name, label in names.items():
         if name == "champion":
             continue
-        result = gate(judged, challenger=name, champion="champion", config=config)
+        result = gate(report, challenger=name, champion="champion", config=config)
+        result = GateResult.of(result.checks, decided_by)
         verdicts[label] = result.reason
         if result.passed:
             passing.append(name)
     if not passing:
         return names["champion"], verdicts
-    best = max(passing, key=lambda n: judged.results[n].speedup or 0.0)
+    best = max(passing, key=lambda n: report.results[n].speedup or 0.0)
     return names[best], verdicts
 
 
@@ -68,6 +109,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--champion", help="label (default: the last retrain's champion)")
     parser.add_argument("--challenger", action="append", default=None, help="label")
+    parser.add_argument(
+        "--speed",
+        choices=["modelled", "measured"],
+        default="modelled",
+        help="the speed the gates decide on (the product's: modelled)",
+    )
+    parser.add_argument(
+        "--modelled-curve",
+        choices=["profiled", "evaluated"],
+        default="profiled",
+        help="the verify curve modelled speed is priced with (the product's: profiled, the "
+        "target's fixed one; evaluated: the one the evaluation's own passes followed)",
+    )
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
 
@@ -102,9 +156,9 @@ def main(argv: list[str] | None = None) -> int:
         prompts = retrain_prompts(args.work, args.prompts)
         target = target_for(engine_target(args.hardware))
         config = gate_config.load_gates()
-        wall_clock = config.model_copy(update={"speed": "measured", "wall_clock_confidence": 0.0})
-        other_curve = "profiled" if config.modelled_curve == "evaluated" else "evaluated"
-        on_other_curve = config.model_copy(update={"modelled_curve": other_curve})
+        wall_clock = config.model_copy(update={"wall_clock_confidence": 0.0})
+        curve: Curve = args.modelled_curve
+        other_curve: Curve = "profiled" if curve == "evaluated" else "evaluated"
 
         def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
             gates_votes = Counter(r["promotes"] for r in runs)
@@ -119,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
                 "max_new_tokens": args.max_new_tokens,
                 "rounds": config.wall_clock_rounds,
                 "gates_promote": dict(gates_votes),
-                "modelled_curve": config.modelled_curve,
+                "speed": args.speed,
+                "modelled_curve": curve,
                 f"gates_on_{other_curve}_curve_promote": dict(
                     Counter(r[f"{other_curve}_curve_promotes"] for r in runs)
                 ),
@@ -151,15 +206,12 @@ def main(argv: list[str] | None = None) -> int:
                     if burner is not None:
                         burner.kill()
                         burner.wait()
-                gated, verdicts = winner(report, config, names)
-                clocked, clock_verdicts = winner(report, wall_clock, names)
-                other, _ = winner(report, on_other_curve, names)
-                judged = {
-                    curve: gate_config.judged_report(report, settings).results
-                    for curve, settings in (
-                        (config.modelled_curve, config), (other_curve, on_other_curve)
-                    )
-                }  # fmt: skip
+                gated, verdicts = winner(report, config, names, speed=args.speed, curve=curve)
+                clocked, clock_verdicts = winner(report, wall_clock, names, speed="measured")
+                other, _ = winner(report, config, names, curve=other_curve)
+                modelled = {
+                    on: judged(report, config, curve=on).results for on in (curve, other_curve)
+                }
                 row = {
                     "busy": busy,
                     "run": index,
@@ -171,8 +223,8 @@ def main(argv: list[str] | None = None) -> int:
                         names[n]: r.speedup for n, r in report.results.items() if n in names
                     },
                     "modelled_speedup": {
-                        curve: {names[n]: r.speedup for n, r in results.items() if n in names}
-                        for curve, results in judged.items()
+                        on: {names[n]: r.speedup for n, r in results.items() if n in names}
+                        for on, results in modelled.items()
                     },
                     "evaluated_curve": report.evaluated_curve,
                     "verdicts": verdicts,

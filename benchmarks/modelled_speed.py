@@ -9,7 +9,8 @@ the rounds' measured speedups (each round's tokens/s over plain decoding's in th
 round), the relative error, and whether both sit on the same side of 1.0 and of the first
 contender (the would-be champion): ``modelled`` and ``error`` priced with the curve the
 evaluation's own passes followed, ``modelled_profiled`` and ``error_profiled`` with the
-target's fixed curve (what the gates decide on by default, ``configs/gates.yaml``).
+target's fixed curve (the one the gates decide on; docs/loop.md, "How close the modelled
+speed is").
 Run it alone, with an explicit thread count, from the repository root:
 ``python -m benchmarks.modelled_speed --threads 2 --out FILE.json``.
 A suffix draft needs its corpus, so it comes as a package; the built-ins are ``--drafter``
@@ -101,9 +102,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--drafter", action="append", default=None)
     parser.add_argument(
-        "--package", action="append", default=[], metavar="NAME=FOLDER",
+        "--package",
+        action="append",
+        default=[],
+        metavar="NAME=FOLDER",
         help="a draft package as a contender (repeatable)",
-    )  # fmt: skip
+    )
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument(
         "--report", type=Path, default=None, help="also write the whole evaluation report here"

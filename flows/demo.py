@@ -32,8 +32,8 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from flows.loop import bootstrap, collect, evaluate_and_promote, retrain
-from serving.hardware import DEFAULT_HARDWARE
-from tasks.loop import prefect_tasks as steps
+from serving.hardware import DEFAULT_HARDWARE, hardware_target
+from tasks.loop import registry_tasks
 from tasks.loop.results import Collected, DemoResult, DraftRef, Drill, Retrained
 
 # The drill's draft: a family whose package carries weights to damage.
@@ -54,6 +54,7 @@ def drift_demo(
     drill: bool = True,
 ) -> DemoResult:
     logger = get_run_logger()
+    target = hardware_target(hardware)
     store = f"{work}/store"
     bootstrapped = bootstrap(
         hardware=hardware,
@@ -62,7 +63,7 @@ def drift_demo(
         max_new_tokens=max_new_tokens,
         work=work,
     ).bootstrapped
-    logger.info("champion before drift: %s", steps.champion(hardware))
+    logger.info("champion before drift: %s", registry_tasks.champion(target))
     budgets = budgets if budgets is not None else {"head": 30.0, "lora": 30.0}
     retrain_options: dict[str, Any] = {
         "eval_workloads": [before_workload, after_workload],
@@ -92,19 +93,17 @@ def drift_demo(
         )
         if index == 1:  # the daily retrain, scheduled whatever the acceptance
             scheduled = retrain(
-                hardware=hardware, store=store, work=work, run_slot="demo-daily",
-                **retrain_options,
-            )  # fmt: skip
-            logger.info("daily retrain: champion %s", steps.champion(hardware))
+                hardware=hardware, store=store, work=work, run_slot="demo-daily", **retrain_options
+            )
+            logger.info("daily retrain: champion %s", registry_tasks.champion(target))
     retrained = phases[-1].retrained
     if retrained is None:
         # The champion accepts what its evaluation predicted: no drift alarm. The daily
         # retrain still runs at its hour, on the traffic collected since.
         logger.info("no retrain triggered: the scheduled one runs on the drifted traffic")
         retrained = retrain(
-            hardware=hardware, store=store, work=work, run_slot="demo-daily-2",
-            **retrain_options,
-        ).model_copy(update={"scheduled": True})  # fmt: skip
+            hardware=hardware, store=store, work=work, run_slot="demo-daily-2", **retrain_options
+        ).model_copy(update={"scheduled": True})
     if not isinstance(retrained, Retrained):
         raise RuntimeError(
             f"the retrain went to deployment {retrained.deployment}; the main job runs its "
@@ -112,27 +111,49 @@ def drift_demo(
         )
     drilled = None
     if drill:
-        weighted = [c for c in retrained.challengers if c.family == DRILL_FAMILY]
-        if not weighted:
-            reason = f"the last retrain registered no {DRILL_FAMILY} draft (no weights to damage)"
-            logger.warning("drill skipped: %s", reason)
-            drilled = Drill(skipped=reason)
-        else:
-            drilled = damaged_champion_drill(
-                hardware=hardware,
-                store=store,
-                work=work,
-                draft=DraftRef(family=weighted[0].family, version=weighted[0].version),
-                workload=after_workload,
-                eval_prompts=eval_prompts,
-                max_new_tokens=max_new_tokens // 2,
-            )
+        drilled = _drill(
+            retrained,
+            hardware=hardware,
+            store=store,
+            work=work,
+            workload=after_workload,
+            eval_prompts=eval_prompts,
+            max_new_tokens=max_new_tokens // 2,
+        )
     return DemoResult(
         bootstrap=bootstrapped,
         phases=phases,
         daily_retrain=scheduled,
         retrained=retrained,
         drill=drilled,
+    )
+
+
+def _drill(
+    retrained: Retrained,
+    *,
+    hardware: str,
+    store: str,
+    work: str,
+    workload: str,
+    eval_prompts: int,
+    max_new_tokens: int,
+) -> Drill:
+    """The drill on the weighted draft ``retrained`` registered; skipped (and said so)
+    when it registered none."""
+    weighted = [c for c in retrained.challengers if c.family == DRILL_FAMILY]
+    if not weighted:
+        reason = f"the last retrain registered no {DRILL_FAMILY} draft (no weights to damage)"
+        get_run_logger().warning("drill skipped: %s", reason)
+        return Drill(skipped=reason)
+    return damaged_champion_drill(
+        hardware=hardware,
+        store=store,
+        work=work,
+        draft=DraftRef(family=weighted[0].family, version=weighted[0].version),
+        workload=workload,
+        eval_prompts=eval_prompts,
+        max_new_tokens=max_new_tokens,
     )
 
 
@@ -156,12 +177,16 @@ def damaged_champion_drill(
     # what it displaced is the champion before it, and its evaluation before the promotion
     # stands (evaluating it again could time a copy already damaged and make that the
     # yardstick the watch holds it to).
-    displaced, serving = steps.displaced_by(draft, hardware=hardware)
+    target = hardware_target(hardware)
+    displaced, serving = registry_tasks.displaced_by(draft, hardware=target)
     evaluated = None
     if serving:
-        label = steps.champion(hardware)
-        logger.warning("drill: %s serves already (this drill ran before); it is not evaluated "
-                       "or promoted again", label)  # fmt: skip
+        label = registry_tasks.champion(target)
+        logger.warning(
+            "drill: %s serves already (this drill ran before); it is not evaluated "
+            "or promoted again",
+            label,
+        )
     else:
         # Promotion by hand needs an evaluation on the target: every contender timed, the
         # pre-gate's prediction aside (it refused the head in the retrain).
@@ -176,12 +201,13 @@ def damaged_champion_drill(
             store=store,
             pregate=False,
         )
-        label = steps.promote_by_hand(
-            draft, hardware=hardware, reason="main job drill: promoted by hand, to be damaged"
+        label = registry_tasks.promote_by_hand(
+            draft, hardware=target, reason="main job drill: promoted by hand, to be damaged"
         )
-    scrambled = steps.scramble_champion(hardware)
-    logger.warning("drill: %s promoted, then its weights scrambled on disk: %s", label,
-                   ", ".join(scrambled))  # fmt: skip
+    scrambled = registry_tasks.scramble_champion(target)
+    logger.warning(
+        "drill: %s promoted, then its weights scrambled on disk: %s", label, ", ".join(scrambled)
+    )
     collected = collect(
         hardware=hardware,
         store=store,
@@ -194,8 +220,13 @@ def damaged_champion_drill(
         trigger_retrain=False,
         cooldown_minutes=0.0,
     )
-    result = Drill(draft=label, displaced=displaced, evaluated=evaluated,
-                   scrambled=scrambled, collected=collected)  # fmt: skip
+    result = Drill(
+        draft=label,
+        displaced=displaced,
+        evaluated=evaluated,
+        scrambled=scrambled,
+        collected=collected,
+    )
     if result.restored:
         logger.info("drill: the watch rolled %s back to %s", label, displaced)
     else:

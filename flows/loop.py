@@ -1,4 +1,5 @@
-"""The loop's flows. They only wire tasks (``tasks/loop/prefect_tasks.py``).
+"""The loop's flows. They only wire tasks (``tasks/loop/*_tasks.py``, one module per family
+of steps: data, champion, training, evaluation, registry).
 
 - ``collect``: (optionally replay a workload through the champion,) remove the traffic
   older than the retention age (``configs/store.yaml``, :mod:`tasks.data.retention`),
@@ -28,22 +29,32 @@ records it already wrote and resumes training from its checkpoints.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
 
 from serving.engine.drafters.plan import DEFAULT_K, DEFAULT_POLICY
-from serving.hardware import DEFAULT_HARDWARE
-from tasks.loop import prefect_tasks as steps
+from serving.hardware import DEFAULT_HARDWARE, hardware_target
+from tasks.data.retention import RetentionReport
+from tasks.loop import (
+    champion_tasks,
+    data_tasks,
+    evaluation_tasks,
+    registry_tasks,
+    training_tasks,
+)
 from tasks.loop.results import (
     Bootstrapped,
     Collected,
+    Decision,
     DeploymentRun,
     DraftRef,
     RegisteredDraft,
     Retrained,
 )
-from tasks.loop.steps import Decision
+from tasks.loop.shadow import Shadow
+from tasks.loop.watch import Watch
 from tasks.settings import loop_settings
 
 # A flow run rescheduled after crashes (its worker died: tasks/ops/prefect_setup.py) this
@@ -102,16 +113,17 @@ def evaluate_and_promote(
     """``lineage`` (default: the data version of ``store`` and the git commit) tags every
     evaluation run; ``pregate`` False times every challenger, however slow the pre-gate
     predicts it."""
-    lineage = lineage or steps.lineage(store)
-    decision = steps.evaluate_gate_promote(
+    target = hardware_target(hardware)
+    lineage = lineage or registry_tasks.lineage(Path(store))
+    decision = evaluation_tasks.evaluate_gate_promote(
         challengers,
-        hardware=hardware,
+        hardware=target,
         workloads=workloads or ["humaneval"],
         prompts_per_workload=prompts_per_workload,
         max_new_tokens=max_new_tokens,
-        cache=cache,
+        cache=Path(cache),
         promote=promote,
-        traffic=traffic,
+        traffic=None if traffic is None else Path(traffic),
         traffic_per_workload=traffic_per_workload,
         lineage=lineage,
         pregate=pregate,
@@ -142,16 +154,18 @@ def bootstrap(
 ) -> Bootstrapped:
     logger = get_run_logger()
     _check_run_count()
-    current = steps.champion(hardware)
+    current = registry_tasks.champion(hardware_target(hardware))
     if current is not None:
         logger.info("%s already has a champion (%s): nothing to bootstrap", hardware, current)
         return Bootstrapped(champion=current, bootstrapped=None)
-    package = steps.builtin_package(drafter, f"{work}/bootstrap", k=k, policy=policy, family=family)
+    package = registry_tasks.builtin_package(
+        drafter, Path(work) / "bootstrap", k=k, policy=policy, family=family
+    )
     # Keyed: a bootstrap run again (it failed its gates, or crashed) reuses the version.
-    draft = steps.register(
+    draft = registry_tasks.register(
         package,
         family,
-        tags=steps.lineage(store),
+        tags=registry_tasks.lineage(Path(store)),
         key=f"{hardware}/bootstrap/{drafter}/{k}/{policy}",
     )
     decision = evaluate_and_promote(
@@ -181,15 +195,16 @@ def retrain(
     ``run_slot`` names the work folder (default: this run's scheduled start)."""
     logger = get_run_logger()
     _check_run_count()
+    target = hardware_target(hardware)
     run_slot = run_slot or slot()
-    dataset = f"{work}/dataset"
-    out = f"{work}/challengers/{hardware}/{run_slot}"
-    summary = steps.validate(store, dataset)
-    tags = steps.lineage(store)
+    store_root, dataset = Path(store), Path(work) / "dataset"
+    out = Path(work) / "challengers" / hardware / run_slot
+    summary = data_tasks.validate(store_root, dataset, hardware=target).summary
+    tags = registry_tasks.lineage(store_root)
     challengers: list[RegisteredDraft] = []
-    package = steps.train_suffix(store, dataset, out, hardware=hardware)
+    package = training_tasks.train_suffix(store_root, dataset, out, hardware=target)
     challengers.append(
-        steps.register(
+        registry_tasks.register(
             package,
             "suffix",
             params={"records": summary.validation.valid},
@@ -197,15 +212,17 @@ def retrain(
             key=f"{hardware}/{run_slot}/suffix",
         )
     )
-    trained = steps.train_learned(dataset, out, hardware=hardware, budgets=budgets, store=store)
+    trained = training_tasks.train_learned(
+        dataset, out, hardware=target, budgets=budgets, store=store_root
+    )
     for result in trained:
         if result.skipped or result.package is None:
             logger.warning("%s challenger skipped: %s", result.family, result.skipped)
             continue
         logger.info("%s", result.summary)
         challengers.append(
-            steps.register(
-                str(result.package),
+            registry_tasks.register(
+                result.package,
                 result.family,
                 params=result.params,
                 tags=tags,
@@ -213,8 +230,8 @@ def retrain(
                 key=f"{hardware}/{run_slot}/{result.family}",
             )
         )
-    steps.record_retrain(
-        hardware, run_slot, {"challengers": [c.label for c in challengers], **tags}
+    registry_tasks.record_retrain(
+        target, run_slot, {"challengers": [c.label for c in challengers], **tags}
     )
     decision = evaluate_and_promote(
         challengers,
@@ -223,19 +240,19 @@ def retrain(
         prompts_per_workload=eval_prompts_per_workload,
         max_new_tokens=max_new_tokens,
         cache=f"{work}/packages",
-        traffic=dataset,
+        traffic=f"{work}/dataset",
         store=store,
         lineage=tags,
     )
     # The acceptance predictor, judged on the champion draft this run leaves serving.
-    predictor = steps.retrain_predictor(
+    predictor = evaluation_tasks.retrain_predictor(
         dataset,
         out,
-        hardware=hardware,
+        hardware=target,
         workloads=eval_workloads or ["humaneval"],
         prompts_per_workload=eval_prompts_per_workload,
         max_new_tokens=max_new_tokens,
-        cache=f"{work}/packages",
+        cache=Path(work) / "packages",
         tags=tags,
         key=f"{hardware}/{run_slot}/predictor",
     )
@@ -326,48 +343,36 @@ def collect(
     the dataset's copies of them, before validation and versioning."""
     logger = get_run_logger()
     _check_run_count()
+    target = hardware_target(hardware)
+    store_root, dataset = Path(store), Path(work) / "dataset"
     replayed = None
     if replay_workload and replay_prompts > 0:
-        replayed = steps.replay_traffic(
+        replayed = data_tasks.replay_traffic(
             replay_workload,
             replay_prompts,
-            hardware=hardware,
-            store=store,
+            hardware=target,
+            store=store_root,
             # The schedule slot: a re-run of a killed run skips what it already wrote.
             run_id=run_id or slot("%Y-%m-%dT%H"),
             max_new_tokens=max_new_tokens,
         )
-    dataset = f"{work}/dataset"
-    retention = steps.retention(store, dataset, days=retention_days, now=scheduled_timestamp())
-    if retention.removed:
-        logger.info(
-            "retention: removed %d parts older than %s (%s)",
-            len(retention.removed),
-            retention.cutoff_utc,
-            ", ".join(f"{area} {n}" for area, n in retention.parts.items()),
-        )
-    summary = steps.validate(store, dataset, window=window, threshold=threshold)
-    data_version = steps.version(store) if version else None
+    retention = data_tasks.retention(
+        store_root, dataset, days=retention_days, now=scheduled_timestamp()
+    )
+    _log_retention(retention)
+    # The store is read here, once: the steps after it judge the champion on this view.
+    validated = data_tasks.validate(
+        store_root, dataset, hardware=target, window=window, threshold=threshold
+    )
+    data_version = data_tasks.version(store_root) if version else None
     # The watched champion first: a collapse is rolled back before any retrain, whose gates
     # then compare against the restored champion.
-    watch = steps.watch_champion(store, hardware=hardware)
-    for line in watch.reasons:
-        logger.info("watch: %s", line)
-    if watch.rolled_back_to:
-        logger.warning("watch: %s collapsed; rolled back to %s", watch.champion,
-                       watch.rolled_back_to)  # fmt: skip
-    if watch.alarm:
-        logger.error("watch: ALARM: %s", watch.alarm)
-    shadow = steps.shadow_scores(store, work, hardware=hardware)
-    for score in shadow.scores:
-        logger.info(
-            "shadow: %s (%s) on %s: acceptance %s, modelled speedup %s over %d records",
-            score.label, score.role, score.workload, _shown(score.acceptance_rate),
-            _shown(score.modelled_speedup), score.records,
-        )  # fmt: skip
-    trigger = steps.retrain_trigger(
-        store,
-        hardware=hardware,
+    watch = champion_tasks.watch_champion(validated.view)
+    _log_watch(watch)
+    shadow = champion_tasks.shadow_scores(validated.view, Path(work) / "packages")
+    _log_shadow(shadow)
+    trigger = champion_tasks.retrain_trigger(
+        validated.view,
         absolute=threshold,
         now=scheduled_timestamp(),
         window=window,
@@ -376,34 +381,85 @@ def collect(
     for line in trigger.reasons:
         logger.info("%s", line)
     retrained: Retrained | DeploymentRun | None = None
-    deployment = retrain_deployment or loop_settings().retrain_deployment
     if force_retrain or (trigger.retrain and trigger_retrain):
         logger.info(
             "retrain forced" if force_retrain else "acceptance fell below its threshold: retraining"
         )
-        options = {"run_slot": slot(), **(retrain_options or {})}
-        if deployment:
-            handed = _retrain_through(
-                deployment,
-                {"hardware": hardware, "store": store, "work": work, **options},
-                wait_s=retrain_wait_s,
-            )
-            logger.info("retrain: flow run %s (%s)", handed.flow_run, handed.state)
-            retrained = handed
-        else:
-            retrained = retrain(hardware=hardware, store=store, work=work, **options)
+        retrained = _start_retrain(
+            hardware,
+            store,
+            work,
+            {"run_slot": slot(), **(retrain_options or {})},
+            deployment=retrain_deployment or loop_settings().retrain_deployment,
+            wait_s=retrain_wait_s,
+        )
     elif trigger.held_back:
         logger.info("retrain wanted but held back: %s", trigger.held_back)
     return Collected(
         replayed=replayed,
         retention=retention,
-        validation=summary,
+        validation=validated.summary,
         data_version=data_version,
         trigger=trigger,
         retrained=retrained,
         watch=watch,
         shadow=shadow,
     )
+
+
+def _start_retrain(
+    hardware: str,
+    store: str,
+    work: str,
+    options: dict[str, Any],
+    *,
+    deployment: str | None,
+    wait_s: float,
+) -> Retrained | DeploymentRun:
+    """``retrain`` with ``options``: through its deployment when there is one
+    (:func:`_retrain_through`), else here, in-process."""
+    if not deployment:
+        return retrain(hardware=hardware, store=store, work=work, **options)
+    parameters = {"hardware": hardware, "store": store, "work": work, **options}
+    handed = _retrain_through(deployment, parameters, wait_s=wait_s)
+    get_run_logger().info("retrain: flow run %s (%s)", handed.flow_run, handed.state)
+    return handed
+
+
+def _log_retention(retention: RetentionReport) -> None:
+    if retention.removed:
+        get_run_logger().info(
+            "retention: removed %d parts older than %s (%s)",
+            len(retention.removed),
+            retention.cutoff_utc,
+            ", ".join(f"{area} {n}" for area, n in retention.parts.items()),
+        )
+
+
+def _log_watch(watch: Watch) -> None:
+    logger = get_run_logger()
+    for line in watch.reasons:
+        logger.info("watch: %s", line)
+    if watch.rolled_back_to:
+        logger.warning(
+            "watch: %s collapsed; rolled back to %s", watch.champion, watch.rolled_back_to
+        )
+    if watch.alarm:
+        logger.error("watch: ALARM: %s", watch.alarm)
+
+
+def _log_shadow(shadow: Shadow) -> None:
+    logger = get_run_logger()
+    for score in shadow.scores:
+        logger.info(
+            "shadow: %s (%s) on %s: acceptance %s, modelled speedup %s over %d records",
+            score.label,
+            score.role,
+            score.workload,
+            _shown(score.acceptance_rate),
+            _shown(score.modelled_speedup),
+            score.records,
+        )
 
 
 def _shown(value: float | None) -> str:

@@ -1,5 +1,5 @@
 """Check that no test went missing: the collected test ids hold every id of the committed
-list docs/test-ids.txt, apart from the renames docs/test-renames.txt records.
+list tests/test-ids.txt, apart from the renames tests/test-renames.txt records.
 
     python scripts/check_test_ids.py                     # collects the suite itself
     python scripts/check_test_ids.py --ids ids.txt       # ids collected already
@@ -7,7 +7,7 @@ list docs/test-ids.txt, apart from the renames docs/test-renames.txt records.
 
 scripts/test.sh passes the ids its pytest run collected (``--collected-ids``, a
 tests/conftest.py option), so the suite is collected once. A renamed or moved test gets a
-line ``old id -> new id`` in docs/test-renames.txt (``#`` starts a comment); a rename
+line ``old id -> new id`` in tests/test-renames.txt (``#`` starts a comment); a rename
 whose new id is not collected fails too. ``--write`` (after a passing check) replaces the
 list with the collected ids and empties the renames, so later changes are checked
 against today's suite.
@@ -21,8 +21,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-IDS = ROOT / "docs" / "test-ids.txt"
-RENAMES = ROOT / "docs" / "test-renames.txt"
+IDS = ROOT / "tests" / "test-ids.txt"
+RENAMES = ROOT / "tests" / "test-renames.txt"
 RENAMES_HEADER = (
     "# Renamed or moved tests: `old id -> new id`, one a line (scripts/check_test_ids.py).\n"
 )

@@ -19,6 +19,8 @@ from specops.exit import fail
 if TYPE_CHECKING:
     from pydantic import BaseModel
 
+    from tasks.loop.demo_report import BeforeAfter, DemoReport, DrillSummary, Regained
+
 loop_app = typer.Typer(help="The closed loop: drift demo, flows, scheduled deployments.")
 
 
@@ -65,22 +67,13 @@ def demo(
     from serving.errors import SpecOpsError
     from serving.loader import set_threads
 
-    if fresh and work.exists():
-        shutil.rmtree(work)
-    work.mkdir(parents=True, exist_ok=True)
-    # The demo keeps its own MLflow store so that it starts from a clean registry; point
-    # SPECOPS_MLFLOW_URI elsewhere to run it against another tracking server.
-    os.environ.setdefault("SPECOPS_MLFLOW_URI", f"sqlite:///{work.resolve()}/mlflow.db")
-    os.environ.setdefault("SPECOPS_MLFLOW_ARTIFACTS", str(work.resolve() / "mlartifacts"))
+    _demo_workspace(work, fresh=fresh)
     _prefect_env()
-    from flows.demo import drift_demo
-    from tasks.loop.demo_report import write_report
-
     try:
         set_threads(threads)
-        result = drift_demo(
-            hardware=hardware,
-            work=str(work),
+        summary = _run_demo(
+            work,
+            hardware,
             before_prompts=before_prompts,
             after_prompts=after_prompts,
             max_new_tokens=max_new_tokens,
@@ -88,69 +81,86 @@ def demo(
             budgets={"head": head_seconds, "lora": lora_seconds},
             drill=drill,
         )
-        summary = write_report(result, work / "store", Path("results/main"))
-        ba = summary.before_after
-        headline = {}
-        if ba is not None:
-            for role, row in (("before", ba.before), ("challenger", ba.challenger)):
-                for key in ("mean_accepted_length", "speedup"):
-                    value = None if row is None else getattr(row, key)
-                    if value is not None:
-                        headline[f"{hardware}/{role}_{key}"] = float(value)
-        from tasks.loop.prefect_tasks import open_registry
-
-        open_registry().log_report(
-            "drift-demo",
-            [Path("results/main/loop.png"), Path("results/main/loop.json")],
-            metrics=headline,
-            tags={"hardware": hardware},
-        )
     except SpecOpsError as error:
         fail(str(error))
+    _echo_demo(summary)
+
+
+def _demo_workspace(work: Path, *, fresh: bool) -> None:
+    """The demo's folder (emptied first unless resuming) and its own MLflow store."""
+    if fresh and work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True, exist_ok=True)
+    # The demo keeps its own MLflow store so that it starts from a clean registry; point
+    # SPECOPS_MLFLOW_URI elsewhere to run it against another tracking server.
+    os.environ.setdefault("SPECOPS_MLFLOW_URI", f"sqlite:///{work.resolve()}/mlflow.db")
+    os.environ.setdefault("SPECOPS_MLFLOW_ARTIFACTS", str(work.resolve() / "mlartifacts"))
+
+
+def _run_demo(
+    work: Path,
+    hardware: str,
+    *,
+    before_prompts: int,
+    after_prompts: int,
+    max_new_tokens: int,
+    eval_prompts: int,
+    budgets: dict[str, float],
+    drill: bool,
+) -> DemoReport:
+    """Run the drift demo's flow, write its report under results/main and log that report
+    (with its headline numbers) to the registry."""
+    from flows.demo import drift_demo
+    from tasks.loop.demo_report import write_report
+
+    result = drift_demo(
+        hardware=hardware,
+        work=str(work),
+        before_prompts=before_prompts,
+        after_prompts=after_prompts,
+        max_new_tokens=max_new_tokens,
+        eval_prompts=eval_prompts,
+        budgets=budgets,
+        drill=drill,
+    )
+    summary = write_report(result, work / "store", Path("results/main"))
+    headline = _headline(summary.before_after, hardware)
+    from tasks.loop.prefect_tasks import open_registry
+
+    open_registry().log_report(
+        "drift-demo",
+        [Path("results/main/loop.png"), Path("results/main/loop.json")],
+        metrics=headline,
+        tags={"hardware": hardware},
+    )
+    return summary
+
+
+def _headline(ba: BeforeAfter | None, hardware: str) -> dict[str, float]:
+    """The champion's and the challenger's mean accepted length and speedup after the
+    drift, as registry metrics (``<hardware>/<role>_<metric>``)."""
+    headline = {}
+    if ba is not None:
+        for role, row in (("before", ba.before), ("challenger", ba.challenger)):
+            for key in ("mean_accepted_length", "speedup"):
+                value = None if row is None else getattr(row, key)
+                if value is not None:
+                    headline[f"{hardware}/{role}_{key}"] = float(value)
+    return headline
+
+
+def _echo_demo(summary: DemoReport) -> None:
+    """The demo's outcome: its bootstrap champion, the retrain after the drift, the drill,
+    and where its results are."""
     typer.echo("")
     typer.echo(f"bootstrap champion: {summary.bootstrap}")
+    ba = summary.before_after
     if ba is None:
         typer.echo("no retrain happened (acceptance stayed above the threshold)")
     else:
-        typer.echo("after the drift (overall | held-out drifted traffic):")
-        for row in [ba.plain, *([ba.before] if ba.before else []), *ba.challengers]:
-            on = row.traffic
-            typer.echo(
-                f"  {row.label:>28}: mean accepted length {_num(row.mean_accepted_length)}"
-                f" | {_num(None if on is None else on.mean_accepted_length)}, speedup "
-                f"{_num(row.speedup)}x | {_num(None if on is None else on.speedup)}x, "
-                f"lossless {row.lossless}"
-            )
-        typer.echo(f"{'promoted ' + ba.promoted if ba.promoted else 'champion kept'}")
-        for label, gate in ba.gates.items():
-            typer.echo(f"gate {label}: {gate.reason}")
-        back = summary.regained
-        if back is not None:
-            share = back.regained_share
-            typer.echo(
-                f"held-out traffic: the champion at the drift, {back.champion}, had a mean "
-                f"accepted length of {back.champion_before_drift:.2f} before it and "
-                f"{back.champion_after_drift:.2f} on {back.workload}; "
-                f"{back.loop_draft} gets {back.loop_draft_after_drift:.2f} there"
-                + (
-                    f": {share:.0%} of the loss regained"
-                    if share is not None
-                    else " (the drift cost it nothing to regain)"
-                )
-            )
-    drilled = summary.drill
-    if drilled is not None:
-        typer.echo(
-            f"drill: {drilled.draft} promoted by hand, its weights scrambled on disk, served "
-            f"{drilled.requests} requests; "
-            + (
-                f"the watch rolled it back to {drilled.rolled_back_to}"
-                if drilled.restored
-                else f"NOT restored ({drilled.alarm or 'the watch did not fire'})"
-            )
-        )
-        for line in drilled.watch:
-            typer.echo(f"  watch: {line}")
+        _echo_before_after(ba, summary.regained)
+    if summary.drill is not None:
+        _echo_drill(summary.drill)
     from registry.config import mask_uri
 
     typer.echo(
@@ -158,6 +168,52 @@ def demo(
         f"MLflow: mlflow ui --backend-store-uri {mask_uri(os.environ['SPECOPS_MLFLOW_URI'])}\n"
         "Prefect: prefect server start (flow runs of this process went to a temporary server)"
     )
+
+
+def _echo_before_after(ba: BeforeAfter, back: Regained | None) -> None:
+    """Each contender after the drift (overall and on held-out drifted traffic), the
+    promotion, the gates, and how much of the drift's loss the loop's draft regained."""
+    typer.echo("after the drift (overall | held-out drifted traffic):")
+    for row in [ba.plain, *([ba.before] if ba.before else []), *ba.challengers]:
+        on = row.traffic
+        typer.echo(
+            f"  {row.label:>28}: mean accepted length {_num(row.mean_accepted_length)}"
+            f" | {_num(None if on is None else on.mean_accepted_length)}, speedup "
+            f"{_num(row.speedup)}x | {_num(None if on is None else on.speedup)}x, "
+            f"lossless {row.lossless}"
+        )
+    typer.echo(f"{'promoted ' + ba.promoted if ba.promoted else 'champion kept'}")
+    for label, gate in ba.gates.items():
+        typer.echo(f"gate {label}: {gate.reason}")
+    if back is not None:
+        share = back.regained_share
+        typer.echo(
+            f"held-out traffic: the champion at the drift, {back.champion}, had a mean "
+            f"accepted length of {back.champion_before_drift:.2f} before it and "
+            f"{back.champion_after_drift:.2f} on {back.workload}; "
+            f"{back.loop_draft} gets {back.loop_draft_after_drift:.2f} there"
+            + (
+                f": {share:.0%} of the loss regained"
+                if share is not None
+                else " (the drift cost it nothing to regain)"
+            )
+        )
+
+
+def _echo_drill(drilled: DrillSummary) -> None:
+    """The drill: the damaged draft, the requests it served, and whether the watch rolled
+    it back."""
+    typer.echo(
+        f"drill: {drilled.draft} promoted by hand, its weights scrambled on disk, served "
+        f"{drilled.requests} requests; "
+        + (
+            f"the watch rolled it back to {drilled.rolled_back_to}"
+            if drilled.restored
+            else f"NOT restored ({drilled.alarm or 'the watch did not fire'})"
+        )
+    )
+    for line in drilled.watch:
+        typer.echo(f"  watch: {line}")
 
 
 def _num(value: float | None, digits: int = 2) -> str:
@@ -196,9 +252,15 @@ def bootstrap(
 
     try:
         result = bootstrap_flow(
-            hardware=hardware, drafter=drafter, family=family, k=k, policy=policy,
-            workloads=[workload], prompts_per_workload=prompts, max_new_tokens=max_new_tokens,
-        )  # fmt: skip
+            hardware=hardware,
+            drafter=drafter,
+            family=family,
+            k=k,
+            policy=policy,
+            workloads=[workload],
+            prompts_per_workload=prompts,
+            max_new_tokens=max_new_tokens,
+        )
     except SpecOpsError as error:
         fail(str(error))
     if result.bootstrapped is None:
@@ -334,9 +396,14 @@ def head_curve(
     try:
         head = pre_drift_head or _first_head(work)
         payload = head_continuation_curve(
-            work / "store", head, out, drifted=drifted, marks_s=marks, threads=threads,
+            work / "store",
+            head,
+            out,
+            drifted=drifted,
+            marks_s=marks,
+            threads=threads,
             fresh=fresh,
-        )  # fmt: skip
+        )
     except SpecOpsError as error:
         fail(str(error))
     before = payload.pre_drift.mean_accepted_length

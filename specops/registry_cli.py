@@ -272,9 +272,15 @@ def log_evaluation(
     }
     with _refusing():
         decision = decide(
-            registry, evaluation.report, drafts, hardware=hardware, cache=cache_root() / "registry",
-            promote=promote, params=params, artifacts=[file],
-        )  # fmt: skip
+            registry,
+            evaluation.report,
+            drafts,
+            hardware=hardware,
+            cache=cache_root() / "registry",
+            promote=promote,
+            params=params,
+            artifacts=[file],
+        )
     for name, draft in drafts.items():
         shown = ", ".join(f"{k} {v:.3f}" for k, v in evaluation.metrics_of(name).items())
         typer.echo(f"{name}: {draft.label} evaluated on {hardware}: {shown}")

@@ -158,9 +158,14 @@ def loadtest(
     from tasks.ops.server_process import ServerProcess
 
     settings = LoadTestSettings(
-        requests=requests, max_tokens=max_tokens, temperature=temperature, workload=workload,
-        drafter=drafter, skeleton=skeleton, tls_ca=tls_ca,
-    )  # fmt: skip
+        requests=requests,
+        max_tokens=max_tokens,
+        temperature=temperature,
+        workload=workload,
+        drafter=drafter,
+        skeleton=skeleton,
+        tls_ca=tls_ca,
+    )
     server = None
     try:
         with failing():

@@ -172,7 +172,7 @@ def calibrate(
     ),
     profile: Annotated[
         Path, typer.Option(help="A `specops profile --batch` result at the server's threads.")
-    ] = Path("docs/profile-batch-1thread.json"),
+    ] = Path("measurements/profile-batch-1thread.json"),
     window_ms: Annotated[float, typer.Option(help="The server's batching window.")] = 2.0,
     out: Annotated[Path, typer.Option(help="Results file (.md and .png beside it).")] = Path(
         "results/calibration.json"

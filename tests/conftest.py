@@ -33,7 +33,7 @@ def pytest_addoption(parser):
         "--collected-ids",
         metavar="PATH",
         help="write every collected test id to PATH, before -m/-k deselect any "
-        "(scripts/check_test_ids.py compares them with docs/test-ids.txt)",
+        "(scripts/check_test_ids.py compares them with tests/test-ids.txt)",
     )
 
 

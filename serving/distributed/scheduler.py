@@ -26,7 +26,8 @@ from serving.curves import BatchLimits, PassCost
 from serving.distributed.sessions import Session, SessionError, SessionTable
 from serving.engine.batch.batch import StepOutcome, verify_drafted
 from serving.engine.batch.ragged import use_ragged_attention
-from serving.engine.decoder import Decoding, GenerationResult
+from serving.engine.decoder import Decoding
+from serving.engine.request import GenerationResult
 from serving.engine.step import DraftedBlock
 
 log = logging.getLogger(__name__)

@@ -2,7 +2,8 @@
 
 ``SpeculativeDecoder.stream`` validates the request before any model work, prefills the
 target, then steps until EOS or the token budget, yielding each token with ``from_draft``.
-Statistics and (in detailed mode) the disagreement record are built from the same steps.
+Statistics and (in detailed mode) the disagreement record are built from the same steps,
+by the request's record (:mod:`serving.engine.request`).
 """
 
 from __future__ import annotations
@@ -10,60 +11,25 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import torch
 
 from serving.engine.constrained import Constraint, ConstraintState
-from serving.engine.detailed import DetailedRecord, Disagreement, Rejection, new_request_id
+from serving.engine.detailed import new_request_id
 from serving.engine.drafters.base import Drafter
 from serving.engine.drafters.kinds import DEFAULT_STAGE, stage_of
-from serving.engine.features import ContextStats, DraftedToken
-from serving.engine.metrics import RequestStats, StepRecord, summarize
+from serving.engine.features import ContextStats
+from serving.engine.metrics import StepRecord
 from serving.engine.policy import DraftLengthPolicy, NoDraft
 from serving.engine.relaxed import check_lambda
+from serving.engine.request import GenerationResult, Request, TokenEvent
 from serving.engine.sampling import SamplingParams, make_sampler
 from serving.engine.step import DraftedBlock, StepResult, draft_block, settle, speculative_step
 from serving.errors import BadInputError
 from serving.target import LoadedTarget
 
 MODES = ("fast", "detailed")
-CONTEXT_WINDOW = 32  # tokens of context kept with each disagreement
-
-
-@dataclass(frozen=True)
-class TokenEvent:
-    token_id: int
-    from_draft: bool  # True: a draft token the target accepted; False: the target's own
-    step: int  # index of the verification step that produced it
-    verified: bool = True  # False: a draft kept although the target disagreed (relaxed)
-
-
-@dataclass
-class GenerationResult:
-    token_ids: list[int]
-    from_draft: list[bool]
-    stats: RequestStats
-    stop_reason: str  # "eos", "length", or "cancelled" (closed early)
-    record: DetailedRecord | None = None
-    steps: list[StepRecord] = field(default_factory=list)  # one per target pass, in order
-    # Output positions kept although the target disagreed (relaxed mode only).
-    unverified: list[int] = field(default_factory=list)
-
-
-@dataclass
-class _Request:
-    prompt: list[int]
-    max_new_tokens: int
-    sampling: SamplingParams
-    detailed: bool
-    request_id: str
-    steps: list[StepRecord] = field(default_factory=list)
-    output: list[int] = field(default_factory=list)
-    from_draft: list[bool] = field(default_factory=list)
-    disagreements: list[Disagreement] = field(default_factory=list)
-    drafted: list[DraftedToken] = field(default_factory=list)
-    unverified: list[int] = field(default_factory=list)  # output positions
 
 
 class Generation:
@@ -202,7 +168,7 @@ class SpeculativeDecoder:
                 f"relaxed verification (λ = {self.relax_lambda}) needs greedy decoding "
                 f"(temperature 0), got temperature {sampling.temperature}"
             )
-        request = _Request(
+        request = Request(
             prompt=self.validate(prompt, max_new_tokens, mode),
             max_new_tokens=max_new_tokens,
             sampling=sampling,
@@ -240,94 +206,6 @@ class SpeculativeDecoder:
             decoding.release()
         generation.result = decoding.finish()
 
-    def _result(
-        self, request: _Request, stop_reason: str, prefill_s: float, started: float
-    ) -> GenerationResult:
-        stats = summarize(
-            request.steps,
-            prompt_tokens=len(request.prompt),
-            prefill_s=prefill_s,
-            total_s=time.perf_counter() - started,
-        )
-        return GenerationResult(
-            token_ids=list(request.output),
-            from_draft=list(request.from_draft),
-            stats=stats,
-            stop_reason=stop_reason,
-            record=self._record(request, stats) if request.detailed else None,
-            steps=list(request.steps),
-            unverified=list(request.unverified),
-        )
-
-    def _emit(self, request: _Request, new_tokens: list[int], accepted: int):
-        """Append the step's tokens to the output, cut at EOS and at the budget."""
-        emitted: list[tuple[int, bool]] = []
-        for i, token in enumerate(new_tokens):
-            if len(request.output) >= request.max_new_tokens:
-                break
-            from_draft = i < accepted
-            request.output.append(token)
-            request.from_draft.append(from_draft)
-            emitted.append((token, from_draft))
-            if token in self.eos_token_ids:
-                break
-        return emitted
-
-    @staticmethod
-    def _record_drafted(request: _Request, step, index: int) -> None:
-        """The step's drafted tokens the target ruled on: up to the first one not kept."""
-        unverified = set(step.unverified)
-        ruled = min(step.proposed, step.accepted + 1)
-        for i, features in enumerate(step.features[:ruled]):
-            request.drafted.append(
-                DraftedToken(
-                    **vars(features),
-                    step=index,
-                    token=int(step.drafts[i]),
-                    accepted=i < step.accepted and i not in unverified,
-                    kept=i < step.accepted,
-                )
-            )
-
-    def _record_rejection(self, request: _Request, tokens: list[int], rejection: Rejection) -> None:
-        generated_before = len(tokens) - len(request.prompt)
-        prefix = (
-            tokens + request.output[generated_before : generated_before + rejection.draft_index]
-        )
-        request.disagreements.append(
-            Disagreement.of(
-                rejection,
-                position=generated_before + rejection.draft_index,
-                context=prefix[-CONTEXT_WINDOW:],
-            )
-        )
-
-    def _record(self, request: _Request, stats: RequestStats) -> DetailedRecord:
-        described = self.describe()
-        return DetailedRecord(
-            request_id=request.request_id,
-            drafter=described["drafter"],  # type: ignore[arg-type]
-            policy=described["policy"],  # type: ignore[arg-type]
-            sampling={
-                "temperature": request.sampling.temperature,
-                "top_k": request.sampling.top_k,
-                "top_p": request.sampling.top_p,
-                "seed": request.sampling.seed,
-            },
-            prompt_token_ids=list(request.prompt),
-            output_token_ids=list(request.output),
-            from_draft=list(request.from_draft),
-            acceptance_rate=stats.acceptance_rate,
-            mean_accepted_length=stats.mean_accepted_length,
-            draft_tokens=stats.draft_tokens,
-            accepted_tokens=stats.accepted_tokens,
-            checks=stats.checks,
-            steps=[[step.proposed, step.accepted] for step in request.steps],
-            disagreements=list(request.disagreements),
-            drafted=list(request.drafted),
-            unverified=list(request.unverified),
-        )
-
 
 class Decoding:
     """One request's decoding state: prefilled once, then stepped until EOS or its budget.
@@ -340,7 +218,7 @@ class Decoding:
     """
 
     def __init__(
-        self, decoder: SpeculativeDecoder, request: _Request, constraint: Constraint | None = None
+        self, decoder: SpeculativeDecoder, request: Request, constraint: Constraint | None = None
     ) -> None:
         self.decoder = decoder
         # The grammar's state after the output so far (a constrained request).
@@ -507,18 +385,18 @@ class Decoding:
                 if self.constraint.is_finished():
                     new_tokens = new_tokens[: index + 1]
                     break
-        emitted = decoder._emit(request, new_tokens, step.accepted)
+        emitted = request.emit(new_tokens, step.accepted, decoder.eos_token_ids)
         if self.context is not None:
             n = len(emitted)
             self.context.observe(step.entropies[:n], step.logprobs[:n], n)
         unverified = {base + i for i in step.unverified if i < len(emitted)}
         request.unverified.extend(sorted(unverified))
         if request.detailed:
-            decoder._record_drafted(request, step, len(request.steps))
+            request.record_drafted(step, len(request.steps))
         # Only a rejection inside the emitted tokens is a disagreement of this output:
         # past an EOS among the accepted drafts, position and context would be wrong.
         if step.rejection is not None and step.rejection.draft_index < len(emitted):
-            decoder._record_rejection(request, self.tokens, step.rejection)
+            request.record_rejection(self.tokens, step.rejection)
         self.tokens.extend(step.new_tokens)
         request.steps.append(
             StepRecord(step.proposed, step.accepted, len(emitted), step.draft_s, step.verify_s)
@@ -547,4 +425,9 @@ class Decoding:
         """The result so far; ``reason`` ("cancelled", ...) overrides the stop reason."""
         self.release()
         stop_reason = reason or self.stop_reason or "length"
-        return self.decoder._result(self.request, stop_reason, self.prefill_s, self._started)
+        return self.request.result(
+            stop_reason,
+            prefill_s=self.prefill_s,
+            started=self._started,
+            describe=self.decoder.describe,
+        )

@@ -14,7 +14,7 @@ request/response pairs of token ids (the prompt as vLLM tokenized it, the output
 what the request's drafts achieved (vLLM's per-request ``metrics.speculative_decoding``,
 which the deployment turns on). The front asks vLLM for the ids (``return_token_ids``) and
 removes them from the answer again when the client did not ask, so the client sees what it
-would see from vLLM directly.
+would see from vLLM directly (:mod:`serving.gateway.capture`).
 
 Access and consent, as on the engine's server (:mod:`serving.security`): with API keys the
 front answers 401 to a request without a right ``Authorization: Bearer`` key before reading
@@ -33,7 +33,6 @@ import json
 import logging
 import threading
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,6 +46,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from serving.errors import BadInputError
+from serving.gateway.capture import Transcript
 from serving.security.admission import Admission
 from serving.security.asgi import ApiKeyGuard, ASGIApp, BodyLimit
 from serving.security.body import BodyError, parse_object
@@ -76,7 +76,6 @@ _DROPPED_HEADERS = {
 
 # Bodies the front passes on unread; every other body must be a JSON object.
 _FORM_TYPES = ("multipart/form-data", "application/x-www-form-urlencoded")
-_TOKEN_ID_FIELDS = ("prompt_token_ids", "token_ids")
 REQUEST_TIMEOUT_S = 600.0
 
 
@@ -117,58 +116,6 @@ class Upstream:
 
 def _forward_headers(headers) -> dict[str, str]:
     return {k: v for k, v in headers.items() if k.lower() not in _DROPPED_HEADERS}
-
-
-def _strip_ids(payload: Any) -> Any:
-    """``payload`` without the token-id fields the front asked for."""
-    if isinstance(payload, dict):
-        payload.pop("prompt_token_ids", None)
-        for choice in payload.get("choices") or []:
-            if isinstance(choice, dict):
-                choice.pop("token_ids", None)
-                choice.pop("prompt_token_ids", None)
-    return payload
-
-
-def _acceptance(speculation: dict[str, Any] | None) -> dict[str, Any]:
-    """The request's own drafting, from vLLM's per-request metrics (absent: not reported)."""
-    if not speculation:
-        return {}
-    try:
-        return {
-            "draft_tokens": int(speculation["num_draft_tokens"]),
-            "accepted_tokens": int(speculation["num_accepted_draft_tokens"]),
-            "per_step_drafted": [int(n) for n in speculation.get("per_step_drafted", [])],
-            "per_step_accepted": [int(n) for n in speculation.get("per_step_accepted", [])],
-        }
-    except (KeyError, TypeError, ValueError):
-        return {}
-
-
-class _Transcript:
-    """What one captured request produced: prompt and output ids, finish reason."""
-
-    def __init__(self) -> None:
-        self.prompt: list[int] | None = None
-        self.output: list[int] = []
-        self.finish_reason: str | None = None
-        self.speculation: dict[str, Any] | None = None  # vLLM's metrics.speculative_decoding
-
-    def read(self, payload: dict[str, Any]) -> None:
-        if isinstance(payload.get("prompt_token_ids"), list):
-            self.prompt = payload["prompt_token_ids"]
-        metrics = payload.get("metrics")
-        if isinstance(metrics, dict) and isinstance(metrics.get("speculative_decoding"), dict):
-            self.speculation = metrics["speculative_decoding"]
-        for choice in payload.get("choices") or []:
-            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
-                continue
-            if isinstance(choice.get("prompt_token_ids"), list):
-                self.prompt = choice["prompt_token_ids"]
-            if isinstance(choice.get("token_ids"), list):
-                self.output.extend(int(t) for t in choice["token_ids"])
-            if choice.get("finish_reason"):
-                self.finish_reason = choice["finish_reason"]
 
 
 class Front:
@@ -403,7 +350,7 @@ class Front:
             )
         headers = _forward_headers(response.headers)
         streaming = response.headers.get("content-type", "").startswith("text/event-stream")
-        transcript = _Transcript() if captured is not None else None
+        transcript = Transcript() if captured is not None else None
 
         if not streaming:
             try:
@@ -416,7 +363,7 @@ class Front:
             finally:
                 await response.aclose()
             if transcript is not None and response.status_code == 200:
-                content = self._read_answer(content, transcript, added)
+                content = transcript.read_answer(content, strip=added)
             self._done(upstream, "ok" if response.status_code < 500 else "upstream_error")
             self._record(transcript, captured, upstream, started, response.status_code)
             return Response(content, status_code=response.status_code, headers=headers)
@@ -432,7 +379,7 @@ class Front:
                     buffer += chunk
                     while b"\n\n" in buffer:
                         event, buffer = buffer.split(b"\n\n", 1)
-                        yield self._read_event(event, transcript, added) + b"\n\n"
+                        yield transcript.read_event(event, strip=added) + b"\n\n"
                 if buffer:
                     yield buffer
                 outcome = "ok"
@@ -444,29 +391,6 @@ class Front:
 
         return StreamingResponse(events(), status_code=response.status_code, headers=headers)
 
-    def _read_answer(self, content: bytes, transcript: _Transcript, added: bool) -> bytes:
-        try:
-            payload = json.loads(content)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return content
-        if isinstance(payload, dict):
-            transcript.read(payload)
-            if added:
-                return json.dumps(_strip_ids(payload)).encode()
-        return content
-
-    def _read_event(self, event: bytes, transcript: _Transcript, added: bool) -> bytes:
-        if not event.startswith(b"data: ") or event.strip() == b"data: [DONE]":
-            return event
-        try:
-            payload = json.loads(event[len(b"data: ") :])
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return event
-        if not isinstance(payload, dict):
-            return event
-        transcript.read(payload)
-        return b"data: " + json.dumps(_strip_ids(payload)).encode() if added else event
-
     def _done(self, upstream: Upstream, outcome: str) -> None:
         with self._lock:
             upstream.inflight -= 1
@@ -476,7 +400,7 @@ class Front:
 
     def _record(
         self,
-        transcript: _Transcript | None,
+        transcript: Transcript | None,
         request: dict | None,
         upstream: Upstream,
         started: float,
@@ -484,27 +408,16 @@ class Front:
     ) -> None:
         if transcript is None or request is None or self.capture is None or status != 200:
             return
-        if not transcript.prompt or not transcript.output:
+        record = transcript.record(
+            request,
+            server=upstream.name,
+            champion=upstream.version,
+            speculative_config=upstream.speculative_config,
+            hardware=self.hardware,
+            started=started,
+        )
+        if record is None:
             return
-        record = {
-            "id": f"{upstream.name}-{uuid.uuid4().hex}",
-            "timestamp": started,
-            "latency_s": round(time.time() - started, 6),
-            "hardware": self.hardware,
-            "champion": upstream.version,
-            "server": upstream.name,
-            "speculative_method": (upstream.speculative_config or {}).get("method", "none"),
-            "prompt_token_ids": [int(t) for t in transcript.prompt],
-            "output_token_ids": transcript.output,
-            "finish_reason": transcript.finish_reason,
-            **_acceptance(transcript.speculation),
-            "sampling": {
-                "temperature": request.get("temperature", 1.0),
-                "top_p": request.get("top_p", 1.0),
-                "seed": request.get("seed"),
-                "max_tokens": request.get("max_tokens", request.get("max_completion_tokens")),
-            },
-        }
         try:
             self.capture(record)
         except Exception as error:  # capture must never fail a served request

@@ -109,10 +109,8 @@ def _commands(cxx: str, folder: Path, output: Path) -> list[list[str]]:
     for source, extra in SOURCES.items():
         target = folder / f"{source.stem}.o"
         objects.append(str(target))
-        commands.append(
-            [cxx, "-c", *FLAGS, *extra, f"-D_GLIBCXX_USE_CXX11_ABI={abi}", *includes,
-             str(source), "-o", str(target)]
-        )  # fmt: skip
+        flags = [*FLAGS, *extra, f"-D_GLIBCXX_USE_CXX11_ABI={abi}", *includes]
+        commands.append([cxx, "-c", *flags, str(source), "-o", str(target)])
     link = [cxx, "-shared", *FLAGS, *objects, "-o", str(output)]
     for path in cpp_extension.library_paths():
         link += [f"-L{path}", f"-Wl,-rpath,{path}"]

@@ -197,8 +197,11 @@ class GraphedStep:
             )
         if needed > self.capacity:
             capacity = min(self.limit, max(needed, 2 * self.capacity))
-            log.info("graphed step: KV capacity %d -> %d (graphs captured again)",
-                     self.capacity, capacity)  # fmt: skip
+            log.info(
+                "graphed step: KV capacity %d -> %d (graphs captured again)",
+                self.capacity,
+                capacity,
+            )
             self._allocate(capacity)
             self.graphs.clear()  # they address the old buffers
 

@@ -57,8 +57,12 @@ def preflight(kernels: str, device: str, mode: str | None = None) -> bool:
         return True
     if kernels not in ("onednn", "int8", "int4") or device != "cpu":
         if mode == "auto":  # a target chosen off the CPU kernels: nothing to say
-            log.info("the lean step covers onednn, int8 and int4 on the CPU and stock on "
-                     "CUDA, not %s on %s", kernels, device)  # fmt: skip
+            log.info(
+                "the lean step covers onednn, int8 and int4 on the CPU and stock on "
+                "CUDA, not %s on %s",
+                kernels,
+                device,
+            )
             return False
         _fallback(
             "the lean step covers onednn, int8 and int4 on the CPU and stock on CUDA, not "

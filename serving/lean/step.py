@@ -234,9 +234,20 @@ class LeanStep:
         x = self.embed[ids]  # [N, hidden] float32, this pass's own residual stream
         if self.stack_weights:  # the quantised kernels: every layer in one call
             self.ops.stack(
-                x, self.stack_weights, self.stack_bits, cos, sin, keys, values, starts, bounds,
-                self.heads, self.kv_heads, self.scale, self.eps,
-            )  # fmt: skip
+                x,
+                self.stack_weights,
+                self.stack_bits,
+                cos,
+                sin,
+                keys,
+                values,
+                starts,
+                bounds,
+                self.heads,
+                self.kv_heads,
+                self.scale,
+                self.eps,
+            )
         else:
             self._layers(x, cos, sin, keys, values, starts, bounds)
         rows_out = x if want_hidden or keep <= 0 else x[-keep:].contiguous()
@@ -254,9 +265,19 @@ class LeanStep:
         last = len(self.layers) - 1
         for index, layer in enumerate(self.layers):
             attended = ops.rope_attend(
-                layer.qkv(h), cos, sin, keys, values, starts, bounds, index,
-                self.heads, self.kv_heads, self.scale, bf16,
-            )  # fmt: skip
+                layer.qkv(h),
+                cos,
+                sin,
+                keys,
+                values,
+                starts,
+                bounds,
+                index,
+                self.heads,
+                self.kv_heads,
+                self.scale,
+                bf16,
+            )
             h = ops.add_rms_norm(x, layer.out(attended), layer.post_norm, self.eps, bf16)
             down = layer.down(ops.silu_mul(layer.gate_up(h), bf16))
             if index < last:

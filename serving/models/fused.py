@@ -61,8 +61,14 @@ def _fusable(module: nn.Module, names: tuple[str, ...]) -> bool:
     )
 
 
-def _attention_forward(self, hidden_states, position_embeddings=None, attention_mask=None,
-                       past_key_values=None, **kwargs):  # fmt: skip
+def _attention_forward(
+    self,
+    hidden_states,
+    position_embeddings=None,
+    attention_mask=None,
+    past_key_values=None,
+    **kwargs,
+):
     # transformers' LlamaAttention.forward (5.x) with the three projections as one.
     input_shape = hidden_states.shape[:-1]
     hidden_shape = (*input_shape, -1, self.head_dim)

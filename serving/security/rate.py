@@ -35,8 +35,9 @@ class TokenBuckets:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if rate_per_s <= 0 or burst < 1:
-            raise ValueError(f"a token bucket needs rate_per_s > 0 and burst >= 1, "
-                             f"got {rate_per_s} and {burst}")  # fmt: skip
+            raise ValueError(
+                f"a token bucket needs rate_per_s > 0 and burst >= 1, got {rate_per_s} and {burst}"
+            )
         self.rate_per_s, self.burst, self.max_clients, self.clock = (
             rate_per_s,
             burst,

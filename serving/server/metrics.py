@@ -35,13 +35,27 @@ class ServerMetrics:
     def __init__(self, *, model_name: str, hardware: str) -> None:
         self.registry = CollectorRegistry()
         ProcessCollector(registry=self.registry)  # process_resident_memory_bytes, cpu seconds
-        labels = ["model_name", "hardware"]
         self._labels = {"model_name": model_name, "hardware": hardware}
-        r = self.registry
+        # Registered in this order, which is the order /metrics lists them in.
+        self._request_counters()
+        self._spec_decode_counters()
+        self._traffic_counters()
+        self._histograms()
+        self._gauges()
 
-        def counter(name: str, doc: str, extra: tuple[str, ...] = ()) -> Counter:
-            return Counter(f"specops:{name}", doc, [*labels, *extra], registry=r)
+    def _counter(self, name: str, doc: str, extra: tuple[str, ...] = ()) -> Counter:
+        return Counter(f"specops:{name}", doc, [*self._labels, *extra], registry=self.registry)
 
+    def _histogram(self, name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+        return Histogram(
+            f"specops:{name}", doc, [*self._labels], buckets=buckets, registry=self.registry
+        )
+
+    def _gauge(self, name: str, doc: str, extra: tuple[str, ...] = ()) -> Gauge:
+        return Gauge(f"specops:{name}", doc, [*self._labels, *extra], registry=self.registry)
+
+    def _request_counters(self) -> None:
+        counter = self._counter
         self.requests = counter(
             "request_success", "Requests finished, by finish reason.", ("finished_reason",)
         )
@@ -50,6 +64,9 @@ class ServerMetrics:
         )
         self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of finished requests.")
         self.generation_tokens = counter("generation_tokens", "Tokens generated.")
+
+    def _spec_decode_counters(self) -> None:
+        counter = self._counter
         self.checks = counter(
             "spec_decode_num_checks", "Target verification passes (one per decode step)."
         )
@@ -68,6 +85,10 @@ class ServerMetrics:
             "Draft tokens accepted at this position (0-based).",
             ("position",),
         )
+
+    def _traffic_counters(self) -> None:
+        """Capture, refusals before parsing, and draft swaps."""
+        counter = self._counter
         self.captured = counter("captured_requests", "Requests captured into the store.")
         self.capture_opt_outs = counter(
             "capture_opt_outs", "Requests whose client opted out of capture (never captured)."
@@ -86,9 +107,8 @@ class ServerMetrics:
         )
         self.swaps = counter("draft_swaps", "Hot swaps to a newly promoted draft.")
 
-        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
-            return Histogram(f"specops:{name}", doc, labels, buckets=buckets, registry=r)
-
+    def _histograms(self) -> None:
+        histogram = self._histogram
         self.e2e = histogram(
             "e2e_request_latency_seconds", "Request latency, queue included.", LATENCY_BUCKETS
         )
@@ -113,27 +133,21 @@ class ServerMetrics:
             "Tokens in one packed target pass (pending tokens and drafts of all requests).",
             PASS_TOKEN_BUCKETS,
         )
-        self.running = Gauge(
-            "specops:num_requests_running", "Requests being decoded.", labels, registry=r
-        )
-        self.waiting = Gauge(
-            "specops:num_requests_waiting", "Requests in the queue.", labels, registry=r
-        )
-        self.draft_info = Gauge(
-            "specops:draft_info",
-            "1 for the draft serving now.",
-            [*labels, "version", "drafter"],
-            registry=r,
-        )
 
-        self.evaluated_acceptance = Gauge(
-            "specops:champion_evaluated_acceptance_rate",
+    def _gauges(self) -> None:
+        gauge = self._gauge
+        self.running = gauge("num_requests_running", "Requests being decoded.")
+        self.waiting = gauge("num_requests_waiting", "Requests in the queue.")
+        self.draft_info = gauge(
+            "draft_info", "1 for the draft serving now.", ("version", "drafter")
+        )
+        self.evaluated_acceptance = gauge(
+            "champion_evaluated_acceptance_rate",
             "The acceptance rate the serving champion's evaluation measured on this target "
             "(on held-out traffic of this workload where it had some): what the live "
             "acceptance (spec_decode_num_accepted_tokens / spec_decode_num_draft_tokens) "
             "is held against.",
-            [*labels, "version", "workload"],
-            registry=r,
+            ("version", "workload"),
         )
 
     def labels(self, metric, **extra: str):

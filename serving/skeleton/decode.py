@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 
 from serving.curves import BatchLimits, PassCost
 from serving.engine.batch.batch import decode_together
-from serving.engine.decoder import GenerationResult, SpeculativeDecoder
+from serving.engine.decoder import SpeculativeDecoder
+from serving.engine.request import GenerationResult
 from serving.engine.sampling import SamplingParams
 from serving.errors import SpecOpsError
 from serving.loader import encode_messages

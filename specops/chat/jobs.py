@@ -77,12 +77,20 @@ def eval_job(
         (
             specops_command("data", "validate", "--store", store, "--out", dataset),
             specops_command(
-                "loop", "run", "evaluate-and-promote", "--hardware", hardware, "--store",
-                store, "--work", work, *versions,
+                "loop",
+                "run",
+                "evaluate-and-promote",
+                "--hardware",
+                hardware,
+                "--store",
+                store,
+                "--work",
+                work,
+                *versions,
             ),
         ),
         target,
-    )  # fmt: skip
+    )
 
 
 def train_job(*, target: str, hardware: str, store: str, work: str) -> Job:

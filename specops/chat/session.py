@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from serving.engine.build import build_decoder
-from serving.engine.decoder import Generation, GenerationResult, SpeculativeDecoder
+from serving.engine.decoder import Generation, SpeculativeDecoder
 from serving.engine.metrics import pool, position_counts
+from serving.engine.request import GenerationResult
 from serving.engine.sampling import SamplingParams
 from serving.errors import BadInputError, SpecOpsError
 from serving.hardware import hardware_target

@@ -8,19 +8,22 @@ Validates the parts of ``store_root`` that no earlier run into ``out_dir`` valid
 ``heldout_traffic``, the newest ``heldout_share`` of each workload's train traffic), the
 quarantine (every rejected row with its reasons: nothing is dropped silently) and plot
 data, and returns the summary (validation counts, totals and this run's, dataset sizes,
-acceptance, rolling acceptance per workload and hardware target). The dataset files are
+acceptance, rolling acceptance per workload and hardware target); :func:`curate_records`
+returns the valid records beside it, already in memory. The dataset files are
 rewritten whole and atomically each run, so a re-run after an interruption gives the same
 files; one run at a time per ``out_dir`` (a second waits for the first).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
 from serving.atomic import write_json_atomic, write_jsonl_atomic
 from serving.hardware import load_hardware
+from serving.records.schema import RequestRecord
 from tasks.data import ledger
 from tasks.data.acceptance import GroupAcceptance, GroupWindow, rolling_acceptance
 from tasks.data.collect import acceptance_by_position
@@ -48,6 +51,15 @@ class CurateSummary(BaseModel):
     retrain_wanted: bool  # some group is below the absolute threshold
 
 
+@dataclass(frozen=True)
+class Curated:
+    """What :func:`curate_records` leaves in memory besides its summary: every valid record
+    (the earlier batches' and this run's, in store order) the dataset was built from."""
+
+    summary: CurateSummary
+    valid: list[RequestRecord]
+
+
 def curate(
     store_root: Path,
     out_dir: Path,
@@ -60,6 +72,35 @@ def curate(
     plots_dir: Path | None = None,
     full: bool = False,
 ) -> CurateSummary:
+    """The summary of :func:`curate_records` (see the module docstring)."""
+    return curate_records(
+        store_root,
+        out_dir,
+        failure_share=failure_share,
+        seed=seed,
+        heldout_share=heldout_share,
+        window=window,
+        threshold=threshold,
+        plots_dir=plots_dir,
+        full=full,
+    ).summary
+
+
+def curate_records(
+    store_root: Path,
+    out_dir: Path,
+    *,
+    failure_share: float = 0.8,
+    seed: int = 0,
+    heldout_share: float = DEFAULT_HELDOUT_SHARE,
+    window: int = 50,
+    threshold: float = 0.5,
+    plots_dir: Path | None = None,
+    full: bool = False,
+) -> Curated:
+    """Validate, write the dataset, the quarantine and (with ``plots_dir``) the plot data,
+    and return the summary with the valid records, as the loop's ``collect`` views them
+    (:class:`tasks.data.store_view.StoreView`) without reading the store again."""
     check_heldout_share(heldout_share)  # before anything is read or written
     store_root, out_dir = Path(store_root), Path(out_dir)
     known_hardware = sorted(load_hardware().targets)
@@ -86,7 +127,7 @@ def curate(
     )
     if plots_dir is not None:
         _write_plot_data(Path(plots_dir), by_position, tracker)
-    return summary
+    return Curated(summary=summary, valid=result.valid)
 
 
 def _write_plot_data(

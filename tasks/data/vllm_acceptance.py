@@ -11,12 +11,17 @@ records give, as one ``live`` group of that hardware target, which
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 from serving.gateway.sink import ACCEPTANCE, area_parts
 from serving.records.schema import LIVE_WORKLOAD
 from tasks.data.acceptance import PooledAcceptance
+
+# One window as its deployment stored it: ``end`` (unix seconds), ``champion`` (the label that
+# served), ``requests``, ``draft_tokens``, ``accepted_tokens``, and what else the scrape kept.
+ScrapedWindow = dict[str, Any]
 
 
 class ScrapedAcceptance(PooledAcceptance):
@@ -25,7 +30,7 @@ class ScrapedAcceptance(PooledAcceptance):
     source: Literal["vllm-metrics"] = "vllm-metrics"
 
 
-def read_windows(store: Path, hardware: str) -> list[dict[str, Any]]:
+def read_windows(store: Path, hardware: str) -> list[ScrapedWindow]:
     """Every scraped window of ``hardware``, oldest first; unreadable lines are skipped
     (a window is a measurement, not a record to quarantine)."""
     rows = []
@@ -45,10 +50,16 @@ def vllm_groups(
 ) -> list[ScrapedAcceptance]:
     """The ``live`` group of ``hardware``'s newest windows served by ``champion`` (all
     champions when None) covering at least ``window`` requests; [] without windows."""
-    rows = [
-        r for r in read_windows(store, hardware) if champion is None or r["champion"] == champion
-    ]
-    taken: list[dict[str, Any]] = []
+    return pooled_windows(read_windows(store, hardware), hardware, champion=champion, window=window)
+
+
+def pooled_windows(
+    windows: Sequence[ScrapedWindow], hardware: str, *, champion: str | None, window: int = 50
+) -> list[ScrapedAcceptance]:
+    """:func:`vllm_groups` over ``windows`` already read (:func:`read_windows`, oldest
+    first)."""
+    rows = [r for r in windows if champion is None or r["champion"] == champion]
+    taken: list[ScrapedWindow] = []
     for row in reversed(rows):
         taken.append(row)
         if sum(int(r.get("requests", 0)) for r in taken) >= window:

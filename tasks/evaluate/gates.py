@@ -9,17 +9,14 @@ When the evaluation held out collected traffic (``by_source["traffic"]``, see
 that drifted, and a separate check guards the built-in workloads against forgetting; without
 it they are judged on every prompt pooled.
 
-Which speed decides (``speed``):
-
-- ``modelled`` (default): each contender's recorded checks priced with the target's verify
-  curve and its own profiled drafting cost (:mod:`tasks.evaluate.modelled`), which load on
-  the machine cannot flip; and the wall clock, timed in rounds, must agree that the
-  challenger is not slower: the bootstrap interval of its per-prompt speed ratio over the
-  champion's (plain decoding's, with no champion) may not lie wholly below 1.0
-  (:mod:`tasks.evaluate.interval`);
-- ``measured``: tokens/s, interleaved (the interval check still applies);
-- a ``speed_profile`` (a fixed curve and drafting cost) prices every contender alike, so
-  the same evaluation gets the same decision on any machine (:mod:`tasks.evaluate.priced`).
+Speed is modelled: each contender's recorded checks priced with the target's fixed verify
+curve and its own profiled drafting cost (:mod:`tasks.evaluate.modelled`), which load on the
+machine cannot flip; and the wall clock, timed in rounds, must agree that the challenger is
+not slower: the bootstrap interval of its per-prompt speed ratio over the champion's (plain
+decoding's, with no champion) may not lie wholly below 1.0 (:mod:`tasks.evaluate.interval`).
+A ``speed_profile`` (a fixed curve and drafting cost) prices every contender alike instead,
+so the same evaluation gets the same decision on any machine (:mod:`tasks.evaluate.priced`).
+Why these rules, and the studies behind them: docs/loop.md, "Evaluation and gates".
 
 :func:`judged_report` gives the report the gates judge; :class:`GateResult` says which
 speed decided.
@@ -28,19 +25,43 @@ speed decided.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic_core import PydanticCustomError
 
 from serving.errors import BadInputError
 from serving.paths import CONFIG_DIR
 from tasks.evaluate.interval import wall_clock_interval
-from tasks.evaluate.modelled import Curve, modelled_report
+from tasks.evaluate.modelled import modelled_report
 from tasks.evaluate.priced import Pricing, priced_report
 from tasks.evaluate.report import REFERENCE, TRAFFIC, ContenderResult, EvaluationReport, source_of
 
 GATES_CONFIG = CONFIG_DIR / "gates.yaml"
+
+# Settings the gates no longer take. Each one's only product value (what the gates always
+# do) is still read and ignored; a value that only reproduced a study is refused, naming
+# where the study now takes it.
+RETIRED_SETTINGS: dict[str, tuple[str, dict[str, str]]] = {
+    "speed": (
+        "modelled",
+        {
+            "measured": "the gates always decide on modelled speed; judging by measured "
+            "speed reproduces a study: `python -m benchmarks.gate_stability --speed measured`"
+        },
+    ),
+    "modelled_curve": (
+        "profiled",
+        {
+            "evaluated": "the gates always price modelled speed with the target's fixed "
+            "(profiled) verify curve; the evaluation's own curve reproduces a study: "
+            "`python -m benchmarks.gate_stability --modelled-curve evaluated` (and "
+            "`python -m benchmarks.modelled_speed`, which reports both curves)"
+        },
+    ),
+}
+RETIRED = "retired_gate_setting"  # the pydantic error type of a refused retired setting
 
 
 class SpeedProfile(BaseModel):
@@ -73,10 +94,6 @@ class GateConfig(BaseModel):
     min_speedup_gain: float = Field(0.03, ge=0.0)
     max_mean_accepted_length_drop: float = Field(0.05, ge=0.0)
     max_workload_slowdown: float = Field(0.10, ge=0.0, le=1.0)
-    speed: Literal["modelled", "measured"] = "modelled"
-    # Which verify curve the modelled speed prices with (tasks/evaluate/modelled.py): the
-    # target's fixed one, or the one the evaluation's own passes followed.
-    modelled_curve: Curve = "profiled"
     speed_profile: SpeedProfile | None = None  # set: this fixed profile prices every speed
     # The wall clock's bootstrap interval (of the challenger's per-prompt speed ratio) at
     # this confidence may not lie wholly below 1.0; 0 turns the check off.
@@ -87,18 +104,44 @@ class GateConfig(BaseModel):
     # speedup is more than this far below the champion's is not timed; None: time every one.
     pregate_margin: float | None = Field(0.10, ge=0.0, lt=1.0)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _retired(cls, data: Any) -> Any:
+        """``data`` without the retired settings that say what the gates do anyway
+        (:data:`RETIRED_SETTINGS`); any other value of one is refused with where it went."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        for key, (kept, moved) in RETIRED_SETTINGS.items():
+            if key not in data:
+                continue
+            value = data.pop(key)
+            if value == kept:
+                continue
+            where = moved.get(str(value), f"only {kept!r} is still read, and it changes nothing")
+            raise PydanticCustomError(
+                RETIRED,
+                "`{key}: {value}` is no longer a gates setting: {where}; remove the key",
+                {"key": key, "value": value, "where": where},
+            )
+        return data
+
     @property
     def decided_by(self) -> str:
-        if self.speed_profile is not None:
-            return "fixed speed profile"
-        return f"{self.speed} speed"
+        return "fixed speed profile" if self.speed_profile is not None else "modelled speed"
 
 
 def load_gates(path: str | Path = GATES_CONFIG) -> GateConfig:
+    """The gates' settings in ``path``; :class:`BadInputError` naming the file and what is
+    wrong (a retired setting: its key, its value and where it moved)."""
     try:
         raw = yaml.safe_load(Path(path).read_text()) or {}
         return GateConfig.model_validate(raw)
-    except (OSError, yaml.YAMLError, ValidationError) as error:
+    except ValidationError as error:
+        retired = [e["msg"] for e in error.errors() if e["type"] == RETIRED]
+        detail = "; ".join(retired) if retired else str(error)
+        raise BadInputError(f"invalid gates config {str(path)!r}: {detail}") from None
+    except (OSError, yaml.YAMLError) as error:
         raise BadInputError(f"invalid gates config {str(path)!r}: {error}") from None
 
 
@@ -134,14 +177,13 @@ class GateResult(BaseModel):
 
 
 def judged_report(report: EvaluationReport, config: GateConfig | None = None) -> EvaluationReport:
-    """The report the gates judge and a winner is chosen from: ``report`` itself, or with
-    every speedup priced by the config's ``speed_profile``."""
+    """The report the gates judge and a winner is chosen from: ``report`` with every
+    speedup modelled (priced with the target's fixed verify curve), or priced by the
+    config's ``speed_profile``; its measured tokens/s kept as they were."""
     config = config or load_gates()
     if config.speed_profile is not None:
         return priced_report(report, config.speed_profile.pricing(report.hardware))
-    if config.speed == "modelled":
-        return modelled_report(report, config.modelled_curve)
-    return report
+    return modelled_report(report)
 
 
 def gate(

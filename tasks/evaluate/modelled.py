@@ -1,32 +1,26 @@
 """Modelled speed: what each contender's recorded checks cost on the target, priced with
-the target's measured verify curve and the contender's own profiled drafting cost.
+the target's verify curve and the contender's own profiled drafting cost.
 
 Under greedy decoding a contender's steps on a prompt — how many drafts each check
 proposed and how many were kept — are fixed by the target's output and the drafter, once
 its policy prices drafting at a profiled cost instead of the clock
 (:func:`tasks.evaluate.costs.fix_draft_cost`). Priced by :class:`~tasks.evaluate.priced.Pricing`
-with the verify curve the evaluation ran under (``report.verify_curve``) and each
-contender's cost per drafted token (``report.draft_costs``), they give a speedup over plain
-decoding that a busy core cannot flip: the gates decide on it
+with the verify curve the evaluation ran under (``report.verify_curve``, the target's fixed
+one) and each contender's cost per drafted token (``report.draft_costs``), they give a
+speedup over plain decoding that a busy core cannot flip: the gates decide on it
 (:func:`tasks.evaluate.gates.judged_report`), and the wall clock, timed in rounds beside
 it, must not contradict it (:mod:`tasks.evaluate.interval`).
 
-The verify curve is, by default, the target's fixed one as the evaluation ran
-(``report.verify_curve``; for ``cpu`` pooled from evaluations' own passes): the same
-decision on every re-run, whatever the load. ``curve="evaluated"`` prices with the curve
-the evaluation's own timed passes followed (``report.evaluated_curve``,
-:mod:`tasks.evaluate.evaluated_curve`): on a quiet shared host it brought every planted
-contender within 7 % of the wall clock where a fixed curve missed by up to 17 %, but
-beside a busy neighbour its medians skew (one-token passes' times turn bimodal) and it
-missed by 25 % where the fixed curve held to 3.5 %.
-
 Each prompt's prefill is priced too, in plain decoding's steps, from plain decoding's own
-run of that prompt (:func:`tasks.evaluate.priced.prefill_costs`): it is the same for every
-contender, so it cannot change their order, but a measured speedup includes it, and
-leaving it out had put a fast contender's modelled figure 14 % above its measured one
-(docs/gate-stability.json, before this). It still leaves out the engine's own bookkeeping
-per check and a neural drafter's own prefill (both measured small): docs/loop.md, "How close the
-modelled speed is".
+run of that prompt (:func:`tasks.evaluate.priced.prefill_costs`): the same for every
+contender, so it cannot change their order, but a measured speedup includes it. Left out:
+the engine's own bookkeeping per check and a neural drafter's own prefill.
+
+``curve="evaluated"`` prices with the curve the evaluation's own timed passes followed
+instead (``report.evaluated_curve``, :mod:`tasks.evaluate.evaluated_curve`); the gates do
+not, the studies compare the two (``benchmarks/modelled_speed.py``,
+``benchmarks/gate_stability.py``). How close either is to the wall clock: docs/loop.md,
+"How close the modelled speed is".
 """
 
 from __future__ import annotations
@@ -38,8 +32,8 @@ from tasks.evaluate.priced import Pricing, prefill_costs, priced_report
 from tasks.evaluate.report import REFERENCE, EvaluationReport
 
 REMEDY = (
-    "evaluate again (the evaluation profiles every drafter before timing it), or judge "
-    "by measured speed (`speed: measured` in configs/gates.yaml)"
+    "evaluate again (the evaluation profiles every drafter before timing it), or price it "
+    "with a fixed `speed_profile` (configs/gates.yaml)"
 )
 
 
@@ -49,7 +43,7 @@ def drafted(report: EvaluationReport, name: str) -> bool:
     return any(proposed > 0 for run in runs for proposed, _ in run.steps)
 
 
-Curve = Literal["evaluated", "profiled"]
+Curve = Literal["evaluated", "profiled"]  # the evaluation's own curve, or the target's fixed one
 
 
 def modelled_pricing(report: EvaluationReport, curve: Curve = "profiled") -> Pricing:

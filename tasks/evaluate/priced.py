@@ -118,9 +118,8 @@ def priced_report(report: EvaluationReport, pricing: Pricing) -> EvaluationRepor
     rows = report.per_prompt
     if rows is None or REFERENCE not in rows:
         raise BadInputError(
-            "a fixed speed profile prices each contender's checks, and this evaluation "
-            "report has no per-prompt rows: evaluate again (evaluate() keeps them), or "
-            "judge it by measured speed (no speed_profile in the gates' config)"
+            "the gates price each contender's checks, and this evaluation report has no "
+            "per-prompt rows: evaluate again (evaluate() keeps them)"
         )
     return report.model_copy(
         update={

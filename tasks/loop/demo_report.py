@@ -9,11 +9,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, SerializationInfo, model_serializer
 
 from serving.atomic import write_json_atomic
+from tasks.data.store_view import read_valid_records
 from tasks.evaluate.gates import GateResult
 from tasks.evaluate.report import ContenderResult
-from tasks.loop.results import DemoResult, Drill
-from tasks.loop.steps import Decision
-from tasks.train.suffix_index import read_valid_records
+from tasks.loop.results import Decision, DemoResult, Drill
 
 
 class _Figures(BaseModel):

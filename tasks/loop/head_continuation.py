@@ -30,12 +30,12 @@ from serving.errors import BadInputError
 from serving.loader import set_threads
 from serving.models.head import load_head
 from tasks.data.dataset import build_dataset
+from tasks.data.store_view import read_valid_records
 from tasks.evaluate.offline_acceptance import head_hits, replay_all
 from tasks.loop.learned import training_target
 from tasks.loop.retrain_config import load_retrain_config
 from tasks.train.head_loss import frozen_target
 from tasks.train.store_teacher import build_store_teacher
-from tasks.train.suffix_index import read_valid_records
 from tasks.train.teacher import load_teacher_data
 from tasks.train.train_head import TrainHeadConfig, train_head
 

@@ -33,7 +33,7 @@ from tasks.data.prompts import Prompt
 from tasks.evaluate import gates as gate_config
 from tasks.evaluate.evaluate import Contender, EncodedPrompt, evaluate_report
 from tasks.evaluate.gates import Check, GateResult, gate, judged_report
-from tasks.loop import steps as loop_steps
+from tasks.loop import targets
 from tasks.train.predictor import train_predictor
 
 
@@ -106,7 +106,7 @@ def retrain_predictor(
             Contender("champion", package, predictor=current_folder),
             Contender("challenger", package, predictor=trained.folder),
         ]
-        target = loop_steps.target_for(loop_steps.engine_of(hardware))
+        target = targets.target_for(targets.engine_of(hardware))
         config = gate_config.load_gates()
         report = evaluate_report(
             contenders,

@@ -14,16 +14,41 @@ from pydantic import BaseModel, ConfigDict, Field, SerializationInfo, model_seri
 from tasks.data.collect import CollectSummary
 from tasks.data.curate import CurateSummary
 from tasks.data.retention import RetentionReport
+from tasks.evaluate.gates import GateResult
+from tasks.evaluate.report import Group
 from tasks.loop.learned import Trained
 from tasks.loop.predictor_step import PredictorOutcome
 from tasks.loop.shadow import Shadow
-from tasks.loop.steps import Decision
 from tasks.loop.triggers import ChampionTrigger
 from tasks.loop.watch import Watch
 
 
 class _Result(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Decision(_Result):
+    """What one evaluate-and-promote decided on a hardware target (the flows' result).
+
+    ``results``, ``by_workload`` and ``by_source`` are the evaluation's measured numbers;
+    the gates judged the report :func:`~tasks.evaluate.gates.judged_report` gives (the
+    same, unless the gates' config prices speed by a fixed profile)."""
+
+    hardware: str
+    labels: dict[str, str] = Field(default_factory=dict)  # contender name -> registry label
+    champion: str | None
+    promoted: str | None  # the new champion's label, or None (champion kept)
+    # Export on promotion: backend -> what happened (exported, or why the backend can't
+    # load this draft). Each other target then evaluates it (`specops targets evaluate`).
+    exports: dict[str, str] = Field(default_factory=dict)
+    gates: dict[str, GateResult]  # challenger label -> gate result
+    results: Group
+    by_workload: dict[str, Group]
+    by_source: dict[str, Group] = Field(default_factory=dict)
+    # The evaluation's phases in wall seconds (profile, pregate, timed) and the pre-gate's
+    # predicted modelled speedups, by contender label.
+    phase_s: dict[str, float] = Field(default_factory=dict)
+    predicted: dict[str, float | None] = Field(default_factory=dict)
 
 
 class DraftRef(_Result):

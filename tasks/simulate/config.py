@@ -38,7 +38,7 @@ class TargetDevice(_Section):
     """One kind of target server; ``count`` identical replicas of it."""
 
     name: str = Field(min_length=1)
-    # A `specops profile --batch` results JSON (docs/profile-batch.json): batch_curve and
+    # A `specops profile --batch` results JSON (measurements/profile-batch.json): batch_curve and
     # one_token_pass_s are taken from it unless given here. Relative to the config file.
     profile: Path | None = None
     one_token_pass_s: float | None = Field(None, gt=0)  # seconds of a one-token target pass

@@ -17,38 +17,13 @@ import time
 from collections.abc import Collection, Iterable, Sequence
 from pathlib import Path
 
-from pydantic import ValidationError
-
 from serving.atomic import atomic_writer
 from serving.engine.drafters.suffix import MAX_INDEX_TOKENS, SuffixCorpus, load_suffix_corpus
 from serving.errors import BadInputError
-from serving.records.schema import RequestRecord, UnknownSchemaVersionError, parse_record
-from serving.records.store import read_raw
+from serving.records.schema import RequestRecord
+from tasks.data.store_view import read_valid_records
 
 log = logging.getLogger(__name__)
-
-
-def read_valid_records(root: str | Path, *, hardware: str | None = None) -> list[RequestRecord]:
-    """The records under ``root`` that parse (:func:`serving.records.schema.parse_record`,
-    older versions read as the current one; first copy of each id), optionally of one
-    hardware target. Malformed rows are skipped here (and counted in the log);
-    :mod:`tasks.data.validate` is where they are quarantined with their reasons."""
-    records: list[RequestRecord] = []
-    seen: set[str] = set()
-    skipped = 0
-    for _, row in read_raw(Path(root)):
-        try:
-            record = parse_record(row)
-        except (ValidationError, UnknownSchemaVersionError):
-            skipped += 1
-            continue
-        if record.id in seen or (hardware is not None and record.hardware != hardware):
-            continue
-        seen.add(record.id)
-        records.append(record)
-    if skipped:
-        log.warning("skipped %d malformed record rows under %s", skipped, root)
-    return records
 
 
 def _sequences(
@@ -143,7 +118,8 @@ def build_suffix_index(
 def build_suffix_index_from_store(
     root: str | Path, path: str | Path, *, hardware: str | None = None, **options
 ) -> SuffixCorpus:
-    """:func:`build_suffix_index` over the valid records of the store at ``root``."""
+    """:func:`build_suffix_index` over the records of the store at ``root`` that parse
+    (:func:`tasks.data.store_view.read_valid_records`)."""
     return build_suffix_index(read_valid_records(root, hardware=hardware), path, **options)
 
 

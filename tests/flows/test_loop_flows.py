@@ -1,23 +1,28 @@
 """The loop's flows under a Prefect test harness, on the tiny target with a real MLflow
 SQLite registry in a temporary folder."""
 
+import os
 import time
+from collections import Counter
+from pathlib import Path
 
 import pytest
 import torch
 
+import tasks.data.traffic as traffic
 import tasks.loop.learned as learned
-import tasks.loop.prefect_tasks as steps
 import tasks.loop.retrain_config as retrain_config
-import tasks.loop.steps as loop
+import tasks.loop.targets as targets
 from registry.client import Registry
 from registry.history import last_retrain
 from serving.engine.drafters.package import DraftManifest, write_package
-from serving.hardware import HardwareTarget, engine_target
+from serving.hardware import HardwareTarget, engine_target, hardware_target
 from serving.models.tiny import tiny_llama
 from serving.records import store as record_store
 from serving.target import LoadedTarget, eos_ids
+from tasks.loop import champion_steps, evaluation_steps, evaluation_tasks, registry_tasks
 from tasks.loop.results import Bootstrapped, DeploymentRun, Retrained
+from tasks.data.store_view import StoreView, read_valid_records
 from tests.tasks.loop.priced_gates import use_priced_gates
 
 pytestmark = pytest.mark.slow  # flows under a Prefect server, training drafts: minutes
@@ -42,12 +47,12 @@ def world(monkeypatch, tmp_path, target, char_tokenizer, make_prompts, mlflow_ur
         eos = eos_ids(target, char_tokenizer)
         return LoadedTarget.of(target, char_tokenizer, hardware=hardware, eos_token_ids=eos)
 
-    monkeypatch.setattr(loop, "target_for", lambda hardware, source=None: loaded_on(hardware))
+    monkeypatch.setattr(targets, "target_for", lambda hardware, source=None: loaded_on(hardware))
 
     def workload(name, n, *, seed=0, split="heldout"):
         return make_prompts()[:n]  # six short texts with repeats (tests/conftest.py)
 
-    monkeypatch.setattr(steps, "build_workload", workload)
+    monkeypatch.setattr(traffic, "build_workload", workload)
     # The learned challengers train on the tiny target too, within a few seconds each.
     stock = loaded_on(engine_target(learned.TRAINING_HARDWARE))
     monkeypatch.setattr(learned, "training_target", lambda target=None: stock)
@@ -78,7 +83,7 @@ targets:
 
 def register_pld(tmp_path):
     package = write_package(tmp_path / "pld", DraftManifest(drafter="pld:3", k=4, policy="fixed"))
-    return steps.register.fn(str(package), "ngram")
+    return registry_tasks.register.fn(package, "ngram")
 
 
 def watched_pld_champion(world, monkeypatch):
@@ -114,7 +119,7 @@ def test_a_randomly_initialised_draft_is_refused(harness, world):
         DraftManifest(drafter="model:weights", k=4, policy="fixed", family="lora"),
         files={"weights": world / "random-weights"},
     )
-    challenger = steps.register.fn(str(package), "lora")
+    challenger = registry_tasks.register.fn(package, "lora")
     decision = evaluate_and_promote(
         [challenger], hardware="cpu", workloads=["grounded"], prompts_per_workload=6,
         max_new_tokens=24, cache=str(world / "cache"),
@@ -145,7 +150,7 @@ def test_collect_rolls_a_collapsed_champion_back(harness, world, monkeypatch):
         DraftManifest(drafter="model:weights", k=4, policy="fixed", family="lora"),
         files={"weights": world / "damaged-weights"},
     )
-    second = steps.register.fn(str(package), "lora")
+    second = registry_tasks.register.fn(package, "lora")
     registry.log_evaluation(registry.get("lora", second.version), "cpu", {"acceptance_rate": 0.9})
     registry.promote(registry.get("lora", second.version), "cpu", reason="test setup")
     result = collect(
@@ -176,6 +181,74 @@ def test_collect_rolls_a_collapsed_champion_back(harness, world, monkeypatch):
     assert again.watch is not None and not again.watch.collapsed
 
 
+def _count_store_reads(monkeypatch, store: Path) -> list[tuple[Path, bool]]:
+    """Every opening of a file under ``store`` for reading from now on, with whether
+    validation's incremental read (:func:`tasks.data.incremental.validate_incrementally`:
+    the new parts' digests for the ledger, then their rows) made it."""
+    import builtins
+    import io
+
+    from tasks.data import curate as curate_module
+
+    reads: list[tuple[Path, bool]] = []
+    validating = [False]
+    root, real_open = str(store.resolve()) + os.sep, io.open
+
+    def counting_open(file, mode="r", *args, **kwargs):
+        if isinstance(file, str | os.PathLike) and "r" in mode and "+" not in mode:
+            path = os.path.abspath(file)
+            if path.startswith(root):
+                reads.append((Path(path), validating[0]))
+        return real_open(file, mode, *args, **kwargs)
+
+    real_validate = curate_module.validate_incrementally
+
+    def validate_incrementally(*args, **kwargs):
+        validating[0] = True
+        try:
+            return real_validate(*args, **kwargs)
+        finally:
+            validating[0] = False
+
+    monkeypatch.setattr(io, "open", counting_open)  # pathlib's opens
+    monkeypatch.setattr(builtins, "open", counting_open)
+    monkeypatch.setattr(curate_module, "validate_incrementally", validate_incrementally)
+    return reads
+
+
+def test_one_collect_reads_each_store_file_at_most_once_beyond_validation(
+    harness, world, monkeypatch
+):
+    """After validation, the watch, the shadow scores and the retrain trigger judge the
+    champion on the view validation left (tasks/data/store_view.py): in one collect, no
+    file of the store is read more than once besides validation's own reads (the replay
+    reads the store once, for the ids it holds; retention reads only parts of days on or
+    before its cutoff, none here), and no record part at all after validation."""
+    from flows.loop import collect
+
+    first = watched_pld_champion(world, monkeypatch)
+    store = world / "store"
+    kwargs = dict(
+        hardware="cpu", store=str(store), work=str(world / "work"), replay_workload="grounded",
+        replay_prompts=6, max_new_tokens=16, version=False, trigger_retrain=False,
+    )  # fmt: skip
+    collect(**kwargs, run_id="first")  # the store and the validation ledger to start from
+    earlier = set(record_store.part_files(store))
+    reads = _count_store_reads(monkeypatch, store)
+    result = collect(**kwargs, run_id="second")
+    new = set(record_store.part_files(store)) - earlier
+    assert earlier and new
+    validated = {path for path, during in reads if during}
+    assert validated == new  # validation read only the new parts
+    beyond = Counter(path for path, during in reads if not during)
+    assert set(beyond) <= earlier and max(beyond.values()) == 1, beyond  # the replay's read
+    # The steps judged the champion on the twelve records it served, none read again.
+    assert result.watch is not None and result.watch.champion == first.label, result.watch
+    assert result.shadow is not None and result.shadow.error is None, result.shadow
+    assert [s.records for s in result.shadow.scores] == [8]  # the newest 8 of 12
+    assert "grounded@cpu" in result.trigger.reasons[0]
+
+
 def _self_weighted_head(world, target):
     """A draft with weights, registered as a head: the tiny target itself (whole, it
     accepts every draft)."""
@@ -185,7 +258,7 @@ def _self_weighted_head(world, target):
         DraftManifest(drafter="model:weights", k=4, policy="fixed", family="head"),
         files={"weights": world / "self-weights"},
     )
-    return steps.register.fn(str(package), "head")
+    return registry_tasks.register.fn(package, "head")
 
 
 def test_the_drill_damages_a_promoted_draft_and_the_watch_restores_its_predecessor(
@@ -305,7 +378,8 @@ def test_collect_triggers_retrain_and_a_rerun_duplicates_nothing(harness, world,
         retrain_config, "load_retrain_config",
         lambda path=None: LOAD(world / "retrain.yaml").model_copy(update={"cooldown_minutes": 60}),
     )  # fmt: skip
-    trigger = steps.retrain_trigger.fn(store, hardware="cpu", absolute=1.01, now=time.time())
+    view = StoreView(world / "store", hardware_target("cpu"), read_valid_records(store))
+    trigger = champion_steps.retrain_trigger(registry, view, absolute=1.01, now=time.time())
     assert trigger.wanted and not trigger.retrain and "cool-down" in (trigger.held_back or "")
 
 
@@ -333,7 +407,7 @@ def test_a_flow_killed_midway_moves_no_alias_and_reruns(harness, world, monkeypa
     # The same drafter in another family: identical checks, so under the priced gates it
     # is as fast as the champion, which is enough with no gain required.
     package = write_package(world / "lookup", DraftManifest(drafter="pld:3", k=4, policy="fixed"))
-    challenger = steps.register.fn(str(package), "lookup")
+    challenger = registry_tasks.register.fn(package, "lookup")
     moves: list[str] = []
     real_move = MlflowClient.set_registered_model_alias
 
@@ -502,19 +576,19 @@ def test_promotions_on_one_target_take_turns_under_its_concurrency_limit(
 
     def evaluate_and_decide(registry, drafts, prompts, *, hardware, **kwargs):
         with lock:
-            inside.append(hardware)
+            inside.append(hardware.name)
             overlaps.append(list(inside))
         time.sleep(1.0)
         with lock:
-            inside.remove(hardware)
+            inside.remove(hardware.name)
         return Decision()
 
-    monkeypatch.setattr(loop, "evaluate_and_decide", evaluate_and_decide)
+    monkeypatch.setattr(evaluation_steps, "evaluate_and_decide", evaluate_and_decide)
 
     def step(hardware):
-        steps.evaluate_gate_promote.fn(
-            [], hardware=hardware, workloads=[], prompts_per_workload=0, max_new_tokens=8,
-            cache=str(world / "cache"),
+        evaluation_tasks.evaluate_gate_promote.fn(
+            [], hardware=hardware_target(hardware), workloads=[], prompts_per_workload=0,
+            max_new_tokens=8, cache=world / "cache",
         )  # fmt: skip
 
     threads = [threading.Thread(target=step, args=("cpu",)) for _ in range(2)]

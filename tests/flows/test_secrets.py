@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-import tasks.loop.prefect_tasks as steps
-import tasks.loop.steps as loop
+import tasks.data.traffic as traffic
+import tasks.loop.targets as targets
 from serving.hardware import HardwareTarget
 from serving.target import LoadedTarget, eos_ids
 
@@ -44,9 +44,9 @@ def test_a_configured_secret_reaches_no_store_and_no_log(
     def loaded_on(hardware: HardwareTarget) -> LoadedTarget:
         return LoadedTarget.of(target, char_tokenizer, hardware=hardware, eos_token_ids=eos)
 
-    monkeypatch.setattr(loop, "target_for", lambda hardware, source=None: loaded_on(hardware))
+    monkeypatch.setattr(targets, "target_for", lambda hardware, source=None: loaded_on(hardware))
     monkeypatch.setattr(
-        steps, "build_workload", lambda name, n, *, seed=0, split="heldout": make_prompts()[:n]
+        traffic, "build_workload", lambda name, n, *, seed=0, split="heldout": make_prompts()[:n]
     )
     caplog.set_level(logging.DEBUG)
     logs.install([SECRET])

@@ -153,12 +153,12 @@ def test_trace_refuses_engine_records(tmp_path):
 
 
 def test_calibrate_predicts_measured_points_and_logs_the_comparison(tmp_path, registry_env):
-    measured = json.loads((PROJECT_ROOT / "docs" / "distributed-bench.json").read_text())
+    measured = json.loads((PROJECT_ROOT / "measurements" / "distributed-bench.json").read_text())
     measured["points"] = measured["points"][:2]  # plain and distributed, one session
     bench = tmp_path / "distributed.json"
     bench.write_text(json.dumps(measured))
     out = tmp_path / "calibration.json"
-    profile = PROJECT_ROOT / "docs" / "profile-batch-1thread.json"
+    profile = PROJECT_ROOT / "measurements" / "profile-batch-1thread.json"
     args = ["--bench", str(bench), "--profile", str(profile), "--out", str(out), "--mlflow"]
     result = runner.invoke(app, ["simulate", "calibrate", *args])
     assert result.exit_code == 0, result.output

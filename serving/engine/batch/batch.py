@@ -23,9 +23,10 @@ import torch
 from serving.curves import BatchLimits, PassCost
 from serving.engine.batch.plan import Member, plan_batch
 from serving.engine.batch.ragged import packed_pass, use_ragged_attention
-from serving.engine.decoder import Decoding, GenerationResult, TokenEvent
+from serving.engine.decoder import Decoding
 from serving.engine.kv import rewind
 from serving.engine.policy import CostAwareK
+from serving.engine.request import GenerationResult, TokenEvent
 from serving.engine.step import DraftedBlock
 from serving.errors import BadInputError
 

@@ -1,7 +1,7 @@
 import pytest
 
 from serving.errors import BadInputError
-from tasks.evaluate.gates import GateConfig, gate, load_gates
+from tasks.evaluate.gates import GATES_CONFIG, GateConfig, gate, load_gates
 from tasks.evaluate.report import ContenderResult, EvaluationReport
 
 # The speed checks on their own (the wall clock's interval: tests/tasks/evaluate/test_interval.py).
@@ -104,6 +104,38 @@ def test_the_shipped_config_loads():
     shipped = load_gates()
     assert shipped.min_prompts >= 1
     assert shipped.wall_clock_rounds >= 2  # the interval needs more than one round
+
+
+def test_the_retired_speed_settings_still_read_at_their_product_values(tmp_path):
+    # A gates.yaml written before `speed` and `modelled_curve` left the product: the values
+    # it always had load, and decide as the gates do now.
+    shipped = load_gates()
+    old = tmp_path / "gates.yaml"
+    old.write_text(GATES_CONFIG.read_text() + "speed: modelled\nmodelled_curve: profiled\n")
+    assert load_gates(old) == shipped
+    assert load_gates(old).decided_by == "modelled speed"
+
+
+@pytest.mark.parametrize(
+    ("setting", "moved"),
+    [
+        ("speed: measured", "python -m benchmarks.gate_stability --speed measured"),
+        (
+            "modelled_curve: evaluated",
+            "python -m benchmarks.gate_stability --modelled-curve evaluated",
+        ),
+        ("speed: fast", "only 'modelled' is still read"),
+    ],
+)
+def test_a_study_only_speed_setting_is_refused_saying_where_it_moved(tmp_path, setting, moved):
+    path = tmp_path / "gates.yaml"
+    path.write_text(GATES_CONFIG.read_text() + setting + "\n")
+    with pytest.raises(BadInputError) as refused:
+        load_gates(path)
+    message = str(refused.value)
+    assert message.startswith(f"invalid gates config {str(path)!r}: `{setting}` is no longer")
+    assert moved in message and "remove the key" in message
+    assert "validation error" not in message  # the one reason, not pydantic's dump
 
 
 def with_sources(overall_new, overall_old, traffic_new, traffic_old, builtin_new, builtin_old):

@@ -4,6 +4,7 @@ its own profiled drafting cost; the clock's seconds do not enter it."""
 from __future__ import annotations
 
 import pytest
+from pydantic import ValidationError
 
 from serving.errors import BadInputError
 from tasks.evaluate.gates import GateConfig, judged_report
@@ -47,14 +48,16 @@ def test_what_is_missing_is_named_with_the_remedy():
         BadInputError, match=r"no profiled drafting cost for \['challenger'\].*evaluate again"
     ):
         modelled_report(_modelled_input({}))
-    with pytest.raises(BadInputError, match=r"recorded no verify curve.*speed: measured"):
+    with pytest.raises(BadInputError, match=r"recorded no verify curve.*speed_profile"):
         modelled_report(_modelled_input({"challenger": 0.0}, curve=()))
 
 
-def test_the_gates_config_chooses_the_speed():
-    report = _modelled_input({"challenger": 0.0})
+def test_the_gates_always_judge_modelled_speed():
+    report = _modelled_input({"challenger": 0.0})  # measured 0.5x, modelled 1.5x
     assert judged_report(report, GateConfig()).results["challenger"].speedup == pytest.approx(1.5)
-    assert judged_report(report, GateConfig(speed="measured")) is report
+    assert GateConfig(speed="modelled", modelled_curve="profiled") == GateConfig()
+    with pytest.raises(ValidationError, match=r"speed: measured.*benchmarks\.gate_stability"):
+        GateConfig(speed="measured")
 
 
 def test_the_fixed_curve_prices_it_unless_the_evaluated_one_is_asked_for():
@@ -65,8 +68,6 @@ def test_the_fixed_curve_prices_it_unless_the_evaluated_one_is_asked_for():
     assert modelled_report(report).results["challenger"].speedup == pytest.approx(1.5)
     assert judged_report(report, GateConfig()).results["challenger"].speedup == pytest.approx(1.5)
     # 14 checks of 4 drafts at 2 passes, 2 of none at 1: 30 passes against plain's 24.
-    evaluated = GateConfig(modelled_curve="evaluated")
-    assert judged_report(report, evaluated).results["challenger"].speedup == pytest.approx(24 / 30)
     assert modelled_report(report, "evaluated").results["challenger"].speedup == pytest.approx(
         24 / 30
     )

@@ -81,13 +81,12 @@ def test_the_gates_judge_the_priced_report_whatever_the_clock_said():
     flat = SpeedProfile(verify_curve=[1.0] * 5)
     config = GateConfig(min_prompts=2, speed_profile=flat)
     measured = evaluation(measured=0.5)  # the machine was busy: slower by the clock
-    by_clock = GateConfig(min_prompts=2, speed="measured")
-    assert not gate(judged_report(measured, by_clock), config=config).passed
+    assert not gate(measured, config=config).passed  # as measured, it would be refused
     judged = judged_report(measured, config)
     outcome = gate(judged, config=config)
     assert outcome.passed, outcome.reason  # priced: 12 / 4 on the held-out traffic
     assert "speedup 3.0 (need >= 1.03)" in outcome.reason
-    assert judged_report(measured, by_clock) is measured  # no profile, measured: as it is
+    assert outcome.decided_by == "fixed speed profile"
 
 
 def test_the_profile_defaults_to_the_targets_measured_curve():
@@ -98,7 +97,7 @@ def test_the_profile_defaults_to_the_targets_measured_curve():
     with pytest.raises(BadInputError, match="'cpu-vllm' has none measured"):
         SpeedProfile().pricing("cpu-vllm")
     shipped = load_gates()  # the shipped gates model speed from each evaluation's own profile
-    assert shipped.speed_profile is None and shipped.speed == "modelled"
+    assert shipped.speed_profile is None and shipped.decided_by == "modelled speed"
 
 
 def test_a_report_without_its_checks_cannot_be_priced():

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from serving.policy import CostAwareK
+from serving.engine.policy import CostAwareK
 from tasks.evaluate import gates
 from tasks.evaluate.gates import GateConfig
 

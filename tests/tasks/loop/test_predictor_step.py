@@ -5,7 +5,8 @@ gates; a predictor that never saw the champion's kind of draft is not judged."""
 
 import pytest
 
-import tasks.loop.steps as loop
+import tasks.loop.data_steps as data_steps
+import tasks.loop.targets as targets
 from registry.client import Registry
 from registry.config import RegistryConfig
 from registry.predictor import champion_predictor, predictor_by_alias
@@ -27,7 +28,7 @@ def registry(tmp_path, mlflow_uri):
 
 @pytest.fixture
 def world(tmp_path, monkeypatch, loaded_on, make_prompts, registry):
-    monkeypatch.setattr(loop, "target_for", lambda hardware, source=None: loaded_on(hardware))
+    monkeypatch.setattr(targets, "target_for", lambda hardware, source=None: loaded_on(hardware))
     # A fixed draft length: the replayed traffic (what the predictor learns from) must not
     # follow measured times, or a loaded machine drafts less and the data changes.
     package = write_package(tmp_path / "pld", DraftManifest(drafter="pld:3", k=4, policy="fixed"))
@@ -35,7 +36,7 @@ def world(tmp_path, monkeypatch, loaded_on, make_prompts, registry):
     registry.log_evaluation(draft, "cpu", {"speedup": 1.0})
     registry.promote(draft, "cpu", reason="test setup")
     prompts = make_prompts(TEXTS)
-    loop.replay_traffic(
+    data_steps.replay_traffic(
         prompts, package=package, draft_label=draft.label, store_root=tmp_path / "store",
         run_id="r", hardware=engine_target("cpu"), max_new_tokens=24, progress=False,
     )  # fmt: skip

@@ -1,19 +1,23 @@
-"""The loop's plain steps without Prefect: tiny target, character tokenizer, a real MLflow
-SQLite registry in a temporary folder."""
+"""The loop's plain steps without Prefect (``tasks/loop/*_steps.py``): tiny target,
+character tokenizer, a real MLflow SQLite registry in a temporary folder."""
 
 import re
 
 import pytest
 
-import tasks.loop.steps as loop
+import tasks.loop.targets as targets
 from registry.client import Registry
 from registry.config import RegistryConfig
 from serving.engine.drafters.package import DraftManifest, read_manifest, write_package
 from serving.errors import BadInputError
-from serving.hardware import engine_target
+from serving.hardware import engine_target, hardware_target
+from tasks.loop import data_steps, evaluation_steps, registry_steps, training_steps
 from tasks.data.curate import curate
 from tasks.data.dataset import read_part
 from tests.tasks.loop.priced_gates import use_priced_gates
+
+
+CPU = hardware_target("cpu")
 
 
 @pytest.fixture
@@ -23,21 +27,21 @@ def registry(tmp_path, mlflow_uri):
 
 @pytest.fixture
 def tiny(monkeypatch, loaded_on):
-    monkeypatch.setattr(loop, "target_for", lambda hardware, source=None: loaded_on(hardware))
+    monkeypatch.setattr(targets, "target_for", lambda hardware, source=None: loaded_on(hardware))
 
 
 def test_replay_then_a_suffix_challenger_from_the_collected_outputs(tmp_path, tiny, make_prompts):
     package = write_package(tmp_path / "pld", DraftManifest(drafter="pld:3", k=4, policy="fixed"))
-    summary = loop.replay_traffic(
+    summary = data_steps.replay_traffic(
         make_prompts(), package=package, draft_label="t/1", store_root=tmp_path / "store",
         run_id="r", hardware=engine_target("cpu"), max_new_tokens=16, progress=False,
     )  # fmt: skip
     assert summary.written == len(make_prompts())
     curate(tmp_path / "store", tmp_path / "dataset", heldout_share=0.25)
-    records = loop.trainable_records(tmp_path / "store", tmp_path / "dataset")
+    records = training_steps.trainable_records(tmp_path / "store", tmp_path / "dataset")
     held = {r.id for r in read_part(tmp_path / "dataset", "heldout_traffic")}
     assert held and records and not held & {r.id for r in records}  # never trained on
-    challenger = loop.train_suffix_challenger(records, tmp_path / "out")
+    challenger = training_steps.train_suffix_challenger(records, tmp_path / "out")
     manifest = read_manifest(challenger)
     assert manifest.drafter == "suffix:corpus.json" and manifest.family == "suffix"
     assert (challenger / "corpus.json").is_file()
@@ -52,7 +56,7 @@ def test_evaluate_and_decide_logs_gates_and_promotes(
         write_package(tmp_path / "pld", DraftManifest(drafter="pld:3", k=4, policy="fixed")),
         family="ngram",
     )
-    decision = loop.evaluate_and_decide(
+    decision = evaluation_steps.evaluate_and_decide(
         registry, [draft], make_prompts(), hardware=engine_target("cpu"), cache=tmp_path / "cache",
         max_new_tokens=16, progress=False,
     )  # fmt: skip
@@ -96,7 +100,7 @@ def test_a_challenger_the_pre_gate_refused_is_tagged_and_never_timed(
         write_package(tmp_path / "layer", DraftManifest(drafter="layers:1", k=4, policy="fixed")),
         family="layers",
     )
-    decision = loop.evaluate_and_decide(
+    decision = evaluation_steps.evaluate_and_decide(
         registry, [layer], make_prompts(), hardware=engine_target("cpu"), cache=tmp_path / "cache",
         max_new_tokens=16, progress=False,
     )  # fmt: skip
@@ -112,11 +116,11 @@ def test_a_challenger_the_pre_gate_refused_is_tagged_and_never_timed(
 
 def test_no_champion_is_a_clear_error(tmp_path, registry):
     with pytest.raises(BadInputError, match="no champion on hardware target 'cpu'"):
-        loop.champion_package(registry, "cpu", tmp_path)
+        registry_steps.champion_package(registry, hardware_target("cpu"), tmp_path)
 
 
 def test_builtin_package_writes_a_registrable_manifest(tmp_path):
-    package = loop.builtin_package("ngram:4", tmp_path, k=6, policy="fixed", family="ngram")
+    package = registry_steps.builtin_package("ngram:4", tmp_path, k=6, policy="fixed", family="ngram")
     manifest = read_manifest(package)
     assert (manifest.drafter, manifest.k, manifest.policy) == ("ngram:4", 6, "fixed")
 
@@ -124,11 +128,11 @@ def test_builtin_package_writes_a_registrable_manifest(tmp_path):
 @pytest.mark.parametrize("drafter", ["suffix", "model:/nowhere", "nonsense:1"])
 def test_builtin_package_refuses_drafters_with_files_or_unknown(tmp_path, drafter):
     with pytest.raises(BadInputError, match=re.escape(drafter)):
-        loop.builtin_package(drafter, tmp_path)
+        registry_steps.builtin_package(drafter, tmp_path)
 
 
 def test_the_head_to_continue_is_the_head_champion_else_the_newest_evaluated(tmp_path, registry):
-    assert loop.head_to_continue(registry, "cpu", tmp_path / "cache") is None
+    assert training_steps.head_to_continue(registry, CPU, tmp_path / "cache") is None
     weights = tmp_path / "weights"
     weights.mkdir()
     (weights / "head_config.json").write_text("{}")
@@ -139,11 +143,11 @@ def test_the_head_to_continue_is_the_head_champion_else_the_newest_evaluated(tmp
         return registry.log_draft(package, family="head")
 
     older, newer = head_package("h1"), head_package("h2")
-    assert loop.head_to_continue(registry, "cpu", tmp_path / "cache") is None  # unevaluated
+    assert training_steps.head_to_continue(registry, CPU, tmp_path / "cache") is None  # unevaluated
     for draft in (older, newer):
         registry.log_evaluation(draft, "cpu", {"speedup": 1.0})
-    found = loop.head_to_continue(registry, "cpu", tmp_path / "cache")
+    found = training_steps.head_to_continue(registry, CPU, tmp_path / "cache")
     assert found.name == "head" and f"{newer.version}-" in found.parent.name
     registry.promote(registry.get("head", older.version), "cpu", reason="test")
-    found = loop.head_to_continue(registry, "cpu", tmp_path / "cache")
+    found = training_steps.head_to_continue(registry, CPU, tmp_path / "cache")
     assert f"{older.version}-" in found.parent.name and (found / "head_config.json").is_file()

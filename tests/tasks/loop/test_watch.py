@@ -82,12 +82,21 @@ def _vllm_champions(tmp_path, monkeypatch, mlflow_uri):
     return registry, drafts
 
 
+def _watched(registry, store):
+    """``collect``'s watch on ``cpu-vllm``: over the view of a store validation found no
+    record in, whose scraped windows the view reads as it is built."""
+    from serving.hardware import hardware_target
+    from tasks.data.store_view import StoreView
+    from tasks.loop.champion_steps import watch_champion
+
+    return watch_champion(registry, StoreView.of(store, hardware_target("cpu-vllm"), []))
+
+
 def test_a_vllm_champion_collapsing_on_vllms_counters_is_rolled_back(
     tmp_path, monkeypatch, mlflow_uri
 ):
     """A vLLM target has no per-request records: the watch judges the windows its
     deployment scraped from vLLM's counters while the champion served."""
-    import tasks.loop.prefect_tasks as steps
     from tests.tasks.data.test_vllm_acceptance import row, write_windows
 
     registry, (first, second) = _vllm_champions(tmp_path, monkeypatch, mlflow_uri)
@@ -98,21 +107,21 @@ def test_a_vllm_champion_collapsing_on_vllms_counters_is_rolled_back(
         row(2.0, second.label, 6, 100, 60),
         row(3.0, second.label, 6, 100, 40),
     ])  # fmt: skip
-    healthy = steps.watch_champion.fn(str(store), hardware="cpu-vllm")
+    healthy = _watched(registry, store)
     assert not healthy.collapsed and healthy.reasons == [
         f"live@cpu-vllm: {second.label} accepted 0.500 over its newest 12 requests (vLLM's "
         "counters), >= 0.300 (0.5 x 0.600 accepted on its evaluation overall)"
     ]
     collapse = [row(4.0, second.label, 7, 100, 5), row(5.0, second.label, 7, 100, 3)]
     write_windows(store, collapse, run_id="later")
-    watch = steps.watch_champion.fn(str(store), hardware="cpu-vllm")
+    watch = _watched(registry, store)
     assert watch.collapsed and watch.rolled_back_to == first.label, watch
     expected = "accepted 0.040 over its newest 14 requests (vLLM's counters), < 0.300"
     assert expected in watch.reasons[0]
     assert registry.champion("cpu-vllm").label == first.label
     assert "rolled_back.cpu-vllm" in registry.get("ngram", second.version).tags
     # From now on the restored champion is judged on its own windows (from before, too).
-    again = steps.watch_champion.fn(str(store), hardware="cpu-vllm")
+    again = _watched(registry, store)
     assert (again.champion, again.collapsed) == (first.label, False)
     assert "accepted 0.600 over its newest 30 requests" in again.reasons[0]
 

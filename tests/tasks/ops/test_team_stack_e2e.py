@@ -22,7 +22,7 @@ from serving.paths import PROJECT_ROOT
 from tasks.ops.server_process import free_port
 from tests.tasks.loop.priced_gates import PRICED_GATES
 
-# `specops stack loop` took ~5 min on 2 cores alone (docs/team-loop.json). Under the suite
+# `specops stack loop` took ~5 min on 2 cores alone (measurements/team-loop.json). Under the suite
 # it runs niced (NICE): its many processes (PostgreSQL, MLflow, Prefect, a worker, two
 # replicas) would otherwise take both cores from the other pytest worker, which then ran
 # its tests up to ten times slower; niced, they share what that worker leaves, so the loop

@@ -110,7 +110,7 @@ def test_estimate_counts_block_lengths() -> None:
 
 
 def test_a_measured_point_becomes_a_scenario() -> None:
-    profile = ROOT / "docs" / "profile-batch.json"
+    profile = ROOT / "measurements" / "profile-batch.json"
     point = {
         "mode": "distributed",
         "rtt_ms": 5.0,
@@ -137,7 +137,7 @@ def test_a_measured_point_becomes_a_scenario() -> None:
 
 def test_a_profile_prices_passes_by_rows_and_sequences() -> None:
     raw = _scenario()
-    raw["targets"] = [{"name": "cpu", "profile": str(ROOT / "docs" / "profile-batch.json")}]
+    raw["targets"] = [{"name": "cpu", "profile": str(ROOT / "measurements" / "profile-batch.json")}]
     (device,) = parse_scenario(raw).targets
     grid = device.pass_grid()
     one = device.pass_s

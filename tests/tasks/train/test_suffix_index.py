@@ -16,11 +16,11 @@ from serving.errors import BadInputError, ModelSourceError
 from serving.records.store import read_raw
 from serving.target import LoadedTarget
 from tasks.data.collect import collect
+from tasks.data.store_view import read_valid_records
 from tasks.train.suffix_index import (
     build_suffix_index,
     build_suffix_index_from_store,
     load_suffix_index,
-    read_valid_records,
 )
 
 
