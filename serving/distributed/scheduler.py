@@ -29,6 +29,7 @@ from serving.engine.batch.ragged import use_ragged_attention
 from serving.engine.decoder import Decoding
 from serving.engine.request import GenerationResult
 from serving.engine.step import DraftedBlock
+from serving.target import LoadedTarget
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +67,7 @@ class Scheduler:
 
     def __init__(
         self,
-        target,
+        target: LoadedTarget,
         table: SessionTable,
         *,
         limits: BatchLimits,
@@ -74,7 +75,7 @@ class Scheduler:
         window_s: float = 0.025,
         tick_s: float = 0.25,
     ) -> None:
-        use_ragged_attention(target)
+        use_ragged_attention(target.model)
         self.target = target
         self.table = table
         self.limits = limits

@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 from torch.nn import functional as F
+from transformers import PreTrainedModel
 
 from serving.errors import BadInputError, SpecOpsError
 from serving.lean.cache import Length
@@ -57,7 +58,7 @@ def graphs_wanted(device: torch.device) -> bool:
     return device.type == "cuda" and setting == "on"
 
 
-def unsupported_reason(model: Any) -> str | None:
+def unsupported_reason(model: torch.nn.Module) -> str | None:
     """Why :class:`GraphedStep` cannot run ``model`` (``None`` when it can): transformers'
     Llama family, its linear layers torch's own (fused or not), default rotary embeddings."""
     config = getattr(model, "config", None)
@@ -112,7 +113,7 @@ class GraphedStep:
 
     cache_type = GraphedCache
 
-    def __init__(self, model: Any, *, capture: bool | None = None) -> None:
+    def __init__(self, model: PreTrainedModel, *, capture: bool | None = None) -> None:
         reason = unsupported_reason(model)
         if reason is not None:
             raise SpecOpsError(f"the graphed step cannot run this model: {reason}")

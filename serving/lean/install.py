@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import os
 
-import torch
+from transformers import PreTrainedModel
 
 from serving.errors import BadInputError
 from serving.lean.build import LeanUnavailable, load_ops
@@ -78,7 +78,7 @@ def preflight(kernels: str, device: str, mode: str | None = None) -> bool:
     return True
 
 
-def make_step(model: torch.nn.Module, mode: str | None = None) -> LeanStep | GraphedStep | None:
+def make_step(model: PreTrainedModel, mode: str | None = None) -> LeanStep | GraphedStep | None:
     """The lean step for ``model`` — :class:`LeanStep` on the CPU, :class:`GraphedStep` on
     a GPU — or ``None`` where it cannot run (logged, or raised with ``on``). The model is
     left as it is: the step lives on the :class:`serving.target.LoadedTarget` built over
@@ -94,7 +94,7 @@ def make_step(model: torch.nn.Module, mode: str | None = None) -> LeanStep | Gra
     return GraphedStep(model) if on_gpu else LeanStep(model)
 
 
-def step_like(step: object, model: torch.nn.Module) -> LeanStep | GraphedStep | None:
+def step_like(step: object, model: PreTrainedModel) -> LeanStep | GraphedStep | None:
     """A step of ``step``'s kind over ``model`` (a draft cut from the layers ``step``
     runs): a graphed one captured as ``step`` is, or the CPU's where it covers ``model``."""
     if isinstance(step, GraphedStep):

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from transformers import PreTrainedModel
 
 from serving.errors import SpecOpsError
 from serving.lean.build import load_ops
@@ -32,7 +33,7 @@ Matmul = Callable[[torch.Tensor], torch.Tensor]
 _BF16 = torch.bfloat16
 
 
-def unsupported_reason(model: Any) -> str | None:
+def unsupported_reason(model: torch.nn.Module) -> str | None:
     """Why the lean step cannot run ``model`` (``None`` when it can): the layout it knows
     is transformers' Llama family with fused projections (serving.models.fused) on a CPU
     float32 model whose linear layers a CPU kernel family packed."""
@@ -154,7 +155,7 @@ class LeanStep:
 
     cache_type = LeanCache
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: PreTrainedModel) -> None:
         reason = unsupported_reason(model)
         if reason is not None:
             raise SpecOpsError(f"the lean step cannot run this model: {reason}")

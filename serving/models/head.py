@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from torch import nn
-from transformers import DynamicCache, LlamaConfig
+from transformers import DynamicCache, LlamaConfig, PreTrainedModel
 from transformers.models.llama.modeling_llama import (
     LlamaDecoderLayer,
     LlamaRMSNorm,
@@ -95,7 +95,7 @@ class HeadConfig(BaseModel):
 
 
 def head_config_for(
-    target,
+    target: PreTrainedModel,
     *,
     intermediate_size: int | None = None,
     draft_vocab_size: int | None = None,
@@ -216,7 +216,7 @@ def _checked_vocab_ids(vocab_ids: torch.Tensor, config: HeadConfig) -> torch.Ten
 # ------------------------------------------------------------------ the target's frozen parts
 
 
-def output_weight(target) -> torch.Tensor:
+def output_weight(target: PreTrainedModel) -> torch.Tensor:
     """The target's output-layer matrix ``[vocab, hidden]`` (shared with the embedding when
     tied). Packed and quantised layers keep no plain weight: a tied target still works through its
     embedding; an untied packed target must be loaded with ``kernels="stock"``."""
@@ -224,14 +224,14 @@ def output_weight(target) -> torch.Tensor:
     if isinstance(weight, torch.Tensor):
         return weight
     if getattr(target.config, "tie_word_embeddings", False):
-        return target.get_input_embeddings().weight
+        return cast(torch.Tensor, target.get_input_embeddings().weight)
     raise IncompatibleDraftError(
         "the target's output layer is packed or quantised and not tied to its embedding, so "
         "the head cannot read its weights; load the target with kernels='stock'"
     )
 
 
-def check_head_fits(config: HeadConfig, target) -> None:
+def check_head_fits(config: HeadConfig, target: PreTrainedModel) -> None:
     """Raise :class:`IncompatibleDraftError` naming the mismatch if ``config`` is not for
     ``target``."""
     hidden, vocab = int(target.config.hidden_size), int(target.config.vocab_size)
@@ -282,7 +282,7 @@ def read_head_config(path: str | Path) -> HeadConfig:
     return config
 
 
-def load_head(path: str | Path, target=None) -> DraftHead:
+def load_head(path: str | Path, target: PreTrainedModel | None = None) -> DraftHead:
     """Load a head saved by :func:`save_head`; with ``target``, check that it fits it."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file

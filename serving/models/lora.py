@@ -23,10 +23,11 @@ from __future__ import annotations
 import copy
 import json
 from pathlib import Path
-from typing import Literal
+from typing import Literal, cast
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from transformers import PreTrainedModel
 
 from serving.errors import ModelSourceError
 from serving.models.kernels import kernels_of
@@ -49,7 +50,7 @@ class LoraBase(BaseModel):
     target_layers: int = Field(ge=2)  # the training target's layer count (for messages)
 
 
-def lora_base_of(target, layers: int) -> LoraBase:
+def lora_base_of(target: PreTrainedModel, layers: int) -> LoraBase:
     """What :data:`BASE_FILE` records for an adapter over ``target``'s first ``layers``."""
     config = target.config
     return LoraBase(
@@ -87,7 +88,7 @@ def read_lora_base(adapter_dir: str | Path) -> LoraBase:
         raise ModelSourceError(f"bad {BASE_FILE} in {str(folder)!r}: {error}") from None
 
 
-def check_base_fits(base: LoraBase, target, adapter_dir: str | Path) -> None:
+def check_base_fits(base: LoraBase, target: PreTrainedModel, adapter_dir: str | Path) -> None:
     """Refuse an adapter whose base the target cannot give: N not below its layer count,
     or another architecture, width or vocabulary."""
     config = target.config
@@ -112,13 +113,13 @@ def check_base_fits(base: LoraBase, target, adapter_dir: str | Path) -> None:
             )
 
 
-def _plain_fp32(target) -> bool:
+def _plain_fp32(target: PreTrainedModel) -> bool:
     return kernels_of(target) == "stock" and all(
         p.dtype == torch.float32 for p in target.parameters()
     )
 
 
-def fp32_first_layers(target, layers: int):
+def fp32_first_layers(target: PreTrainedModel, layers: int) -> PreTrainedModel:
     """A fresh float32 copy of ``target``'s first ``layers`` layers, embedding, final norm
     and output layer, in eval mode: the base a LoRA draft was trained on. ``target`` is
     read, never modified, and shares no module with the copy."""
@@ -127,7 +128,7 @@ def fp32_first_layers(target, layers: int):
     return _first_layers_from_folder(target, layers)
 
 
-def _first_layers_from_folder(target, layers: int):
+def _first_layers_from_folder(target: PreTrainedModel, layers: int) -> PreTrainedModel:
     """The fp32 base read from the folder ``target`` was loaded from (its own layers are
     packed, quantised or not float32), checked against the target's embedding."""
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -157,7 +158,7 @@ def _first_layers_from_folder(target, layers: int):
         raise ModelSourceError(f"cannot read the target's weights at {source!r}: {error}") from None
     finally:
         hf_logging.set_verbosity(verbosity)
-    ours = target.get_input_embeddings().weight.detach()
+    ours = cast(torch.Tensor, target.get_input_embeddings().weight).detach()
     theirs = model.get_input_embeddings().weight.detach()  # type: ignore[operator]
     if theirs.shape != ours.shape or not torch.equal(theirs.to(ours.dtype), ours.cpu()):
         raise ModelSourceError(
@@ -191,7 +192,7 @@ def merge_adapter(adapter_dir: str | Path, base):
     return load_adapter(adapter_dir, base).merge_and_unload()
 
 
-def load_lora_draft(adapter_dir: str | Path, target):
+def load_lora_draft(adapter_dir: str | Path, target: PreTrainedModel) -> PreTrainedModel:
     """The float32 draft of a stored adapter: its base rebuilt from ``target``
     (:func:`fp32_first_layers`) with the adapter merged in. Raises
     :class:`ModelSourceError` if the adapter does not fit ``target``."""

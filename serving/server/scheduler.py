@@ -31,6 +31,7 @@ from serving.engine.batch.batch import Batch
 from serving.engine.decoder import Decoding, Generation
 from serving.errors import SpecOpsError
 from serving.server.drain import DrainRate
+from serving.target import LoadedTarget
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +73,7 @@ class Scheduler:
         max_active: int,
         workers: int = 1,
         threads_per_worker: int | None = None,
-        target=None,
+        target: LoadedTarget | None = None,
         batch: BatchLimits | None = None,
         cost: PassCost | None = None,
         on_pass: Callable[[int, int], None] | None = None,

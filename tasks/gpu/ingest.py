@@ -5,9 +5,10 @@
 2. the challengers trained there are registered (once: a second ingest of the same
    results finds them by key), with the kit's lineage, and the evaluation is logged as
    ``specops registry log-evaluation --promote`` logs one: the gates decide;
-3. ``docs/gpu/<target>.md`` (and the bench plot beside it): the champion, its speedup over
-   plain decoding and over transformers' static-cache compiled ``generate``, its mean
-   accepted length, and how the champion compares with ``cpu``'s.
+3. ``docs/gpu/<target>.md`` (and its bench plot, ``measurements/gpu/<target>-bench.png``):
+   the champion, its speedup over plain decoding and over transformers' static-cache
+   compiled ``generate``, its mean accepted length, and how the champion compares with
+   ``cpu``'s.
 
 A step that did not run leaves its part out, said in the summary; nothing is made up.
 """
@@ -15,6 +16,7 @@ A step that did not run leaves its part out, said in the summary; nothing is mad
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,8 @@ from serving.paths import PROJECT_ROOT
 from tasks.gpu.hardware_yaml import set_target_key
 
 DOCS = PROJECT_ROOT / "docs" / "gpu"
+# The bench plot a page shows: with the other result files, outside docs/.
+PLOTS = PROJECT_ROOT / "measurements" / "gpu"
 
 
 @dataclass
@@ -203,8 +207,15 @@ def _vllm_lines(vllm: dict | None) -> list[str]:
     return lines
 
 
-def render_doc(results: Path, docs: Path, ingested: Ingested, cpu_champion: str | None) -> Path:
-    """``docs/gpu/<target>.md`` from what the results hold (and the bench plot)."""
+def render_doc(
+    results: Path,
+    docs: Path,
+    ingested: Ingested,
+    cpu_champion: str | None,
+    plots: Path = PLOTS,
+) -> Path:
+    """``docs/gpu/<target>.md`` from what the results hold, and its bench plot in
+    ``plots`` (``measurements/gpu/``)."""
     hardware = ingested.hardware
     provenance = _read(results, "provenance.json") or {}
     profile = _read(results, "profile.json")
@@ -266,7 +277,8 @@ def render_doc(results: Path, docs: Path, ingested: Ingested, cpu_champion: str 
                 f"| {method} | {row['tokens_per_s']:.1f} | {row.get('speedup') or 0:.2f} "
                 f"| {ratio} | {row.get('identical')} |"
             )
-        lines += ["", f"![bench]({hardware}-bench.png)"]
+        shown = Path(os.path.relpath(plots / f"{hardware}-bench.png", docs)).as_posix()
+        lines += ["", f"![bench]({shown})"]
     if champion is not None or cpu_champion is not None:
         same = (champion or "").split("/")[0] == (cpu_champion or "").split("/")[0]
         lines += [
@@ -286,9 +298,10 @@ def render_doc(results: Path, docs: Path, ingested: Ingested, cpu_champion: str 
     if rows:
         from tasks.bench.bench import plot
 
+        plots.mkdir(parents=True, exist_ok=True)
         plot(
             list(_read(results, "bench/bench.json")["summary"]),
-            docs / f"{hardware}-bench.png",
+            plots / f"{hardware}-bench.png",
             hardware=hardware,
         )
     return path
@@ -299,6 +312,7 @@ def ingest(
     *,
     hardware_config: Path = HARDWARE_CONFIG,
     docs: Path = DOCS,
+    plots: Path = PLOTS,
     promote: bool = True,
     registry=None,
 ) -> Ingested:
@@ -323,5 +337,6 @@ def ingest(
     else:
         ingested.missing.append("evaluation (the evaluate step did not run)")
     cpu = registry.champion("cpu")
-    ingested.doc = render_doc(results, Path(docs), ingested, cpu.label if cpu else None)
+    champion = cpu.label if cpu else None
+    ingested.doc = render_doc(results, Path(docs), ingested, champion, Path(plots))
     return ingested

@@ -12,6 +12,7 @@ from tasks.evaluate.evaluation_file import (
     read_report,
     write_evaluation_file,
 )
+from tests.fixtures.cpu_kind import require_recorded_cpu_kind
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see tests/conftest.py
 
@@ -44,4 +45,5 @@ def test_todays_evaluation_uses_the_same_names(regenerated, fixtures, gen):
 
 def test_todays_evaluation_gives_the_same_file(regenerated, fixtures, gen):
     # The packages draft under a fixed policy, so every count repeats (timings normalised).
+    require_recorded_cpu_kind()
     assert regenerated == gen.read_json(fixtures / "evaluation.json")

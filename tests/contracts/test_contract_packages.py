@@ -26,9 +26,7 @@ def target(gen):
 
 def test_the_fixtures_cover_every_kind_that_has_a_package_form(gen, fixtures):
     assert tuple(gen.PACKAGE_KINDS) == KINDS
-    kinds = {
-        split_spec(read_manifest(fixtures / "packages" / name).drafter)[0] for name in KINDS
-    }
+    kinds = {split_spec(read_manifest(fixtures / "packages" / name).drafter)[0] for name in KINDS}
     drafting = {kind.name for kind in DRAFTER_KINDS if kind.stage is not None}
     assert kinds == drafting, "a drafter kind was added or renamed: give it a package fixture"
     assert sorted(p.name for p in (fixtures / "packages").iterdir()) == sorted(KINDS)

@@ -20,9 +20,9 @@ from serving.hardware import HardwareTarget, engine_target, hardware_target
 from serving.models.tiny import tiny_llama
 from serving.records import store as record_store
 from serving.target import LoadedTarget, eos_ids
+from tasks.data.store_view import StoreView, read_valid_records
 from tasks.loop import champion_steps, evaluation_steps, evaluation_tasks, registry_tasks
 from tasks.loop.results import Bootstrapped, DeploymentRun, Retrained
-from tasks.data.store_view import StoreView, read_valid_records
 from tests.tasks.loop.priced_gates import use_priced_gates
 
 pytestmark = pytest.mark.slow  # flows under a Prefect server, training drafts: minutes
@@ -182,9 +182,10 @@ def test_collect_rolls_a_collapsed_champion_back(harness, world, monkeypatch):
 
 
 def _count_store_reads(monkeypatch, store: Path) -> list[tuple[Path, bool]]:
-    """Every opening of a file under ``store`` for reading from now on, with whether
-    validation's incremental read (:func:`tasks.data.incremental.validate_incrementally`:
-    the new parts' digests for the ledger, then their rows) made it."""
+    """Every opening of a file of ``store`` for reading from now on (a writer's own hidden
+    temporary file aside: it opens it to fsync it), with whether validation's incremental
+    read (:func:`tasks.data.incremental.validate_incrementally`: the new parts' digests for
+    the ledger, then their rows) made it."""
     import builtins
     import io
 
@@ -197,7 +198,7 @@ def _count_store_reads(monkeypatch, store: Path) -> list[tuple[Path, bool]]:
     def counting_open(file, mode="r", *args, **kwargs):
         if isinstance(file, str | os.PathLike) and "r" in mode and "+" not in mode:
             path = os.path.abspath(file)
-            if path.startswith(root):
+            if path.startswith(root) and not os.path.basename(path).startswith("."):
                 reads.append((Path(path), validating[0]))
         return real_open(file, mode, *args, **kwargs)
 

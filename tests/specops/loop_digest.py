@@ -233,3 +233,12 @@ def differences(expected: Any, actual: Any, path: str = "") -> Iterator[str]:
 def _short(value: Any, limit: int = 300) -> str:
     text = json.dumps(value, sort_keys=True)
     return text if len(text) <= limit else text[:limit] + "..."
+
+
+def outline(digest: Mapping[str, Any]) -> dict[str, Any]:
+    """What of a digest no CPU's float kernels can change: which requests were served, in
+    order (workload and prompt), and which sections the flow's result has."""
+    return {
+        "records": [(r["workload"], r["prompt_id"]) for r in digest["records"]],
+        "flow": sorted(digest["flow"]),
+    }

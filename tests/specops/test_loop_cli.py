@@ -38,8 +38,9 @@ from serving.models.tiny import tiny_llama
 from serving.paths import PROJECT_ROOT
 from serving.records.store import read_raw
 from specops.cli import app
+from tests.fixtures.cpu_kind import require_recorded_cpu_kind
 from tests.specops.conftest import make_char_tokenizer
-from tests.specops.loop_digest import differences, dumps, loop_digest
+from tests.specops.loop_digest import differences, dumps, loop_digest, outline
 from tests.tasks.loop.priced_gates import use_priced_gates, use_priced_policy
 
 runner = CliRunner()
@@ -272,6 +273,8 @@ def test_the_main_job_does_what_it_did_before_the_refactor(demo, loop_world):
     assert result.exit_code == 0, result.output
     actual = loop_digest(work / "store", loop_world / "results/main/loop.json")
     expected = json.loads(BEHAVIOUR.read_text())
+    assert outline(actual) == outline(expected)  # on every CPU
+    require_recorded_cpu_kind()  # the token ids and numbers: where they were recorded
     found = list(differences(expected, actual))
     if found:
         written = loop_world / BEHAVIOUR.name

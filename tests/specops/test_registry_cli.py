@@ -307,8 +307,10 @@ def test_log_evaluation_promote_gates_and_refuses_a_champion_that_moved(
     import tasks.loop.target_promotion as target_promotion
 
     monkeypatch.setattr(target_promotion, "export_for_targets", lambda *args: {})
-    # The report below is made to pass by raising its measured speeds: judged by them.
-    config = gates.GateConfig(min_prompts=3, speed="measured", wall_clock_confidence=0)
+    # The report below is made to pass by raising its measured speeds: judged by them (the
+    # modelled speed left as measured: the report carries no checks to price).
+    config = gates.GateConfig(min_prompts=3, wall_clock_confidence=0)
+    monkeypatch.setattr(gates, "modelled_report", lambda report, curve="profiled": report)
     monkeypatch.setattr(gates, "load_gates", lambda: config)
     champion, challenger = draft("pld:3", family="ngram"), draft("ngram:3", family="head")
     registry.log_evaluation(champion, "cpu", {"speedup": 1.0})

@@ -29,6 +29,7 @@ from serving.engine.policy import CostAwareK
 from serving.engine.request import GenerationResult, TokenEvent
 from serving.engine.step import DraftedBlock
 from serving.errors import BadInputError
+from serving.target import LoadedTarget
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +48,13 @@ class StepOutcome:
 class Batch:
     """The requests decoding together on one target. Not thread-safe: one thread steps it."""
 
-    def __init__(self, target, limits: BatchLimits | None = None, cost: PassCost | None = None):
-        use_ragged_attention(target)
+    def __init__(
+        self,
+        target: LoadedTarget,
+        limits: BatchLimits | None = None,
+        cost: PassCost | None = None,
+    ) -> None:
+        use_ragged_attention(target.model)
         self.target = target
         self.limits = limits or BatchLimits()
         self.cost = cost or PassCost()
@@ -131,7 +137,7 @@ class Batch:
 
 
 def verify_drafted(
-    target,
+    target: LoadedTarget,
     cost: PassCost,
     drafted: dict[Decoding, DraftedBlock],
     draft_s: dict[Decoding, float],
@@ -181,7 +187,7 @@ def verify_drafted(
 
 
 def _pass_alone(
-    target,
+    target: LoadedTarget,
     members: Sequence[Decoding],
     drafted: dict[Decoding, DraftedBlock],
     draft_s: dict[Decoding, float],
@@ -220,7 +226,7 @@ def _pass_alone(
 
 def decode_together(
     decodings: Sequence[Decoding],
-    target,
+    target: LoadedTarget,
     *,
     limits: BatchLimits | None = None,
     cost: PassCost | None = None,

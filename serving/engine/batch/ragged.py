@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
+from transformers import PreTrainedModel
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from serving.engine.kv import Cache
@@ -73,7 +74,7 @@ def ragged_attention(module, query, key, value, attention_mask, **kwargs):
     return torch.cat(outputs, dim=1), None  # [1, N, heads, d]
 
 
-def use_ragged_attention(model) -> None:
+def use_ragged_attention(model: PreTrainedModel) -> None:
     """Let ``model`` take packed passes (in place): its attention becomes
     :func:`ragged_attention`, which runs the model's previous attention for every other
     pass. Only for models whose layers call ``past_key_values.update`` and an attention

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, get_args
+from typing import TYPE_CHECKING, Literal, cast, get_args
 
 from serving.engine.drafters.args import folder_arg, int_arg, parse_ngram_options
 from serving.errors import BadInputError
@@ -219,12 +219,15 @@ def _build_model(spec: DrafterSpec, target: LoadedTarget | None) -> Drafter:
 
 
 def _build_lora(spec: DrafterSpec, target: LoadedTarget | None) -> Drafter:
+    import torch
+
     from serving.engine.drafters.model import model_drafter_for
     from serving.models.lora import load_lora_draft
 
     target = _needed(spec, target)
     assert spec.arg is not None  # checked: lora:PATH
-    model = load_lora_draft(spec.arg, target.model).to(target.dtype)  # fp32 merge, then its dtype
+    model = load_lora_draft(spec.arg, target.model)  # merged in fp32 ...
+    cast(torch.nn.Module, model).to(target.dtype)  # ... then in its target's dtype, in place
     return model_drafter_for(model, target, name=str(spec))
 
 

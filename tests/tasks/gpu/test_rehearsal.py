@@ -141,8 +141,14 @@ def test_the_kit_rehearses_on_the_cpu_and_comes_back(registry, long_context_fold
     # Back here: curves into (a copy of) configs/hardware.yaml, the evaluation logged.
     hardware_config = tmp_path / "hardware.yaml"
     hardware_config.write_text(HARDWARE_CONFIG.read_text())
-    done = ingest(results, hardware_config=hardware_config, docs=tmp_path / "docs",
-                  registry=registry)  # fmt: skip
+    plots = tmp_path / "measurements" / "gpu"
+    done = ingest(
+        results,
+        hardware_config=hardware_config,
+        docs=tmp_path / "docs",
+        plots=plots,
+        registry=registry,
+    )
     profile = json.loads((results / "profile.json").read_text())
     assert load_hardware(hardware_config).targets["cpu"].verify_curve == profile["config_curve"]
     assert yaml.safe_load(hardware_config.read_text())["targets"]["cpu"]["batch_curve"]
@@ -154,8 +160,15 @@ def test_the_kit_rehearses_on_the_cpu_and_comes_back(registry, long_context_fold
     doc = (tmp_path / "docs" / "cpu.md").read_text()
     assert "Champion on `cpu`" in doc and "| trained-lora |" in doc
     assert "vLLM: nothing evaluated. cpu-vllm not evaluated: vLLM is not importable" in doc
-    assert (tmp_path / "docs" / "cpu-bench.png").is_file()
+    assert (plots / "cpu-bench.png").is_file()
+    assert "![bench](../measurements/gpu/cpu-bench.png)" in doc
     # A second ingest of the same results registers nothing twice.
-    again = ingest(results, hardware_config=hardware_config, docs=tmp_path / "docs",
-                   registry=registry, promote=False)  # fmt: skip
+    again = ingest(
+        results,
+        hardware_config=hardware_config,
+        docs=tmp_path / "docs",
+        plots=plots,
+        registry=registry,
+        promote=False,
+    )
     assert again.registered == done.registered

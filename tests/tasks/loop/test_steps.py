@@ -11,11 +11,10 @@ from registry.config import RegistryConfig
 from serving.engine.drafters.package import DraftManifest, read_manifest, write_package
 from serving.errors import BadInputError
 from serving.hardware import engine_target, hardware_target
-from tasks.loop import data_steps, evaluation_steps, registry_steps, training_steps
 from tasks.data.curate import curate
 from tasks.data.dataset import read_part
+from tasks.loop import data_steps, evaluation_steps, registry_steps, training_steps
 from tests.tasks.loop.priced_gates import use_priced_gates
-
 
 CPU = hardware_target("cpu")
 
@@ -120,7 +119,9 @@ def test_no_champion_is_a_clear_error(tmp_path, registry):
 
 
 def test_builtin_package_writes_a_registrable_manifest(tmp_path):
-    package = registry_steps.builtin_package("ngram:4", tmp_path, k=6, policy="fixed", family="ngram")
+    package = registry_steps.builtin_package(
+        "ngram:4", tmp_path, k=6, policy="fixed", family="ngram"
+    )
     manifest = read_manifest(package)
     assert (manifest.drafter, manifest.k, manifest.policy) == ("ngram:4", 6, "fixed")
 
