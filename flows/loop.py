@@ -50,7 +50,6 @@ from tasks.loop.results import (
     Decision,
     DeploymentRun,
     DraftRef,
-    RegisteredDraft,
     Retrained,
 )
 from tasks.loop.shadow import Shadow
@@ -201,7 +200,7 @@ def retrain(
     out = Path(work) / "challengers" / hardware / run_slot
     summary = data_tasks.validate(store_root, dataset, hardware=target).summary
     tags = registry_tasks.lineage(store_root)
-    challengers: list[RegisteredDraft] = []
+    challengers: list[DraftRef] = []
     package = training_tasks.train_suffix(store_root, dataset, out, hardware=target)
     challengers.append(
         registry_tasks.register(

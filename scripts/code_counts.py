@@ -68,6 +68,9 @@ REFERENCE_TYPES = (
     "RegisteredDraft",
     "DraftManifest",
     "Contender",
+    # Added with the change itself: the serving champion that replaced ServingChampion,
+    # ChampionRef and LoadedDraft (counted so the after-count is honest).
+    "Champion",
 )
 FUNCTION_LIMIT = 80
 MODULE_LIMIT = 500

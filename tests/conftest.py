@@ -44,6 +44,13 @@ def pytest_collection_modifyitems(config, items):
     if path and os.environ.get("PYTEST_XDIST_WORKER", "gw0") == "gw0":
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text("".join(f"{item.nodeid}\n" for item in items))
+    # A benchmark command run end to end (minutes of the real model) is the check of a
+    # refactor's "same token ids", run on demand with -m benchmark, not in the test command.
+    if "benchmark" not in (config.getoption("markexpr") or ""):
+        benchmarks = [item for item in items if item.get_closest_marker("benchmark")]
+        if benchmarks:
+            config.hook.pytest_deselected(items=benchmarks)
+            items[:] = [item for item in items if not item.get_closest_marker("benchmark")]
     # The longest module first, so that under pytest-xdist the other worker runs the rest
     # beside it instead of one worker finishing it alone at the end. Only one: the team
     # stack and the DVC pipeline side by side (both start many processes) each ran far

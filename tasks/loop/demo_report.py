@@ -43,7 +43,10 @@ class Numbers(_Figures):
         return cls(**{k: getattr(result, k) for k in KEYS})
 
 
-class Contender(Numbers):
+class ContenderRow(Numbers):
+    """One contender's figures in the demo's before/after table (a row of numbers under
+    its registry label, not a reference to the draft)."""
+
     label: str  # the registry version (``plain``: plain decoding)
     traffic: Numbers | None = None  # on the held-out traffic, where the evaluation had some
 
@@ -59,10 +62,10 @@ class Contender(Numbers):
 class BeforeAfter(_Figures):
     champion_before: str | None
     promoted: str | None
-    before: Contender | None  # the champion, when there was one
-    challenger: Contender | None  # the promoted one, else the fastest
-    challengers: list[Contender]
-    plain: Contender
+    before: ContenderRow | None  # the champion, when there was one
+    challenger: ContenderRow | None  # the promoted one, else the fastest
+    challengers: list[ContenderRow]
+    plain: ContenderRow
     mean_accepted_length_gain: float | None  # challenger over the champion before
     gates: dict[str, GateResult]
 
@@ -151,8 +154,8 @@ def before_after(decision: Decision) -> BeforeAfter:
     results = decision.results
     traffic = decision.by_source.get("traffic", {})
 
-    def pick(name: str) -> Contender:
-        return Contender(
+    def pick(name: str) -> ContenderRow:
+        return ContenderRow(
             label=decision.labels.get(name, name),
             **dict(Numbers.of(results[name])),
             traffic=Numbers.of(traffic[name]) if name in traffic else None,

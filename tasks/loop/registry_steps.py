@@ -18,7 +18,7 @@ from serving.engine.drafters.plan import DEFAULT_K, DEFAULT_POLICY, DraftPlan
 from serving.errors import BadInputError
 from serving.hardware import HardwareTarget
 from tasks.loop.learned import Param
-from tasks.loop.results import DraftRef, RegisteredDraft
+from tasks.loop.results import DraftRef
 
 
 def open_registry() -> Registry:
@@ -77,14 +77,14 @@ def register(
     tags: dict[str, str] | None = None,
     curves: dict[str, list[tuple[int, float]]] | None = None,
     key: str | None = None,
-) -> RegisteredDraft:
+) -> DraftRef:
     """Register ``package`` as a new version of ``family``. With ``key`` (the retrain's
     ``<hw>/<slot>/<family>``), a version already registered under that key is returned
     instead: a re-run of a crashed retrain registers nothing twice."""
     if key is not None:
         found = registry.find_version(registry.model_name(family), family, run_key=key)
         if found is not None:
-            return RegisteredDraft(family=found.family, version=found.version, label=found.label)
+            return DraftRef(family=found.family, version=found.version, label=found.label)
         tags = {**(tags or {}), "run_key": key}
     draft = registry.log_draft(
         package,
@@ -93,7 +93,7 @@ def register(
         tags=tags,
         curves={k: [(int(s), float(v)) for s, v in points] for k, points in (curves or {}).items()},
     )
-    return RegisteredDraft(family=draft.family, version=draft.version, label=draft.label)
+    return DraftRef(family=draft.family, version=draft.version, label=draft.label)
 
 
 def promote_by_hand(

@@ -15,7 +15,7 @@ from tasks.loop import registry_steps
 from tasks.loop.lineage import lineage_tags
 from tasks.loop.prefect_run import retry_transient
 from tasks.loop.registry_steps import Param, open_registry
-from tasks.loop.results import DraftRef, RegisteredDraft
+from tasks.loop.results import DraftRef
 
 
 @task(name="champion", cache_policy=NO_CACHE, retries=1, retry_condition_fn=retry_transient)
@@ -32,7 +32,7 @@ def register(
     tags: dict[str, str] | None = None,
     curves: dict[str, list[tuple[int, float]]] | None = None,
     key: str | None = None,
-) -> RegisteredDraft:
+) -> DraftRef:
     """Register ``package`` as a new version of ``family`` (once per ``key``)."""
     return registry_steps.register(
         open_registry(), package, family, params=params, tags=tags, curves=curves, key=key

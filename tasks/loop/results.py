@@ -52,17 +52,21 @@ class Decision(_Result):
 
 
 class DraftRef(_Result):
-    """A registered draft version, as ``evaluate-and-promote`` takes its challengers (a
-    deployment's parameters, or ``specops loop run --challenger``)."""
+    """A registered draft version: as ``evaluate-and-promote`` takes its challengers (a
+    deployment's parameters, or ``specops loop run --challenger``: family and version), and
+    as ``retrain`` reports the versions it registered (with their registry label). The
+    draft's plan is in its package (``DraftManifest``), which the evaluation downloads."""
 
     family: str
     version: str
+    label: str | None = None  # the registry label, once registered (left out when unset)
 
-
-class RegisteredDraft(DraftRef):
-    """A version the loop registered."""
-
-    label: str
+    @model_serializer(mode="wrap")
+    def _without_unset_label(self, handler: Any, info: SerializationInfo) -> dict[str, Any]:
+        data = handler(self)
+        if self.label is None:
+            data.pop("label", None)
+        return data
 
 
 class Replayed(CollectSummary):
@@ -83,7 +87,7 @@ class Retrained(_Result):
 
     validation: CurateSummary
     slot: str
-    challengers: list[RegisteredDraft]
+    challengers: list[DraftRef]
     trained: list[Trained]
     decision: Decision
     predictor: PredictorOutcome

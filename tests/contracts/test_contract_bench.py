@@ -30,6 +30,7 @@ def test_every_stored_row_equals_its_reference(stored):
         assert all(stored["identical"][method].values()), method
 
 
+@pytest.mark.benchmark  # not in the test command: run it with -m benchmark
 @pytest.mark.real_model
 @pytest.mark.slow
 @pytest.mark.timeout(3600)  # ~10 min on two idle cores; far longer on a busy machine

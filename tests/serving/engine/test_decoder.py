@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import PreTrainedModel
 
-from serving.engine.decoder import CONTEXT_WINDOW, SpeculativeDecoder
+from serving.engine.decoder import SpeculativeDecoder
 from serving.engine.detailed import SCHEMA_VERSION
 from serving.engine.drafters.base import Drafter, DraftProposal
 from serving.engine.drafters.model import ModelDrafter
@@ -18,6 +18,7 @@ from serving.engine.drafters.ngram_store import NGramDrafter
 from serving.engine.drafters.prompt_lookup import PromptLookupDrafter
 from serving.engine.kv import cache_length
 from serving.engine.policy import MAX_DRAFT_TOKENS, AdaptiveK, FixedK
+from serving.engine.request import CONTEXT_WINDOW
 from serving.engine.sampling import SamplingParams, make_sampler
 from serving.engine.step import speculative_step
 from serving.errors import BadInputError
