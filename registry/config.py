@@ -177,8 +177,12 @@ class _Environment(_Layer):
                     _warned.add(warning)
                     log.warning(
                         "%s=%s and %s=%s are both set; %s wins (the specops-specific name)",
-                        name, mask_uri(value), other, mask_uri(other_value), name,
-                    )  # fmt: skip
+                        name,
+                        mask_uri(value),
+                        other,
+                        mask_uri(other_value),
+                        name,
+                    )
         return cls(settings_cls, values, origins)
 
 
@@ -406,8 +410,10 @@ def load_registry_config(path: str | Path | None = None) -> RegistryConfig:
             "registry_uri %s (from %s) is not used: tracking_uri comes from %s, a higher "
             "layer, and the registry follows it; set the registry URI there too to keep a "
             "separate registry",
-            mask_uri(config.registry_uri), origins["registry_uri"], origins["tracking_uri"],
-        )  # fmt: skip
+            mask_uri(config.registry_uri),
+            origins["registry_uri"],
+            origins["tracking_uri"],
+        )
         config = config.model_copy(update={"registry_uri": None})
         origins["registry_uri"] = f"tracking_uri ({origins['tracking_uri']})"
     config._origins = origins

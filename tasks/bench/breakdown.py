@@ -38,9 +38,18 @@ _MATMULS = (
 )
 _ATTENTION = ("scaled_dot_product", "flash_attention", "rope_attend", "softmax")
 _ELEMENTWISE = (
-    "rms_norm", "silu", "add_into", "aten::mul", "aten::add", "aten::rsqrt", "aten::pow",
-    "aten::mean", "aten::neg", "aten::cat", "aten::sigmoid",
-)  # fmt: skip
+    "rms_norm",
+    "silu",
+    "add_into",
+    "aten::mul",
+    "aten::add",
+    "aten::rsqrt",
+    "aten::pow",
+    "aten::mean",
+    "aten::neg",
+    "aten::cat",
+    "aten::sigmoid",
+)
 
 
 def category(op: str) -> str | None:
@@ -208,9 +217,10 @@ def breakdown_report(hardware: str, result: Breakdown) -> str:
         f"tokens cached); physical limit of a one-token pass {result.limit_ms:.2f} ms "
         f"({result.weight_bytes_per_token / 1e6:.1f} MB of weights at "
         f"{result.bandwidth_gb_per_s:.1f} GB/s)",
-        f"  {'path':<13}{'rows':>5}{'wall ms':>9}" + "".join(f"{c:>19}" for c in CATEGORIES)
+        f"  {'path':<13}{'rows':>5}{'wall ms':>9}"
+        + "".join(f"{c:>19}" for c in CATEGORIES)
         + f"{'limit share':>13}",
-    ]  # fmt: skip
+    ]
     for p in result.passes:
         cells = "".join(f"{p.ms[c]:>9.2f} ({p.share(c):>4.0%})   " for c in CATEGORIES)
         limit_share = result.limit_ms / p.wall_ms if p.rows == 1 else float("nan")

@@ -28,8 +28,6 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
-
 import numpy as np
 
 from serving.atomic import atomic_path, write_json_atomic, write_text_atomic
@@ -41,6 +39,7 @@ from serving.engine.policy import make_policy
 from serving.errors import BadInputError
 from serving.hardware import DEFAULT_HARDWARE
 from serving.target import DEFAULT_TARGET, LoadedTarget
+from tasks.distributed_records import BenchPoint, ComparisonRow, DistributedBenchResults
 
 MODES = ("distributed", "fused")
 
@@ -173,7 +172,7 @@ def summarize_point(
     done: list[tuple[int, SessionResult]],
     wall_s: float,
     reference: dict[int, list[int]] | None,
-) -> dict[str, Any]:
+) -> BenchPoint:
     results = [r for _, r in done]
     tokens = sum(len(r.token_ids) for r in results)
     latencies = [r.total_s for r in results]
@@ -235,7 +234,7 @@ def run_distributed_bench(
     *,
     draft_target: LoadedTarget | None = None,
     progress: bool = True,
-) -> dict[str, Any]:
+) -> DistributedBenchResults:
     """Every point of the grid against the server ``client`` talks to (its ``rtt_s`` is
     set per point). ``prompts``: token ids, used in order and cycled; ``draft_target``: the
     target a model-based client drafter (``layers:N``) drafts with (None: none loaded)."""
@@ -256,9 +255,11 @@ def run_distributed_bench(
 
     def plain(job: int) -> SessionResult:
         return run_fused(
-            client, prompt_of[job], server_drafter="none",
+            client,
+            prompt_of[job],
+            server_drafter="none",
             max_new_tokens=settings.max_new_tokens,
-        )  # fmt: skip
+        )
 
     def fused(job: int) -> SessionResult:
         return run_fused(
@@ -287,7 +288,7 @@ def run_distributed_bench(
     client.rtt_s = 0.0
     done, _ = closed_loop(plain, list(every_job), 1)
     reference = {job: r.token_ids for job, r in done}
-    rows: list[dict[str, Any]] = []
+    rows: list[BenchPoint] = []
     for sessions in settings.sessions:
         client.rtt_s = 0.0
         done, wall = closed_loop(plain, jobs_at[sessions], sessions)
@@ -312,11 +313,11 @@ def run_distributed_bench(
     }
 
 
-def comparison_rows(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def comparison_rows(points: list[BenchPoint]) -> list[ComparisonRow]:
     """One row per (RTT, sessions): both modes side by side, with plain at that level."""
     by_key = {(p["mode"], p["rtt_ms"], p["sessions"]): p for p in points}
     plain = {p["sessions"]: p for p in points if p["mode"] == "plain"}
-    rows = []
+    rows: list[ComparisonRow] = []
     for (mode, rtt, sessions), dist in sorted(by_key.items(), key=lambda kv: kv[0][1:]):
         if mode != "distributed":
             continue
@@ -324,27 +325,27 @@ def comparison_rows(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
         base = plain.get(sessions)
         if fused is None:
             continue
+        dist_tps, fused_tps = dist["tokens_per_s"], fused["tokens_per_s"]
+        assert dist_tps is not None and fused_tps is not None  # a point's wall time is > 0
         rows.append(
             {
                 "rtt_ms": rtt,
                 "sessions": sessions,
                 "distributed_tokens_per_s": dist["tokens_per_s"],
                 "fused_tokens_per_s": fused["tokens_per_s"],
-                "distributed_over_fused": dist["tokens_per_s"] / fused["tokens_per_s"],
+                "distributed_over_fused": dist_tps / fused_tps,
                 "plain_tokens_per_s": base["tokens_per_s"] if base else None,
                 "distributed_latency_p50_s": dist["latency_p50_s"],
                 "fused_latency_p50_s": fused["latency_p50_s"],
                 "equal_to_plain": dist["equal_to_plain"] == dist["requests"]
                 and fused["equal_to_plain"] == fused["requests"],
-                "better": "distributed"
-                if dist["tokens_per_s"] > fused["tokens_per_s"]
-                else "fused",
+                "better": "distributed" if dist_tps > fused_tps else "fused",
             }
         )
     return rows
 
 
-def crossover(rows: list[dict[str, Any]]) -> dict[int, float | None]:
+def crossover(rows: list[ComparisonRow]) -> dict[int, float | None]:
     """Per session count, the smallest measured RTT at which fused beats distributed
     (``None``: distributed wins at every RTT measured; 0: fused wins even on loopback)."""
     out: dict[int, float | None] = {}
@@ -354,7 +355,7 @@ def crossover(rows: list[dict[str, Any]]) -> dict[int, float | None]:
     return out
 
 
-def markdown_table(results: dict[str, Any]) -> str:
+def markdown_table(results: DistributedBenchResults) -> str:
     def cell(value: float | None, spec: str) -> str:
         return "–" if value is None else format(value, spec)
 
@@ -377,7 +378,7 @@ def markdown_table(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(results: dict[str, Any], path: Path) -> Path:
+def plot(results: DistributedBenchResults, path: Path) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -399,8 +400,12 @@ def plot(results: dict[str, Any], path: Path) -> Path:
             color=line.get_color(),
             label=f"distributed ×{sessions}",
         )
-        axes[1].plot(rtts, [r["distributed_over_fused"] for r in mine], marker="o",
-                     label=f"{sessions} sessions")  # fmt: skip
+        axes[1].plot(
+            rtts,
+            [r["distributed_over_fused"] for r in mine],
+            marker="o",
+            label=f"{sessions} sessions",
+        )
     axes[0].set_xlabel("injected round-trip time (ms)")
     axes[0].set_ylabel("output tokens/s")
     axes[0].set_title("Throughput (solid: fused, dashed: distributed)")
@@ -419,10 +424,10 @@ def plot(results: dict[str, Any], path: Path) -> Path:
     return path
 
 
-def write_report(results: dict[str, Any], out: Path) -> dict[str, Path]:
+def write_report(results: DistributedBenchResults, out: Path) -> dict[str, Path]:
     """``out`` (json), and beside it the table (.md) and the plot (.png)."""
     out = Path(out)
-    results = dict(results, crossover_rtt_ms=crossover(results["table"]))
+    results = {**results, "crossover_rtt_ms": crossover(results["table"])}
     write_json_atomic(out, results)
     table = out.with_suffix(".md")
     write_text_atomic(table, markdown_table(results))

@@ -167,8 +167,21 @@ def limit_tokens_per_s(bandwidth_bytes_per_s: float, bytes_per_token: int) -> fl
 
 
 ISA_SETTINGS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "SPECOPS_LEAN_MARCH")
-_FLAGS_SHOWN = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16",
-                "avx_vnni", "amx_tile", "amx_int8", "amx_bf16", "neon", "asimd")  # fmt: skip
+_FLAGS_SHOWN = (
+    "avx2",
+    "fma",
+    "f16c",
+    "avx512f",
+    "avx512bw",
+    "avx512_vnni",
+    "avx512_bf16",
+    "avx_vnni",
+    "amx_tile",
+    "amx_int8",
+    "amx_bf16",
+    "neon",
+    "asimd",
+)
 
 
 def cpu_description() -> dict[str, object]:

@@ -139,9 +139,15 @@ def run_skeleton_bench(
     for prompt in tqdm(planning_prompts(prompts, seed=seed), disable=not progress, desc="sot"):
         question = prompt.messages[-1]["content"]
         answer = answer_with_skeleton(
-            new_decoder, tokenizer, question, constraint, max_tokens=max_tokens,
-            sampling=SamplingParams(), limits=limits, cost=cost,
-        )  # fmt: skip
+            new_decoder,
+            tokenizer,
+            question,
+            constraint,
+            max_tokens=max_tokens,
+            sampling=SamplingParams(),
+            limits=limits,
+            cost=cost,
+        )
         sequential_s, sequential_tokens = _sequential(
             new_decoder, tokenizer, question, constraint, max_tokens
         )

@@ -142,8 +142,14 @@ def version_store(
     if inside is not None:
         _run([_dvc(), "add", str(inside)], repo, env, remote=remote, sends=False)
         if push:
-            _run([_dvc(), "push", *remote_args, str(meta_file.relative_to(repo))], repo, env,
-                 remote=remote, sends=True, retry_any=True)  # fmt: skip
+            _run(
+                [_dvc(), "push", *remote_args, str(meta_file.relative_to(repo))],
+                repo,
+                env,
+                remote=remote,
+                sends=True,
+                retry_any=True,
+            )
     else:
         _version_outside(full.resolve(), meta_file, repo, env, remote_args, push=push)
     meta = yaml.safe_load(meta_file.read_text())

@@ -261,13 +261,19 @@ def evaluate_report(
     if pregate_margin is not None:
         recording = _record_plain(runs[0].decoder, encoded, max_new_tokens)
         predicted, untimed = _pregate(
-            runs, encoded, [r.value.token_ids for r in recording], target=target, curve=curve,
-            costs=costs, margin=pregate_margin, champion=champion,
+            runs,
+            encoded,
+            [r.value.token_ids for r in recording],
+            target=target,
+            curve=curve,
+            costs=costs,
+            margin=pregate_margin,
+            champion=champion,
             prefills=[
                 prefill_steps(r.value.stats.prefill_s, r.value.stats.total_s, len(r.value.steps))
                 for r in recording
             ],
-        )  # fmt: skip
+        )
         runs = [run for run in runs if run.name not in untimed]
         lap("pregate")
     # With a champion timed beside the challengers, the wall clock compares them with it, and
@@ -347,9 +353,12 @@ def evaluate_report(
     # The curve the timed rounds' passes followed (plain decoding's recording, timed before
     # them, only where they verified too few one-token blocks).
     timed_steps = [
-        step for by_name in timings for runs_of in by_name.values() for run in runs_of
+        step
+        for by_name in timings
+        for runs_of in by_name.values()
+        for run in runs_of
         for step in run.value.steps
-    ]  # fmt: skip
+    ]
     recorded = [step for run in recording for step in run.value.steps]
     evaluated, passes = rounds_curve(timed_steps, recorded, curve)
     reference_tps = _summary(rows[REFERENCE], None).tokens_per_s
@@ -430,17 +439,24 @@ def _profile_costs(
         if run.decoder.drafter is None:
             continue
         cost, steps = profile_draft_cost(
-            run.decoder, encoded, curve=curve, k=max(run.k, 1),
+            run.decoder,
+            encoded,
+            curve=curve,
+            k=max(run.k, 1),
             max_new_tokens=min(PROFILE_TOKENS, max_new_tokens),
-        )  # fmt: skip
+        )
         if cost is None:
             log.info("%s drafted nothing to profile with k=%d", run.name, run.k)
             continue
         costs[run.name] = round(cost, 6)
         fix_draft_cost(run.decoder, cost)
         if progress:
-            log.info("%s drafts at %.4f one-token passes a token (median of %d steps)",
-                     run.name, cost, steps)  # fmt: skip
+            log.info(
+                "%s drafts at %.4f one-token passes a token (median of %d steps)",
+                run.name,
+                cost,
+                steps,
+            )
     return costs
 
 

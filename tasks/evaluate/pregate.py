@@ -170,8 +170,12 @@ def predict(
         speedup = plain_cost / cost if cost else None
         out[name] = Prediction(speedup, tokens, checks, reproduced, len(encoded), drafted, accepted)
         if reproduced < len(encoded):
-            log.warning("%s: the replay reproduced plain output on %d of %d prompts",
-                        name, reproduced, len(encoded))  # fmt: skip
+            log.warning(
+                "%s: the replay reproduced plain output on %d of %d prompts",
+                name,
+                reproduced,
+                len(encoded),
+            )
     return out
 
 

@@ -31,8 +31,15 @@ BUNDLE_FORMAT = 1
 # wheels a kit brings where they are missing: pyyaml (the configs), pydantic (the
 # evaluation file and the configs), typer (the CLI), gguf (converting the shipped GGUF).
 REMOTE_PACKAGES = (
-    "torch", "transformers", "peft", "accelerate", "pyyaml", "pydantic", "typer", "gguf",
-)  # fmt: skip
+    "torch",
+    "transformers",
+    "peft",
+    "accelerate",
+    "pyyaml",
+    "pydantic",
+    "typer",
+    "gguf",
+)
 
 
 def read_bundle(bundle: Path) -> tuple[dict[str, Any], list[Any]]:

@@ -197,8 +197,13 @@ def _vllm_lines(vllm: dict | None) -> list[str]:
         reasons = vllm.get("unsupported") or {}
         why = vllm.get("reason") or "; ".join(f"{k}: {v}" for k, v in reasons.items())
         return ["", f"vLLM: nothing evaluated. {why}"]
-    lines = ["", f"On `{vllm['hardware']}` (vLLM {vllm['vllm']}, k = {vllm['k']}):", "",
-             "| contender | speedup over vLLM plain | exact |", "|---|---:|---|"]  # fmt: skip
+    lines = [
+        "",
+        f"On `{vllm['hardware']}` (vLLM {vllm['vllm']}, k = {vllm['k']}):",
+        "",
+        "| contender | speedup over vLLM plain | exact |",
+        "|---|---:|---|",
+    ]
     for name, result in vllm["results"].items():
         if name != "plain":
             lines.append(f"| {name} | {result.get('speedup') or 0:.2f}× | {result.get('exact')} |")

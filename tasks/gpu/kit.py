@@ -48,14 +48,24 @@ TRANSFER_LIMIT = 64 * MIB  # what one transfer to a lent machine carries
 # Never carried: the machine's own, and the large packages they bring (a bare GPU machine
 # had these, and not pydantic or typer, though this environment's transformers needs them).
 MACHINE_OWN = (
-    "torch", "transformers", "peft", "accelerate", "numpy", "tokenizers", "safetensors",
-    "huggingface-hub", "triton", "hf-xet",
-)  # fmt: skip
+    "torch",
+    "transformers",
+    "peft",
+    "accelerate",
+    "numpy",
+    "tokenizers",
+    "safetensors",
+    "huggingface-hub",
+    "triton",
+    "hf-xet",
+)
 # x86-64 Linux wheels a glibc of 2.28 or later takes (bitsandbytes ships manylinux_2_24).
 PLATFORMS = (
     *(f"manylinux_2_{minor}_x86_64" for minor in (17, 24, 26, 27, 28)),
-    "manylinux2014_x86_64", "linux_x86_64", "any",
-)  # fmt: skip
+    "manylinux2014_x86_64",
+    "linux_x86_64",
+    "any",
+)
 
 
 @dataclass(frozen=True)

@@ -457,10 +457,15 @@ def vllm(kit: Path, manifest: KitManifest, out: Path) -> None:
         (work / "request.json").write_text(json.dumps({**base, "contenders": {name: speculation}}))
         # One process per contender: vLLM cannot build a third engine in one process.
         subprocess.run(
-            [sys.executable, "-m", "serving.backends.run", str(work / "request.json"),
-             str(work / "report.json")],
+            [
+                sys.executable,
+                "-m",
+                "serving.backends.run",
+                str(work / "request.json"),
+                str(work / "report.json"),
+            ],
             check=False,
-        )  # fmt: skip
+        )
         if not (work / "report.json").is_file():
             unsupported[name] = "the vLLM run wrote no report: its log above says why"
             continue
@@ -470,13 +475,21 @@ def vllm(kit: Path, manifest: KitManifest, out: Path) -> None:
             continue
         results.setdefault("plain", report["results"]["plain"])
         results[name] = report["results"][name]
-        print(f"{name} on vLLM {found}: speedup {results[name]['speedup']}, "
-              f"exact {results[name]['exact']}")  # fmt: skip
+        print(
+            f"{name} on vLLM {found}: speedup {results[name]['speedup']}, "
+            f"exact {results[name]['exact']}"
+        )
     _write(
         out / "vllm.json",
-        {"evaluated": bool(results), "vllm": found, "hardware": hardware, "k": k,
-         "results": results, "unsupported": unsupported},
-    )  # fmt: skip
+        {
+            "evaluated": bool(results),
+            "vllm": found,
+            "hardware": hardware,
+            "k": k,
+            "results": results,
+            "unsupported": unsupported,
+        },
+    )
     if not results:  # importable, yet nothing ran: a failed step, with the reasons
         print(f"no contender ran on {hardware}: {unsupported}")
         raise SystemExit(1)

@@ -265,18 +265,28 @@ def write_report(
     figure, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
     for workload in dict.fromkeys(point.workload for point in series):
         points = [p for p in series if p.workload == workload and p.acceptance is not None]
-        left.plot([p.request for p in points], [p.acceptance for p in points], "o-", ms=3,
-                  label=workload)  # fmt: skip
+        left.plot(
+            [p.request for p in points], [p.acceptance for p in points], "o-", ms=3, label=workload
+        )
     left.axhline(
         0.5, color="grey", ls="--", lw=1, label="absolute threshold (unevaluated champion)"
     )
     damaged = [p.request for p in series if summary.drill and p.drafter == summary.drill.draft]
     if damaged:
         outcome = "rolled back" if summary.drill and summary.drill.restored else "NOT rolled back"
-        left.axvspan(min(damaged) - 0.5, max(damaged) + 0.5, color="red", alpha=0.12,
-                     label=f"drill: damaged champion, {outcome}")  # fmt: skip
-    left.set(xlabel="request (serving order)", ylabel="acceptance (rolling, 8 requests)",
-             title="drift: acceptance of the champion draft", ylim=(0, 1))  # fmt: skip
+        left.axvspan(
+            min(damaged) - 0.5,
+            max(damaged) + 0.5,
+            color="red",
+            alpha=0.12,
+            label=f"drill: damaged champion, {outcome}",
+        )
+    left.set(
+        xlabel="request (serving order)",
+        ylabel="acceptance (rolling, 8 requests)",
+        title="drift: acceptance of the champion draft",
+        ylim=(0, 1),
+    )
     left.legend()
     rows = [ba.plain, ba.before, *ba.challengers]
     names = ["plain", "champion"] + [c.label.removeprefix("specops-draft-") for c in ba.challengers]

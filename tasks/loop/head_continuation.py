@@ -129,14 +129,23 @@ def head_continuation_curve(
     # The mix the loop would train on, and the minimums it would train it with.
     retrain = load_retrain_config().target("cpu")
     build_store_teacher(
-        dataset.train_mix, model, out_dir / "teacher-mix", eos_token_ids=eos,
-        min_sequences=retrain.min_sequences, min_answer_tokens=retrain.min_answer_tokens,
+        dataset.train_mix,
+        model,
+        out_dir / "teacher-mix",
+        eos_token_ids=eos,
+        min_sequences=retrain.min_sequences,
+        min_answer_tokens=retrain.min_answer_tokens,
         progress=progress,
-    )  # fmt: skip
+    )
     build_store_teacher(
-        held, model, out_dir / "teacher-heldout", eos_token_ids=eos, min_sequences=1,
-        min_answer_tokens=1, progress=progress,
-    )  # fmt: skip
+        held,
+        model,
+        out_dir / "teacher-heldout",
+        eos_token_ids=eos,
+        min_sequences=1,
+        min_answer_tokens=1,
+        progress=progress,
+    )
     _, sequences = load_teacher_data(out_dir / "teacher-heldout")
     settings = retrain.family("head").settings
     before = replayed_length(Path(pre_drift_head), sequences, model, k)

@@ -137,9 +137,13 @@ def train_head_challenger(
         f"agreement {_fmt(first.agreement)} -> {_fmt(last.agreement)}"
     )
     package = write_head_package(
-        result, config, work / "head-package", k=settings.k, policy=settings.policy,
+        result,
+        config,
+        work / "head-package",
+        k=settings.k,
+        policy=settings.policy,
         description=summary,
-    )  # fmt: skip
+    )
     return Trained(
         family="head",
         package=package,
@@ -209,9 +213,13 @@ def _head(
 ) -> Trained:
     try:
         return train_head_challenger(
-            work / TEACHER_DIR, work, settings, init_head=init_head, target=target,
+            work / TEACHER_DIR,
+            work,
+            settings,
+            init_head=init_head,
+            target=target,
             progress=progress,
-        )  # fmt: skip
+        )
     except IncompatibleDraftError as error:
         if init_head is None:
             raise

@@ -54,8 +54,11 @@ def git_commit(repo: Path = PROJECT_ROOT) -> str:
         ).stdout.strip()
         dirty = subprocess.run(
             ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=repo, capture_output=True, text=True, check=True,
-        ).stdout.strip()  # fmt: skip
+            cwd=repo,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return commit + ("+dirty" if dirty else "")

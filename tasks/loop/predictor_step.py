@@ -128,9 +128,12 @@ def retrain_predictor(
         return outcome
     judged = judged_report(report, config)
     result = gate(
-        judged, challenger="challenger", champion="champion", check_acceptance=False,
+        judged,
+        challenger="challenger",
+        champion="champion",
+        check_acceptance=False,
         config=config,
-    )  # fmt: skip
+    )
     outcome.gate = result
     if result.passed and promote:
         promote_predictor(

@@ -142,8 +142,10 @@ def shadow_scores(
             {label: decoder for label, (decoder, _) in built.items()},
             [r.prompt_token_ids for r in rows],
             [r.output_token_ids for r in rows],
-            target=target, curve=curve, draft_costs=costs,
-        )  # fmt: skip
+            target=target,
+            curve=curve,
+            draft_costs=costs,
+        )
         for label, (role, _, _) in contenders.items():
             made = predictions[label]
             scores.append(

@@ -89,9 +89,12 @@ class Load:
             try:
                 if i % 3 == 0:  # every third streams
                     stream = self.client.chat.completions.create(
-                        model=SERVED_NAME, messages=messages, max_tokens=self.max_tokens,
-                        temperature=0, stream=True,
-                    )  # fmt: skip
+                        model=SERVED_NAME,
+                        messages=messages,
+                        max_tokens=self.max_tokens,
+                        temperature=0,
+                        stream=True,
+                    )
                     text = "".join(
                         (chunk.choices[0].delta.content or "")
                         for chunk in stream
@@ -99,9 +102,11 @@ class Load:
                     )
                 else:
                     reply = self.client.chat.completions.create(
-                        model=SERVED_NAME, messages=messages, max_tokens=self.max_tokens,
+                        model=SERVED_NAME,
+                        messages=messages,
+                        max_tokens=self.max_tokens,
                         temperature=0,
-                    )  # fmt: skip
+                    )
                     text = reply.choices[0].message.content or ""
                 self.outcomes["ok" if text else "empty"] += 1
             except Exception as error:  # every failure is counted, with its message
@@ -174,17 +179,30 @@ def run_cycle(
         )
     ]
     evaluation = evaluate_registered(
-        registry, hardware, versions, prompts[:eval_prompts], cache=work / "cache",
-        workdir=work / "evaluate", max_new_tokens=eval_tokens, promote=False,
-    )  # fmt: skip
+        registry,
+        hardware,
+        versions,
+        prompts[:eval_prompts],
+        cache=work / "cache",
+        workdir=work / "evaluate",
+        max_new_tokens=eval_tokens,
+        promote=False,
+    )
     first, second = versions
     registry.promote(first, hardware.name, reason="cycle: first champion")
 
     front = Front(hardware=hardware.name)
     deployment = deployment_for(
-        hardware, target=target, work=work, store=store, front=front, registry=registry,
-        poll_s=1.0, scrape_s=2.0, redact_patterns=[],  # captured pairs redacted, as deployed
-    )  # fmt: skip
+        hardware,
+        target=target,
+        work=work,
+        store=store,
+        front=front,
+        registry=registry,
+        poll_s=1.0,
+        scrape_s=2.0,
+        redact_patterns=[],  # captured pairs redacted, as deployed
+    )
     port = free_port()
     server = uvicorn.Server(
         uvicorn.Config(front.app(), port=port, log_level="warning", **uvicorn_tls(tls))
@@ -199,9 +217,13 @@ def run_cycle(
     try:
         _wait_for(url, first.label, timeout_s, verify or True)
         load = Load(
-            url, [p.messages for p in prompts], workers=workers, max_tokens=max_tokens,
-            pause_s=pause_s, verify=verify,
-        )  # fmt: skip
+            url,
+            [p.messages for p in prompts],
+            workers=workers,
+            max_tokens=max_tokens,
+            pause_s=pause_s,
+            verify=verify,
+        )
         load.start()
         time.sleep(settle_s)
         acts = [

@@ -76,12 +76,14 @@ def judge(
             continue
         newest = rows[-settings.newest :]
         verdict = _verdict(
-            f"{workload}@{hardware}", champion,
+            f"{workload}@{hardware}",
+            champion,
             evaluated_acceptance(champion_tags, hardware, workload),
             drafted=sum(r.draft_tokens for r in newest),
             accepted=sum(r.accepted_tokens for r in newest),
-            what=f"its newest {len(newest)} requests", share=settings.share,
-        )  # fmt: skip
+            what=f"its newest {len(newest)} requests",
+            share=settings.share,
+        )
         if verdict is not None:
             collapsed |= verdict[0]
             reasons.append(verdict[1])
@@ -103,11 +105,14 @@ def judge_scraped(
     if group is None or group.requests < settings.newest:
         return False, []
     verdict = _verdict(
-        f"{group.workload}@{group.hardware}", champion,
+        f"{group.workload}@{group.hardware}",
+        champion,
         evaluated_acceptance(champion_tags, group.hardware, group.workload),
-        drafted=group.draft_tokens, accepted=group.accepted_tokens,
-        what=f"its newest {group.requests} requests (vLLM's counters)", share=settings.share,
-    )  # fmt: skip
+        drafted=group.draft_tokens,
+        accepted=group.accepted_tokens,
+        what=f"its newest {group.requests} requests (vLLM's counters)",
+        share=settings.share,
+    )
     return (False, []) if verdict is None else (verdict[0], [verdict[1]])
 
 

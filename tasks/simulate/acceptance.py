@@ -30,7 +30,7 @@ import json
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import NotRequired, TypedDict, TypeGuard, cast
 
 import numpy as np
 from pydantic import ValidationError
@@ -38,6 +38,43 @@ from pydantic import ValidationError
 from serving.errors import BadInputError
 from serving.records import store
 from serving.records.schema import UnknownSchemaVersionError, parse_record
+
+
+class DrafterSection(TypedDict):
+    """One entry of a scenario's ``drafters`` (:class:`tasks.simulate.config.Drafter`
+    validates it; the entries left out take its defaults)."""
+
+    name: str
+    k: int
+    acceptance_by_position: list[float]  # conditional, per position
+    draft_s_per_token: NotRequired[float]
+    share: NotRequired[float]  # of the sessions
+    block_shares: NotRequired[list[float]]  # of steps proposing 0 .. k drafts
+
+
+class EstimateRecord(TypedDict):
+    """An :class:`AcceptanceEstimate` as JSON (its fields, in order)."""
+
+    name: str
+    drafter: str
+    workload: str | None
+    source: str | None
+    requests: int
+    steps: int
+    longest: int
+    mean_proposed: float | None
+    mean_accepted: float | None
+    trials: list[int]
+    kept: list[int]
+    acceptance_by_position: list[float | None]
+    block_shares: list[float]
+
+
+class DraftersSection(TypedDict):
+    """What ``specops simulate acceptance`` prints and writes."""
+
+    drafters: list[DrafterSection]
+    evidence: list[EstimateRecord]
 
 
 @dataclass(frozen=True)
@@ -62,7 +99,7 @@ class AcceptanceEstimate:
 
     def drafter_section(
         self, *, k: int | None = None, draft_s_per_token: float = 0.0, share: float = 1.0
-    ) -> dict[str, Any]:
+    ) -> DrafterSection:
         """The scenario's ``Drafter`` mapping. ``k`` defaults to the longest block
         proposed; a position without trials (or past the longest) gets 0.0, which the
         survival curve has already reached whenever no step got that far with all drafts
@@ -72,7 +109,7 @@ class AcceptanceEstimate:
             raise BadInputError(f"k must be >= 0, got {k}")
         curve = [0.0 if v is None else v for v in self.acceptance_by_position]
         curve += [0.0] * (k - len(curve))
-        section: dict[str, Any] = {
+        section: DrafterSection = {
             "name": self.name,
             "k": k,
             "acceptance_by_position": [round(v, 6) for v in curve],
@@ -85,8 +122,8 @@ class AcceptanceEstimate:
             section["block_shares"] = [round(v, 6) for v in shares]
         return section
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_dict(self) -> EstimateRecord:
+        return cast(EstimateRecord, asdict(self))  # asdict: the fields, in order
 
 
 def estimate_steps(
@@ -191,7 +228,7 @@ def estimate_records(paths: Sequence[str | Path]) -> list[AcceptanceEstimate]:
 
 def drafters_section(
     estimates: Sequence[AcceptanceEstimate], *, k: int | None = None, draft_s_per_token: float = 0.0
-) -> dict[str, Any]:
+) -> DraftersSection:
     """``{"drafters": [...], "evidence": [...]}``: the sections to paste into a scenario
     (each drafter's ``share`` of sessions is its share of the requests recorded) and the
     counts behind them."""

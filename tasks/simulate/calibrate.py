@@ -29,19 +29,72 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import NotRequired, TypedDict
 
 import numpy as np
 
 from serving.atomic import atomic_path, write_json_atomic, write_text_atomic
 from serving.errors import BadInputError
-from tasks.simulate.acceptance import estimate_steps
+from tasks.distributed_records import BenchPoint, DistributedBenchResults
+from tasks.json_types import JsonObject
+from tasks.simulate.acceptance import DrafterSection, estimate_steps
 from tasks.simulate.config import parse_scenario, read_prefill, read_profile
 from tasks.simulate.model import simulate
 from tasks.simulate.report import ReportLogger
 
 THROUGHPUT_TARGET = 0.10  # |error| the issue asks for, on throughput
 LATENCY_TARGET = 0.15  # and on p50 latency
+
+
+class Prediction(TypedDict):
+    """The simulator's figures for one point, as the bench measures them."""
+
+    tokens_per_s: float  # output tokens over the makespan
+    latency_p50_s: float
+
+
+class CalibrationRow(TypedDict):
+    """One bench point: measured against predicted, errors as predicted / measured - 1."""
+
+    mode: str
+    rtt_ms: float
+    sessions: int
+    measured_tokens_per_s: float
+    predicted_tokens_per_s: float
+    throughput_error: float
+    measured_latency_p50_s: float
+    predicted_latency_p50_s: float
+    latency_p50_error: float
+
+
+class CalibrationSummary(TypedDict):
+    scenarios: int
+    max_abs_throughput_error: float
+    mean_abs_throughput_error: float
+    max_abs_latency_p50_error: float
+    mean_abs_latency_p50_error: float
+    within_throughput_target: int
+    within_latency_target: int
+
+
+class CalibrationSettingsRecord(TypedDict):
+    window_s: float
+    max_batch: int
+    max_tokens_per_pass: int
+    seed: int
+
+
+class Calibration(TypedDict):
+    """What ``specops simulate calibrate`` writes (``bench``: the results file read, added
+    by the command)."""
+
+    profile: str
+    prefill_s_per_token: float | None
+    draft_s_per_token: float
+    settings: CalibrationSettingsRecord
+    rows: list[CalibrationRow]
+    summary: CalibrationSummary
+    bench: NotRequired[str]
 
 
 @dataclass(frozen=True)
@@ -70,13 +123,13 @@ def prefill_s_per_token(profile: Path) -> float | None:
 
 
 def point_scenario(
-    point: dict[str, Any],
+    point: BenchPoint,
     settings: CalibrationSettings,
     *,
     k: int,
     prefill_s: float | None,
     draft_s_per_token: float | None = None,
-) -> dict[str, Any]:
+) -> JsonObject:
     """The scenario (a plain mapping, validated by :class:`Scenario`) for one point."""
     requests = sorted(point["per_request"], key=lambda r: r["prompt"])  # the send order
     if not requests:
@@ -93,12 +146,12 @@ def point_scenario(
     estimate = estimate_steps(steps, name=point["mode"])
     if draft_s_per_token is None:  # this point's own clients' drafting time
         draft_s_per_token = sum(r.get("draft_s", 0.0) for r in requests) / max(drafted, 1)
-    drafter = (
+    drafter: DrafterSection = (
         {"name": "none", "k": 0, "acceptance_by_position": []}
         if plain
         else estimate.drafter_section(k=k, draft_s_per_token=draft_s_per_token)
     )
-    target: dict[str, Any] = {
+    target: dict[str, str | int | float] = {
         "name": "cpu",
         "profile": str(settings.profile),
         "max_batch": settings.max_batch,
@@ -127,14 +180,14 @@ def point_scenario(
     }
 
 
-def drafting_s_per_token(bench: dict[str, Any]) -> float:
+def drafting_s_per_token(bench: DistributedBenchResults) -> float:
     """The drafter's time per drafted token, as the bench's lone distributed clients (its
     fewest-session points) measured it: a fused point's drafting runs on the server, where
     the bench cannot time it apart from the pass, and concurrent clients of one bench share
     its machine's cores, which a draft device does not. Every point gets this figure."""
     distributed = [p for p in bench["points"] if p["mode"] == "distributed"]
     fewest = min((p["sessions"] for p in distributed), default=0)
-    seconds = drafted = 0
+    seconds, drafted = 0.0, 0
     for point in distributed:
         if point["sessions"] != fewest:
             continue
@@ -144,7 +197,7 @@ def drafting_s_per_token(bench: dict[str, Any]) -> float:
     return seconds / drafted if drafted else 0.0
 
 
-def predict(scenario: dict[str, Any], label: str = "point") -> dict[str, float]:
+def predict(scenario: JsonObject, label: str = "point") -> Prediction:
     """``tokens_per_s`` (output tokens over the makespan) and ``latency_p50_s``."""
     log = simulate(parse_scenario(scenario, source=label))
     finished = [r for r in log.requests if not math.isnan(r.finish_s)]
@@ -160,11 +213,11 @@ def predict(scenario: dict[str, Any], label: str = "point") -> dict[str, float]:
 
 
 def calibrate(
-    bench: dict[str, Any],
+    bench: DistributedBenchResults,
     settings: CalibrationSettings,
     *,
     progress: Callable[[str], None] | None = None,
-) -> dict[str, Any]:
+) -> Calibration:
     """Every point of ``bench`` predicted and compared (errors as predicted / measured - 1)."""
     try:
         read_profile(settings.profile)  # a bad profile fails here, naming the file
@@ -173,7 +226,7 @@ def calibrate(
     prefill_s = prefill_s_per_token(settings.profile)
     k = int(bench["settings"]["k"])
     draft_s = drafting_s_per_token(bench)
-    rows = []
+    rows: list[CalibrationRow] = []
     for point in bench["points"]:
         label = f"{point['mode']} {point['rtt_ms']:g} ms x{point['sessions']}"
         if progress is not None:
@@ -183,6 +236,7 @@ def calibrate(
         )
         predicted = predict(scenario, label)
         measured_tps, measured_p50 = point["tokens_per_s"], point["latency_p50_s"]
+        assert measured_tps is not None and measured_p50 is not None  # a point ran requests
         rows.append(
             {
                 "mode": point["mode"],
@@ -211,7 +265,7 @@ def calibrate(
     }
 
 
-def summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def summary(rows: Sequence[CalibrationRow]) -> CalibrationSummary:
     tps = [abs(r["throughput_error"]) for r in rows]
     p50 = [abs(r["latency_p50_error"]) for r in rows]
     return {
@@ -225,7 +279,7 @@ def summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def markdown_table(result: dict[str, Any]) -> str:
+def markdown_table(result: Calibration) -> str:
     lines = [
         "| mode | RTT (ms) | sessions | measured tok/s | predicted tok/s | error | "
         "measured p50 (s) | predicted p50 (s) | error |",
@@ -250,7 +304,14 @@ def markdown_table(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(result: dict[str, Any], path: Path) -> Path:
+def _measured_predicted(row: CalibrationRow, key: str) -> tuple[float, float]:
+    """``row``'s measured and predicted ``key`` (``tokens_per_s`` or ``latency_p50_s``)."""
+    if key == "tokens_per_s":
+        return row["measured_tokens_per_s"], row["predicted_tokens_per_s"]
+    return row["measured_latency_p50_s"], row["predicted_latency_p50_s"]
+
+
+def plot(result: Calibration, path: Path) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -265,16 +326,22 @@ def plot(result: dict[str, Any], path: Path) -> Path:
         for mode, marker in (("plain", "^"), ("fused", "o"), ("distributed", "s")):
             mine = [r for r in result["rows"] if r["mode"] == mode]
             ax.scatter(
-                [r[f"measured_{key}"] for r in mine],
-                [r[f"predicted_{key}"] for r in mine],
+                [_measured_predicted(r, key)[0] for r in mine],
+                [_measured_predicted(r, key)[1] for r in mine],
                 marker=marker,
                 label=mode,
             )
-        values = [r[f"{kind}_{key}"] for r in result["rows"] for kind in ("measured", "predicted")]
+        values = [v for r in result["rows"] for v in _measured_predicted(r, key)]
         line = np.linspace(min(values) * 0.9, max(values) * 1.1, 10)
         ax.plot(line, line, color="grey", linewidth=0.8)
-        ax.fill_between(line, line * (1 - band), line * (1 + band), color="grey", alpha=0.15,
-                        label=f"±{band:.0%}")  # fmt: skip
+        ax.fill_between(
+            line,
+            line * (1 - band),
+            line * (1 + band),
+            color="grey",
+            alpha=0.15,
+            label=f"±{band:.0%}",
+        )
         ax.set_xlabel(f"measured {label}")
         ax.set_ylabel(f"simulated {label}")
         ax.legend(fontsize=8)
@@ -287,7 +354,7 @@ def plot(result: dict[str, Any], path: Path) -> Path:
     return path
 
 
-def write_calibration(result: dict[str, Any], out: Path) -> dict[str, Path]:
+def write_calibration(result: Calibration, out: Path) -> dict[str, Path]:
     out = Path(out)
     write_json_atomic(out, result)
     table = out.with_suffix(".md")
@@ -296,12 +363,16 @@ def write_calibration(result: dict[str, Any], out: Path) -> dict[str, Path]:
 
 
 def log_calibration(
-    log_report: ReportLogger, result: dict[str, Any], paths: dict[str, Path], bench: Path
+    log_report: ReportLogger, result: Calibration, paths: dict[str, Path], bench: Path
 ) -> str:
     """One run holding the calibration's files, its summary as metrics; its id."""
     return log_report(
         "simulator-calibration",
         list(paths.values()),
-        metrics={key: float(value) for key, value in result["summary"].items()},
+        metrics={
+            key: float(value)
+            for key, value in result["summary"].items()
+            if isinstance(value, int | float)  # every figure of the summary
+        },
         tags={"report": "simulator-calibration", "bench": str(bench)},
     )

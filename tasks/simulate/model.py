@@ -84,9 +84,15 @@ class PassLog:
     queued: list[int] = field(default_factory=list)  # blocks left waiting when it started
 
     def add(
-        self, server: int, start: float, duration: float, rows: int, requests: int,
-        prefill: int, queued: int,
-    ) -> None:  # fmt: skip
+        self,
+        server: int,
+        start: float,
+        duration: float,
+        rows: int,
+        requests: int,
+        prefill: int,
+        queued: int,
+    ) -> None:
         self.server.append(server)
         self.start_s.append(start)
         self.duration_s.append(duration)
@@ -219,10 +225,17 @@ class TargetServer:
     batching)."""
 
     def __init__(
-        self, env: simpy.Environment, index: int, device: TargetDevice, window_s: float,
-        mixed_prefill: bool, passes: PassLog, on_pass: Callable[[list[_Session]], None],
-        wait_for: str = "fill", pass_grid: list[list[float]] | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        env: simpy.Environment,
+        index: int,
+        device: TargetDevice,
+        window_s: float,
+        mixed_prefill: bool,
+        passes: PassLog,
+        on_pass: Callable[[list[_Session]], None],
+        wait_for: str = "fill",
+        pass_grid: list[list[float]] | None = None,
+    ) -> None:
         self.env, self.index, self.device = env, index, device
         self.window_s, self.mixed_prefill, self.passes = window_s, mixed_prefill, passes
         self.wait_for_sessions = wait_for == "sessions"

@@ -8,9 +8,10 @@ from typing import Any
 
 from serving.loader import encode_prompt
 from tasks.data.traffic import build_workload
+from tasks.distributed_records import DistributedBenchResults
 
 
-def fill_prompt_lengths(measured: dict[str, Any], tokenizer: Any = None) -> None:
+def fill_prompt_lengths(measured: DistributedBenchResults, tokenizer: Any = None) -> None:
     """Give every request of ``measured`` without one its ``prompt_tokens``, in place.
     ``tokenizer``: the bench's (default: the shipped model's, loaded only when needed)."""
     requests = [r for p in measured.get("points", []) for r in p.get("per_request", [])]

@@ -21,7 +21,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Protocol
+from typing import NotRequired, Protocol, TypedDict
 
 import numpy as np
 
@@ -29,14 +29,63 @@ from serving.atomic import write_json_atomic
 from tasks.simulate.model import SimLog
 
 
-def _spread(values: np.ndarray) -> dict[str, float | None]:
+class Spread(TypedDict):
+    """Mean and percentiles of one figure over the requests (``None``: no request got
+    that far)."""
+
+    mean: float | None
+    p50: float | None
+    p90: float | None
+    p99: float | None
+
+
+class Pooled(TypedDict):
+    """Utilisation pooled over the servers (see the module docstring)."""
+
+    batch_utilisation: float
+    rows_utilisation: float
+    busy: float
+
+
+class ServerFigures(TypedDict):
+    """One server's section of the report."""
+
+    passes: int
+    busy: float
+    rows_utilisation: float
+    batch_utilisation: float
+    queue_bin_s: float
+    queue_depth: list[float | None]  # per bin of simulated time
+
+
+class SimReport(Pooled):
+    """A run's figures, as ``specops simulate`` writes them (``wall_s``: added by the
+    command; ``servers``: left out of a sweep's points)."""
+
+    duration_s: float
+    end_s: float
+    requests: int
+    finished: int
+    unfinished: int
+    throughput_tokens_per_s: float
+    goodput_requests_per_s: float
+    slo_s: float
+    ttft_s: Spread
+    tpot_s: Spread
+    latency_s: Spread
+    queue_wait_s: Spread
+    servers: NotRequired[dict[str, ServerFigures]]
+    wall_s: NotRequired[float]
+
+
+def _spread(values: np.ndarray) -> Spread:
     if values.size == 0:
         return {"mean": None, "p50": None, "p90": None, "p99": None}
     p50, p90, p99 = np.percentile(values, [50, 90, 99]).tolist()
     return {"mean": float(values.mean()), "p50": p50, "p90": p90, "p99": p99}
 
 
-def summarise(log: SimLog, *, per_server: bool = True) -> dict[str, Any]:
+def summarise(log: SimLog, *, per_server: bool = True) -> SimReport:
     """The run's figures (see the module docstring for each formula); ``per_server=False``
     leaves out the per-server section (queue depth over time), as a sweep does."""
     requests = log.requests
@@ -51,7 +100,7 @@ def summarise(log: SimLog, *, per_server: bool = True) -> dict[str, Any]:
     several = finished & (output > 1)
     tpot = (finish[several] - first[several]) / (output[several] - 1)
     passes = _Passes(log)
-    report: dict[str, Any] = {
+    report: SimReport = {
         "duration_s": log.duration_s,
         "end_s": log.end_s,
         "requests": len(requests),
@@ -95,7 +144,7 @@ class _Passes:
             self.server[decode], weights=self.members[decode], minlength=count
         )
 
-    def pooled(self) -> dict[str, float]:
+    def pooled(self) -> Pooled:
         log, decodes = self.log, self.decodes
         batch_slots = float((decodes * self.max_batch).sum())
         row_slots = float((decodes * self.max_rows).sum())
@@ -108,7 +157,7 @@ class _Passes:
             "busy": float(self.busy_s.sum()) / capacity if capacity > 0 else 0.0,
         }
 
-    def per_server(self) -> dict[str, dict[str, Any]]:
+    def per_server(self) -> dict[str, ServerFigures]:
         log = self.log
         count = len(log.servers)
         bins = max(1, int(np.ceil(log.end_s / log.queue_bin_s)))
@@ -118,7 +167,7 @@ class _Passes:
         cell = self.server * bins + slot
         samples = np.bincount(cell, minlength=count * bins).reshape(count, bins)
         depth = np.bincount(cell, weights=queued, minlength=count * bins).reshape(count, bins)
-        out: dict[str, dict[str, Any]] = {}
+        out: dict[str, ServerFigures] = {}
         for index, info in enumerate(log.servers):
             decodes = int(self.decodes[index])
             out[info.name] = {
@@ -141,12 +190,12 @@ class _Passes:
         return out
 
 
-def write_report(report: dict[str, Any], path: str | Path) -> None:
+def write_report(report: SimReport, path: str | Path) -> None:
     """Write ``report`` as JSON, atomically."""
     write_json_atomic(path, report)
 
 
-def plot_report(report: dict[str, Any], path: str | Path) -> Path:
+def plot_report(report: SimReport, path: str | Path) -> Path:
     """One scenario's report as a figure (PNG, atomic): every server's queue depth over
     time, its busy share and batch utilisation, and the latency percentiles."""
     import matplotlib
@@ -178,11 +227,14 @@ def plot_report(report: dict[str, Any], path: str | Path) -> Path:
     axes[1].set_title("Servers")
     axes[1].legend(fontsize=7)
     quantiles = ("p50", "p90", "p99")
-    for offset, key in zip(
-        (-0.25, 0.0, 0.25), ("ttft_s", "latency_s", "queue_wait_s"), strict=True
-    ):
-        spread = report.get(key) or {}
-        values = [spread.get(q) or 0.0 for q in quantiles]
+    spreads: tuple[tuple[str, Spread | None], ...] = (
+        ("ttft_s", report.get("ttft_s")),
+        ("latency_s", report.get("latency_s")),
+        ("queue_wait_s", report.get("queue_wait_s")),
+    )
+    for offset, (key, spread) in zip((-0.25, 0.0, 0.25), spreads, strict=True):
+        figures = (spread["p50"], spread["p90"], spread["p99"]) if spread else (None,) * 3
+        values = [v or 0.0 for v in figures]
         axes[2].bar(np.arange(len(quantiles)) + offset, values, 0.25, label=key)
     axes[2].set_xticks(np.arange(len(quantiles)), quantiles)
     axes[2].set_ylabel("seconds")
@@ -214,7 +266,7 @@ class ReportLogger(Protocol):
     ) -> str: ...
 
 
-def headline(report: dict[str, Any]) -> dict[str, float]:
+def headline(report: SimReport) -> dict[str, float]:
     """The report's own numbers (not its per-server or time-series sections), as metrics."""
     return {
         key: float(value)
@@ -224,7 +276,7 @@ def headline(report: dict[str, Any]) -> dict[str, float]:
 
 
 def log_scenario(
-    log_report: ReportLogger, report: dict[str, Any], files: list[Path], config: Path
+    log_report: ReportLogger, report: SimReport, files: list[Path], config: Path
 ) -> str:
     """One run holding a scenario's report files and its headline numbers; its id."""
     return log_report(
