@@ -33,11 +33,14 @@ RECORDS = "records"
 QUARANTINE = "quarantine"
 
 
-def partition_dir(root: Path, hardware: str, when: float, area: str = RECORDS) -> Path:
-    if not hardware or "/" in hardware or "=" in hardware:
-        raise BadInputError(f"hardware target {hardware!r} cannot name a partition")
+def partition_dir(root: Path, hardware_name: str, when: float, area: str = RECORDS) -> Path:
+    """The folder of ``area``'s partition ``hardware=<hardware_name>/date=<day of when>``
+    (a stored key: the name records carry, not necessarily a target of today's
+    ``configs/hardware.yaml``)."""
+    if not hardware_name or "/" in hardware_name or "=" in hardware_name:
+        raise BadInputError(f"hardware target {hardware_name!r} cannot name a partition")
     day = datetime.fromtimestamp(when, tz=UTC).strftime("%Y-%m-%d")
-    return Path(root) / area / f"hardware={hardware}" / f"date={day}"
+    return Path(root) / area / f"hardware={hardware_name}" / f"date={day}"
 
 
 def part_name(run_id: str, number: int) -> str:
@@ -56,14 +59,14 @@ def next_part_number(root: Path, run_id: str) -> int:
 
 
 def plan_parts(
-    root: Path, hardware: str, run_id: str, first: int, rows: list[dict], area: str = RECORDS
+    root: Path, hardware_name: str, run_id: str, first: int, rows: list[dict], area: str = RECORDS
 ) -> list[tuple[Path, list[dict]]]:
-    """``rows`` as new parts of ``area``, one per partition (the day of each row's
-    ``timestamp``), numbered from ``first`` in order; the caller writes each and moves past
-    all of them."""
+    """``rows`` as new parts of ``area`` under ``hardware=<hardware_name>``, one per
+    partition (the day of each row's ``timestamp``), numbered from ``first`` in order; the
+    caller writes each and moves past all of them."""
     by_partition: dict[Path, list[dict]] = {}
     for row in rows:
-        directory = partition_dir(root, hardware, row["timestamp"], area)
+        directory = partition_dir(root, hardware_name, row["timestamp"], area)
         by_partition.setdefault(directory, []).append(row)
     return [
         (directory / part_name(run_id, first + index), part_rows)

@@ -43,6 +43,7 @@ from pydantic import ValidationError
 
 from serving.engine.detailed import DetailedRecord
 from serving.errors import BadInputError
+from serving.hardware import HardwareTarget
 from serving.records import store
 from serving.records.schema import LIVE_WORKLOAD, from_detailed, parse_record, record_id
 from serving.security.redact import RecordDropped, Redactor, mask_token, redact_record
@@ -99,7 +100,7 @@ class Capture:
         *,
         root: Path,
         share: float,
-        hardware: str,
+        hardware: HardwareTarget,
         drafter_version: str = "builtin",
         failure_threshold: float = 0.5,
         seed: int = 0,
@@ -161,7 +162,7 @@ class Capture:
             prompt=prompt_text,
             output_text=output_text,
             drafter_version=drafter_version or self.drafter_version,
-            hardware=self.hardware,
+            hardware=self.hardware.name,
             run_id=self.run_id,
             failure_threshold=self.failure_threshold,
         )
@@ -204,7 +205,9 @@ class Capture:
             rows, self._buffer, self._oldest = self._buffer, [], None
             if not rows:
                 return 0
-            planned = store.plan_parts(self.root, self.hardware, self.run_id, self._part, rows)
+            planned = store.plan_parts(
+                self.root, self.hardware.name, self.run_id, self._part, rows
+            )
             # Past every planned number, written or not: a retried part gets a new one.
             self._part += len(planned)
             written = 0

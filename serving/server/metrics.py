@@ -23,6 +23,7 @@ from prometheus_client import (
 )
 
 from serving.engine.metrics import StepRecord, position_counts
+from serving.hardware import HardwareTarget
 from serving.records.schema import LIVE_WORKLOAD
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 60, 120, 300)
@@ -32,10 +33,10 @@ PASS_TOKEN_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256)
 
 
 class ServerMetrics:
-    def __init__(self, *, model_name: str, hardware: str) -> None:
+    def __init__(self, *, model_name: str, hardware: HardwareTarget) -> None:
         self.registry = CollectorRegistry()
         ProcessCollector(registry=self.registry)  # process_resident_memory_bytes, cpu seconds
-        self._labels = {"model_name": model_name, "hardware": hardware}
+        self._labels = {"model_name": model_name, "hardware": hardware.name}
         # Registered in this order, which is the order /metrics lists them in.
         self._request_counters()
         self._spec_decode_counters()

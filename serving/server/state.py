@@ -203,13 +203,13 @@ def build_state(
         target = load_target(config.target, hardware)
     use_ragged_attention(target.model)  # requests decode in batches: packed passes
     watcher = ChampionWatcher(source, target)
-    metrics = ServerMetrics(model_name=config.model_name, hardware=hardware.name)
+    metrics = ServerMetrics(model_name=config.model_name, hardware=hardware)
     current = watcher.current
     metrics.set_draft(current.version, str(current.plan.drafter), current.evaluated_acceptance)
     capture = Capture(
         root=Path(config.capture.store),
         share=config.capture.share,
-        hardware=hardware.name,
+        hardware=hardware,
         failure_threshold=config.capture.failure_threshold,
         seed=config.capture.seed,
         replica=config.replica,

@@ -244,7 +244,7 @@ class ChatSession:
         capture = Capture(
             root=store,
             share=1.0,
-            hardware=self.target.name,
+            hardware=self.target.hardware,
             chunk_size=len(pending) + 1,  # one flush, below
             replica="chat",
             redactor=Redactor(),

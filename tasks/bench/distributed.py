@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
 import numpy as np
 
 from serving.atomic import atomic_path, write_json_atomic, write_text_atomic

@@ -25,17 +25,78 @@ import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Literal, TypeAlias, TypedDict
 
 from serving.atomic import atomic_path, write_json_atomic, write_text_atomic
 from serving.errors import BadInputError
+from tasks.json_types import JsonObject
 from tasks.simulate.config import ClosedArrivals, PoissonArrivals, Scenario
 from tasks.simulate.model import simulate
-from tasks.simulate.report import ReportLogger, summarise
+from tasks.simulate.report import ReportLogger, SimReport, summarise
+
+
+class SweepRow(TypedDict):
+    """One point's figures for the table, plot and MLflow (``None`` where none)."""
+
+    drafts: int
+    targets: int
+    requests: int
+    unfinished: int
+    throughput_tokens_per_s: float
+    latency_p50_s: float | None
+    latency_p90_s: float | None
+    ttft_p50_s: float | None
+    ttft_p90_s: float | None
+    tpot_p50_s: float | None
+    goodput_requests_per_s: float
+    batch_utilisation: float
+    rows_utilisation: float
+    busy: float
+    wall_s: float
+
+
+# A key of :class:`SweepRow`, as the table, the plot and the metrics name them.
+SweepColumn: TypeAlias = Literal[
+    "drafts",
+    "targets",
+    "requests",
+    "unfinished",
+    "throughput_tokens_per_s",
+    "latency_p50_s",
+    "latency_p90_s",
+    "ttft_p50_s",
+    "ttft_p90_s",
+    "tpot_p50_s",
+    "goodput_requests_per_s",
+    "batch_utilisation",
+    "rows_utilisation",
+    "busy",
+    "wall_s",
+]
+
+
+class SweepPointReport(SimReport):
+    """One point's report (without the per-server section), with the point."""
+
+    drafts: int
+    targets: int
+
+
+class SweepPayload(TypedDict):
+    """What ``sweep.json`` holds."""
+
+    config: str | None
+    drafts: list[int]
+    targets: list[int] | None
+    scaling: str
+    scenario: JsonObject  # the base scenario, as JSON
+    table: list[SweepRow]
+    reports: list[SweepPointReport]
+
 
 SWEEP_KEYS = ("drafts",)
 # the table's columns: (key, heading, format)
-COLUMNS: tuple[tuple[str, str, str], ...] = (
+COLUMNS: tuple[tuple[SweepColumn, str, str], ...] = (
     ("drafts", "drafts", "d"),
     ("targets", "targets", "d"),
     ("requests", "requests", "d"),
@@ -86,13 +147,13 @@ def point_scenario(base: Scenario, drafts: int, targets: int | None) -> Scenario
             f"arrivals.kind: a sweep over drafts needs closed or poisson arrivals, not "
             f"{arrivals.kind!r} (a trace has no client count to scale)"
         )
-    update: dict[str, Any] = {"arrivals": arrivals}
+    update: dict[str, object] = {"arrivals": arrivals}
     if targets is not None:
         update["targets"] = [t.model_copy(update={"count": targets}) for t in base.targets]
     return base.model_copy(update=update)
 
 
-def table_row(drafts: int, targets: int, report: dict[str, Any], wall_s: float) -> dict:
+def table_row(drafts: int, targets: int, report: SimReport, wall_s: float) -> SweepRow:
     """One point's figures for the table, plot and MLflow (``None`` where none)."""
     return {
         "drafts": drafts,
@@ -121,7 +182,7 @@ def run_sweep(
     *,
     config: str | None = None,
     progress: bool = True,
-) -> dict[str, Any]:
+) -> SweepPayload:
     """Run every point (targets outer, drafts inner); write ``sweep.json``, ``sweep.md``
     and ``sweep.png`` under ``out``; return what ``sweep.json`` holds."""
     from tqdm.auto import tqdm
@@ -129,8 +190,8 @@ def run_sweep(
     target_axis: list[int | None] = list(targets) if targets else [None]
     # every point is built (and a bad axis refused) before any runs
     scenarios = [(d, t, point_scenario(base, d, t)) for t in target_axis for d in drafts]
-    rows: list[dict[str, Any]] = []
-    reports: list[dict[str, Any]] = []
+    rows: list[SweepRow] = []
+    reports: list[SweepPointReport] = []
     bar = tqdm(total=len(scenarios), desc="simulate sweep", unit="point", disable=not progress)
     try:
         for d, t, scenario in scenarios:
@@ -144,7 +205,7 @@ def run_sweep(
             bar.update()
     finally:
         bar.close()
-    payload = {
+    payload: SweepPayload = {
         "config": config,
         "drafts": list(drafts),
         "targets": list(targets) if targets else None,
@@ -171,7 +232,7 @@ def _cell(value: object, spec: str) -> str:
     return "n/a" if value is None else format(value, spec)
 
 
-def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
+def markdown_table(rows: Sequence[SweepRow]) -> str:
     """The sweep's table, one row per point."""
     lines = [
         "| " + " | ".join(heading for _, heading, _ in COLUMNS) + " |",
@@ -183,7 +244,7 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
 
 
 # (key, title, log y): latencies span orders of magnitude once the targets saturate
-PANELS: tuple[tuple[str, str, bool], ...] = (
+PANELS: tuple[tuple[SweepColumn, str, bool], ...] = (
     ("throughput_tokens_per_s", "throughput (tokens/s)", False),
     ("latency_p50_s", "p50 latency (s)", True),
     ("latency_p90_s", "p90 latency (s)", True),
@@ -193,7 +254,7 @@ PANELS: tuple[tuple[str, str, bool], ...] = (
 )
 
 
-def plot(payload: dict[str, Any], path: Path) -> Path:
+def plot(payload: SweepPayload, path: Path) -> Path:
     """Each panel against drafts (log scale), one line per target count (PNG, atomic)."""
     import matplotlib
 
@@ -207,7 +268,7 @@ def plot(payload: dict[str, Any], path: Path) -> Path:
     for (key, title, log_y), ax in zip(PANELS, axes.flat, strict=True):
         for count in sorted({row["targets"] for row in rows}):
             line = [row for row in rows if row["targets"] == count]
-            values = [math.nan if row[key] is None else row[key] for row in line]
+            values = [math.nan if (value := row[key]) is None else value for row in line]
             label = f"{count} target{'s' if count > 1 else ''}"
             ax.plot([row["drafts"] for row in line], values, marker="o", label=label)
         ax.set(xlabel="draft clients", title=title)
@@ -234,10 +295,14 @@ def plot(payload: dict[str, Any], path: Path) -> Path:
     return path
 
 
-METRICS = (*(key for key, _, _ in COLUMNS[2:]), "tpot_p50_s", "rows_utilisation")
+METRICS: tuple[SweepColumn, ...] = (
+    *(key for key, _, _ in COLUMNS[2:]),
+    "tpot_p50_s",
+    "rows_utilisation",
+)
 
 
-def log_sweep(log_report: ReportLogger, payload: dict[str, Any], folder: str | Path) -> str:
+def log_sweep(log_report: ReportLogger, payload: SweepPayload, folder: str | Path) -> str:
     """One parent run holding the sweep's files, and one nested run per point with its
     figures (``mlflow.parentRunId``); return the parent's id."""
     folder = Path(folder)
@@ -259,7 +324,7 @@ def log_sweep(log_report: ReportLogger, payload: dict[str, Any], folder: str | P
         log_report(
             f"drafts={row['drafts']} targets={row['targets']}",
             [],
-            metrics={k: float(row[k]) for k in METRICS if row[k] is not None},
+            metrics={k: float(value) for k in METRICS if (value := row[k]) is not None},
             tags={
                 "kind": "simulation",
                 "mlflow.parentRunId": parent,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Literal, TypedDict
 
 from pydantic import ValidationError
 
@@ -19,9 +19,20 @@ from serving.records.schema import UnknownSchemaVersionError, parse_record
 from tasks.simulate.acceptance import record_rows
 
 
+class TraceSection(TypedDict):
+    """A scenario's ``arrivals`` section replaying traffic
+    (:class:`tasks.simulate.config.TraceArrivals` validates it)."""
+
+    kind: Literal["trace"]
+    lengths: Literal["per_request"]
+    timestamps: list[float]  # seconds from the first request
+    prompt_tokens: list[int]
+    output_tokens: list[int]
+
+
 def trace_from_records(
     paths: Sequence[str | Path], *, workload: str | None = None, hardware: str | None = None
-) -> dict[str, Any]:
+) -> TraceSection:
     """The ``arrivals`` section replaying the records under ``paths`` (only ``workload``'s
     and ``hardware``'s when given)."""
     if not paths:

@@ -7,11 +7,12 @@ import pytest
 
 from benchmarks.overload import _check_generator, main, server_counts
 from serving.errors import SpecOpsError
+from serving.hardware import hardware_target
 from serving.server.metrics import ServerMetrics
 
 
 def test_server_counts_reads_tokens_statuses_and_refusals():
-    metrics = ServerMetrics(model_name="smollm2", hardware="cpu")
+    metrics = ServerMetrics(model_name="smollm2", hardware=hardware_target("cpu"))
     metrics.labels(metrics.generation_tokens).inc(64)
     metrics.labels(metrics.requests, finished_reason="length").inc(1)
     metrics.error(429)

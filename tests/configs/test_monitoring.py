@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from serving.paths import PROJECT_ROOT
+from serving.hardware import hardware_target
 from serving.server.metrics import ServerMetrics
 from tasks.loop.retrain_config import load_retrain_config
 
@@ -34,7 +35,7 @@ SUFFIXES = {
 def exported_names() -> set[str]:
     """Every sample name a server's /metrics can carry (labelled metrics included before
     their first observation)."""
-    metrics = ServerMetrics(model_name="m", hardware="cpu")
+    metrics = ServerMetrics(model_name="m", hardware=hardware_target("cpu"))
     names: set[str] = set()
     for family in metrics.registry.collect():
         names.update(sample.name for sample in family.samples)

@@ -15,11 +15,13 @@ from serving.engine.decoder import SpeculativeDecoder
 from serving.engine.drafters.prompt_lookup import PromptLookupDrafter
 from serving.engine.policy import FixedK
 from serving.errors import BadInputError
+from serving.hardware import hardware_target
 from serving.records import store
 from serving.server.capture import Capture, capture_run_id, host_label
 from tasks.data.validate import validate_store
 
 NOW = 1_750_000_000.0  # 2025-06-15T15:06:40Z
+CPU = hardware_target("cpu")
 
 
 def detailed_record(loaded, prompt):
@@ -28,7 +30,7 @@ def detailed_record(loaded, prompt):
 
 
 def test_captured_requests_land_in_the_store_and_validate(tmp_path, loaded, prompt):
-    capture = Capture(root=tmp_path, share=1.0, hardware="cpu", chunk_size=2)
+    capture = Capture(root=tmp_path, share=1.0, hardware=CPU, chunk_size=2)
     for i in range(3):
         capture.add(
             detailed_record(loaded, prompt[i:]),
@@ -47,15 +49,15 @@ def test_captured_requests_land_in_the_store_and_validate(tmp_path, loaded, prom
 
 
 def test_the_share_decides_how_many_requests_are_captured(tmp_path):
-    assert not any(Capture(root=tmp_path, share=0.0, hardware="cpu").wants() for _ in range(50))
-    assert all(Capture(root=tmp_path, share=1.0, hardware="cpu").wants() for _ in range(50))
-    some = Capture(root=tmp_path, share=0.3, hardware="cpu", seed=1)
+    assert not any(Capture(root=tmp_path, share=0.0, hardware=CPU).wants() for _ in range(50))
+    assert all(Capture(root=tmp_path, share=1.0, hardware=CPU).wants() for _ in range(50))
+    some = Capture(root=tmp_path, share=0.3, hardware=CPU, seed=1)
     taken = sum(some.wants() for _ in range(1000))
     assert 230 < taken < 370
 
 
 def test_old_records_are_flushed_by_age(tmp_path, loaded, prompt):
-    capture = Capture(root=tmp_path, share=1.0, hardware="cpu", chunk_size=100, max_age_s=0.0)
+    capture = Capture(root=tmp_path, share=1.0, hardware=CPU, chunk_size=100, max_age_s=0.0)
     capture.add(detailed_record(loaded, prompt), prompt_text="p", output_text="o")
     capture.flush_if_old()
     assert len(store.part_files(tmp_path)) == 1
@@ -66,7 +68,7 @@ def test_old_records_are_flushed_by_age(tmp_path, loaded, prompt):
 
 def _capture_many(root, record, replica, count, start=None) -> list[str]:
     """Capture ``count`` requests (one part each) as one replica would; return its parts."""
-    capture = Capture(root=root, share=1.0, hardware="cpu", chunk_size=1, replica=replica)
+    capture = Capture(root=root, share=1.0, hardware=CPU, chunk_size=1, replica=replica)
     if start is not None:
         start.wait()
     for i in range(count):
@@ -126,8 +128,8 @@ def test_replica_processes_write_disjoint_parts_and_lose_nothing(tmp_path, loade
 def test_a_taken_part_name_is_retried_under_the_next_number(tmp_path, loaded, prompt, caplog):
     """Even with one run id forced on two writers, no part is replaced and no row lost."""
     record = detailed_record(loaded, prompt)
-    first = Capture(root=tmp_path, share=1.0, hardware="cpu", chunk_size=1)
-    second = Capture(root=tmp_path, share=1.0, hardware="cpu", chunk_size=10)
+    first = Capture(root=tmp_path, share=1.0, hardware=CPU, chunk_size=1)
+    second = Capture(root=tmp_path, share=1.0, hardware=CPU, chunk_size=10)
     second.run_id = first.run_id
     for i in range(2):
         first.add(replace(record, request_id=f"a{i}"), prompt_text="a", output_text="a")
@@ -154,4 +156,4 @@ def test_run_ids_are_unique_and_name_files_safely():
 @pytest.mark.parametrize("replica", ["", "-lead", "a/b", "a.b", "x" * 41, "eu 1", "eu-1\n"])
 def test_a_replica_name_that_cannot_name_a_file_is_refused(tmp_path, replica):
     with pytest.raises(BadInputError, match="cannot name capture parts"):
-        Capture(root=tmp_path, share=1.0, hardware="cpu", replica=replica)
+        Capture(root=tmp_path, share=1.0, hardware=CPU, replica=replica)

@@ -1,5 +1,6 @@
 from prometheus_client.parser import text_string_to_metric_families
 
+from serving.hardware import hardware_target
 from serving.server.metrics import ServerMetrics
 
 
@@ -14,7 +15,7 @@ def gauge(metrics: ServerMetrics) -> list:
 
 
 def test_the_champions_evaluated_acceptance_follows_the_serving_draft():
-    metrics = ServerMetrics(model_name="smollm2", hardware="cpu")
+    metrics = ServerMetrics(model_name="smollm2", hardware=hardware_target("cpu"))
     metrics.set_draft("specops-draft-ngram/1", "pld:3", 0.7)
     (sample,) = gauge(metrics)
     assert sample.value == 0.7
