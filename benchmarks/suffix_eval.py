@@ -272,7 +272,7 @@ def run_suffix_eval(
     corpus = build_suffix_index_from_store(
         store_root,
         corpus_path,
-        hardware=config.hardware,
+        hardware_name=config.hardware,
         include_prompts=config.include_prompts,
         description=f"{config.workload} train outputs of {source}, greedy",
     )

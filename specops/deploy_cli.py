@@ -91,7 +91,7 @@ def vllm(
         resolved = vllm_target(hardware)  # before the registry is opened
     logs.install(keys.secrets)
     front = Front(
-        hardware=hardware,
+        hardware=resolved,
         keys=keys,
         max_body_bytes=settings.limits.max_body_bytes,
         max_json_depth=settings.limits.max_json_depth,

@@ -246,7 +246,7 @@ def _train_suffix(out, store, include_prompts, hardware, k, policy) -> str:
     with tempfile.TemporaryDirectory() as scratch:
         path = Path(scratch) / "corpus.json"
         corpus = build_suffix_index_from_store(
-            store, path, hardware=hardware, include_prompts=include_prompts
+            store, path, hardware_name=hardware, include_prompts=include_prompts
         )
         tokens = sum(map(len, corpus.sequences))
         manifest = manifest.model_copy(
@@ -282,7 +282,7 @@ def _train_ngram(out, options, store, include_prompts, hardware, k, policy) -> s
     with tempfile.TemporaryDirectory() as scratch:
         path = Path(scratch) / "store.json"
         corpus = build_suffix_index_from_store(
-            store, path, hardware=hardware, include_prompts=include_prompts
+            store, path, hardware_name=hardware, include_prompts=include_prompts
         )
         tokens = sum(map(len, corpus.sequences))
         described = f"n-gram store of {len(corpus.sequences)} sequences, {tokens} tokens"

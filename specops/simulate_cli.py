@@ -155,7 +155,7 @@ def trace(
     from tasks.simulate.trace import trace_from_records
 
     with failing():
-        arrivals = trace_from_records(records, workload=workload, hardware=hardware)
+        arrivals = trace_from_records(records, workload=workload, hardware_name=hardware)
     text = yaml.safe_dump({"arrivals": arrivals}, sort_keys=False, default_flow_style=None)
     typer.echo(text, nl=False)
     span = arrivals["timestamps"][-1]

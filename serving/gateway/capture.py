@@ -15,6 +15,8 @@ import time
 import uuid
 from typing import Any
 
+from serving.hardware import HardwareTarget
+
 TOKEN_ID_FIELDS = ("prompt_token_ids", "token_ids")
 
 
@@ -101,18 +103,19 @@ class Transcript:
         server: str,
         champion: str,
         speculative_config: dict[str, Any] | None,
-        hardware: str,
+        hardware: HardwareTarget | None,
         started: float,
     ) -> dict[str, Any] | None:
         """The captured pair of ``request`` (the parsed body sent upstream) and this answer,
-        served by ``server`` since ``started``; None without a prompt or an output."""
+        served by ``server`` on ``hardware`` (its name is stored; "" for None) since
+        ``started``; None without a prompt or an output."""
         if not self.prompt or not self.output:
             return None
         return {
             "id": f"{server}-{uuid.uuid4().hex}",
             "timestamp": started,
             "latency_s": round(time.time() - started, 6),
-            "hardware": hardware,
+            "hardware": "" if hardware is None else hardware.name,
             "champion": champion,
             "server": server,
             "speculative_method": (speculative_config or {}).get("method", "none"),

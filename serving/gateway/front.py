@@ -47,6 +47,7 @@ from starlette.routing import Route
 
 from serving.errors import BadInputError
 from serving.gateway.capture import Transcript
+from serving.hardware import HardwareTarget
 from serving.security.admission import Admission
 from serving.security.asgi import ApiKeyGuard, ASGIApp, BodyLimit
 from serving.security.body import BodyError, parse_object
@@ -125,7 +126,7 @@ class Front:
         self,
         *,
         capture: Callable[[dict[str, Any]], None] | None = None,
-        hardware: str = "",
+        hardware: HardwareTarget | None = None,
         keys: ApiKeys | None = None,
         max_body_bytes: int = 1 << 20,
         max_json_depth: int = 64,
@@ -214,7 +215,7 @@ class Front:
         upstream = self.upstream
         body = {
             "status": self.state,
-            "hardware": self.hardware,
+            "hardware": "" if self.hardware is None else self.hardware.name,
             "upstream": upstream.describe() if upstream else None,
             "last_error": self.last_error,
             "events": self.events[-10:],

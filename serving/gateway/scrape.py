@@ -15,6 +15,8 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from serving.hardware import HardwareTarget
+
 DRAFTS = "vllm:spec_decode_num_drafts"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
@@ -84,12 +86,12 @@ def window(
     *,
     start: float,
     end: float,
-    hardware: str,
+    hardware: HardwareTarget,
     champion: str,
     server: str,
 ) -> Window:
-    """``after - before`` of one server; a counter that went down (the server restarted
-    under the same name) counts from zero."""
+    """``after - before`` of one server on ``hardware`` (the window keeps its name); a
+    counter that went down (the server restarted under the same name) counts from zero."""
 
     def delta(a: float, b: float) -> int:
         return round(b - a) if b >= a else round(b)
@@ -101,7 +103,7 @@ def window(
     return Window(
         start=start,
         end=end,
-        hardware=hardware,
+        hardware=hardware.name,
         champion=champion,
         server=server,
         requests=delta(before.requests, after.requests),

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from serving.hardware import HardwareTarget
 from serving.records import store
 
 log = logging.getLogger(__name__)
@@ -30,9 +31,9 @@ PAIRS = "vllm-pairs"
 ACCEPTANCE = "vllm-acceptance"
 
 
-def area_parts(root: Path, area: str, hardware: str) -> list[Path]:
+def area_parts(root: Path, area: str, hardware: HardwareTarget) -> list[Path]:
     """Every committed part of ``area`` for ``hardware``, oldest name first."""
-    return store.part_files(Path(root), f"{area}/hardware={hardware}")
+    return store.part_files(Path(root), f"{area}/hardware={hardware.name}")
 
 
 class PartSink:
@@ -41,7 +42,7 @@ class PartSink:
         root: Path,
         area: str,
         *,
-        hardware: str,
+        hardware: HardwareTarget,
         run_id: str,
         flush_rows: int = 64,
         flush_s: float = 30.0,
@@ -49,7 +50,7 @@ class PartSink:
     ) -> None:
         """``transform`` (e.g. redaction) runs on each row when it is added, off the
         front's request path only if ``add`` is; a row it turns into None is dropped."""
-        store.partition_dir(Path(root), hardware, 0.0, area)  # a bad target fails here
+        store.partition_dir(Path(root), hardware.name, 0.0, area)  # a bad target fails here
         self.root = Path(root)
         self.area = area
         self.hardware = hardware
@@ -95,7 +96,7 @@ class PartSink:
             rows, self._rows = self._rows, []
             self._last_flush = time.monotonic()
             planned = store.plan_parts(
-                self.root, self.hardware, self.run_id, self._number, rows, self.area
+                self.root, self.hardware.name, self.run_id, self._number, rows, self.area
             )
             self._number += len(planned)  # past every planned number, written or not
             written = 0

@@ -15,6 +15,8 @@ from pydantic import (
     model_validator,
 )
 
+from serving.defaults import DEFAULT_HARDWARE, DEFAULT_K, DEFAULT_POLICY, DEFAULT_TARGET
+from serving.engine.drafters.plan import CascadePlan, DraftPlan
 from serving.engine.policy import MAX_DRAFT_TOKENS, PolicyName
 from serving.errors import BadInputError
 from serving.paths import CONFIG_DIR
@@ -34,8 +36,8 @@ class _Section(BaseModel):
 class ChampionConfig(_Section):
     source: Literal["static", "local", "registry"] = "static"
     drafter: str = "pld"  # static: the drafter spec
-    policy: PolicyName = "cost"
-    k: int = Field(10, ge=1, le=MAX_DRAFT_TOKENS)
+    policy: PolicyName = DEFAULT_POLICY
+    k: int = Field(DEFAULT_K, ge=1, le=MAX_DRAFT_TOKENS)
     path: Path | None = None  # local: the champion pointer file
     poll_s: float = Field(5.0, gt=0)
     # registry: while the target has no champion yet, refuse to start ("fail") or serve
@@ -47,6 +49,11 @@ class ChampionConfig(_Section):
     def _path_for_local(self) -> ChampionConfig:
         if self.source == "local" and self.path is None:
             raise ValueError("champion.source 'local' needs champion.path (the pointer file)")
+        if self.source == "static":  # the plan is refused here, before any weights load
+            try:
+                DraftPlan.parse(self.drafter, policy=self.policy, k=self.k)
+            except BadInputError as error:
+                raise ValueError(f"champion.drafter {self.drafter!r}: {error}") from None
         return self
 
 
@@ -130,15 +137,20 @@ class CascadeConfig(_Section):
             raise ValueError("cascade.predictor 'local' needs cascade.predictor_path")
         if self.predictor != "none" and self.stages is None:
             raise ValueError("cascade.predictor needs cascade.stages")
+        if self.stages is not None:  # refused here, before any weights load
+            try:
+                CascadePlan.parse(self.stages, k=self.k_max)
+            except BadInputError as error:
+                raise ValueError(f"cascade.stages {self.stages!r}: {error}") from None
         return self
 
 
 class ServerConfig(_Section):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
-    model_name: str = Field("smollm2", min_length=1)
-    target: str = "smollm2"
-    hardware: str = "cpu"
+    model_name: str = Field(DEFAULT_TARGET, min_length=1)
+    target: str = DEFAULT_TARGET
+    hardware: str = DEFAULT_HARDWARE  # a name in configs/hardware.yaml, resolved at start
     # Which deployment this process is, when several serve one registry and capture into
     # one store (e.g. "eu-1"); it prefixes the capture run id. None: the host name alone
     # (with the pid and a random token) keeps replicas' parts apart.

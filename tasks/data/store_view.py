@@ -39,12 +39,16 @@ from tasks.data.vllm_acceptance import (
 log = logging.getLogger(__name__)
 
 
-def read_valid_records(root: str | Path, *, hardware: str | None = None) -> list[RequestRecord]:
+def read_valid_records(
+    root: str | Path, *, hardware_name: str | None = None
+) -> list[RequestRecord]:
     """The records under ``root`` that parse (:func:`serving.records.schema.parse_record`,
-    older versions read as the current one; first copy of each id), optionally of one
-    hardware target: every part, read in full. Malformed rows are skipped here (and counted
-    in the log); :mod:`tasks.data.validate` is where they are quarantined with their
-    reasons, and where the records a ``collect`` judges come from (:class:`StoreView`)."""
+    older versions read as the current one; first copy of each id), optionally only those
+    whose stored ``hardware`` is ``hardware_name`` (any name records carry, a target of
+    ``configs/hardware.yaml`` or not): every part, read in full. Malformed rows are skipped
+    here (and counted in the log); :mod:`tasks.data.validate` is where they are quarantined
+    with their reasons, and where the records a ``collect`` judges come from
+    (:class:`StoreView`)."""
     records: list[RequestRecord] = []
     seen: set[str] = set()
     skipped = 0
@@ -54,7 +58,7 @@ def read_valid_records(root: str | Path, *, hardware: str | None = None) -> list
         except (ValidationError, UnknownSchemaVersionError):
             skipped += 1
             continue
-        if record.id in seen or (hardware is not None and record.hardware != hardware):
+        if record.id in seen or (hardware_name is not None and record.hardware != hardware_name):
             continue
         seen.add(record.id)
         records.append(record)
@@ -93,7 +97,7 @@ class StoreView:
         """The view of ``valid`` (validation's records of the whole store at ``root``) for
         ``hardware``; on a vLLM target with the windows scraped there, read now."""
         name = hardware.name
-        windows = read_windows(Path(root), name) if hardware.backend == "vllm" else []
+        windows = read_windows(Path(root), hardware) if hardware.backend == "vllm" else []
         return cls(root, hardware, (r for r in valid if r.hardware == name), windows)
 
     def served_by(self, champion: str | None) -> list[RequestRecord]:
@@ -103,7 +107,7 @@ class StoreView:
     def scraped(self, champion: str | None, *, window: int) -> list[ScrapedAcceptance]:
         """The ``live`` group of the newest windows ``champion`` served covering ``window``
         requests (:func:`tasks.data.vllm_acceptance.pooled_windows`); [] without any."""
-        return pooled_windows(self.windows, self.hardware.name, champion=champion, window=window)
+        return pooled_windows(self.windows, self.hardware, champion=champion, window=window)
 
     def __repr__(self) -> str:
         return (

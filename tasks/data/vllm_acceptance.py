@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from serving.gateway.sink import ACCEPTANCE, area_parts
+from serving.hardware import HardwareTarget
 from serving.records.schema import LIVE_WORKLOAD
 from tasks.data.acceptance import PooledAcceptance
 
@@ -30,7 +31,7 @@ class ScrapedAcceptance(PooledAcceptance):
     source: Literal["vllm-metrics"] = "vllm-metrics"
 
 
-def read_windows(store: Path, hardware: str) -> list[ScrapedWindow]:
+def read_windows(store: Path, hardware: HardwareTarget) -> list[ScrapedWindow]:
     """Every scraped window of ``hardware``, oldest first; unreadable lines are skipped
     (a window is a measurement, not a record to quarantine)."""
     rows = []
@@ -46,7 +47,7 @@ def read_windows(store: Path, hardware: str) -> list[ScrapedWindow]:
 
 
 def vllm_groups(
-    store: Path, hardware: str, *, champion: str | None, window: int = 50
+    store: Path, hardware: HardwareTarget, *, champion: str | None, window: int = 50
 ) -> list[ScrapedAcceptance]:
     """The ``live`` group of ``hardware``'s newest windows served by ``champion`` (all
     champions when None) covering at least ``window`` requests; [] without windows."""
@@ -54,10 +55,14 @@ def vllm_groups(
 
 
 def pooled_windows(
-    windows: Sequence[ScrapedWindow], hardware: str, *, champion: str | None, window: int = 50
+    windows: Sequence[ScrapedWindow],
+    hardware: HardwareTarget,
+    *,
+    champion: str | None,
+    window: int = 50,
 ) -> list[ScrapedAcceptance]:
     """:func:`vllm_groups` over ``windows`` already read (:func:`read_windows`, oldest
-    first)."""
+    first); the group carries ``hardware``'s name."""
     rows = [r for r in windows if champion is None or r["champion"] == champion]
     taken: list[ScrapedWindow] = []
     for row in reversed(rows):
@@ -71,7 +76,7 @@ def pooled_windows(
     return [
         ScrapedAcceptance(
             workload=LIVE_WORKLOAD,
-            hardware=hardware,
+            hardware=hardware.name,
             requests=sum(int(r.get("requests", 0)) for r in taken),
             draft_tokens=drafted,
             accepted_tokens=accepted,

@@ -17,6 +17,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from serving.gateway.sink import PAIRS, area_parts
+from serving.hardware import HardwareTarget
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +35,7 @@ class Pair(BaseModel):
     output_token_ids: list[int] = Field(min_length=1)
 
 
-def read_pairs(store: Path, hardware: str) -> tuple[list[Pair], list[str]]:
+def read_pairs(store: Path, hardware: HardwareTarget) -> tuple[list[Pair], list[str]]:
     """The valid pairs of ``hardware`` (oldest first, each id once) and one reason per line
     that was not one (the line is left where it is and never trained on)."""
     pairs: dict[str, Pair] = {}

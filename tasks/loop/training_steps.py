@@ -23,14 +23,16 @@ from tasks.train.store_teacher import Answered
 
 
 def trainable_records(
-    store_root: Path, dataset_dir: Path, *, hardware: str | None = None
+    store_root: Path, dataset_dir: Path, *, hardware: HardwareTarget | None = None
 ) -> list[RequestRecord]:
-    """The store's train-split records less the held-out traffic (the newest share per
-    workload, ``heldout_traffic.jsonl`` of the dataset): what a challenger may learn from."""
+    """The store's train-split records (of ``hardware``; every target's for None) less the
+    held-out traffic (the newest share per workload, ``heldout_traffic.jsonl`` of the
+    dataset): what a challenger may learn from."""
     held = {r.id for r in read_part(dataset_dir, "heldout_traffic")}
+    name = None if hardware is None else hardware.name
     return [
         r
-        for r in read_valid_records(store_root, hardware=hardware)
+        for r in read_valid_records(store_root, hardware_name=name)
         if r.split == "train" and r.id not in held
     ]
 
@@ -71,7 +73,7 @@ def captured_pairs(store_root: Path | None, hardware: HardwareTarget) -> list[Pa
 
     if store_root is None or hardware.backend != "vllm":
         return []
-    pairs, rejected = read_pairs(store_root, hardware.name)
+    pairs, rejected = read_pairs(store_root, hardware)
     run_log().info(
         "%d pairs captured in front of vLLM join the training data (%d lines skipped)",
         len(pairs),
@@ -85,7 +87,7 @@ def train_suffix(
 ) -> Path:
     """The suffix challenger from ``hardware``'s trainable records (on a vLLM target, plus
     the answers captured in front of its servers)."""
-    records = trainable_records(store_root, dataset_dir, hardware=hardware.name)
+    records = trainable_records(store_root, dataset_dir, hardware=hardware)
     answers = [pair.output_token_ids for pair in captured_pairs(store_root, hardware)]
     return train_suffix_challenger([*records, *answers], out_dir, source=str(store_root))
 

@@ -191,7 +191,7 @@ def run_cycle(
     first, second = versions
     registry.promote(first, hardware.name, reason="cycle: first champion")
 
-    front = Front(hardware=hardware.name)
+    front = Front(hardware=hardware)
     deployment = deployment_for(
         hardware,
         target=target,
@@ -248,10 +248,10 @@ def run_cycle(
         serving.join(timeout=30)
     windows = [
         json.loads(line)
-        for part in area_parts(store, ACCEPTANCE, hardware.name)
+        for part in area_parts(store, ACCEPTANCE, hardware)
         for line in part.read_text().splitlines()
     ]
-    pairs = sum(len(p.read_text().splitlines()) for p in area_parts(store, PAIRS, hardware.name))
+    pairs = sum(len(p.read_text().splitlines()) for p in area_parts(store, PAIRS, hardware))
     switches = [e for e in front.events if e["event"] == "switched"]
     report = {
         "hardware": hardware.name,

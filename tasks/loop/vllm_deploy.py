@@ -91,7 +91,7 @@ class ChampionReleases:
 
 @dataclass
 class DeploySettings:
-    hardware: str
+    hardware: HardwareTarget
     model: Path  # the target's folder
     python: Path  # vLLM's interpreter
     work: Path  # server logs
@@ -325,7 +325,9 @@ class Deployment:
                 server=self.server.name,
             )
             if observed.acceptance is not None:
-                self.front.acceptance.labels(self.settings.hardware).set(observed.acceptance)
+                self.front.acceptance.labels(self.settings.hardware.name).set(
+                    observed.acceptance
+                )
             if self.acceptance_sink is not None and (observed.requests or observed.drafts):
                 self.acceptance_sink.add({"timestamp": now, **observed.to_dict()})
                 self.acceptance_sink.flush_if_due()
@@ -349,7 +351,7 @@ def deployment_for(
     spec = check_runnable(hardware)
     releases = ChampionReleases(hardware, cache=work / "cache", registry=registry)
     settings = DeploySettings(
-        hardware=hardware.name,
+        hardware=hardware,
         model=target_folder(target),
         python=backend_python("vllm"),
         work=work / "logs",

@@ -31,10 +31,13 @@ class TraceSection(TypedDict):
 
 
 def trace_from_records(
-    paths: Sequence[str | Path], *, workload: str | None = None, hardware: str | None = None
+    paths: Sequence[str | Path],
+    *,
+    workload: str | None = None,
+    hardware_name: str | None = None,
 ) -> TraceSection:
     """The ``arrivals`` section replaying the records under ``paths`` (only ``workload``'s
-    and ``hardware``'s when given)."""
+    and those stored under ``hardware_name`` when given: any name records carry)."""
     if not paths:
         raise BadInputError("no records given: pass a capture store, a folder or a file")
     requests: list[tuple[float, int, int]] = []
@@ -51,14 +54,14 @@ def trace_from_records(
                 raise BadInputError(f"records: {where} is not a readable record: {error}") from None
             if workload is not None and record.workload != workload:
                 continue
-            if hardware is not None and record.hardware != hardware:
+            if hardware_name is not None and record.hardware != hardware_name:
                 continue
             requests.append(
                 (record.timestamp, len(record.prompt_token_ids), len(record.output_token_ids))
             )
     if not requests:
         chosen = ", ".join(
-            f"{k} {v!r}" for k, v in (("workload", workload), ("hardware", hardware)) if v
+            f"{k} {v!r}" for k, v in (("workload", workload), ("hardware", hardware_name)) if v
         )
         raise BadInputError(
             f"no records{' of ' + chosen if chosen else ''} under {', '.join(map(str, paths))}"

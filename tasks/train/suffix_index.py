@@ -116,11 +116,13 @@ def build_suffix_index(
 
 
 def build_suffix_index_from_store(
-    root: str | Path, path: str | Path, *, hardware: str | None = None, **options
+    root: str | Path, path: str | Path, *, hardware_name: str | None = None, **options
 ) -> SuffixCorpus:
     """:func:`build_suffix_index` over the records of the store at ``root`` that parse
-    (:func:`tasks.data.store_view.read_valid_records`)."""
-    return build_suffix_index(read_valid_records(root, hardware=hardware), path, **options)
+    (:func:`tasks.data.store_view.read_valid_records`), only those stored under
+    ``hardware_name`` when given."""
+    records = read_valid_records(root, hardware_name=hardware_name)
+    return build_suffix_index(records, path, **options)
 
 
 def save_suffix_index(corpus: SuffixCorpus, path: str | Path) -> None:

@@ -15,6 +15,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from serving.hardware import hardware_target
+
+CPU_VLLM = hardware_target("cpu-vllm")
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -43,7 +47,7 @@ def test_a_promotion_reaches_the_server_under_load_with_no_failed_request(tiny, 
 
     # A rollback is the same alias move the other way (`specops deploy cycle` measures it);
     # CI time keeps this to one promotion and a one-prompt evaluation.
-    report = run_cycle(hardware="cpu-vllm", target=str(tiny), work=tmp_path / "work",
+    report = run_cycle(hardware=CPU_VLLM, target=str(tiny), work=tmp_path / "work",
                        store=tmp_path / "store", registry=registry, settle_s=3.0,
                        rollback=False, eval_prompts=1, eval_tokens=8,
                        out=tmp_path / "report.json")  # fmt: skip
@@ -68,11 +72,11 @@ def test_a_rejected_config_keeps_the_old_server_and_a_killed_one_comes_back(tiny
     from serving.gateway.front import Front
     from tasks.loop.vllm_deploy import Deployment, DeploySettings, Release
 
-    front = Front(hardware="cpu-vllm")
+    front = Front(hardware=CPU_VLLM)
     good = Release("ngram/1", {"method": "ngram", "num_speculative_tokens": 3,
                                "prompt_lookup_max": 3, "prompt_lookup_min": 1})  # fmt: skip
     releases = Fixed(good)
-    settings = DeploySettings(hardware="cpu-vllm", model=tiny,
+    settings = DeploySettings(hardware=CPU_VLLM, model=tiny,
                               python=ROOT / ".venv-vllm" / "bin" / "python",
                               work=tmp_path / "logs", poll_s=0.5, scrape_s=1.0)  # fmt: skip
     deployment = Deployment(settings, front, releases, store=tmp_path / "store")

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from serving.paths import PROJECT_ROOT
 from serving.hardware import hardware_target
+from serving.paths import PROJECT_ROOT
 from serving.server.metrics import ServerMetrics
 from tasks.loop.retrain_config import load_retrain_config
 

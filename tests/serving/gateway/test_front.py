@@ -20,9 +20,12 @@ from starlette.routing import Route
 
 from serving.gateway.front import Front, Upstream
 from serving.gateway.vllm_process import free_port
+from serving.hardware import hardware_target
 from serving.security.keys import from_keys
 from serving.security.rate import TokenBuckets
 from serving.security.tls import ServerTls, ca_context, server_tls, uvicorn_tls
+
+CPU_VLLM = hardware_target("cpu-vllm")
 
 
 def fake_vllm(name: str, delay_s: float = 0.0, release: threading.Event | None = None) -> Starlette:
@@ -111,7 +114,7 @@ def upstream(server: Served, name: str) -> Upstream:
 
 
 def test_no_upstream_is_a_503_with_an_openai_error(served):
-    front = Front(hardware="cpu-vllm")
+    front = Front(hardware=CPU_VLLM)
     front.last_error = "vLLM refused suffix/2: bad config"
     app = served(front.app())
     response = httpx.post(f"{app.url}/v1/completions", json={"prompt": "x"})
@@ -182,7 +185,7 @@ def test_switch_under_load_fails_nothing_and_drains_the_old(served):
 @pytest.mark.parametrize("stream", [False, True])
 def test_capture_records_ids_and_hides_them_from_the_client(served, stream):
     captured: list[dict] = []
-    front = Front(capture=captured.append, hardware="cpu-vllm")
+    front = Front(capture=captured.append, hardware=CPU_VLLM)
     front.switch(upstream(served(fake_vllm("v1")), "v1"))
     app = served(front.app())
     body = {"prompt": "x", "max_tokens": 3, "temperature": 0, "stream": stream}

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from serving.gateway.scrape import Counters, read_counters, window
+from serving.hardware import hardware_target
+
+CPU_VLLM = hardware_target("cpu-vllm")
 
 PAGE = """\
 # HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
@@ -30,13 +33,13 @@ def test_counters_are_summed_over_labels_and_created_stamps_ignored():
 
 def test_a_window_is_the_difference_and_a_reset_counts_from_zero():
     before = Counters(4, 12, 6, 2, (4, 2))
-    observed = window(before, read_counters(PAGE), start=0, end=10, hardware="cpu-vllm",
+    observed = window(before, read_counters(PAGE), start=0, end=10, hardware=CPU_VLLM,
                       champion="suffix/1", server="s1")  # fmt: skip
     assert (observed.drafts, observed.draft_tokens, observed.accepted_tokens) == (6, 18, 6)
     assert observed.requests == 3 and observed.accepted_per_position == [3, 2, 1]
     assert observed.acceptance == 6 / 18
     reset = window(Counters(100, 300, 200, 50, ()), read_counters(PAGE), start=0, end=1,
-                   hardware="h", champion="c", server="s")  # fmt: skip
+                   hardware=CPU_VLLM, champion="c", server="s")  # fmt: skip
     assert reset.draft_tokens == 30 and reset.requests == 5
 
 

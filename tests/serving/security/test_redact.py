@@ -10,6 +10,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from serving.engine.decoder import SpeculativeDecoder
 from serving.engine.drafters.prompt_lookup import PromptLookupDrafter
 from serving.engine.policy import FixedK
+from serving.hardware import hardware_target
 from serving.records.schema import from_detailed, parse_record
 from serving.security.redact import (
     RecordDropped,
@@ -20,6 +21,8 @@ from serving.security.redact import (
     token_ends,
 )
 from serving.target import LoadedTarget
+
+CPU_VLLM = hardware_target("cpu-vllm")
 
 EMAIL = "alice.smith@example.com"
 KEY = "sk-proj-AbCdEfGhIjKlMnOpQrStUv123456"
@@ -134,7 +137,7 @@ def test_captured_pairs_are_redacted_or_dropped_through_the_sink(tmp_path, token
     prompt = tokenizer(f"mail {EMAIL} please", add_special_tokens=False)["input_ids"]
     output = tokenizer(f"sure, {KEY}", add_special_tokens=False)["input_ids"]
     plain = tokenizer("nothing here", add_special_tokens=False)["input_ids"]
-    sink = PartSink(tmp_path, PAIRS, hardware="cpu-vllm", run_id="r", transform=redact)
+    sink = PartSink(tmp_path, PAIRS, hardware=CPU_VLLM, run_id="r", transform=redact)
     sink.add({"timestamp": 1.0, "prompt_token_ids": prompt, "output_token_ids": output})
     sink.add({"timestamp": 1.0, "prompt_token_ids": plain, "output_token_ids": plain})
     assert sink.flush() == 2
@@ -149,7 +152,7 @@ def test_captured_pairs_are_redacted_or_dropped_through_the_sink(tmp_path, token
     dropping = pair_redactor(
         Redactor(), tokenizer, None, on_event=lambda k, n: events.append((k, n))
     )
-    sink = PartSink(tmp_path / "b", PAIRS, hardware="cpu-vllm", run_id="r", transform=dropping)
+    sink = PartSink(tmp_path / "b", PAIRS, hardware=CPU_VLLM, run_id="r", transform=dropping)
     sink.add({"timestamp": 1.0, "prompt_token_ids": prompt, "output_token_ids": output})
     assert sink.flush() == 0 and events[-1] == ("dropped:no_mask_token", 1)
 

@@ -48,7 +48,7 @@ def test_the_view_holds_its_targets_validated_records_only(tmp_path, curated):
     assert view.root == store and view.windows == () and view.scraped(None, window=1) == []
     # The row a day ahead parses, so the full reader keeps it; validation quarantined it.
     assert curated.summary.validation.by_stage["expectations"] == 1
-    assert "req-3" in {r.id for r in read_valid_records(store, hardware="cpu")}
+    assert "req-3" in {r.id for r in read_valid_records(store, hardware_name="cpu")}
     cuda = StoreView.of(store, hardware_target("cuda"), curated.valid)
     assert [r.id for r in cuda.records] == ["req-4"]
 

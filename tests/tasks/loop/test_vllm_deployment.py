@@ -19,8 +19,11 @@ from starlette.routing import Route
 from serving.gateway.front import Front
 from serving.gateway.sink import ACCEPTANCE, area_parts
 from serving.gateway.vllm_process import ServerStartError
+from serving.hardware import hardware_target
 from tasks.loop.vllm_deploy import Deployment, DeploySettings, Release
 from tests.serving.gateway.test_front import Served, fake_vllm
+
+CPU_VLLM = hardware_target("cpu-vllm")
 
 METRICS = """\
 vllm:spec_decode_num_drafts_total{{engine="0"}} {drafts}
@@ -98,9 +101,9 @@ def ngram(version: str, k: int = 3) -> Release:
 
 @pytest.fixture
 def setup(tmp_path):
-    front = Front(hardware="cpu-vllm")
+    front = Front(hardware=CPU_VLLM)
     releases = Releases(ngram("ngram/1"))
-    settings = DeploySettings(hardware="cpu-vllm", model=tmp_path, python=Path("python"),
+    settings = DeploySettings(hardware=CPU_VLLM, model=tmp_path, python=Path("python"),
                               work=tmp_path / "logs", poll_s=0.05, scrape_s=0.0)  # fmt: skip
     deployment = FakeDeployment(settings, front, releases, store=tmp_path / "store",
                                 rejects={"bad/2"})  # fmt: skip
@@ -171,14 +174,14 @@ def test_scraped_counters_become_acceptance_windows(setup, tmp_path):
     server.counters.update(drafts=12, drafted=36, accepted=15, requests=5)
     deployment.scrape(force=True)
     deployment.acceptance_sink.flush()
-    rows = [json.loads(line) for part in area_parts(tmp_path / "store", ACCEPTANCE, "cpu-vllm")
+    rows = [json.loads(line) for part in area_parts(tmp_path / "store", ACCEPTANCE, CPU_VLLM)
             for line in part.read_text().splitlines()]  # fmt: skip
     assert [(r["draft_tokens"], r["accepted_tokens"], r["requests"]) for r in rows] == [
         (30, 12, 4), (6, 3, 1)
     ]  # fmt: skip
     assert rows[0]["champion"] == "ngram/1" and rows[0]["server"] == "s1"
     assert (
-        'specops_vllm_acceptance_rate{hardware="cpu-vllm"} 0.5'
+        "specops_vllm_acceptance_rate{hardware=CPU_VLLM} 0.5"
         in httpx.get(f"{Served(front.app()).url}/metrics").text
     )
 

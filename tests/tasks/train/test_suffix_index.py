@@ -117,7 +117,7 @@ def test_builds_from_the_train_outputs_of_valid_records(tmp_path, store):
         tuple(r.prompt_token_ids + r.output_token_ids) for r in train
     )
     with pytest.raises(BadInputError, match="no token sequences"):
-        build_suffix_index_from_store(store, tmp_path / "x.json", hardware="gpu")
+        build_suffix_index_from_store(store, tmp_path / "x.json", hardware_name="gpu")
     heldout = [r for r in records if r.split == "heldout"]
     with pytest.raises(BadInputError, match=r"splits \['train'\]"):
         build_suffix_index(heldout, tmp_path / "x.json")
