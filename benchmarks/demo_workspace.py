@@ -42,6 +42,12 @@ def retrain_prompts(work: Path, per_workload: int) -> list:
     """The retrain's evaluation prompts: ``per_workload`` built-in held-out grounded and
     HumanEval prompts, and the workspace's held-out traffic (8 a workload), as the loop
     picks them."""
-    from tasks.loop.prefect_tasks import _heldout_prompts
+    from tasks.loop.evaluation_steps import heldout_prompts
 
-    return _heldout_prompts(["grounded", "humaneval"], per_workload, 0, str(work / "dataset"), 8)
+    return heldout_prompts(
+        ["grounded", "humaneval"],
+        per_workload,
+        seed=0,
+        dataset_dir=work / "dataset",
+        traffic_per_workload=8,
+    )

@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         from serving.loader import set_threads
         from tasks.evaluate import gates as gate_config
         from tasks.evaluate.evaluate import Contender, evaluate_report
-        from tasks.loop.steps import target_for
+        from tasks.loop.targets import target_for
 
         registry = open_workspace(args.work)
         champion, challengers = args.champion, args.challenger

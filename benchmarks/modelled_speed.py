@@ -37,7 +37,7 @@ from tasks.data.traffic import build_workload
 from tasks.evaluate.evaluate import REFERENCE, Contender, evaluate_report
 from tasks.evaluate.modelled import modelled_report
 from tasks.evaluate.report import EvaluationReport
-from tasks.loop.steps import builtin_package
+from tasks.loop.registry_steps import builtin_package
 
 DRAFTERS = ("pld:3", "layers:8")
 ERROR_TARGET = 0.10  # the issue's: modelled within 10 % of the measured median

@@ -467,10 +467,10 @@ def train_draft_cli(*args: str) -> None:
 
 def _builtin(drafter: str, family: str) -> Callable[[TinyWorld, Path], BuiltPackage]:
     """The loop's built-in package of ``drafter`` (how a fresh registry gets its first
-    champion: :func:`tasks.loop.steps.builtin_package`, its default k)."""
+    champion: :func:`tasks.loop.registry_steps.builtin_package`, its default k)."""
 
     def build(world: TinyWorld, out: Path) -> BuiltPackage:
-        from tasks.loop.steps import builtin_package
+        from tasks.loop.registry_steps import builtin_package
 
         folder = builtin_package(drafter, out / "built", family=family, policy=PACKAGE_POLICY)
         return BuiltPackage(drafter.partition(":")[0], folder)

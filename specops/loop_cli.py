@@ -125,7 +125,7 @@ def _run_demo(
     )
     summary = write_report(result, work / "store", Path("results/main"))
     headline = _headline(summary.before_after, hardware)
-    from tasks.loop.prefect_tasks import open_registry
+    from tasks.loop.registry_steps import open_registry
 
     open_registry().log_report(
         "drift-demo",
@@ -313,7 +313,7 @@ def run(
         hardware_target(hardware)
         versions: list[DraftRef] = []
         if challenger:  # checked to exist before Prefect starts
-            from tasks.loop.prefect_tasks import open_registry
+            from tasks.loop.registry_steps import open_registry
 
             registry = open_registry()
             drafts = [registry.resolve(ref) for ref in challenger]
@@ -420,7 +420,7 @@ def head_curve(
 def _first_head(work: Path) -> Path:
     """The workspace's first registered head (the main job's pre-drift one)."""
     from serving.errors import BadInputError
-    from tasks.loop.prefect_tasks import open_registry
+    from tasks.loop.registry_steps import open_registry
 
     registry = open_registry()
     if "head" not in registry.families():

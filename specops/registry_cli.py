@@ -257,7 +257,7 @@ def log_evaluation(
     every version it names must exist; otherwise nothing is logged."""
     from serving.models.real import cache_root
     from tasks.evaluate.evaluation_file import read_evaluation_file
-    from tasks.loop.steps import decide
+    from tasks.loop.evaluation_steps import decide
 
     with _refusing():
         evaluation = read_evaluation_file(file)

@@ -137,7 +137,7 @@ def log_run(results: Path, *, promote: bool, registry=None) -> tuple[dict[str, s
     from registry.client import Registry
     from serving.models.real import cache_root
     from tasks.evaluate.evaluation_file import read_evaluation_file, write_evaluation_file
-    from tasks.loop.steps import decide
+    from tasks.loop.evaluation_steps import decide
 
     run = _read(results, "evaluation-run.json")
     if run is None:

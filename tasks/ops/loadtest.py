@@ -29,15 +29,101 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Literal, NotRequired, TypedDict
 
 from serving.atomic import atomic_path, write_json_atomic, write_text_atomic
 from serving.errors import BadInputError
 from serving.security.tls import ca_context
+from tasks.json_types import JsonObject
 
 RSS_PATTERN = re.compile(r"^process_resident_memory_bytes\s+([0-9.e+]+)", re.MULTILINE)
 DEFAULT_LEVELS = (1, 2, 4, 8)
 _POSITIVE = re.compile(r"[0-9]+")
+
+
+class LatencySpread(TypedDict):
+    p50: float | None
+    p90: float | None
+    p99: float | None
+    mean: float | None
+
+
+class TtftSpread(TypedDict):
+    p50: float | None
+    p99: float | None
+
+
+class ServerRss(TypedDict):
+    """The server's resident memory, sampled while the level ran."""
+
+    peak: float | None  # MB
+    samples: int
+
+
+class LevelSummary(TypedDict):
+    """One concurrency level's figures (:func:`summarize_level`); the comparison with the
+    reference level and the speedup are added by :func:`sweep_results`."""
+
+    clients: int
+    requests: int
+    succeeded: int
+    errors: int
+    errors_by_kind: dict[str | None, int]
+    wall_s: float
+    requests_per_s: float | None
+    completion_tokens: int
+    tokens_per_s: float | None
+    latency_s: LatencySpread
+    ttft_s: TtftSpread
+    acceptance_rate: float | None
+    mean_accepted_length: float | None
+    server_rss_mb: ServerRss
+    compared_prompts: NotRequired[int]
+    outputs_equal: NotRequired[bool | None]
+    mismatched_prompts: NotRequired[list[int] | None]
+    speedup_vs_one_client: NotRequired[float | None]
+
+
+class LoadTableRow(TypedDict):
+    """One level's row of the table."""
+
+    clients: int
+    tokens_per_s: float | None
+    speedup_vs_one_client: float | None
+    requests_per_s: float | None
+    latency_p50_s: float | None
+    latency_p90_s: float | None
+    ttft_p50_s: float | None
+    peak_rss_mb: float | None
+    errors: int
+    outputs_equal: bool | None
+    mismatched_prompts: list[int] | None
+
+
+class Warmup(TypedDict):
+    ok: bool
+    latency_s: float
+    error: str | None
+
+
+class LoadSweepResults(TypedDict):
+    """The results file of ``specops loadtest`` (``serve_args``: added by the command)."""
+
+    settings: JsonObject  # the LoadTestSettings' fields but prompts and clients
+    clients_levels: list[int]
+    baseline_clients: int
+    warmup: Warmup
+    outputs_equal: bool | None
+    levels: list[LevelSummary]
+    table: list[LoadTableRow]
+    serve_args: NotRequired[str | None]
+
+
+class LoadTestResults(LevelSummary):
+    """One level's summary with the settings and the warm-up beside it."""
+
+    settings: JsonObject
+    warmup: Warmup
 
 
 def _check_positive(name: str, value: object) -> None:
@@ -150,7 +236,7 @@ async def _one(client, settings: LoadTestSettings, prompt: str) -> _Sample:
     from openai import APIError
 
     started = time.perf_counter()
-    extra: dict[str, Any] = {}
+    extra: dict[str, str | bool] = {}
     if settings.drafter:
         extra["drafter"] = settings.drafter
     if settings.skeleton:
@@ -259,7 +345,7 @@ async def _measure_level(
 
 async def run_load_sweep(
     settings: LoadTestSettings, levels: Sequence[int], *, progress: bool = True
-) -> dict[str, Any]:
+) -> LoadSweepResults:
     """Measure each concurrency level in ``levels`` (ascending) against one server, after one
     unmeasured warm-up request; the results of :func:`sweep_results`."""
     from openai import AsyncOpenAI, DefaultAsyncHttpxClient
@@ -291,7 +377,7 @@ async def run_load_sweep(
     return sweep_results(settings, measured, warmup)
 
 
-async def run_load_test(settings: LoadTestSettings, *, progress: bool = True) -> dict[str, Any]:
+async def run_load_test(settings: LoadTestSettings, *, progress: bool = True) -> LoadTestResults:
     """One level, ``settings.clients`` concurrent clients: that level's summary (see
     :func:`summarize_level`) with ``settings`` and ``warmup`` beside it."""
     results = await run_load_sweep(settings, [settings.clients], progress=progress)
@@ -300,7 +386,7 @@ async def run_load_test(settings: LoadTestSettings, *, progress: bool = True) ->
 
 def summarize_level(
     clients: int, samples: list[_Sample], wall_s: float, memory: list[float]
-) -> dict[str, Any]:
+) -> LevelSummary:
     """One level's figures. Throughput counts successful requests only."""
     ok = [s for s in samples if s.ok]
     latencies = [s.latency_s for s in ok]
@@ -362,7 +448,7 @@ def sweep_results(
     settings: LoadTestSettings,
     measured: dict[int, tuple[list[_Sample], float, list[float]]],
     warmup: _Sample,
-) -> dict[str, Any]:
+) -> LoadSweepResults:
     """The results file's content: the settings, the warm-up, one summary per level (with
     ``speedup_vs_one_client``, ``outputs_equal`` and ``mismatched_prompts``), ``table``.
 
@@ -372,7 +458,7 @@ def sweep_results(
     base_clients = min(measured)
     base_samples = measured[base_clients][0]
     greedy = settings.temperature == 0
-    levels = []
+    levels: list[LevelSummary] = []
     for clients in sorted(measured):
         samples, wall_s, memory = measured[clients]
         level = summarize_level(clients, samples, wall_s, memory)
@@ -396,7 +482,7 @@ def sweep_results(
     }
 
 
-def table_rows(levels: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def table_rows(levels: list[LevelSummary]) -> list[LoadTableRow]:
     """The table's figures, one row per level (the results file keeps them as data)."""
     return [
         {
@@ -420,15 +506,15 @@ def _cell(value: float | None, spec: str) -> str:
     return "n/a" if value is None else format(value, spec)
 
 
-def _equal_cell(row: dict[str, Any]) -> str:
+def _equal_cell(row: LoadTableRow) -> str:
     if row["outputs_equal"] is None:
         return "n/a"
     if row["outputs_equal"]:
         return "yes"
-    return "NO: prompts " + ", ".join(map(str, row["mismatched_prompts"]))
+    return "NO: prompts " + ", ".join(map(str, row["mismatched_prompts"] or []))
 
 
-def markdown_table(results: dict[str, Any]) -> str:
+def markdown_table(results: LoadSweepResults) -> str:
     """The sweep as a markdown table, one row per level."""
     base = results["baseline_clients"]
     lines = [
@@ -447,15 +533,16 @@ def markdown_table(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(results: dict[str, Any], path: Path) -> Path:
+def plot(results: LoadSweepResults, path: Path) -> Path:
     """Throughput over the lowest level's, and p50 latency, against clients (PNG, atomic)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    def figures(key: str) -> list[float]:  # a level without the figure: a gap in the line
-        return [math.nan if row[key] is None else row[key] for row in rows]
+    def figures(key: Literal["speedup_vs_one_client", "latency_p50_s"]) -> list[float]:
+        # a level without the figure: a gap in the line
+        return [math.nan if (value := row[key]) is None else value for row in rows]
 
     rows = results["table"]
     clients = [row["clients"] for row in rows]
@@ -487,7 +574,7 @@ def plot(results: dict[str, Any], path: Path) -> Path:
     return path
 
 
-def write_report(results: dict[str, Any], out: Path) -> dict[str, Path]:
+def write_report(results: LoadSweepResults, out: Path) -> dict[str, Path]:
     """Write ``out`` (JSON) and, beside it, the table (``.md``) and the plot (``.png``)."""
     out = Path(out)
     written = {"json": out, "table": out.with_suffix(".md"), "plot": out.with_suffix(".png")}

@@ -2,8 +2,9 @@
 
 - the ``process`` work pool that ``prefect.yaml``'s deployments target;
 - one global concurrency limit per hardware target, ``promote-<hw>`` with one slot: the
-  evaluate-gate-promote step holds it (:mod:`tasks.loop.prefect_tasks`), so two flows,
-  on any machines, never evaluate and promote on one target at once;
+  evaluate-gate-promote step holds it
+  (:func:`tasks.loop.evaluation_steps.evaluate_gate_promote`), so two flows, on any
+  machines, never evaluate and promote on one target at once;
 - two automations that finish a flow run whose worker died: a run whose heartbeats stop
   (``PREFECT_FLOWS_HEARTBEAT_FREQUENCY``, set on the worker) is marked ``Crashed``, and a
   crashed run tagged ``specops`` is put back to ``Scheduled`` (``AwaitingRetry``) for the
