@@ -162,6 +162,7 @@ def _phase_summary(answers: list[Answer]) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from benchmarks.demo_workspace import REPORT, open_workspace
     from flows.loop import collect
+    from serving.hardware import hardware_target
     from serving.models.real import cache_root
     from serving.target import DEFAULT_TARGET
     from specops.prefect_env import prepare_prefect
@@ -193,8 +194,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     replicas = []
     for i in range(args.replicas):
         config = replica_config(
-            folder, f"r{i + 1}", target=DEFAULT_TARGET, hardware=args.hardware, poll_s=args.poll_s,
-            store=store, max_tokens=args.max_new_tokens,
+            folder, f"r{i + 1}", target=DEFAULT_TARGET, hardware=hardware_target(args.hardware),
+            poll_s=args.poll_s, store=store, max_tokens=args.max_new_tokens,
         )  # fmt: skip
         replicas.append(ServerProcess(["--config", str(config)], log_path=folder / f"r{i + 1}.log"))
     report: dict[str, Any] = {

@@ -100,7 +100,7 @@ def collect_train_outputs(
             tokenizer=target.tokenizer,
             store_root=store_root,
             run_id=f"suffix-train-{config.workload}-s{config.seed}",
-            hardware=target.name,
+            hardware=target.hardware,
             max_new_tokens=config.max_new_tokens,
             chunk_size=config.chunk_size,
             progress=progress,

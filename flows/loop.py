@@ -230,7 +230,9 @@ def retrain(
             )
         )
     registry_tasks.record_retrain(
-        target, run_slot, {"challengers": [c.label for c in challengers], **tags}
+        target,
+        run_slot,
+        {"challengers": [c.label for c in challengers if c.label is not None], **tags},
     )
     decision = evaluate_and_promote(
         challengers,

@@ -436,6 +436,7 @@ def record_store(world: TinyWorld) -> Path:
     n-gram and suffix trainers index (collected once per world)."""
     from serving.engine.build import build_decoder
     from serving.engine.drafters.plan import DraftPlan
+    from serving.hardware import hardware_target
     from tasks.data.collect import collect
 
     store = world.work / "store"
@@ -447,7 +448,8 @@ def record_store(world: TinyWorld) -> Path:
     )
     collect(
         text_prompts(split="train"), decoder=decoder, tokenizer=world.tokenizer,
-        store_root=store, run_id="contracts", hardware=HARDWARE, max_new_tokens=16,
+        store_root=store, run_id="contracts", hardware=hardware_target(HARDWARE),
+        max_new_tokens=16,
         progress=False,
     )  # fmt: skip
     return store
@@ -740,10 +742,11 @@ def register_trained(
     runs out, which no fixture can repeat; so their few family-specific params, ``init``
     or ``loss``, are not recorded), and the lineage tags
     (:func:`tasks.loop.lineage.lineage_tags`)."""
+    from serving.hardware import hardware_target
     from tasks.loop import learned
     from tasks.loop.retrain_config import load_retrain_config
 
-    settings = load_retrain_config().target(HARDWARE).family(family)
+    settings = load_retrain_config().target(hardware_target(HARDWARE)).family(family)
     return registry.log_draft(
         package.folder,
         family=family,

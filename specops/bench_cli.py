@@ -192,12 +192,12 @@ def profile(
         result: Any = measure(engine, kernels=kernels, threads=threads, repeats=repeats)
     write_json_atomic(out, {"hardware": hardware, **result})
     if not batch:
-        typer.echo(pass_report(hardware, result))
+        typer.echo(pass_report(engine, result))
         typer.echo(f"results: {out}")
         return
     title = f"packed pass cost on {hardware} ({result['threads']} threads)"
     plot = plot_batch(result, out.with_suffix(".png"), title=title)
-    typer.echo(batch_report(hardware, result))
+    typer.echo(batch_report(engine, result))
     typer.echo(f"results: {out}, plot: {plot}")
 
 
@@ -252,5 +252,5 @@ def _breakdown(
         target = load_for(engine, None, kernels, threads)
         result = breakdown(target, rows=rows, context=context or 256, repeats=repeats)
     write_json_atomic(out, {"hardware": hardware, **result.to_dict()})
-    typer.echo(breakdown_report(hardware, result))
+    typer.echo(breakdown_report(engine, result))
     typer.echo(f"results: {out}")

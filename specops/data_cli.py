@@ -115,7 +115,7 @@ def collect(
             tokenizer=target.tokenizer,
             store_root=store_root,
             run_id=run_id or _hourly_run_id(),
-            hardware=settings.hardware,
+            hardware=engine,
             drafter_version=settings.drafter_version,
             sampling=sampling,
             max_new_tokens=settings.max_new_tokens,

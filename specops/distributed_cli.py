@@ -232,6 +232,7 @@ def bench(
     """Distributed vs fused vs plain on loopback: a target server process, clients here."""
     import torch
 
+    from serving.hardware import engine_target
     from serving.loader import encode_prompt
     from tasks.bench.distributed import (
         DistributedBenchSettings,
@@ -269,7 +270,8 @@ def bench(
             encode_prompt(tokenizer, p.user_text)
             for p in build_workload(workload, min(count, 64), seed=seed)
         ]
-        with target_server_process(threads=threads, hardware=hardware) as remote:
+        served = engine_target(hardware)  # what the server process resolves, checked here first
+        with target_server_process(hardware=served, threads=threads) as remote:
             results = run_distributed_bench(remote, prompts, settings, draft_target=draft_target)
     results["settings"] |= {"server_threads": threads, "client_threads": 1, "hardware": hardware}
     paths = write_report(results, out)

@@ -255,6 +255,7 @@ def log_evaluation(
     each contender's numbers go to its version, which is then marked evaluated on that
     hardware target, and the gates judge each challenger. The file is checked first, and
     every version it names must exist; otherwise nothing is logged."""
+    from serving.hardware import hardware_target
     from serving.models.real import cache_root
     from tasks.evaluate.evaluation_file import read_evaluation_file
     from tasks.loop.evaluation_steps import decide
@@ -275,7 +276,7 @@ def log_evaluation(
             registry,
             evaluation.report,
             drafts,
-            hardware=hardware,
+            hardware=hardware_target(hardware),  # the file names a known target
             cache=cache_root() / "registry",
             promote=promote,
             params=params,

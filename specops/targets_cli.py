@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -14,6 +14,7 @@ from specops.load import tokenizer_of
 if TYPE_CHECKING:
     from serving.hardware import HardwareTarget
     from tasks.data.prompts import Prompt
+    from tasks.evaluate.targets import TargetReport
 
 targets_app = typer.Typer(
     help="Hardware targets: evaluate drafts on each backend (vLLM, MLX, the specops engine)."
@@ -66,7 +67,7 @@ def evaluate(
     from tasks.data.traffic import build_workload
     from tasks.evaluate.targets import evaluate_target, table
 
-    reports = []
+    reports: list[TargetReport] = []
     with failing():
         targets = [(name, hardware_target(name)) for name in hardware]
         chosen = build_workload(workload, prompts, seed=seed, split="heldout")
@@ -110,7 +111,7 @@ def _registered(
     prompts: list[Prompt],
     workdir: Path,
     max_new_tokens: int,
-) -> dict[str, Any]:
+) -> TargetReport:
     """Evaluate ``champion_of``'s champion (and ``hardware``'s own, if another) on
     ``hardware``; log it and promote the winner there."""
     from registry.client import Registry, RegistryError

@@ -39,7 +39,8 @@ def loop_settings() -> LoopSettings:
         raise BadInputError(f"invalid SPECOPS_* setting: {error}") from None
 
 
-def promotion_limit(hardware: str) -> str:
-    """The Prefect global concurrency limit (one slot) held around evaluate-and-promote on
-    ``hardware``; ``tasks/ops/prefect_setup.py`` creates one per target."""
-    return f"promote-{hardware}"
+def promotion_limit(hardware_name: str) -> str:
+    """The name of the Prefect global concurrency limit (one slot) held around
+    evaluate-and-promote on the hardware target named ``hardware_name``;
+    ``tasks/ops/prefect_setup.py`` creates one per target."""
+    return f"promote-{hardware_name}"

@@ -205,9 +205,7 @@ class Capture:
             rows, self._buffer, self._oldest = self._buffer, [], None
             if not rows:
                 return 0
-            planned = store.plan_parts(
-                self.root, self.hardware.name, self.run_id, self._part, rows
-            )
+            planned = store.plan_parts(self.root, self.hardware.name, self.run_id, self._part, rows)
             # Past every planned number, written or not: a retried part gets a new one.
             self._part += len(planned)
             written = 0

@@ -25,6 +25,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from serving.errors import BadInputError
+from serving.hardware import HardwareTarget
 from serving.target import LoadedTarget
 
 CATEGORIES = ("matmuls", "attention", "norms/activations", "rest")
@@ -209,11 +210,11 @@ def breakdown(
     )
 
 
-def breakdown_report(hardware: str, result: Breakdown) -> str:
+def breakdown_report(hardware: HardwareTarget, result: Breakdown) -> str:
     """``result`` as ``specops profile --breakdown`` prints it, headed by the hardware
     target's name."""
     lines = [
-        f"{hardware}: where a pass's time goes ({result.threads} threads, {result.context} "
+        f"{hardware.name}: where a pass's time goes ({result.threads} threads, {result.context} "
         f"tokens cached); physical limit of a one-token pass {result.limit_ms:.2f} ms "
         f"({result.weight_bytes_per_token / 1e6:.1f} MB of weights at "
         f"{result.bandwidth_gb_per_s:.1f} GB/s)",

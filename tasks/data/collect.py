@@ -21,6 +21,7 @@ from serving.engine import metrics
 from serving.engine.decoder import SpeculativeDecoder
 from serving.engine.metrics import StepRecord
 from serving.engine.sampling import SamplingParams
+from serving.hardware import HardwareTarget
 from serving.loader import encode_messages
 from serving.records import store
 from serving.records.schema import DEFAULT_FAILURE_THRESHOLD, from_detailed, record_id
@@ -61,7 +62,7 @@ def collect(
     tokenizer,
     store_root,
     run_id: str,
-    hardware: str,
+    hardware: HardwareTarget,
     drafter_version: str = "builtin",
     sampling: SamplingParams | None = None,
     max_new_tokens: int = 64,
@@ -71,6 +72,7 @@ def collect(
 ) -> CollectSummary:
     from tqdm.auto import tqdm
 
+    name = hardware.name  # what the records carry and are partitioned by
     sampling = sampling or SamplingParams()
     described = decoder.describe()
     drafter_info = described["drafter"]
@@ -88,7 +90,7 @@ def collect(
     done = store.existing_ids(store_root)
     keyed = [
         (
-            record_id(run_id, p.id, drafter_name, drafter_version, hardware, sampling, settings),
+            record_id(run_id, p.id, drafter_name, drafter_version, name, sampling, settings),
             p,
         )
         for p in prompts
@@ -101,7 +103,7 @@ def collect(
 
     def flush() -> None:
         nonlocal part_number
-        planned = store.plan_parts(store_root, hardware, run_id, part_number, buffer)
+        planned = store.plan_parts(store_root, name, run_id, part_number, buffer)
         for path, rows in planned:
             store.write_part(path, rows)  # write-once: never over another writer's part
             parts.append(str(path))
@@ -135,7 +137,7 @@ def collect(
                 prompt=prompt.user_text,
                 output_text=tokenizer.decode(result.token_ids, skip_special_tokens=True),
                 drafter_version=drafter_version,
-                hardware=hardware,
+                hardware=name,
                 run_id=run_id,
                 failure_threshold=failure_threshold,
             )

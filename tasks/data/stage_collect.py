@@ -48,7 +48,7 @@ def collect_stages(
             tokenizer=target.tokenizer,
             store_root=store_root,
             run_id=run_id,
-            hardware=target.name,
+            hardware=target.hardware,
             max_new_tokens=max_new_tokens,
             failure_threshold=failure_threshold,
             chunk_size=chunk_size,

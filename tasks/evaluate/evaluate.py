@@ -18,23 +18,25 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from serving.engine.build import build_decoder
 from serving.engine.decoder import SpeculativeDecoder
 from serving.engine.drafters.base import Drafter
-from serving.engine.drafters.package import load_package
-from serving.engine.drafters.plan import CascadePlan
-from serving.engine.metrics import RequestStats, StepRecord, acceptance_by_position, pool
+from serving.engine.drafters.factory import build_drafter
+from serving.engine.drafters.package import read_manifest
+from serving.engine.drafters.plan import CascadePlan, Plan
+from serving.engine.metrics import StepRecord, acceptance_by_position, pool
+from serving.engine.request import GenerationResult
 from serving.errors import BadInputError
 from serving.loader import encode_messages
 from serving.records.schema import RequestRecord
 from serving.target import LoadedTarget
 from tasks.data.prompts import Prompt
 from tasks.evaluate.evaluated_curve import rounds_curve
-from tasks.evaluate.interleave import Timed, interleave
+from tasks.evaluate.interleave import Timed
 from tasks.evaluate.priced import prefill_steps
 from tasks.evaluate.report import (
     REFERENCE,
@@ -42,9 +44,9 @@ from tasks.evaluate.report import (
     ContenderResult,
     EvaluationReport,
     Group,
-    PromptRun,
     source_of,
 )
+from tasks.evaluate.rounds import Generation, gather, time_rounds, timed_steps
 
 WALL_CLOCK_ROUNDS = 2  # timed rounds over the prompts (the gates' interval reads them all)
 PROFILE_TOKENS = 48  # tokens a drafting-cost profile's generation makes (tasks/evaluate/costs.py)
@@ -84,11 +86,23 @@ def traffic_prompts(
 
 @dataclass(frozen=True)
 class Contender:
+    """A draft the evaluation times: its name, its draft package, and the plan the
+    package holds (read when the contender is named, so a bad package is refused before
+    any weights load)."""
+
     name: str  # "champion", "challenger", ...
     package: Path  # a draft package folder
     # An acceptance predictor folder: the package's drafter then runs as a one-stage
     # cascade driven by it (serving/engine/cascade) instead of under the package's own policy.
     predictor: Path | None = None
+    plan: Plan = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        plan = read_manifest(self.package).plan(self.package)
+        if self.predictor is not None and plan.drafts:
+            object.__setattr__(self, "plan", CascadePlan((plan.drafter,), plan.k, self.predictor))
+        else:
+            object.__setattr__(self, "plan", plan)
 
 
 @dataclass
@@ -104,16 +118,15 @@ def _decoders(contenders: Sequence[Contender], target: LoadedTarget) -> list[_Ru
         raise BadInputError(f"contender names must be unique and not {REFERENCE!r}: {names}")
     runs = [_Run(REFERENCE, build_decoder(target))]
     for contender in contenders:
-        manifest, drafter = load_package(contender.package, target)
-        plan = manifest.plan(contender.package)
-        if drafter is not None and contender.predictor is not None:
-            cascade = CascadePlan((plan.drafter,), manifest.k, contender.predictor)
-            decoder = build_decoder(
-                target, cascade, drafter=_predicted(drafter, contender, manifest.k, target)
-            )
+        plan = contender.plan
+        if isinstance(plan, CascadePlan):  # the package's drafter under its predictor
+            drafter = build_drafter(plan.stages[0], target)
+            assert drafter is not None  # a plan that drafts
+            predicted = _predicted(drafter, contender, plan.k, target)
+            decoder = build_decoder(target, plan, drafter=predicted)
         else:
-            decoder = build_decoder(target, plan, drafter=drafter)
-        runs.append(_Run(contender.name, decoder, manifest.k))
+            decoder = build_decoder(target, plan)
+        runs.append(_Run(contender.name, decoder, plan.k))
     return runs
 
 
@@ -162,32 +175,7 @@ def _encoded(prompt: Prompt | EncodedPrompt, target: LoadedTarget) -> list[int]:
     return encode_messages(target.tokenizer, prompt.messages)
 
 
-@dataclass(frozen=True)
-class _Generation:
-    """One contender's generation of one prompt."""
-
-    prompt_id: str
-    workload: str
-    seconds: float  # the mean over the rounds
-    token_ids: list[int]
-    stats: RequestStats
-    steps: list[list[int]]  # [proposed, accepted] per check (the first round's)
-    lossless: bool = False  # every round's output equals plain decoding's
-    round_seconds: tuple[float, ...] = ()
-
-    def run(self) -> PromptRun:
-        return PromptRun(
-            prompt_id=self.prompt_id,
-            workload=self.workload,
-            seconds=self.seconds,
-            stats=self.stats.to_dict(),
-            steps=self.steps,
-            lossless=self.lossless,
-            round_seconds=list(self.round_seconds),
-        )
-
-
-def _summary(rows: Sequence[_Generation], reference_tps: float | None) -> ContenderResult:
+def _summary(rows: Sequence[Generation], reference_tps: float | None) -> ContenderResult:
     pooled = pool(row.stats for row in rows)
     seconds = sum(row.seconds for row in rows)
     tokens = sum(len(row.token_ids) for row in rows)
@@ -203,6 +191,40 @@ def _summary(rows: Sequence[_Generation], reference_tps: float | None) -> Conten
             "mismatched_prompts": [row.prompt_id for row in rows if not row.lossless],
         }
     )
+
+
+def _grouped(
+    rows: Mapping[str, Sequence[Generation]],
+    prompts: Sequence[Prompt | EncodedPrompt],
+    key: Callable[[str], str],
+) -> dict[str, Group]:
+    """Every contender's numbers over the prompts of each ``key(workload)``."""
+    groups: dict[str, Group] = {}
+    for value in sorted({key(p.workload) for p in prompts}):
+        subset = {n: [r for r in rs if key(r.workload) == value] for n, rs in rows.items()}
+        base = _summary(subset[REFERENCE], None).tokens_per_s
+        groups[value] = {n: _summary(rs, base) for n, rs in subset.items()}
+    return groups
+
+
+def _check_evaluation(
+    contenders: Sequence[Contender], prompts: Sequence[Prompt | EncodedPrompt], rounds: int
+) -> None:
+    if not prompts:
+        raise BadInputError("no evaluation prompts: the held-out split is empty")
+    if not contenders:
+        raise BadInputError("nothing to evaluate: give at least one contender")
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise BadInputError(f"rounds must be an integer >= 1, got {rounds!r}")
+
+
+def _encode_all(prompts: Sequence[Prompt | EncodedPrompt], target: LoadedTarget) -> list[list[int]]:
+    """Every prompt's token ids (:func:`_encoded`), none of them empty."""
+    encoded = [_encoded(p, target) for p in prompts]
+    if any(not ids for ids in encoded):
+        empty = [p.id for p, ids in zip(prompts, encoded, strict=True) if not ids]
+        raise BadInputError(f"evaluation prompts without tokens: {empty[:3]}")
+    return encoded
 
 
 def evaluate_report(
@@ -232,19 +254,9 @@ def evaluate_report(
     champion's, over plain decoding's without one) lies wholly below 1.0 runs no more
     rounds: the gates' clock check could no longer pass it. The report names it in
     ``stopped_early`` with the interval."""
-    from tqdm.auto import tqdm
-
-    if not prompts:
-        raise BadInputError("no evaluation prompts: the held-out split is empty")
-    if not contenders:
-        raise BadInputError("nothing to evaluate: give at least one contender")
-    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
-        raise BadInputError(f"rounds must be an integer >= 1, got {rounds!r}")
+    _check_evaluation(contenders, prompts, rounds)
     runs = _decoders(contenders, target)
-    encoded = [_encoded(p, target) for p in prompts]
-    if any(not ids for ids in encoded):
-        empty = [p.id for p, ids in zip(prompts, encoded, strict=True) if not ids]
-        raise BadInputError(f"evaluation prompts without tokens: {empty[:3]}")
+    encoded = _encode_all(prompts, target)
     curve = list(target.hardware.curve)
     clock = [time.perf_counter()]
     phase_s: dict[str, float] = {}
@@ -257,22 +269,18 @@ def evaluate_report(
     lap("profile")
     predicted: dict[str, float | None] = {}
     untimed: dict[str, str] = {}
-    recording: list[Timed] = []
+    recording: list[Timed[GenerationResult]] = []
     if pregate_margin is not None:
         recording = _record_plain(runs[0].decoder, encoded, max_new_tokens)
         predicted, untimed = _pregate(
             runs,
             encoded,
-            [r.value.token_ids for r in recording],
+            recording,
             target=target,
             curve=curve,
             costs=costs,
             margin=pregate_margin,
             champion=champion,
-            prefills=[
-                prefill_steps(r.value.stats.prefill_s, r.value.stats.total_s, len(r.value.steps))
-                for r in recording
-            ],
         )
         runs = [run for run in runs if run.name not in untimed]
         lap("pregate")
@@ -280,98 +288,24 @@ def evaluate_report(
     # plain decoding's one timed pass (the pre-gate's recording) serves the measured
     # speedups: it is not timed again in the rounds.
     plain_once = bool(recording) and champion in {run.name for run in runs}
-    timed_runs = [run for run in runs if not (plain_once and run.name == REFERENCE)]
-    rows: dict[str, list[_Generation]] = {run.name: [] for run in runs}
-    bar = tqdm(
-        total=rounds * len(prompts) * len(timed_runs),
+    timings, stopped = time_rounds(
+        {run.name: run.decoder for run in runs if not (plain_once and run.name == REFERENCE)},
+        encoded,
+        rounds=rounds,
+        max_new_tokens=max_new_tokens,
+        champion=champion,
+        stop_confidence=stop_confidence,
         desc=f"evaluating on {target.name} ({rounds} rounds)",
-        disable=not progress,
+        progress=progress,
     )
-    decoders = {run.name: run.decoder for run in timed_runs}
-    count = len(prompts)
-    calls = {
-        name: (
-            lambda index, d=decoder: d.generate(
-                encoded[index % count], max_new_tokens=max_new_tokens
-            )
-        )
-        for name, decoder in decoders.items()
-    }
-    timings: list[dict[str, list]] = [{name: [] for name in decoders} for _ in prompts]
-
-    def time_rounds(names: Sequence[str], first: int, total: int) -> None:
-        timed_rounds = interleave(
-            {name: calls[name] for name in names},
-            total,
-            # warm-up: first-call costs (kernels, allocations) stay out of timings
-            warm_up=None
-            if first
-            else lambda name: decoders[name].generate(
-                encoded[0], max_new_tokens=min(8, max_new_tokens)
-            ),
-            on_end=lambda *_: bar.update(),
-            first_round=first,
-        )
-        for index, timed in enumerate(timed_rounds, start=first):
-            for name, run in timed.items():
-                timings[index % count][name].append(run)
-
-    stopped: dict[str, str] = {}
-    if stop_confidence and rounds > 1:
-        time_rounds(list(decoders), 0, count)  # the first round over every prompt
-        stopped = _stop_early(timings, champion, stop_confidence)
-        bar.total -= len(stopped) * (rounds - 1) * count
-        time_rounds([n for n in decoders if n not in stopped], count, (rounds - 1) * count)
-    else:
-        time_rounds(list(decoders), 0, rounds * count)
-    for index, (prompt, by_name) in enumerate(zip(prompts, timings, strict=True)):
-        if plain_once:
-            by_name = {REFERENCE: [recording[index]], **by_name}
-            references = [recording[index].value.token_ids] * rounds
-        else:
-            references = [run.value.token_ids for run in by_name[REFERENCE]]
-        for name, runs_of in by_name.items():
-            first = runs_of[0].value
-            seconds = [run.seconds for run in runs_of]
-            rows[name].append(
-                _Generation(
-                    prompt_id=prompt.id,
-                    workload=prompt.workload,
-                    seconds=sum(seconds) / len(seconds),
-                    token_ids=first.token_ids,
-                    stats=first.stats,
-                    steps=[[s.proposed, s.accepted] for s in first.steps],
-                    lossless=all(
-                        run.value.token_ids == reference
-                        for run, reference in zip(runs_of, references, strict=False)
-                    ),
-                    round_seconds=tuple(seconds),
-                )
-            )
-    bar.close()
+    names = [run.name for run in runs]
+    rows = gather(names, prompts, timings, rounds=rounds, plain=recording if plain_once else ())
     lap("timed")
     # The curve the timed rounds' passes followed (plain decoding's recording, timed before
     # them, only where they verified too few one-token blocks).
-    timed_steps = [
-        step
-        for by_name in timings
-        for runs_of in by_name.values()
-        for run in runs_of
-        for step in run.value.steps
-    ]
     recorded = [step for run in recording for step in run.value.steps]
-    evaluated, passes = rounds_curve(timed_steps, recorded, curve)
+    evaluated, passes = rounds_curve(timed_steps(timings), recorded, curve)
     reference_tps = _summary(rows[REFERENCE], None).tokens_per_s
-
-    def grouped(key: Callable[[str], str]) -> dict[str, Group]:
-        """Every contender's numbers over the prompts of each ``key(workload)``."""
-        groups: dict[str, Group] = {}
-        for value in sorted({key(p.workload) for p in prompts}):
-            subset = {n: [r for r in rs if key(r.workload) == value] for n, rs in rows.items()}
-            base = _summary(subset[REFERENCE], None).tokens_per_s
-            groups[value] = {n: _summary(rs, base) for n, rs in subset.items()}
-        return groups
-
     return EvaluationReport(
         hardware=target.name,
         prompts=len(prompts),
@@ -387,39 +321,10 @@ def evaluate_report(
         phase_s=phase_s,
         contenders={c.name: str(c.package) for c in contenders if c.name not in untimed},
         results={name: _summary(name_rows, reference_tps) for name, name_rows in rows.items()},
-        by_workload=grouped(lambda workload: workload),
-        by_source=grouped(source_of),
+        by_workload=_grouped(rows, prompts, lambda workload: workload),
+        by_source=_grouped(rows, prompts, source_of),
         per_prompt={name: [row.run() for row in name_rows] for name, name_rows in rows.items()},
     )
-
-
-def _stop_early(
-    timings: Sequence[Mapping[str, Sequence[Timed]]], champion: str, confidence: float
-) -> dict[str, str]:
-    """The challengers whose first round already puts their wall-clock interval wholly
-    below the champion's speed (plain decoding's without one), with the reason."""
-    from tasks.evaluate.interval import log_ratio_interval, speed_log_ratios
-
-    names = list(timings[0])
-    baseline = champion if champion in names else REFERENCE
-    if baseline not in names:
-        return {}
-
-    def pairs(name: str) -> list[tuple[int, float]]:
-        return [(by[name][0].value.stats.generated_tokens, by[name][0].seconds) for by in timings]
-
-    stopped: dict[str, str] = {}
-    for name in names:
-        if name in (baseline, REFERENCE, champion):
-            continue
-        logs = speed_log_ratios(pairs(name), pairs(baseline))
-        if not logs:
-            continue
-        interval = log_ratio_interval(logs, confidence)
-        if interval.high < 1.0:
-            stopped[name] = interval.describe(name, baseline) + " after one round: stopped"
-            log.info("%s: %s", name, stopped[name])
-    return stopped
 
 
 def _profile_costs(
@@ -460,12 +365,14 @@ def _profile_costs(
     return costs
 
 
-def _record_plain(plain: SpeculativeDecoder, encoded: Sequence[list[int]], max_new_tokens: int):
+def _record_plain(
+    plain: SpeculativeDecoder, encoded: Sequence[list[int]], max_new_tokens: int
+) -> list[Timed[GenerationResult]]:
     """Plain decoding of every prompt, once, timed (after a warm-up): the pre-gate's
     recording of the target's output, and plain decoding's timing where the rounds do not
     time it again."""
     plain.generate(encoded[0], max_new_tokens=min(8, max_new_tokens))
-    recording = []
+    recording: list[Timed[GenerationResult]] = []
     for ids in encoded:
         started = time.perf_counter()
         result = plain.generate(list(ids), max_new_tokens=max_new_tokens)
@@ -476,17 +383,17 @@ def _record_plain(plain: SpeculativeDecoder, encoded: Sequence[list[int]], max_n
 def _pregate(
     runs: Sequence[_Run],
     encoded: Sequence[list[int]],
-    outputs: Sequence[list[int]],
+    recording: Sequence[Timed[GenerationResult]],
     *,
     target: LoadedTarget,
     curve: Sequence[float],
     costs: dict[str, float],
     margin: float,
     champion: str,
-    prefills: Sequence[float | None] | None = None,
 ) -> tuple[dict[str, float | None], dict[str, str]]:
-    """Every contender's predicted modelled speedup on the recorded plain ``outputs``, and
-    the challengers not to time with the reason (see :func:`evaluate_report`)."""
+    """Every contender's predicted modelled speedup on plain decoding's ``recording`` (its
+    outputs and prefill times), and the challengers not to time with the reason (see
+    :func:`evaluate_report`)."""
     from tasks.evaluate.pregate import predict
 
     if not 0 <= margin < 1:
@@ -494,11 +401,14 @@ def _pregate(
     predictions = predict(
         {run.name: run.decoder for run in runs if run.name != REFERENCE},
         encoded,
-        outputs,
+        [r.value.token_ids for r in recording],
         target=target,
         curve=curve,
         draft_costs=costs,
-        prefills=prefills,
+        prefills=[
+            prefill_steps(r.value.stats.prefill_s, r.value.stats.total_s, len(r.value.steps))
+            for r in recording
+        ],
     )
     speedups = {name: p.speedup for name, p in predictions.items()}
     has_champion = champion in predictions

@@ -83,18 +83,22 @@ def rounds_curve(
     return curve, passes
 
 
-def pooled_curve(reports: Sequence[EvaluationReport], hardware: str) -> tuple[list[float], int]:
-    """One curve from several evaluations' evaluated curves on ``hardware``: per size, the
-    median over the evaluations that verified blocks of that size (over all of them where
-    none did), made non-decreasing; and how many passes it rests on. A fixed curve a
-    target's ``verify_curve`` can take (``specops profile --from-evaluation``): the host's
-    typical passes, not one quiet moment's."""
+def pooled_curve(
+    reports: Sequence[EvaluationReport], hardware_name: str
+) -> tuple[list[float], int]:
+    """One curve from several evaluations' evaluated curves on the hardware target
+    ``hardware_name`` (the name every report must carry; reports from elsewhere may name a
+    target this machine's ``configs/hardware.yaml`` lacks): per size, the median over the
+    evaluations that verified blocks of that size (over all of them where none did), made
+    non-decreasing; and how many passes it rests on. A fixed curve a target's
+    ``verify_curve`` can take (``specops profile --from-evaluation``): the host's typical
+    passes, not one quiet moment's."""
     if not reports:
         raise BadInputError("no evaluation reports to pool a verify curve from")
     for index, report in enumerate(reports):
-        if report.hardware != hardware:
+        if report.hardware != hardware_name:
             raise BadInputError(
-                f"evaluation {index + 1} ran on {report.hardware!r}, not on {hardware!r}"
+                f"evaluation {index + 1} ran on {report.hardware!r}, not on {hardware_name!r}"
             )
         if not report.evaluated_curve:
             raise BadInputError(

@@ -21,7 +21,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import NotRequired, TypedDict
 
 from serving.backends import (
     BackendUnavailableError,
@@ -35,8 +35,73 @@ from serving.paths import PROJECT_ROOT
 from serving.target import DEFAULT_TARGET
 from tasks.data.prompts import Prompt
 from tasks.evaluate.export import export_draft, load_export, speculation_for, target_folder
+from tasks.json_types import JsonObject
 
 RUN_TIMEOUT_S = 3600
+
+
+class TokenizedPrompt(TypedDict):
+    """A held-out prompt as the backend runner reads it."""
+
+    id: str
+    workload: str
+    token_ids: list[int]
+
+
+class BackendRequest(TypedDict):
+    """What :mod:`serving.backends.run` is asked to run (``contenders``: speculation
+    settings by name, beside the plain engine it always runs)."""
+
+    backend: str
+    target: str
+    options: JsonObject  # the backend's keyword arguments (threads, dtype, device, ...)
+    prompts: list[TokenizedPrompt]
+    max_new_tokens: int
+    contenders: NotRequired[dict[str, JsonObject]]
+
+
+class ContenderResult(TypedDict):
+    """One contender's figures over the prompts (``serving.backends.run.summarize``);
+    ``plain_tokens_per_s``: the plain engine's run beside it."""
+
+    requests: int
+    generated_tokens: int
+    seconds: float
+    checks: int
+    draft_tokens: int
+    accepted_tokens: int
+    acceptance_rate: float | None
+    mean_accepted_length: float | None
+    acceptance_by_position: list[float | None]
+    tokens_per_s: float | None
+    speedup: float | None
+    exact: bool
+    mismatched_prompts: list[str]  # prompt ids
+    plain_tokens_per_s: NotRequired[float | None]
+
+
+class PromotionDecision(TypedDict):
+    promoted: str | None  # the label promoted, if any
+    reason: str
+    winner: NotRequired[str]
+
+
+class TargetReport(TypedDict):
+    """One hardware target's evaluation (:func:`evaluate_target`); ``decision``: added
+    when the registered drafts were weighed for promotion there."""
+
+    backend: str
+    hardware: str
+    target: str
+    options: JsonObject
+    prompts: int
+    max_new_tokens: int
+    contenders: dict[str, JsonObject]  # speculation settings by name
+    results: dict[str, ContenderResult]  # "plain" and each contender
+    per_prompt: dict[str, list[JsonObject]]  # the runner's per-request rows
+    drafters: dict[str, str]
+    unsupported: dict[str, str]  # draft -> why this backend cannot load it
+    decision: NotRequired[PromotionDecision]
 
 
 def backend_python(backend: str) -> Path:
@@ -58,9 +123,9 @@ def backend_python(backend: str) -> Path:
     return path
 
 
-def runnable_target(hardware: str) -> HardwareTarget:
-    """The hardware target named ``hardware``, refused unless it runs on this machine."""
-    return check_runnable(hardware_target(hardware))
+def runnable_target(name: str) -> HardwareTarget:
+    """The hardware target named ``name``, refused unless it runs on this machine."""
+    return check_runnable(hardware_target(name))
 
 
 def check_runnable(hardware: HardwareTarget) -> HardwareTarget:
@@ -74,7 +139,7 @@ def check_runnable(hardware: HardwareTarget) -> HardwareTarget:
     return hardware
 
 
-def tokenize(prompts: Sequence[Prompt], folder: Path) -> list[dict[str, Any]]:
+def tokenize(prompts: Sequence[Prompt], folder: Path) -> list[TokenizedPrompt]:
     from transformers import AutoTokenizer
 
     from serving.loader import encode_messages
@@ -86,8 +151,9 @@ def tokenize(prompts: Sequence[Prompt], folder: Path) -> list[dict[str, Any]]:
     ]
 
 
-def run_backend(backend: str, request: dict[str, Any], workdir: Path) -> dict[str, Any]:
-    """Run :mod:`serving.backends.run` in ``backend``'s environment; return its report."""
+def run_backend(backend: str, request: BackendRequest, workdir: Path) -> JsonObject:
+    """Run :mod:`serving.backends.run` in ``backend``'s environment; return its report
+    (as :func:`serving.backends.run.run` writes it)."""
     python = backend_python(backend)
     workdir.mkdir(parents=True, exist_ok=True)
     request_path = workdir / f"request-{backend}.json"
@@ -125,7 +191,7 @@ def evaluate_target(
     max_new_tokens: int = 64,
     k: int | None = None,
     exports: dict[str, Path] | None = None,
-) -> dict[str, Any]:
+) -> TargetReport:
     """Evaluate draft packages (``name -> folder``) on ``hardware`` (refused unless it runs
     here), with ``target`` (a model source: :data:`~serving.target.DEFAULT_TARGET` or a
     model folder) as the target. ``exports`` may give ready exports (``name -> export
@@ -160,7 +226,7 @@ def evaluate_target(
         speculations[name] = load_export(exported, backend)
     for name, exported in (exports or {}).items():
         speculations[name] = load_export(exported, backend)
-    base = {
+    base: BackendRequest = {
         "backend": backend,
         "target": str(folder),
         "options": {
@@ -177,7 +243,7 @@ def evaluate_target(
     # One process per contender, each with its own plain engine, interleaved with it:
     # vLLM 0.32 cannot build a third engine in one process (its Triton-kernel registry
     # fails re-binding), and a per-process pair keeps every ratio a same-process one.
-    report: dict[str, Any] = {
+    report: TargetReport = {
         "backend": backend,
         "hardware": spec.name,
         "target": str(folder),
@@ -196,8 +262,9 @@ def evaluate_target(
         )
         report["contenders"][name] = part["contenders"][name]
         report["results"].setdefault("plain", part["results"]["plain"])
+        result: ContenderResult = part["results"][name]
         report["results"][name] = {
-            **part["results"][name],
+            **result,
             "plain_tokens_per_s": part["results"]["plain"]["tokens_per_s"],
         }
         report["per_prompt"][name] = part["per_prompt"][name]
@@ -205,7 +272,7 @@ def evaluate_target(
     return report
 
 
-def metrics_of(result: dict[str, Any], plain: dict[str, Any]) -> dict[str, float]:
+def metrics_of(result: ContenderResult, plain: ContenderResult) -> dict[str, float]:
     """The MLflow metrics of one contender's result (keyed by target by the registry)."""
     out = {
         "tokens_per_s": result["tokens_per_s"],
@@ -218,7 +285,7 @@ def metrics_of(result: dict[str, Any], plain: dict[str, Any]) -> dict[str, float
     return {k: float(v) for k, v in out.items() if v is not None}
 
 
-def table(reports: Sequence[dict[str, Any]]) -> str:
+def table(reports: Sequence[TargetReport]) -> str:
     """The side-by-side table: one row per (target, contender)."""
     header = (
         f"{'target':<12} {'backend':<12} {'draft':<14} {'accept':>7} {'MAL':>5} "

@@ -135,6 +135,7 @@ def log_run(results: Path, *, promote: bool, registry=None) -> tuple[dict[str, s
     """The evaluation run there, as an evaluation file (written to ``results``), logged and
     gated as ``specops registry log-evaluation`` does."""
     from registry.client import Registry
+    from serving.hardware import hardware_target
     from serving.models.real import cache_root
     from tasks.evaluate.evaluation_file import read_evaluation_file, write_evaluation_file
     from tasks.loop.evaluation_steps import decide
@@ -174,7 +175,7 @@ def log_run(results: Path, *, promote: bool, registry=None) -> tuple[dict[str, s
         registry,
         evaluation.report,
         drafts,
-        hardware=evaluation.hardware,
+        hardware=hardware_target(evaluation.hardware),  # the file names a known target
         cache=cache_root() / "registry",
         promote=promote,
         params=params,
@@ -212,6 +213,59 @@ def _vllm_lines(vllm: dict | None) -> list[str]:
     return lines
 
 
+def _evaluation_lines(run: dict, ingested: Ingested) -> list[str]:
+    """The evaluation's table: each registered contender's speedup, accepted length and
+    losslessness."""
+    report = run["report"]["results"]
+    lines = [
+        "",
+        "| contender | version | speedup over plain | mean accepted length | lossless |",
+        "|---|---|---:|---:|---|",
+    ]
+    for name, label in ingested.registered.items():
+        r = report[name]
+        lines.append(
+            f"| {name} | {label} | {r.get('speedup') or 0:.2f}× | "
+            f"{r.get('mean_accepted_length') or 0:.2f} | {r.get('lossless')} |"
+        )
+    return lines
+
+
+def _bench_lines(rows: dict[str, dict], shown: str) -> list[str]:
+    """The bench's table (tokens/s over HF greedy and over compiled HF static) and its plot
+    at ``shown`` (relative to the page)."""
+    lines = [
+        "",
+        "Bench (same prompts, greedy, interleaved): tokens/s and ratios",
+        "",
+        "| method | tok/s | × hf-greedy | × hf-static (compiled on a GPU) | identical |",
+        "|---|---:|---:|---:|---|",
+    ]
+    static = (rows.get("hf-static") or {}).get("tokens_per_s")
+    for method, row in rows.items():
+        ratio = f"{row['tokens_per_s'] / static:.2f}" if static else "n/a"
+        lines.append(
+            f"| {method} | {row['tokens_per_s']:.1f} | {row.get('speedup') or 0:.2f} "
+            f"| {ratio} | {row.get('identical')} |"
+        )
+    return [*lines, "", f"![bench]({shown})"]
+
+
+def _cpu_champion_lines(champion: str | None, cpu_champion: str | None) -> list[str]:
+    """How this target's champion compares with ``cpu``'s: the same family or not."""
+    same = (champion or "").split("/")[0] == (cpu_champion or "").split("/")[0]
+    return [
+        "",
+        f"`cpu`'s champion: {cpu_champion or 'none'}. "
+        + (
+            "The same family serves both targets."
+            if same
+            else "The families differ: each target's gates judged its own measured speed "
+            "(the table above for this one)."
+        ),
+    ]
+
+
 def render_doc(
     results: Path,
     docs: Path,
@@ -247,18 +301,7 @@ def render_doc(
             f"{float(profile['target_pass_s']['1']) * 1000:.2f} ms.",
         ]
     if run is not None:
-        report = run["report"]["results"]
-        lines += [
-            "",
-            "| contender | version | speedup over plain | mean accepted length | lossless |",
-            "|---|---|---:|---:|---|",
-        ]
-        for name, label in ingested.registered.items():
-            r = report[name]
-            lines.append(
-                f"| {name} | {label} | {r.get('speedup') or 0:.2f}× | "
-                f"{r.get('mean_accepted_length') or 0:.2f} | {r.get('lossless')} |"
-            )
+        lines += _evaluation_lines(run, ingested)
     champion = ingested.promoted or ingested.champion
     lines += [
         "",
@@ -268,34 +311,10 @@ def render_doc(
     for label, reason in ingested.gates.items():
         lines.append(f"- gate {label}: {reason}")
     if rows:
-        lines += [
-            "",
-            "Bench (same prompts, greedy, interleaved): tokens/s and ratios",
-            "",
-            "| method | tok/s | × hf-greedy | × hf-static (compiled on a GPU) | identical |",
-            "|---|---:|---:|---:|---|",
-        ]
-        static = (rows.get("hf-static") or {}).get("tokens_per_s")
-        for method, row in rows.items():
-            ratio = f"{row['tokens_per_s'] / static:.2f}" if static else "n/a"
-            lines.append(
-                f"| {method} | {row['tokens_per_s']:.1f} | {row.get('speedup') or 0:.2f} "
-                f"| {ratio} | {row.get('identical')} |"
-            )
         shown = Path(os.path.relpath(plots / f"{hardware}-bench.png", docs)).as_posix()
-        lines += ["", f"![bench]({shown})"]
+        lines += _bench_lines(rows, shown)
     if champion is not None or cpu_champion is not None:
-        same = (champion or "").split("/")[0] == (cpu_champion or "").split("/")[0]
-        lines += [
-            "",
-            f"`cpu`'s champion: {cpu_champion or 'none'}. "
-            + (
-                "The same family serves both targets."
-                if same
-                else "The families differ: each target's gates judged its own measured speed "
-                "(the table above for this one)."
-            ),
-        ]
+        lines += _cpu_champion_lines(champion, cpu_champion)
     lines += _vllm_lines(_read(results, "vllm.json"))
     docs.mkdir(parents=True, exist_ok=True)
     path = docs / f"{hardware}.md"

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from serving.atomic import atomic_dir
 from serving.errors import BadInputError, SpecOpsError
+from serving.hardware import HardwareTarget
 from serving.paths import PROJECT_ROOT
 from serving.target import DEFAULT_TARGET
 from tasks.gpu.manifest import (
@@ -178,7 +179,7 @@ def _tar(folder: Path, out: Path) -> Path:
     return out
 
 
-def _teacher(options: KitOptions, dataset: Path, hardware: str, scratch: Path) -> Path:
+def _teacher(options: KitOptions, dataset: Path, hardware: HardwareTarget, scratch: Path) -> Path:
     """Teacher data from the dataset's training mix, one teacher-forced pass of the target
     here (:func:`tasks.train.store_teacher.build_store_teacher`, as the retrain does)."""
     from tasks.data.dataset import read_part
@@ -202,7 +203,7 @@ def _teacher(options: KitOptions, dataset: Path, hardware: str, scratch: Path) -
     return folder
 
 
-def _retrain_settings(options: KitOptions, hardware: str) -> dict:
+def _retrain_settings(options: KitOptions, hardware: HardwareTarget) -> dict:
     """The learned families' settings (``configs/retrain.yaml``'s for ``hardware`` unless
     given), each family's budget scaled to the kit's (a lent machine's minutes)."""
     from tasks.loop.retrain_config import load_retrain_config
@@ -221,7 +222,7 @@ def build_kit(options: KitOptions, *, say=print) -> KitManifest:
 
     request, _ = read_bundle(options.bundle)
     hardware = str(request["hardware"])
-    engine_target(hardware, require_curve=False)  # the specops engine runs it
+    engine = engine_target(hardware, require_curve=False)  # the specops engine runs it
     if options.part_size < MIB:
         raise BadInputError(f"--part-size must be at least 1 MiB, got {options.part_size} bytes")
     if options.dataset is not None and not Path(options.dataset).is_dir():
@@ -256,7 +257,7 @@ def build_kit(options: KitOptions, *, say=print) -> KitManifest:
             say(f"    {name} {line}")
         if options.dataset is not None:
             say("  teacher data: one teacher-forced pass over the training mix here")
-            teacher = _teacher(options, options.dataset, hardware, whole)
+            teacher = _teacher(options, options.dataset, engine, whole)
             add("teacher", _tar(teacher, whole / "teacher.tar"), "teacher.tar")
         if options.wheels:
             training = options.dataset is not None
@@ -267,7 +268,7 @@ def build_kit(options: KitOptions, *, say=print) -> KitManifest:
         shutil.rmtree(whole)
         settings = replace(
             options.settings,
-            retrain=_retrain_settings(options, hardware),
+            retrain=_retrain_settings(options, engine),
         )
         manifest = KitManifest(
             hardware=hardware,

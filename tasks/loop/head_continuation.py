@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, SerializationInfo, model_serializer
 
 from serving.atomic import write_json_atomic
 from serving.errors import BadInputError
+from serving.hardware import hardware_target
 from serving.loader import set_threads
 from serving.models.head import load_head
 from tasks.data.dataset import build_dataset
@@ -127,7 +128,7 @@ def head_continuation_curve(
         raise BadInputError(f"no held-out {drifted} traffic in {store}: collect some first")
     eos = target.eos_token_ids
     # The mix the loop would train on, and the minimums it would train it with.
-    retrain = load_retrain_config().target("cpu")
+    retrain = load_retrain_config().target(hardware_target("cpu"))
     build_store_teacher(
         dataset.train_mix,
         model,

@@ -22,6 +22,7 @@ from pydantic import (
 from serving.engine.drafters.plan import DEFAULT_POLICY
 from serving.engine.policy import PolicyName
 from serving.errors import BadInputError
+from serving.hardware import HardwareTarget
 from serving.paths import CONFIG_DIR
 from tasks.loop.shadow import ShadowSettings
 from tasks.loop.watch import WatchSettings
@@ -101,9 +102,10 @@ class RetrainConfig(BaseModel):
     shadow: ShadowSettings = Field(default_factory=ShadowSettings)  # tasks/loop/shadow.py
     targets: dict[str, TargetRetrain] = Field(default_factory=dict)
 
-    def target(self, hardware: str) -> TargetRetrain:
-        """``hardware``'s settings; a target not listed trains no learned challenger."""
-        return self.targets.get(hardware, TargetRetrain())
+    def target(self, hardware: HardwareTarget) -> TargetRetrain:
+        """``hardware``'s settings (listed under its name); a target not listed trains no
+        learned challenger."""
+        return self.targets.get(hardware.name, TargetRetrain())
 
 
 def load_retrain_config(path: str | Path = RETRAIN_CONFIG) -> RetrainConfig:

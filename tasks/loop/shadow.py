@@ -24,6 +24,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from serving.hardware import HardwareTarget
 from serving.records.schema import RequestRecord
 from serving.security.redact import PLACEHOLDER
 from serving.target import LoadedTarget
@@ -72,7 +73,7 @@ class Shadow(BaseModel):
 
 
 def replayable(
-    records: Sequence[RequestRecord], *, hardware: str
+    records: Sequence[RequestRecord], *, hardware: HardwareTarget
 ) -> tuple[list[RequestRecord], dict[str, int]]:
     """The records of ``hardware`` a replay reproduces, and the others counted by reason."""
     kept: list[RequestRecord] = []
@@ -82,7 +83,7 @@ def replayable(
         skipped[reason] = skipped.get(reason, 0) + 1
 
     for record in records:
-        if record.hardware != hardware:
+        if record.hardware != hardware.name:
             continue
         if record.sampling.temperature > 0:
             skip("sampled")
@@ -115,7 +116,7 @@ def shadow_scores(
     (see the module docstring), and the records left out by reason. ``contenders``: label
     -> (role, draft package folder, its version's tags, where ``<hardware>/draft_cost`` is
     its evaluated drafting cost)."""
-    hardware = target.name
+    hardware = target.hardware
     kept, skipped = replayable(records, hardware=hardware)
     groups = newest_by_workload(kept, settings.newest)
     if not groups or not contenders:
@@ -163,9 +164,9 @@ def shadow_scores(
     return scores, skipped
 
 
-def _evaluated_cost(tags: Mapping[str, str], hardware: str) -> float | None:
+def _evaluated_cost(tags: Mapping[str, str], hardware: HardwareTarget) -> float | None:
     try:
-        return float(tags[f"{hardware}/draft_cost"])
+        return float(tags[f"{hardware.name}/draft_cost"])
     except (KeyError, ValueError):
         return None
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from registry.client import DraftVersion, Registry
 from serving.backends import UnsupportedDraftError
@@ -26,7 +25,13 @@ from tasks.data.prompts import Prompt
 from tasks.evaluate import gates
 from tasks.evaluate.export import export_draft, speculation_for
 from tasks.evaluate.priced import priced_backend_speedups
-from tasks.evaluate.targets import check_runnable, evaluate_target, metrics_of
+from tasks.evaluate.targets import (
+    PromotionDecision,
+    TargetReport,
+    check_runnable,
+    evaluate_target,
+    metrics_of,
+)
 from tasks.loop.lineage import git_commit
 
 log = logging.getLogger(__name__)
@@ -98,7 +103,7 @@ def evaluate_registered(
     workdir: Path,
     max_new_tokens: int = 64,
     promote: bool = True,
-) -> dict[str, Any]:
+) -> TargetReport:
     """Evaluate registered drafts on ``hardware`` (refused unless it runs here), log it,
     and promote the winner there."""
     spec = check_runnable(hardware)
@@ -127,10 +132,10 @@ def _decide(
     registry: Registry,
     hardware: HardwareTarget,
     drafts: Sequence[DraftVersion],
-    report: dict[str, Any],
+    report: TargetReport,
     *,
     promote: bool,
-) -> dict[str, Any]:
+) -> PromotionDecision:
     config = gates.load_gates()
     gain = config.min_speedup_gain
     results = report["results"]

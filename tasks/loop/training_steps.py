@@ -123,7 +123,7 @@ def train_learned(
     from serving.models.real import cache_root
     from tasks.loop.learned import train_learned_challengers
 
-    config = retrain_config.load_retrain_config().target(hardware.name)
+    config = retrain_config.load_retrain_config().target(hardware)
     if budgets:
         config = config.with_budgets(budgets)
     if not config.families:

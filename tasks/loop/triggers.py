@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from registry.acceptance import evaluated_acceptance
+from serving.hardware import HardwareTarget
 from tasks.data.acceptance import PooledAcceptance
 
 
@@ -49,7 +50,7 @@ class ChampionTrigger(Trigger):
 def decide_retrain(
     groups: Sequence[PooledAcceptance],
     *,
-    hardware: str,
+    hardware: HardwareTarget,
     champion_tags: Mapping[str, str] | None,
     relative: float,
     absolute: float,
@@ -62,13 +63,14 @@ def decide_retrain(
     :func:`tasks.data.vllm_acceptance.vllm_groups`) give it."""
     if not 0 < relative <= 1:
         raise ValueError(f"relative must be in (0, 1], got {relative!r}")
+    name = hardware.name  # what the groups and the champion's tags carry
     reasons, wanted = [], False
     for group in groups:
         acceptance = group.acceptance
-        if group.hardware != hardware or acceptance is None:
+        if group.hardware != name or acceptance is None:
             continue
         workload = group.workload
-        reference = evaluated_acceptance(champion_tags or {}, hardware, workload)
+        reference = evaluated_acceptance(champion_tags or {}, name, workload)
         if reference is None:
             threshold, basis = absolute, "the absolute threshold (champion never evaluated)"
         else:
@@ -77,14 +79,14 @@ def decide_retrain(
         low = acceptance < threshold
         wanted |= low
         reasons.append(
-            f"{workload}@{hardware}: rolling acceptance {acceptance:.3f} "
+            f"{workload}@{name}: rolling acceptance {acceptance:.3f} "
             f"{'<' if low else '>='} {threshold:.3f} ({basis})"
         )
     held_back = None
     if wanted and last_retrain_at is not None and now - last_retrain_at < cooldown_s:
         left = cooldown_s - (now - last_retrain_at)
         held_back = (
-            f"cool-down: the last retrain on {hardware} was {(now - last_retrain_at) / 60:.0f} "
+            f"cool-down: the last retrain on {name} was {(now - last_retrain_at) / 60:.0f} "
             f"min ago; the next may start in {left / 60:.0f} min"
         )
     allowed = held_back is None

@@ -17,12 +17,14 @@ import ssl
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from registry.client import Registry
+from registry.versions import DraftVersion
 from serving.atomic import write_json_atomic
 from serving.engine.drafters.package import DraftManifest, write_package
 from serving.engine.drafters.plan import DraftPlan
@@ -35,6 +37,9 @@ from serving.security.tls import ServerTls, ca_context, uvicorn_tls
 from tasks.data.traffic import build_workload
 from tasks.loop.target_promotion import evaluate_registered
 from tasks.loop.vllm_deploy import deployment_for
+
+if TYPE_CHECKING:
+    import uvicorn
 
 SERVED_NAME = "specops"
 
@@ -143,6 +148,69 @@ def _wait_for(
     raise TimeoutError(f"the front did not serve {champion} within {timeout_s:.0f} s")
 
 
+def _register(registry: Registry, work: Path, drafters: tuple[str, str]) -> list[DraftVersion]:
+    """The cycle's two draft packages (:func:`_packages`, k = 3), registered in their
+    families."""
+    versions = []
+    for path in _packages(work, list(drafters), k=3).values():
+        manifest = DraftManifest.model_validate_json((path / "draft.json").read_text())
+        versions.append(registry.log_draft(path, family=manifest.family))
+    return versions
+
+
+def _switch(
+    acts: list[tuple[str, Callable[[], object]]],
+    url: str,
+    timeout_s: float,
+    settle_s: float,
+    verify: ssl.SSLContext | None,
+) -> list[dict[str, Any]]:
+    """Each registry act (a promotion, a rollback) in turn, and how long the front took to
+    serve the version it named (``acted_to_serving_s``), settling ``settle_s`` after each."""
+    timeline: list[dict[str, Any]] = []
+    for label, act in acts:
+        acted = time.time()
+        act()
+        moved = _wait_for(url, label, timeout_s, verify or True)
+        timeline.append({"to": label, "acted_to_serving_s": round(moved - acted, 3)})
+        time.sleep(settle_s)
+    return timeline
+
+
+def _serve(front: Front, tls: ServerTls | None) -> tuple[uvicorn.Server, threading.Thread, int]:
+    """The front served by uvicorn in a thread on a free port (TLS with ``tls``)."""
+    import uvicorn
+
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(front.app(), port=port, log_level="warning", **uvicorn_tls(tls))
+    )
+    serving = threading.Thread(target=server.run, daemon=True)
+    serving.start()
+    return server, serving, port
+
+
+def _scraped(store: Path, hardware: HardwareTarget) -> dict[str, Any]:
+    """What the store collected on ``hardware`` during the cycle: the acceptance windows
+    scraped from vLLM (their count and totals) and the prompt-answer pairs captured."""
+    windows = [
+        json.loads(line)
+        for part in area_parts(store, ACCEPTANCE, hardware)
+        for line in part.read_text().splitlines()
+    ]
+    return {
+        "acceptance_windows": len(windows),
+        "acceptance": {
+            "draft_tokens": sum(w["draft_tokens"] for w in windows),
+            "accepted_tokens": sum(w["accepted_tokens"] for w in windows),
+            "by_champion": sorted({w["champion"] for w in windows}),
+        },
+        "pairs_captured": sum(
+            len(p.read_text().splitlines()) for p in area_parts(store, PAIRS, hardware)
+        ),
+    }
+
+
 def run_cycle(
     *,
     hardware: HardwareTarget,
@@ -166,18 +234,9 @@ def run_cycle(
     """The cycle on ``hardware`` (a vLLM target: :func:`tasks.loop.vllm_target.check_vllm`)
     serving ``target`` (a model source). ``tls``: the front serves TLS with it, and the
     cycle's clients trust ``tls_ca`` (the CA that signed it; None: the system's CAs)."""
-    import uvicorn
-
     registry = registry or Registry()
     prompts = build_workload("humaneval", 4, seed=0) + build_workload("sharegpt", 4, seed=0)
-    spec_k = 3
-    versions = [
-        registry.log_draft(folder, family=family)
-        for folder, family in (
-            (path, DraftManifest.model_validate_json((path / "draft.json").read_text()).family)
-            for path in _packages(work, list(drafters), spec_k).values()
-        )
-    ]
+    versions = _register(registry, work, drafters)
     evaluation = evaluate_registered(
         registry,
         hardware,
@@ -203,17 +262,11 @@ def run_cycle(
         scrape_s=2.0,
         redact_patterns=[],  # captured pairs redacted, as deployed
     )
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(front.app(), port=port, log_level="warning", **uvicorn_tls(tls))
-    )
-    serving = threading.Thread(target=server.run, daemon=True)
-    serving.start()
+    server, serving, port = _serve(front, tls)
     url = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
     verify = ca_context(tls_ca) if tls else None
     deployment.start()
     load = None
-    timeline: list[dict[str, Any]] = []
     try:
         _wait_for(url, first.label, timeout_s, verify or True)
         load = Load(
@@ -233,12 +286,7 @@ def run_cycle(
             ),
             (first.label, lambda: registry.rollback(hardware.name, reason="cycle: rollback")),
         ]
-        for label, act in acts if rollback else acts[:1]:
-            acted = time.time()
-            act()
-            moved = _wait_for(url, label, timeout_s, verify or True)
-            timeline.append({"to": label, "acted_to_serving_s": round(moved - acted, 3)})
-            time.sleep(settle_s)
+        timeline = _switch(acts if rollback else acts[:1], url, timeout_s, settle_s, verify)
     finally:
         if load is not None:
             load.stop()
@@ -246,13 +294,6 @@ def run_cycle(
         deployment.stop()
         server.should_exit = True
         serving.join(timeout=30)
-    windows = [
-        json.loads(line)
-        for part in area_parts(store, ACCEPTANCE, hardware)
-        for line in part.read_text().splitlines()
-    ]
-    pairs = sum(len(p.read_text().splitlines()) for p in area_parts(store, PAIRS, hardware))
-    switches = [e for e in front.events if e["event"] == "switched"]
     report = {
         "hardware": hardware.name,
         "target": target,
@@ -265,15 +306,9 @@ def run_cycle(
         "requests": dict(load.outcomes) if load else {},
         "failed": load.outcomes.get("failed", 0) if load else None,
         "errors": load.errors[:5] if load else [],
-        "switches": switches,
+        "switches": [e for e in front.events if e["event"] == "switched"],
         "timeline": timeline,
-        "acceptance_windows": len(windows),
-        "acceptance": {
-            "draft_tokens": sum(w["draft_tokens"] for w in windows),
-            "accepted_tokens": sum(w["accepted_tokens"] for w in windows),
-            "by_champion": sorted({w["champion"] for w in windows}),
-        },
-        "pairs_captured": pairs,
+        **_scraped(store, hardware),
         "final_health": health,
     }
     if out is not None:

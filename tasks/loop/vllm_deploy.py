@@ -325,9 +325,7 @@ class Deployment:
                 server=self.server.name,
             )
             if observed.acceptance is not None:
-                self.front.acceptance.labels(self.settings.hardware.name).set(
-                    observed.acceptance
-                )
+                self.front.acceptance.labels(self.settings.hardware.name).set(observed.acceptance)
             if self.acceptance_sink is not None and (observed.requests or observed.drafts):
                 self.acceptance_sink.add({"timestamp": now, **observed.to_dict()})
                 self.acceptance_sink.flush_if_due()

@@ -9,9 +9,10 @@ from serving.hardware import HardwareTarget
 from tasks.evaluate.targets import backend_python, check_runnable, runnable_target
 
 
-def vllm_target(hardware: str, *, installed: bool = True) -> HardwareTarget:
-    """The hardware target named ``hardware``, checked by :func:`check_vllm`."""
-    return check_vllm(runnable_target(hardware), installed=installed)
+def vllm_target(name: str, *, installed: bool = True) -> HardwareTarget:
+    """The hardware target named ``name`` (a command's ``--hardware``), checked by
+    :func:`check_vllm`."""
+    return check_vllm(runnable_target(name), installed=installed)
 
 
 def check_vllm(hardware: HardwareTarget, *, installed: bool = True) -> HardwareTarget:

@@ -31,6 +31,7 @@ from collections.abc import Mapping, Sequence
 from pydantic import BaseModel, ConfigDict, Field
 
 from registry.acceptance import evaluated_acceptance
+from serving.hardware import HardwareTarget
 from serving.records.schema import RequestRecord
 from tasks.data.vllm_acceptance import ScrapedAcceptance
 
@@ -58,7 +59,7 @@ class Watch(BaseModel):
 def judge(
     records: Sequence[RequestRecord],
     *,
-    hardware: str,
+    hardware: HardwareTarget,
     champion: str,
     champion_tags: Mapping[str, str],
     settings: WatchSettings,
@@ -66,9 +67,10 @@ def judge(
     """Whether ``champion`` collapsed on ``hardware``, and one line per judged workload
     (see the module docstring). ``records``: any valid records; only the ones
     ``champion`` served on ``hardware`` count."""
+    name = hardware.name  # what records and the champion's tags carry
     served: dict[str, list[RequestRecord]] = {}
     for record in sorted(records, key=lambda r: (r.timestamp, r.id)):
-        if record.hardware == hardware and record.drafter_version == champion:
+        if record.hardware == name and record.drafter_version == champion:
             served.setdefault(record.workload, []).append(record)
     collapsed, reasons = False, []
     for workload, rows in sorted(served.items()):
@@ -76,9 +78,9 @@ def judge(
             continue
         newest = rows[-settings.newest :]
         verdict = _verdict(
-            f"{workload}@{hardware}",
+            f"{workload}@{name}",
             champion,
-            evaluated_acceptance(champion_tags, hardware, workload),
+            evaluated_acceptance(champion_tags, name, workload),
             drafted=sum(r.draft_tokens for r in newest),
             accepted=sum(r.accepted_tokens for r in newest),
             what=f"its newest {len(newest)} requests",

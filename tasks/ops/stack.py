@@ -30,102 +30,26 @@ import secrets
 import shutil
 import signal
 import subprocess
-import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from serving.errors import SpecOpsError
 from tasks.ops.stack_config import StackConfig
+from tasks.ops.stack_process import (
+    StackError,
+    alive,
+    apt_install,
+    as_root,
+    console_script,
+    http_ok,
+    inherited_env,
+    run_command,
+    wait_for,
+)
 
 log = logging.getLogger(__name__)
 
 SERVICES = ("postgres", "mlflow", "prefect", "worker", "sshd")
-
-
-class StackError(SpecOpsError, RuntimeError):
-    """A service of the stack could not be installed, started or reached."""
-
-
-def _bin(name: str) -> str:
-    """A console script of this environment (beside the interpreter), else from PATH."""
-    beside = Path(sys.executable).with_name(name)
-    found = str(beside) if beside.exists() else shutil.which(name)
-    if not found:
-        raise StackError(f"{name!r} is not installed in this environment; run scripts/setup.sh")
-    return found
-
-
-def _run(command: list[str], *, env: dict[str, str] | None = None, what: str) -> str:
-    done = subprocess.run(
-        command, capture_output=True, text=True, env={**os.environ, **(env or {})}
-    )
-    if done.returncode != 0:
-        raise StackError(f"{what} failed ({' '.join(command[:3])} ...): {done.stderr.strip()}")
-    return done.stdout
-
-
-def _as_root() -> bool:
-    return os.geteuid() == 0
-
-
-def _apt_install(package: str, binary: str) -> None:
-    """Install a Debian package when its binary is missing (root only)."""
-    if Path(binary).exists():
-        return
-    if not _as_root():
-        raise StackError(
-            f"{binary} is missing: install Debian's {package!r} package (apt-get install "
-            f"{package}), or run this as root to have it installed"
-        )
-    log.info("installing %s (Debian)", package)
-    env = {"DEBIAN_FRONTEND": "noninteractive"}
-    install = ["apt-get", "install", "-y", "-q", package]
-    try:
-        _run(install, env=env, what=f"apt-get install {package}")
-    except StackError:  # a fresh machine's package lists may be missing or stale
-        _run(["apt-get", "update", "-q"], env=env, what="apt-get update")
-        _run(install, env=env, what=f"apt-get install {package}")
-
-
-# Settings of another registry that would win over the stack's MLFLOW_TRACKING_URI
-# (registry/config.py's order) in the services and the worker the stack starts.
-_NOT_INHERITED = ("SPECOPS_MLFLOW_URI", "SPECOPS_MLFLOW_ARTIFACTS", "MLFLOW_REGISTRY_URI")
-
-
-def _inherited() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k not in _NOT_INHERITED}
-
-
-def _alive(pid: int) -> bool:
-    """Running, and not a zombie: a service this process started and then killed stays a
-    zombie until reaped, and must not count as running."""
-    import psutil
-
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-def _wait_for(check: Callable[[], bool], *, timeout_s: float, what: str, log_file: Path) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.25)
-    tail = log_file.read_text()[-2000:] if log_file.is_file() else "(no log)"
-    raise StackError(f"{what} did not become ready within {timeout_s:g} s; log {log_file}:\n{tail}")
-
-
-def _http_ok(url: str) -> bool:
-    import httpx
-
-    try:
-        return httpx.get(url, timeout=2.0).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 @dataclass
@@ -156,7 +80,7 @@ class Stack:
             pid = int(path.read_text().split()[0])
         except (OSError, ValueError, IndexError):
             return None
-        return pid if _alive(pid) else None
+        return pid if alive(pid) else None
 
     def _spawn(self, name: str, command: list[str], env: dict[str, str]) -> int:
         self.config.logs.mkdir(parents=True, exist_ok=True)
@@ -167,7 +91,7 @@ class Stack:
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env={**_inherited(), **env},
+                env={**inherited_env(), **env},
                 cwd=self.config.state,
                 start_new_session=True,  # its own process group: `down` stops the whole tree
             )
@@ -177,8 +101,8 @@ class Stack:
     def _serve(self, name: str, command: list[str], env: dict[str, str], *, health: str) -> None:
         """Start an HTTP service and wait until ``health`` answers 200."""
         self._spawn(name, command, env)
-        _wait_for(
-            lambda: _http_ok(health),
+        wait_for(
+            lambda: http_ok(health),
             timeout_s=self.config.ready_timeout_s,
             what=f"the {name} server ({health})",
             log_file=self.config.logs / f"{name}.log",
@@ -192,9 +116,9 @@ class Stack:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and _alive(pid):
+        while time.monotonic() < deadline and alive(pid):
             time.sleep(0.2)
-        if _alive(pid):
+        if alive(pid):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
         self._pidfile(name).unlink(missing_ok=True)
@@ -207,7 +131,7 @@ class Stack:
         user cannot reach it (a root-only temporary folder): then under that user's home,
         ``/var/lib/postgresql/specops-<digest of the state path>``."""
         inside = self.config.state / "postgres"
-        if not _as_root():
+        if not as_root():
             return inside
         probe = self.config.state  # folders still to be made get mode 0755: reachable
         while not probe.exists():
@@ -232,14 +156,14 @@ class Stack:
 
     def _as_postgres(self, command: list[str]) -> list[str]:
         """PostgreSQL refuses to run as root: as root, run it as the ``postgres`` user."""
-        return ["runuser", "-u", "postgres", "--", *command] if _as_root() else command
+        return ["runuser", "-u", "postgres", "--", *command] if as_root() else command
 
     def _chown_postgres(self, path: Path) -> None:
-        if _as_root():
+        if as_root():
             shutil.chown(path, "postgres", "postgres")
 
     def _postgres_up(self) -> None:
-        _apt_install("postgresql", "/usr/lib/postgresql")
+        apt_install("postgresql", "/usr/lib/postgresql")
         config = self.config
         config.secrets.mkdir(parents=True, exist_ok=True, mode=0o700)
         password_file = config.secrets / "db-password"
@@ -259,7 +183,7 @@ class Stack:
                 f"--pwfile={pwfile}", "--auth=scram-sha-256", "--encoding=UTF8",
             ]  # fmt: skip
             try:
-                _run(self._as_postgres(initdb), what="initdb")
+                run_command(self._as_postgres(initdb), what="initdb")
             finally:
                 pwfile.unlink(missing_ok=True)
         if self.pid("postgres") is None:
@@ -270,7 +194,7 @@ class Stack:
                 self._pg_bin("pg_ctl"), "-D", str(self._pg_data),
                 "-l", str(self._pg_home / "postgres.log"), "-o", options, "-w", "start",
             ]  # fmt: skip
-            _run(self._as_postgres(pg_ctl), what="pg_ctl start")
+            run_command(self._as_postgres(pg_ctl), what="pg_ctl start")
         self._create_databases("mlflow", "prefect")
 
     def _create_databases(self, *names: str) -> None:
@@ -303,7 +227,7 @@ class Stack:
     def _postgres_down(self) -> bool:
         if self.pid("postgres") is None:
             return False
-        _run(
+        run_command(
             self._as_postgres(
                 [self._pg_bin("pg_ctl"), "-D", str(self._pg_data), "-m", "fast", "-w", "stop"]
             ),
@@ -318,7 +242,7 @@ class Stack:
             return
         config.artifacts.mkdir(parents=True, exist_ok=True)
         command = [
-            _bin("mlflow"), "server",
+            console_script("mlflow"), "server",
             "--backend-store-uri", config.database_uri("mlflow"),
             "--serve-artifacts",
             "--artifacts-destination", config.artifacts.as_uri(),
@@ -349,7 +273,7 @@ class Stack:
             }
             env.pop("PREFECT_API_URL")  # the server itself is not a client of an API
             command = [
-                _bin("prefect"), "server", "start",
+                console_script("prefect"), "server", "start",
                 "--host", config.host, "--port", str(config.prefect_port),
             ]  # fmt: skip
             self._serve("prefect", command, env, health=f"{config.prefect_api_url}/health")
@@ -362,7 +286,7 @@ class Stack:
         if self.pid("worker") is not None:
             return
         command = [
-            _bin("prefect"), "worker", "start",
+            console_script("prefect"), "worker", "start",
             "--pool", config.pool, "--type", "process",
             "--name", f"{config.pool}-{os.uname().nodename}",
         ]  # fmt: skip
@@ -379,7 +303,7 @@ class Stack:
         # The log is appended to across restarts: only what this worker writes counts.
         offset = log_file.stat().st_size if log_file.is_file() else 0
         self._spawn("worker", command, worker_env)
-        _wait_for(
+        wait_for(
             lambda: b"started" in log_file.read_bytes()[offset:],
             timeout_s=config.ready_timeout_s,
             what=f"the Prefect worker of pool {config.pool!r}",
@@ -392,7 +316,7 @@ class Stack:
 
     # --- sshd for the DVC remote ------------------------------------------------------
     def _sshd_up(self) -> None:
-        _apt_install("openssh-server", "/usr/sbin/sshd")
+        apt_install("openssh-server", "/usr/sbin/sshd")
         config = self.config
         if self.pid("sshd") is not None:
             return
@@ -401,7 +325,7 @@ class Stack:
         host_key = config.secrets / "ssh_host_ed25519"
         for key in (host_key, config.ssh_key):
             if not key.exists():
-                _run(
+                run_command(
                     ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)],
                     what="ssh-keygen",
                 )
@@ -428,14 +352,14 @@ class Stack:
                 ]
             )
         )
-        if _as_root():
+        if as_root():
             Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege-separation folder
         config.run.mkdir(parents=True, exist_ok=True)
-        _run(
+        run_command(
             ["/usr/sbin/sshd", "-f", str(sshd_config), "-E", str(config.logs / "sshd.log")],
             what="sshd",
         )
-        _wait_for(
+        wait_for(
             lambda: self.pid("sshd") is not None,
             timeout_s=30,
             what="sshd",
@@ -446,7 +370,7 @@ class Stack:
         """Name the stack's remote ``team`` in ``repo``'s machine-local DVC config
         (``.dvc/config.local``, never committed): ``dvc push -r team`` then pushes over SSH."""
         config = self.config
-        dvc = _bin("dvc")
+        dvc = console_script("dvc")
         steps = [
             ["remote", "add", "--local", "--force", "team", config.dvc_remote_url],
             ["remote", "modify", "--local", "team", "keyfile", str(config.ssh_key)],

@@ -30,7 +30,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -40,11 +39,30 @@ from typing import Any
 
 from serving.atomic import write_json_atomic
 from serving.errors import SpecOpsError
-from serving.hardware import DEFAULT_HARDWARE
+from serving.hardware import DEFAULT_HARDWARE, hardware_target
+from tasks.ops.replicas import (
+    SwapWatch,
+    greedy_chat,
+    replica_config,
+    send_traffic,
+    served_version,
+    wait_for_captures,
+)
 from tasks.ops.server_process import ServerProcess
 from tasks.ops.stack import Stack, StackError
 
 log = logging.getLogger(__name__)
+
+# Re-exported: the replica drill (benchmarks/drill_replicas.py) imports these from here.
+__all__ = [
+    "SwapWatch",
+    "TeamLoopOptions",
+    "dump",
+    "greedy_chat",
+    "replica_config",
+    "run_team_loop",
+    "served_version",
+]
 
 FINAL = ("COMPLETED", "FAILED", "CANCELLED", "CRASHED")
 # Beyond one champion poll, the time a replica may take to download and load a new draft.
@@ -173,126 +191,6 @@ def _deploy(stack: Stack, checkout: Path) -> None:
         raise StackError(f"`prefect deploy --all` failed: {done.stdout[-2000:]}{done.stderr}")
 
 
-def replica_config(
-    folder: Path,
-    name: str,
-    *,
-    target: str,
-    hardware: str,
-    poll_s: float,
-    store: Path,
-    max_tokens: int,
-    failure_threshold: float | None = None,
-) -> Path:
-    """A serving replica's config file (``specops serve --config``): it follows the
-    registry's champion of ``hardware`` (plain decoding while there is none: a fresh stack's
-    replicas come up before the bootstrap promotes one, and swap to it) and captures every
-    request into ``store``."""
-    import yaml
-
-    capture: dict[str, Any] = {"share": 1.0, "store": str(store)}
-    if failure_threshold is not None:
-        capture["failure_threshold"] = failure_threshold
-    config = {
-        "target": target,
-        "hardware": hardware,
-        "replica": name,
-        "champion": {"source": "registry", "poll_s": poll_s, "missing": "plain"},
-        "capture": capture,
-        "limits": {"max_tokens": max_tokens},
-    }
-    path = folder / f"serve-{name}.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
-
-
-def greedy_chat(prompt: Any, max_tokens: int) -> dict[str, Any]:
-    """The body of a greedy ``/v1/chat/completions`` request for a workload ``prompt``."""
-    return {
-        "model": "smollm2",
-        "messages": prompt.messages,
-        "max_tokens": max_tokens,
-        "temperature": 0,
-    }
-
-
-def _send_traffic(replicas: list[ServerProcess], options: TeamLoopOptions) -> int:
-    import httpx
-
-    from tasks.data.traffic import build_workload
-
-    prompts = build_workload(options.workload, options.requests, seed=7, split="train")
-    for index, prompt in enumerate(prompts):
-        replica = replicas[index % len(replicas)]
-        response = httpx.post(
-            f"{replica.url}/v1/chat/completions",
-            json=greedy_chat(prompt, options.max_new_tokens),
-            timeout=300.0,
-        )
-        response.raise_for_status()
-    return len(prompts)
-
-
-def _wait_for_captures(store: Path, *, since: float, want: int) -> list[str]:
-    """The parts written since ``since`` once they hold ``want`` records (the replicas
-    flush a part every 30 s at the latest)."""
-    from serving.records.store import part_files
-
-    deadline = time.monotonic() + 90.0
-    while True:
-        parts = [p for p in part_files(store) if p.stat().st_mtime >= since - 1]
-        rows = sum(len(p.read_text().splitlines()) for p in parts)
-        if rows >= want:
-            return sorted(str(p.relative_to(store)) for p in parts)
-        if time.monotonic() > deadline:
-            raise SpecOpsError(f"the replicas captured {rows} of {want} requests within 90 s")
-        time.sleep(1.0)
-
-
-def served_version(replica: ServerProcess) -> str | None:
-    import httpx
-
-    try:
-        return httpx.get(f"{replica.url}/health", timeout=5.0).json()["draft"]["version"]
-    except (httpx.HTTPError, KeyError, ValueError):
-        return None
-
-
-class SwapWatch:
-    """Polls every replica's served draft (``/health``) in the background and keeps when
-    each first served every version (how long a promotion takes to reach serving) and
-    every change: (Unix time, replica index, the version it serves from then on)."""
-
-    def __init__(self, replicas: list[ServerProcess], every_s: float = 0.2) -> None:
-        self.replicas = replicas
-        self.every_s = every_s
-        self.first_seen: list[dict[str, float]] = [{} for _ in replicas]
-        self.changes: list[tuple[float, int, str]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> SwapWatch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self) -> None:
-        serving: dict[int, str] = {}
-        while not self._stop.is_set():
-            for index, replica in enumerate(self.replicas):
-                version = served_version(replica)
-                if version is not None:
-                    now = time.time()
-                    self.first_seen[index].setdefault(version, now)
-                    if serving.get(index) != version:
-                        serving[index] = version
-                        self.changes.append((now, index, version))
-            self._stop.wait(self.every_s)
-
-
 def _kill_tree(pid: int) -> list[int]:
     """SIGKILL ``pid`` and every process below it (a lost machine, not a clean stop)."""
     import psutil
@@ -349,7 +247,7 @@ def run_team_loop(stack: Stack, options: TeamLoopOptions) -> dict[str, Any]:
                         folder,
                         f"r{i + 1}",
                         target=options.target,
-                        hardware=options.hardware,
+                        hardware=hardware_target(options.hardware),
                         poll_s=options.poll_s,
                         store=options.checkout / "data",
                         max_tokens=max(options.max_new_tokens, 16),
@@ -438,11 +336,13 @@ def _loop(
 
     start = time.perf_counter()
     since_traffic = time.time()
-    sent = _send_traffic(replicas, options)
+    sent = send_traffic(
+        replicas, options.workload, options.requests, max_tokens=options.max_new_tokens
+    )
     timings["traffic"] = time.perf_counter() - start
     report["requests"] = sent
     _say(f"sent {sent} {options.workload} requests across the replicas")
-    captured = _wait_for_captures(options.checkout / "data", since=since_traffic, want=sent)
+    captured = wait_for_captures(options.checkout / "data", since=since_traffic, want=sent)
     report["captured_parts"] = captured
     _say(f"the replicas' captures landed in {len(captured)} parts of one store")
 

@@ -31,8 +31,8 @@ acceptance) comes from one seed.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Generator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
 from typing import Any, cast
 
 import numpy as np
@@ -42,85 +42,15 @@ from simpy.events import Timeout
 from tasks.simulate.config import (
     ClosedArrivals,
     Drafter,
-    PoissonArrivals,
-    RouterName,
     Scenario,
     TargetDevice,
     TokenCount,
     TraceArrivals,
 )
+from tasks.simulate.draws import Acceptance, Router, Uniforms, open_arrival_times
+from tasks.simulate.records import PassLog, Request, ServerInfo, SimLog
 
 _Process = Generator[simpy.Event, Any, None]
-
-
-@dataclass(slots=True)
-class Request:
-    """One request's record; times in simulated seconds (``nan`` until they happen)."""
-
-    index: int
-    arrival_s: float
-    prompt_tokens: int
-    output_tokens: int
-    drafter: int
-    server: int = -1
-    first_token_s: float = float("nan")  # the first round's tokens reach the client
-    finish_s: float = float("nan")  # the last round's tokens reach the client
-    queue_wait_s: float = 0.0  # time its work waited at the server, all passes together
-    rounds: int = 0
-    produced: int = 0
-    client: int = -1  # the closed-loop client that sent it (-1: open arrivals)
-
-
-@dataclass
-class PassLog:
-    """One row per target pass, as columns."""
-
-    server: list[int] = field(default_factory=list)
-    start_s: list[float] = field(default_factory=list)
-    duration_s: list[float] = field(default_factory=list)
-    rows: list[int] = field(default_factory=list)  # decode rows (pending tokens + drafts)
-    requests: list[int] = field(default_factory=list)  # decode blocks and prefills in it
-    prefill_tokens: list[int] = field(default_factory=list)
-    queued: list[int] = field(default_factory=list)  # blocks left waiting when it started
-
-    def add(
-        self,
-        server: int,
-        start: float,
-        duration: float,
-        rows: int,
-        requests: int,
-        prefill: int,
-        queued: int,
-    ) -> None:
-        self.server.append(server)
-        self.start_s.append(start)
-        self.duration_s.append(duration)
-        self.rows.append(rows)
-        self.requests.append(requests)
-        self.prefill_tokens.append(prefill)
-        self.queued.append(queued)
-
-
-@dataclass(frozen=True)
-class ServerInfo:
-    name: str  # device name and replica, e.g. "cpu#0"
-    max_batch: int
-    max_tokens_per_pass: int
-
-
-@dataclass
-class SimLog:
-    """Everything a run recorded; :mod:`tasks.simulate.report` turns it into figures."""
-
-    servers: list[ServerInfo]
-    requests: list[Request]
-    passes: PassLog
-    duration_s: float  # the arrival window the rates are over
-    end_s: float  # where the simulated clock stopped
-    tokens_in_window: int  # output tokens that reached clients by duration_s
-    slo_s: float
-    queue_bin_s: float
 
 
 @dataclass(slots=True, eq=False)
@@ -137,69 +67,6 @@ class _Session:
     prefill_tokens: int = 0  # > 0 while the work is the prompt's prefill
     draft_s: float = 0.0  # fused mode: drafting done on the server, inside the pass
     submitted_s: float = 0.0
-
-
-class Uniforms:
-    """Uniform draws from a seeded Generator, fetched in blocks (one numpy call per 64k)."""
-
-    def __init__(self, rng: np.random.Generator, block: int = 65536) -> None:
-        self._rng, self._block = rng, block
-        self._buffer: list[float] = []
-        self._next = 0
-
-    def __call__(self) -> float:
-        if self._next == len(self._buffer):
-            self._buffer, self._next = self._rng.random(self._block).tolist(), 0
-        value = self._buffer[self._next]
-        self._next += 1
-        return value
-
-
-class Acceptance:
-    """Accepted drafts per round: draft i is kept with ``acceptance_by_position[i]`` given
-    drafts ``0..i-1`` were. One uniform ``u`` per round: the accepted length is the number
-    of positions whose survival ``prod(p[:j])`` exceeds ``u`` (survival never rises)."""
-
-    def __init__(self, acceptance_by_position: Sequence[float], uniforms: Uniforms) -> None:
-        self.survival = [float(s) for s in np.cumprod([1.0, *acceptance_by_position])]
-        self._uniforms = uniforms
-
-    def sample(self, k: int) -> int:
-        u = self._uniforms()
-        survival, accepted = self.survival, 0
-        while accepted < k and u < survival[accepted + 1]:
-            accepted += 1
-        return accepted
-
-
-class Router:
-    """Picks a target server for a new session from the servers' active sessions.
-
-    ``round_robin`` cycles; ``jsq2`` samples two distinct servers and takes the one with
-    fewer active sessions (the first on a tie); ``weighted_jsq2`` compares
-    ``(sessions + 1) * one_token_pass_s`` instead, the new session's share of a slower
-    device counting for more."""
-
-    def __init__(self, name: RouterName, pass_s: Sequence[float], rng: np.random.Generator):
-        self.name, self._pass_s, self._rng = name, list(pass_s), rng
-        self._next = 0
-
-    def pick(self, active: Sequence[int]) -> int:
-        count = len(active)
-        if self.name == "round_robin":
-            chosen = self._next % count
-            self._next += 1
-            return chosen
-        if count == 1:
-            return 0
-        first = int(self._rng.integers(count))
-        second = int(self._rng.integers(count - 1))
-        second += second >= first  # distinct from the first
-        if self.name == "jsq2":
-            return first if active[first] <= active[second] else second
-        weigh = self._pass_s
-        first_load = (active[first] + 1) * weigh[first]
-        return first if first_load <= (active[second] + 1) * weigh[second] else second
 
 
 def _after(
@@ -435,23 +302,10 @@ class Simulation:
     def arrival_times(self) -> list[float]:
         """When open-loop requests arrive, within ``[0, duration_s)`` and up to
         ``max_requests`` (closed-loop clients send as their answers come back)."""
-        arrivals, end = self.scenario.arrivals, self.scenario.duration_s
+        arrivals = self.scenario.arrivals
         if isinstance(arrivals, ClosedArrivals):
             raise TypeError("closed-loop clients have no arrival times before the run")
-        cap = arrivals.max_requests or 1 << 62
-        if not isinstance(arrivals, PoissonArrivals):
-            return [t for t in arrivals.timestamps if t < end][:cap]
-        times: list[float] = []
-        now = 0.0
-        expected = int(arrivals.rate_per_s * end * 1.2) + 64
-        while len(times) < cap:
-            gaps = self._arrival_rng.exponential(1.0 / arrivals.rate_per_s, expected)
-            for at in (now + np.cumsum(gaps)).tolist():
-                if at >= end or len(times) >= cap:
-                    return times
-                times.append(at)
-            now = times[-1]
-        return times
+        return open_arrival_times(arrivals, self.scenario.duration_s, self._arrival_rng)
 
     def _block(self, drafter: int, remaining: int) -> int:
         """A round's draft length: ``k`` or a draw from ``block_shares``; never past the

@@ -413,12 +413,7 @@ def run_training(
             step += 1
             clock.stop(batch.tokens)
 
-            loss_value = float(loss.detach())
-            if not math.isfinite(loss_value):
-                raise FloatingPointError(
-                    f"the training loss became {loss_value} at step {step}; lower learning_rate "
-                    "or use mixed_precision='no'"
-                )
+            loss_value = _finite_loss(loss, step)
             _advance(bar, clock)
             bar.set_postfix(loss=f"{loss_value:.4f}")
             if on_step is not None:
@@ -441,6 +436,18 @@ def run_training(
         train_tokens=clock.tokens,
         tokens_per_s=run_tokens / run_seconds if run_tokens else None,
     )
+
+
+def _finite_loss(loss: torch.Tensor, step: int) -> float:
+    """The step's loss as a number; :class:`FloatingPointError` naming the step when it is
+    not finite."""
+    value = float(loss.detach())
+    if not math.isfinite(value):
+        raise FloatingPointError(
+            f"the training loss became {value} at step {step}; lower learning_rate "
+            "or use mixed_precision='no'"
+        )
+    return value
 
 
 def _progress_bar(desc: str, step: int, max_steps: int, clock: TrainClock, enabled: bool):

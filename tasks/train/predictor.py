@@ -139,11 +139,12 @@ def fit_predictor(
     rows: LabelledRows,
     settings: PredictorParams,
     *,
-    hardware: str,
+    hardware: HardwareTarget,
     progress: bool = True,
     log_every: int = LOG_EVERY,
 ) -> FitResult:
-    """Train the MLP on ``rows`` and fit its shrinkage (see the module docstring)."""
+    """Train the MLP on ``rows`` for ``hardware`` and fit its shrinkage (see the module
+    docstring)."""
     if not len(rows):
         raise BadInputError("no rows to train the predictor on")
     started = time.perf_counter()
@@ -162,7 +163,7 @@ def fit_predictor(
     deadline = None if settings.minutes is None else started + settings.minutes * 60.0
     _say(
         progress,
-        f"predictor ({hardware}): {len(fit)} fitting rows, {len(validation)} validation rows "
+        f"predictor ({hardware.name}): {len(fit)} fitting rows, {len(validation)} validation rows "
         f"(from {len(set(validation.groups))} of the requests); up to {settings.epochs} epochs"
         + ("" if settings.minutes is None else f" or {settings.minutes:g} min"),
     )
@@ -201,7 +202,7 @@ def fit_predictor(
         mean=mean,
         std=std,
         shrinkage=Shrinkage(settings.shrinkage_strength),
-        hardware=hardware,
+        hardware=hardware.name,
         stages=rows.stages(),
         hidden=settings.hidden,
     )
@@ -275,13 +276,12 @@ def train_predictor(
     evaluate it on the held-out parts, save it to ``out_dir`` (replaced whole) and write
     the optional outputs."""
     settings = settings or PredictorParams()
-    name = hardware.name  # what the records and the saved predictor carry
-    train = training_rows(dataset_dir, hardware=name)
-    heldout = heldout_rows(dataset_dir, hardware=name)
-    fitted = fit_predictor(train, settings, hardware=name, progress=progress)
+    train = training_rows(dataset_dir, hardware=hardware)
+    heldout = heldout_rows(dataset_dir, hardware=hardware)
+    fitted = fit_predictor(train, settings, hardware=hardware, progress=progress)
     evaluation = evaluate_predictor(fitted.predictor, heldout)
     metrics: dict[str, Any] = {
-        "hardware": name,
+        "hardware": hardware.name,
         "feature_set": FEATURE_SET,
         "data": {
             "train": _rows_summary(train, TRAIN_PARTS),
@@ -309,5 +309,5 @@ def evaluate_saved_predictor(
     """A saved predictor's scores on the held-out parts of ``dataset_dir`` (the rows of
     the hardware target it was trained for; ``hardware``, when given, must be that one)."""
     predictor = load_predictor(folder, hardware=hardware)
-    hardware_target(predictor.hardware)
-    return evaluate_predictor(predictor, heldout_rows(dataset_dir, hardware=predictor.hardware))
+    trained_for = hardware_target(predictor.hardware)  # refused unless a known target
+    return evaluate_predictor(predictor, heldout_rows(dataset_dir, hardware=trained_for))

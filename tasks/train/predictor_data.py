@@ -29,6 +29,7 @@ from pathlib import Path
 
 from serving.engine.features import TokenFeatures
 from serving.errors import BadInputError
+from serving.hardware import HardwareTarget
 from serving.records.schema import RequestRecord
 from tasks.data.dataset import part_path, read_part
 
@@ -77,7 +78,7 @@ def row_features(row: object) -> TokenFeatures:
     return TokenFeatures(**{name: getattr(row, name) for name in FEATURE_FIELDS})
 
 
-def drafted_rows(records: Iterable[RequestRecord], *, hardware: str) -> LabelledRows:
+def drafted_rows(records: Iterable[RequestRecord], *, hardware: HardwareTarget) -> LabelledRows:
     """Every drafted row of the ``records`` collected on ``hardware``, labelled."""
     features: list[TokenFeatures] = []
     labels: list[bool] = []
@@ -85,7 +86,7 @@ def drafted_rows(records: Iterable[RequestRecord], *, hardware: str) -> Labelled
     read = here = unrecorded = 0
     for record in records:
         read += 1
-        if record.hardware != hardware:
+        if record.hardware != hardware.name:
             continue
         here += 1
         if not record.drafted and record.draft_tokens > 0:
@@ -102,11 +103,13 @@ def read_parts(dataset_dir: str | Path, parts: Sequence[str]) -> list[RequestRec
     return [record for part in parts for record in read_part(dataset_dir, part)]
 
 
-def dataset_rows(dataset_dir: str | Path, parts: Sequence[str], *, hardware: str) -> LabelledRows:
+def dataset_rows(
+    dataset_dir: str | Path, parts: Sequence[str], *, hardware: HardwareTarget
+) -> LabelledRows:
     return drafted_rows(read_parts(dataset_dir, parts), hardware=hardware)
 
 
-def training_rows(dataset_dir: str | Path, *, hardware: str) -> LabelledRows:
+def training_rows(dataset_dir: str | Path, *, hardware: HardwareTarget) -> LabelledRows:
     """The training rows (:data:`TRAIN_PARTS`), refused unless both labels occur."""
     rows = dataset_rows(dataset_dir, TRAIN_PARTS, hardware=hardware)
     check_rows(rows, hardware=hardware, what=f"the training parts {list(TRAIN_PARTS)}")
@@ -120,29 +123,30 @@ def training_rows(dataset_dir: str | Path, *, hardware: str) -> LabelledRows:
     return rows
 
 
-def heldout_rows(dataset_dir: str | Path, *, hardware: str) -> LabelledRows:
+def heldout_rows(dataset_dir: str | Path, *, hardware: HardwareTarget) -> LabelledRows:
     """The held-out rows (:data:`HELDOUT_PARTS`), refused when there are none."""
     rows = dataset_rows(dataset_dir, HELDOUT_PARTS, hardware=hardware)
     check_rows(rows, hardware=hardware, what=f"the held-out parts {list(HELDOUT_PARTS)}")
     return rows
 
 
-def check_rows(rows: LabelledRows, *, hardware: str, what: str) -> None:
+def check_rows(rows: LabelledRows, *, hardware: HardwareTarget, what: str) -> None:
     """:class:`BadInputError` saying why ``rows`` is empty, and what to do."""
     if len(rows):
         return
+    name = hardware.name
     if rows.records == 0:
         found = "no records"
     elif rows.records_here == 0:
-        found = f"{rows.records} records, none collected on hardware target {hardware!r}"
+        found = f"{rows.records} records, none collected on hardware target {name!r}"
     elif rows.unrecorded:
         found = (
-            f"{rows.records_here} records of {hardware!r}, none with drafted rows "
+            f"{rows.records_here} records of {name!r}, none with drafted rows "
             f"({rows.unrecorded} of them drafted, but were collected before schema v2, "
             "which kept no per-token rows)"
         )
     else:
-        found = f"{rows.records_here} records of {hardware!r}, none with a drafted token"
+        found = f"{rows.records_here} records of {name!r}, none with a drafted token"
     raise BadInputError(f"no drafted rows in {what}: {found}; {NO_ROWS_HINT}")
 
 

@@ -179,6 +179,104 @@ def _shard_prompt_ids(path: Path) -> list[str] | None:
         return None
 
 
+def _check_prompts(prompts: Sequence[TeacherPrompt]) -> None:
+    if not prompts:
+        raise BadInputError("no prompts to build teacher data from; give at least one")
+    empty = [p.id for p in prompts if not p.token_ids]
+    if empty:
+        raise BadInputError(f"prompts {empty[:3]} have no tokens")
+    if len({p.id for p in prompts}) != len(prompts):
+        raise BadInputError("prompt ids repeat; each teacher prompt needs a unique id")
+
+
+def _new_manifest(
+    cache_dir: Path,
+    target: PreTrainedModel,
+    config: TeacherConfig,
+    eos: list[int],
+    mask_token_id: int | None,
+) -> TeacherManifest:
+    """The manifest of the data to build in ``cache_dir`` (its shards not yet listed),
+    refused when the folder holds data of another target or other settings."""
+    fingerprint = target_fingerprint(target)
+    existing = read_manifest(cache_dir)
+    if existing is not None and (
+        existing.target != fingerprint
+        or existing.config != config
+        or existing.eos_token_ids != eos
+        or existing.mask_token_id != mask_token_id
+    ):
+        raise BadInputError(
+            f"{cache_dir} holds teacher data of another target or other settings "
+            f"({existing.target}, {existing.config}); use a new folder"
+        )
+    return TeacherManifest(
+        target=fingerprint, eos_token_ids=eos, config=config, mask_token_id=mask_token_id
+    )
+
+
+def _greedy(
+    target: PreTrainedModel,
+    shard: Sequence[TeacherPrompt],
+    config: TeacherConfig,
+    *,
+    eos: list[int],
+    pad: int,
+) -> list[list[int]]:
+    """The target's greedy answer to each prompt of ``shard``, in generation batches."""
+    answers: list[list[int]] = []
+    for start in range(0, len(shard), config.generation_batch_size):
+        batch = shard[start : start + config.generation_batch_size]
+        answers += greedy_answers(
+            target,
+            [p.token_ids for p in batch],
+            max_new_tokens=config.max_new_tokens,
+            eos_token_ids=eos,
+            pad_token_id=pad,
+        )
+    return answers
+
+
+def _teacher_records(
+    target: PreTrainedModel, sequences: Sequence[list[int]], config: TeacherConfig, *, pad: int
+) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Each sequence's teacher-forced record (:func:`teacher_forced`), in order, the
+    sequences passed in batches of about ``config.batch_tokens`` tokens."""
+    records: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None]
+    records = [None] * len(sequences)
+    for batch_indices in _token_batches([len(s) for s in sequences], config.batch_tokens):
+        outputs = teacher_forced(
+            target,
+            [sequences[i] for i in batch_indices],
+            top_k=config.top_k,
+            pad_token_id=pad,
+        )
+        for i, record in zip(batch_indices, outputs, strict=True):
+            records[i] = record
+    done = [r for r in records if r is not None]
+    assert len(done) == len(sequences)
+    return done
+
+
+def _shard_tensors(
+    shard: Sequence[TeacherPrompt],
+    sequences: Sequence[list[int]],
+    records: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+    dtype: torch.dtype,
+) -> dict[str, torch.Tensor]:
+    """A shard's tensors: its sequences' tokens, their records (features in ``dtype``) and
+    where each sequence and its prompt end."""
+    lengths = torch.tensor([0] + [len(s) for s in sequences])
+    return {
+        "tokens": torch.tensor([t for s in sequences for t in s], dtype=torch.int64),
+        "features": torch.cat([r[0] for r in records]).to(dtype).contiguous(),
+        "top_ids": torch.cat([r[1] for r in records]).to(torch.int32).contiguous(),
+        "top_logprobs": torch.cat([r[2] for r in records]).contiguous(),
+        "offsets": lengths.cumsum(0),
+        "prompt_lens": torch.tensor([len(p.token_ids) for p in shard]),
+    }
+
+
 def build_teacher_cache(
     target: PreTrainedModel,
     prompts: Sequence[TeacherPrompt],
@@ -202,34 +300,14 @@ def build_teacher_cache(
     from tqdm.auto import tqdm
 
     config = config or TeacherConfig()
-    if not prompts:
-        raise BadInputError("no prompts to build teacher data from; give at least one")
-    empty = [p.id for p in prompts if not p.token_ids]
-    if empty:
-        raise BadInputError(f"prompts {empty[:3]} have no tokens")
-    if len({p.id for p in prompts}) != len(prompts):
-        raise BadInputError("prompt ids repeat; each teacher prompt needs a unique id")
+    _check_prompts(prompts)
     if answers is not None:
         _check_answers(prompts, answers, config, int(target.config.vocab_size))
     cache_dir = Path(cache_dir)
     cache_dir.mkdir(parents=True, exist_ok=True)
-    fingerprint = target_fingerprint(target)
     eos = sorted({int(t) for t in eos_token_ids})
     pad = int(pad_token_id if pad_token_id is not None else (target.config.pad_token_id or 0))
-    existing = read_manifest(cache_dir)
-    if existing is not None and (
-        existing.target != fingerprint
-        or existing.config != config
-        or existing.eos_token_ids != eos
-        or existing.mask_token_id != mask_token_id
-    ):
-        raise BadInputError(
-            f"{cache_dir} holds teacher data of another target or other settings "
-            f"({existing.target}, {existing.config}); use a new folder"
-        )
-    manifest = TeacherManifest(
-        target=fingerprint, eos_token_ids=eos, config=config, mask_token_id=mask_token_id
-    )
+    manifest = _new_manifest(cache_dir, target, config, eos, mask_token_id)
     dtype = getattr(torch, config.feature_dtype)
     shards = [prompts[i : i + config.shard_size] for i in range(0, len(prompts), config.shard_size)]
     written = skipped = generated = forwarded = 0
@@ -246,47 +324,15 @@ def build_teacher_cache(
             if answers is not None:
                 shard_answers = [list(answers[p.id]) for p in shard]
             else:
-                for start in range(0, len(shard), config.generation_batch_size):
-                    batch = shard[start : start + config.generation_batch_size]
-                    shard_answers += greedy_answers(
-                        target,
-                        [p.token_ids for p in batch],
-                        max_new_tokens=config.max_new_tokens,
-                        eos_token_ids=eos,
-                        pad_token_id=pad,
-                    )
+                shard_answers = _greedy(target, shard, config, eos=eos, pad=pad)
                 generate_s += time.perf_counter() - started
                 generated += sum(map(len, shard_answers))
             sequences = [p.token_ids + a for p, a in zip(shard, shard_answers, strict=True)]
             started = time.perf_counter()
-            records: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None]
-            records = [None] * len(sequences)
-            for batch_indices in _token_batches([len(s) for s in sequences], config.batch_tokens):
-                outputs = teacher_forced(
-                    target,
-                    [sequences[i] for i in batch_indices],
-                    top_k=config.top_k,
-                    pad_token_id=pad,
-                )
-                for i, record in zip(batch_indices, outputs, strict=True):
-                    records[i] = record
+            done = _teacher_records(target, sequences, config, pad=pad)
             forward_s += time.perf_counter() - started
             forwarded += sum(map(len, sequences))
-            done = [r for r in records if r is not None]
-            assert len(done) == len(sequences)
-            lengths = torch.tensor([0] + [len(s) for s in sequences])
-            _write_shard(
-                path,
-                {
-                    "tokens": torch.tensor([t for s in sequences for t in s], dtype=torch.int64),
-                    "features": torch.cat([r[0] for r in done]).to(dtype).contiguous(),
-                    "top_ids": torch.cat([r[1] for r in done]).to(torch.int32).contiguous(),
-                    "top_logprobs": torch.cat([r[2] for r in done]).contiguous(),
-                    "offsets": lengths.cumsum(0),
-                    "prompt_lens": torch.tensor([len(p.token_ids) for p in shard]),
-                },
-                ids,
-            )
+            _write_shard(path, _shard_tensors(shard, sequences, done, dtype), ids)
             written += 1
         tokens = _shard_tokens(path)
         manifest.shards.append(

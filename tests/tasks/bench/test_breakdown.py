@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from serving.errors import BadInputError
+from serving.hardware import hardware_target
 from tasks.bench.breakdown import CATEGORIES, breakdown, breakdown_report, category
 from tests.serving.lean.models import tiny_target
 
@@ -38,7 +39,7 @@ def test_a_breakdown_measures_both_paths_and_accounts_for_the_wall_time():
         assert set(p.ms) == set(CATEGORIES) and all(v >= 0 for v in p.ms.values())
         assert p.ms["matmuls"] > 0 and p.ms["attention"] > 0
     assert result.limit_ms > 0 and result.weight_bytes_per_token > 0
-    report = breakdown_report("tiny", result)
+    report = breakdown_report(hardware_target("cpu"), result)
     assert "lean" in report and "transformers" in report and "limit" in report
 
 

@@ -4,6 +4,7 @@ blank)."""
 
 from __future__ import annotations
 
+from serving.hardware import hardware_target
 from tasks.bench.profile import BatchProfile, PassProfile
 from tasks.bench.profile_report import batch_report, pass_report
 
@@ -15,7 +16,7 @@ def test_pass_report_ends_in_the_verify_curve_line():
         "verify_curve": [1.0, 1.626, 1.545], "config_curve": [1.0, 1.626, 1.626],
         "draft_cost": {"layers:1": 0.12, "layers:4": 0.351},
     }  # fmt: skip
-    assert pass_report("cpu", result).splitlines() == [
+    assert pass_report(hardware_target("cpu"), result).splitlines() == [
         "cpu: cpu (cpu, float32, 2 threads)",
         "verify cost by block size n=1..3 (relative to n=1):",
         "  1.00, 1.63, 1.54",
@@ -34,7 +35,7 @@ def test_batch_report_tables_rows_by_sequences():
         "table": [{"rows": n, "sequences": b, "pass_s": s, "cost": c} for n, b, s, c in cells],
         "batch_curve": [(1, 1.0), (2, 1.5)], "prefill": [(16, 0.02)],
     }  # fmt: skip
-    assert batch_report("cpu", batched).splitlines() == [
+    assert batch_report(hardware_target("cpu"), batched).splitlines() == [
         "cpu: cpu (cpu, float32, 1 threads), contexts [200, 180]",
         "packed pass over 1 row of 1 sequence: 10.0 ms",
         "cost by rows n (rows), sequences B (columns), relative to that pass:",

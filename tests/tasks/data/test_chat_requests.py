@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from serving.errors import BadInputError
+from serving.hardware import hardware_target
 from serving.records.schema import LIVE_WORKLOAD
 from serving.records.store import read_raw
 from tasks.data.chat_requests import MAX_REPORTED, read_chat_requests
@@ -174,7 +175,7 @@ def test_collected_file_traffic_is_valid_live_train_data_held_out_by_time(
         tokenizer=char_tokenizer,
         store_root=tmp_path / "store",
         run_id="file",
-        hardware="cpu",
+        hardware=hardware_target("cpu"),
         max_new_tokens=8,
         progress=False,
     )

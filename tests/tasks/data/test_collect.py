@@ -8,6 +8,7 @@ import time
 import pytest
 
 from serving.engine.sampling import SamplingParams
+from serving.hardware import hardware_target
 from serving.records.schema import RequestRecord, is_failure
 from serving.records.store import part_files, partition_dir, read_raw
 from tasks.data.collect import acceptance_by_position, collect, summarize_collection
@@ -19,7 +20,7 @@ def _collect(prompts, decoder, tokenizer, root, **kwargs):
     options = dict(
         store_root=root,
         run_id="run-1",
-        hardware="cpu",
+        hardware=hardware_target("cpu"),
         max_new_tokens=MAX_NEW_TOKENS,
         chunk_size=2,
         progress=False,
@@ -191,8 +192,9 @@ def test_sampled_collection_is_reproducible_per_prompt(
 def test_bad_hardware_fails_before_any_write(tmp_path, pld_decoder, char_tokenizer, make_prompts):
     from serving.errors import BadInputError
 
+    bad = hardware_target("cpu").model_copy(update={"name": "a/b"})
     with pytest.raises(BadInputError, match="cannot name a partition"):
-        _collect(make_prompts()[:1], pld_decoder, char_tokenizer, tmp_path, hardware="a/b")
+        _collect(make_prompts()[:1], pld_decoder, char_tokenizer, tmp_path, hardware=bad)
     assert part_files(tmp_path) == []
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from serving.atomic import write_jsonl_atomic
+from serving.hardware import hardware_target
 from serving.records.store import part_files, partition_dir, read_raw
 from tasks.data.collect import collect
 from tasks.data.curate import curate
@@ -47,7 +48,7 @@ def store(tmp_path, pld_decoder, char_tokenizer, make_prompts) -> Path:
             tokenizer=char_tokenizer,
             store_root=root,
             run_id=run_id,
-            hardware="cpu",
+            hardware=hardware_target("cpu"),
             max_new_tokens=12,
             failure_threshold=threshold,
             chunk_size=4,

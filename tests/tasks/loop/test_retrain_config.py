@@ -1,30 +1,31 @@
 import pytest
 
 from serving.errors import BadInputError
+from serving.hardware import hardware_target
 from tasks.loop.retrain_config import FamilySettings, load_retrain_config
 
 
 def test_the_shipped_config_gives_cpu_a_head_and_a_lora_under_ten_minutes_each():
     config = load_retrain_config()
-    cpu = config.target("cpu")
+    cpu = config.target(hardware_target("cpu"))
     assert cpu.families == ["head", "lora"]
     assert cpu.family("head").budget_seconds <= 600
     assert cpu.threads == 1
-    assert config.target("cuda").family("lora").settings["quantize"] == "4bit"
+    assert config.target(hardware_target("cuda")).family("lora").settings["quantize"] == "4bit"
 
 
 def test_a_target_not_listed_trains_no_learned_challenger():
-    assert load_retrain_config().target("cpu-stock").families == []
+    assert load_retrain_config().target(hardware_target("cpu-stock")).families == []
 
 
 def test_budgets_can_be_overridden_and_bad_ones_are_named():
-    cpu = load_retrain_config().target("cpu").with_budgets({"head": 30})
+    cpu = load_retrain_config().target(hardware_target("cpu")).with_budgets({"head": 30})
     assert cpu.family("head").budget_seconds == 30
     assert cpu.family("lora").budget_seconds == 300
     with pytest.raises(BadInputError, match="unknown families"):
-        load_retrain_config().target("cpu").with_budgets({"medusa": 30})
+        load_retrain_config().target(hardware_target("cpu")).with_budgets({"medusa": 30})
     with pytest.raises(BadInputError, match="> 0"):
-        load_retrain_config().target("cpu").with_budgets({"head": 0})
+        load_retrain_config().target(hardware_target("cpu")).with_budgets({"head": 0})
 
 
 def test_a_family_listed_without_settings_is_refused(tmp_path):
@@ -35,7 +36,7 @@ def test_a_family_listed_without_settings_is_refused(tmp_path):
 
 
 def test_a_step_bound_is_optional_and_kept_when_budgets_change():
-    cpu = load_retrain_config().target("cpu")
+    cpu = load_retrain_config().target(hardware_target("cpu"))
     assert cpu.family("head").max_steps is None  # the shipped config: time budgets only
     bounded = cpu.model_copy(
         update={"head": cpu.family("head").model_copy(update={"max_steps": 20})}

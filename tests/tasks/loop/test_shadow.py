@@ -10,7 +10,7 @@ from serving.engine.decoder import SpeculativeDecoder
 from serving.engine.drafters.factory import build_drafter
 from serving.engine.drafters.package import DraftManifest, write_package
 from serving.engine.policy import FixedK
-from serving.hardware import engine_target
+from serving.hardware import engine_target, hardware_target
 from serving.records.schema import Sampling, parse_record
 from tasks.loop.shadow import ShadowSettings, as_metrics, replayable, shadow_scores
 from tests.tasks.data.test_validate import make_record
@@ -103,6 +103,8 @@ def test_records_a_replay_cannot_reproduce_are_counted_not_replayed(records):
     )
     redacted = records[1].model_copy(update={"prompt": "my key is [REDACTED:api_key]"})
     elsewhere = records[2].model_copy(update={"hardware": "cpu-int8"})
-    kept, skipped = replayable([sampled, redacted, elsewhere, *records[3:]], hardware="cpu")
+    kept, skipped = replayable(
+        [sampled, redacted, elsewhere, *records[3:]], hardware=hardware_target("cpu")
+    )
     assert kept == records[3:]
     assert skipped == {"sampled": 1, "redacted": 1}

@@ -1,5 +1,6 @@
 import pytest
 
+from serving.hardware import hardware_target
 from tasks.data.acceptance import PooledAcceptance
 from tasks.loop.triggers import decide_retrain
 
@@ -25,7 +26,7 @@ TAGS = {
 
 def decide(groups, tags=TAGS, **overrides):
     settings = {
-        "hardware": "cpu",
+        "hardware": hardware_target("cpu"),
         "champion_tags": tags,
         "relative": 0.8,
         "absolute": 0.5,

@@ -181,7 +181,7 @@ def test_scraped_counters_become_acceptance_windows(setup, tmp_path):
     ]  # fmt: skip
     assert rows[0]["champion"] == "ngram/1" and rows[0]["server"] == "s1"
     assert (
-        "specops_vllm_acceptance_rate{hardware=CPU_VLLM} 0.5"
+        'specops_vllm_acceptance_rate{hardware="cpu-vllm"} 0.5'
         in httpx.get(f"{Served(front.app()).url}/metrics").text
     )
 

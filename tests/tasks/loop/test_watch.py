@@ -3,6 +3,7 @@ evaluation predicted, per workload."""
 
 from __future__ import annotations
 
+from serving.hardware import hardware_target
 from serving.records.schema import RequestRecord
 from tasks.loop.watch import WatchSettings, judge
 from tests.tasks.data.test_validate import make_record
@@ -12,6 +13,7 @@ TAGS = {
     "cpu/grounded/acceptance_rate": "0.80",
 }
 SETTINGS = WatchSettings(newest=4, share=0.5)
+CPU = hardware_target("cpu")
 
 
 def _served(n: int, accepted: int, *, workload="humaneval", by="ngram/3", start=0, drafted=10):
@@ -29,7 +31,7 @@ def _served(n: int, accepted: int, *, workload="humaneval", by="ngram/3", start=
 
 
 def _judge(records):
-    return judge(records, hardware="cpu", champion="ngram/3", champion_tags=TAGS,
+    return judge(records, hardware=CPU, champion="ngram/3", champion_tags=TAGS,
                  settings=SETTINGS)  # fmt: skip
 
 
@@ -55,7 +57,7 @@ def test_only_the_champions_own_requests_on_this_target_count():
         "humaneval@cpu: ngram/3 accepted 0.600 over its newest 4 requests, >= 0.300 "
         "(0.5 x 0.600 accepted on its held-out traffic)"
     ])  # fmt: skip
-    never = judge(_served(4, 0), hardware="cpu", champion="ngram/3", champion_tags={},
+    never = judge(_served(4, 0), hardware=CPU, champion="ngram/3", champion_tags={},
                   settings=SETTINGS)  # fmt: skip
     assert never == (False, [])  # never evaluated: nothing to compare with
 

@@ -9,6 +9,7 @@ import pytest
 
 from serving.engine.features import DraftedToken, TokenFeatures
 from serving.errors import BadInputError
+from serving.hardware import hardware_target
 from serving.records.schema import RequestRecord, parse_record
 from tasks.train.predictor_data import (
     FEATURE_FIELDS,
@@ -20,6 +21,8 @@ from tasks.train.predictor_data import (
     validation_split,
 )
 from tests.tasks.data.test_validate import make_record
+
+CPU = hardware_target("cpu")
 
 
 def _drafted(accepted: bool, *, stage: str = "pld", position: int = 0) -> dict:
@@ -58,7 +61,7 @@ def _record(
 def test_rows_pick_the_feature_fields_and_the_label():
     rows = drafted_rows(
         [_record("a", [_drafted(True), _drafted(False, position=1)]), _record("b", [])],
-        hardware="cpu",
+        hardware=CPU,
     )
     assert len(rows) == 2 and rows.labels == [True, False] and rows.groups == ["a", "a"]
     assert rows.features[1] == TokenFeatures(
@@ -70,7 +73,7 @@ def test_rows_pick_the_feature_fields_and_the_label():
 
 def test_version_1_records_and_other_targets_add_no_rows():
     records = [_record("v1", None), _record("int8", [_drafted(True)], hardware="cpu-int8")]
-    rows = drafted_rows(records, hardware="cpu")
+    rows = drafted_rows(records, hardware=CPU)
     assert len(rows) == 0 and rows.unrecorded == 1 and rows.records_here == 1
 
 
@@ -90,42 +93,42 @@ def test_a_row_without_a_feature_names_it(tmp_path):
     folder = _dataset(tmp_path, [])
     (folder / "trainable.jsonl").write_text(json.dumps(_stored("a", [row])) + "\n")
     with pytest.raises(BadInputError, match=r"trainable.jsonl:1 .*drafted\.0\.match_len"):
-        training_rows(folder, hardware="cpu")
+        training_rows(folder, hardware=CPU)
 
 
 def test_only_version_1_records_ask_for_schema_2(tmp_path):
     folder = _dataset(tmp_path, [_record("a", None), _record("b", [])])
     with pytest.raises(BadInputError, match="collected before schema v2") as error:
-        training_rows(folder, hardware="cpu")
+        training_rows(folder, hardware=CPU)
     assert "collect in detailed mode with schema v2" in str(error.value)
 
 
 def test_no_records_of_the_target_are_named(tmp_path):
     folder = _dataset(tmp_path, [_record("a", [_drafted(True)], hardware="cpu-int4")])
     with pytest.raises(BadInputError, match="none collected on hardware target 'cpu'"):
-        training_rows(folder, hardware="cpu")
+        training_rows(folder, hardware=CPU)
 
 
 @pytest.mark.parametrize("label, word", [(True, "accepted"), (False, "rejected")])
 def test_one_label_only_is_refused(tmp_path, label, word):
     folder = _dataset(tmp_path, [_record("a", [_drafted(label)] * 3)])
     with pytest.raises(BadInputError, match=f"all 3 drafted rows .* were {word}.*both outcomes"):
-        training_rows(folder, hardware="cpu")
+        training_rows(folder, hardware=CPU)
 
 
 def test_heldout_rows_come_from_the_heldout_parts(tmp_path):
     train = [_record("a", [_drafted(True), _drafted(False)])]
     folder = _dataset(tmp_path, train, [_record("h", [_drafted(False)], split="heldout")])
-    assert heldout_rows(folder, hardware="cpu").groups == ["h"]
+    assert heldout_rows(folder, hardware=CPU).groups == ["h"]
     (tmp_path / "none-held-out").mkdir()
     empty = _dataset(tmp_path / "none-held-out", train)
     with pytest.raises(BadInputError, match=r"no drafted rows in the held-out parts"):
-        heldout_rows(empty, hardware="cpu")
+        heldout_rows(empty, hardware=CPU)
 
 
 def test_a_missing_part_says_how_to_build_it(tmp_path):
     with pytest.raises(BadInputError, match="build the dataset first"):
-        training_rows(tmp_path, hardware="cpu")
+        training_rows(tmp_path, hardware=CPU)
 
 
 def test_a_broken_line_is_named(tmp_path):
@@ -133,11 +136,11 @@ def test_a_broken_line_is_named(tmp_path):
     good = json.dumps(_stored("a", [_drafted(True)]))
     (folder / "trainable.jsonl").write_text(good + "\nnot json\n")
     with pytest.raises(BadInputError, match=r"trainable.jsonl:2 is not JSON"):
-        training_rows(folder, hardware="cpu")
+        training_rows(folder, hardware=CPU)
 
 
 def _rows(requests: int, per_request: int = 3) -> LabelledRows:
-    features = drafted_rows([_record("x", [_drafted(True)])], hardware="cpu").features
+    features = drafted_rows([_record("x", [_drafted(True)])], hardware=CPU).features
     n = requests * per_request
     return LabelledRows(
         features * n, [i % 2 == 0 for i in range(n)], [f"r{i // per_request}" for i in range(n)]

@@ -27,6 +27,7 @@ from tests.tasks.train.predictor_records import engine_records, relabel, write_p
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 FAST = PredictorParams(epochs=60, minutes=None, patience=8)
+CPU = hardware_target("cpu")
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +65,7 @@ def test_the_engine_records_carry_both_labels_and_both_stages(records):
 def test_trained_saved_loaded_and_scored_alike(trained, dataset):
     result, folder = trained
     loaded = load_predictor(result.folder, hardware=hardware_target("cpu"))
-    rows = heldout_rows(dataset, hardware="cpu")
+    rows = heldout_rows(dataset, hardware=CPU)
     assert torch.equal(loaded.predict(rows.features), result.predictor.predict(rows.features))
     assert torch.equal(loaded.raw(rows.features), result.predictor.raw(rows.features))
     assert loaded.stages == ("ngram", "pld") and loaded.hidden == FAST.hidden
@@ -115,9 +116,9 @@ def test_it_learns_a_separable_signal(records, tmp_path):
 
 
 def test_the_same_seed_gives_the_same_predictor(dataset):
-    rows = training_rows(dataset, hardware="cpu")
-    first, second = (fit_predictor(rows, FAST, hardware="cpu", progress=False) for _ in "ab")
-    other = fit_predictor(rows, FAST.model_copy(update={"seed": 1}), hardware="cpu", progress=False)
+    rows = training_rows(dataset, hardware=CPU)
+    first, second = (fit_predictor(rows, FAST, hardware=CPU, progress=False) for _ in "ab")
+    other = fit_predictor(rows, FAST.model_copy(update={"seed": 1}), hardware=CPU, progress=False)
     for name, weight in first.predictor.mlp.state_dict().items():
         assert torch.equal(weight, second.predictor.mlp.state_dict()[name])
     assert not torch.equal(
@@ -127,19 +128,19 @@ def test_the_same_seed_gives_the_same_predictor(dataset):
 
 
 def test_it_stops_early_and_on_its_budget(dataset, capsys):
-    rows = training_rows(dataset, hardware="cpu")
-    early = fit_predictor(rows, PredictorParams(patience=1, minutes=None), hardware="cpu")
+    rows = training_rows(dataset, hardware=CPU)
+    early = fit_predictor(rows, PredictorParams(patience=1, minutes=None), hardware=CPU)
     assert early.stopped == "early stopping" and len(early.history) < 200
     assert early.history[-1].epoch == early.best_epoch + 1
     lines = capsys.readouterr().err
     assert "epoch 1/200" in lines and "stopped after epoch" in lines and "(early stopping)" in lines
-    budget = fit_predictor(rows, PredictorParams(minutes=1e-9), hardware="cpu", progress=False)
+    budget = fit_predictor(rows, PredictorParams(minutes=1e-9), hardware=CPU, progress=False)
     assert budget.stopped == "time budget" and len(budget.history) == 1
 
 
 def test_the_shrinkage_is_fitted_on_every_training_row(dataset):
-    rows = training_rows(dataset, hardware="cpu")
-    fitted = fit_predictor(rows, FAST, hardware="cpu", progress=False)
+    rows = training_rows(dataset, hardware=CPU)
+    fitted = fit_predictor(rows, FAST, hardware=CPU, progress=False)
     assert sum(fitted.predictor.shrinkage.counts.values()) == len(rows)
     assert set(fitted.predictor.shrinkage.stage_prior) == {"ngram", "pld"}
     assert fitted.fit_rows + fitted.validation_rows == len(rows)

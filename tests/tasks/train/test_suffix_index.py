@@ -13,6 +13,7 @@ from serving.engine.drafters.factory import build_drafter
 from serving.engine.drafters.suffix import SuffixDrafter
 from serving.engine.policy import FixedK
 from serving.errors import BadInputError, ModelSourceError
+from serving.hardware import hardware_target
 from serving.records.store import read_raw
 from serving.target import LoadedTarget
 from tasks.data.collect import collect
@@ -93,7 +94,7 @@ def store(tmp_path, pld_decoder, char_tokenizer, make_prompts):
         tokenizer=char_tokenizer,
         store_root=root,
         run_id="run-1",
-        hardware="cpu",
+        hardware=hardware_target("cpu"),
         max_new_tokens=12,
         progress=False,
     )
