@@ -17,12 +17,13 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from serving.defaults import DEFAULT_TARGET
+
 
 class LoopSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="SPECOPS_", extra="ignore")
 
-    # serving.target.DEFAULT_TARGET, spelled out: importing it would load torch here.
-    target: str = Field("smollm2", min_length=1)
+    target: str = Field(DEFAULT_TARGET, min_length=1)
     dvc_remote: str | None = Field(None, pattern=r"^[A-Za-z0-9_.-]+$")
     retrain_deployment: str | None = Field(None, pattern=r"^[^/]+/[^/]+$")
 

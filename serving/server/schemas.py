@@ -26,7 +26,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from serving.engine.drafters.kinds import HTTP_KINDS
+from serving.engine.drafters.kinds import HTTP_KINDS, split_spec
 from serving.engine.policy import MAX_DRAFT_TOKENS, PolicyName
 from serving.engine.relaxed import check_lambda
 from serving.errors import BadInputError
@@ -94,7 +94,7 @@ class SpecOpsFields(BaseModel):
     @field_validator("drafter")
     @classmethod
     def _drafter(cls, drafter: str) -> str:
-        kind = drafter.strip().partition(":")[0].lower()
+        kind = split_spec(drafter)[0].lower()
         if kind not in HTTP_DRAFTERS:
             raise ValueError(
                 f"drafter {drafter!r} is not available per request; choose one of "

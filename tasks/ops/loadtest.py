@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from serving.defaults import DEFAULT_TARGET
 from serving.errors import BadInputError
 from serving.security.tls import ca_context
 from tasks.ops.loadtest_report import markdown_table, plot, table_rows, write_report
@@ -66,7 +67,7 @@ def _check_positive(name: str, value: object) -> None:
 @dataclass
 class LoadTestSettings:
     url: str = "http://127.0.0.1:8000"
-    model: str = "smollm2"
+    model: str = DEFAULT_TARGET
     clients: int = 4  # the level of run_load_test; run_load_sweep takes its levels apart
     requests: int = 16  # per level
     max_tokens: int = 64

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from serving.defaults import DEFAULT_TARGET
 from serving.errors import SpecOpsError
 from serving.hardware import HardwareTarget
 from tasks.ops.server_process import ServerProcess
@@ -50,7 +51,7 @@ def replica_config(
 def greedy_chat(prompt: Any, max_tokens: int) -> dict[str, Any]:
     """The body of a greedy ``/v1/chat/completions`` request for a workload ``prompt``."""
     return {
-        "model": "smollm2",
+        "model": DEFAULT_TARGET,
         "messages": prompt.messages,
         "max_tokens": max_tokens,
         "temperature": 0,

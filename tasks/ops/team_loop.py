@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from serving.atomic import write_json_atomic
+from serving.defaults import DEFAULT_K, DEFAULT_TARGET
 from serving.errors import SpecOpsError
 from serving.hardware import DEFAULT_HARDWARE, hardware_target
 from tasks.ops.replicas import (
@@ -72,9 +73,7 @@ SWAP_SLACK_S = 5.0
 @dataclass
 class TeamLoopOptions:
     checkout: Path
-    # serving.target.DEFAULT_TARGET and the draft plans' DEFAULT_K and DEFAULT_POLICY are
-    # spelled out below: importing them would load torch into the stack's driver.
-    target: str = "smollm2"
+    target: str = DEFAULT_TARGET
     hardware: str = DEFAULT_HARDWARE
     replicas: int = 2
     workload: str = "humaneval"
@@ -87,7 +86,7 @@ class TeamLoopOptions:
     # A captured request accepting less than this is a failure case (the training mix is
     # mostly failure cases): 1.0 counts every request that was not drafted perfectly.
     failure_threshold: float = 0.5
-    bootstrap_k: int = 10  # prompt lookup's draft length, when a champion is bootstrapped
+    bootstrap_k: int = DEFAULT_K  # prompt lookup's draft length, when a champion is bootstrapped
     schedules: bool = False  # keep the deployments' cron schedules active during the run
     kill_worker_after_s: float | None = None  # kill the worker this long into the retrain
     timeout_s: float = 3600.0
