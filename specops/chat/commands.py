@@ -112,7 +112,9 @@ class Compare:
 
 
 @dataclass(frozen=True)
-class Champion:
+class ShowChampion:
+    """``/champion [HW]``: show a hardware target's champion."""
+
     hardware: str | None  # None: the session's hardware target
 
 
@@ -133,7 +135,7 @@ class Action:
     name: str
 
 
-Line = Prompt | Set | Compare | Champion | Save | Eval | Action
+Line = Prompt | Set | Compare | ShowChampion | Save | Eval | Action
 
 
 @dataclass(frozen=True)
@@ -250,7 +252,7 @@ def parse_line(line: str) -> Line | None:
             raise BadInputError(f"/champion takes at most one hardware target: {_usage(name)}")
         if args:
             hardware_target(args[0])
-        return Champion(args[0] if args else None)
+        return ShowChampion(args[0] if args else None)
     if name == "save":
         if len(args) > 1:
             raise BadInputError(f"/save takes at most one store folder: {_usage(name)}")

@@ -28,13 +28,13 @@ from serving.errors import BadInputError, SpecOpsError
 from specops.chat.commands import (
     COMMANDS,
     Action,
-    Champion,
     Compare,
     Eval,
     Line,
     Prompt,
     Save,
     Set,
+    ShowChampion,
     parse_line,
 )
 from specops.chat.jobs import Job, Progress, eval_job, run_job, train_job
@@ -323,7 +323,7 @@ class ChatUI:
                 self.say(f"{key.replace('_', ' ')}: {shown}", "cyan")
             case Compare(specs, prompt):
                 self.compare(specs, prompt)
-            case Champion(hardware):
+            case ShowChampion(hardware):
                 label = session.use_champion(hardware, self.champion_cache)
                 self.say(f"draft: {label}", "cyan")
             case Save(store):

@@ -7,13 +7,13 @@ import pytest
 from serving.errors import BadInputError
 from specops.chat.commands import (
     Action,
-    Champion,
     Compare,
     Eval,
     Prompt,
     Save,
     Set,
     Settings,
+    ShowChampion,
     parse_line,
 )
 
@@ -35,8 +35,8 @@ from specops.chat.commands import (
         ("/compare", Compare((), None)),
         ("/compare pld ngram:4 pld none", Compare(("pld", "ngram:4"), None)),
         ("/compare pld -- Say it twice", Compare(("pld",), "Say it twice")),
-        ("/champion", Champion(None)),
-        ("/champion cpu-stock", Champion("cpu-stock")),
+        ("/champion", ShowChampion(None)),
+        ("/champion cpu-stock", ShowChampion("cpu-stock")),
         ("/save", Save(None)),
         ("/save /tmp/store", Save("/tmp/store")),
         ("/eval", Eval(())),
