@@ -149,9 +149,7 @@ def _hits_of(kind: str, draft_dir: Path, target: PreTrainedModel, k: int) -> Cal
 
         head = load_head(draft_dir, target)
         frozen = frozen_target(target, head.vocab_ids)
-        if k > 2:
-            raise BadInputError(f"a head's replay covers k <= 2 drafts, got k={k}")
-        return lambda sequence: head_hits(head, sequence, frozen)
+        return lambda sequence: head_hits(head, sequence, frozen, depths=k)
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(draft_dir, dtype=torch.float32).eval()

@@ -111,6 +111,13 @@ def train_draft(
         str,
         typer.Option(help="head: specops | eagle (EAGLE-1's, the one vLLM's eagle method loads)."),
     ] = "specops",
+    depths: Annotated[
+        int,
+        typer.Option(
+            help="head: draft steps the training unrolls on its own features (1-8; the k "
+            "it will draft)."
+        ),
+    ] = 2,
     store: Annotated[Path, typer.Option(help="suffix/ngram: the record store.")] = Path("data"),
     include_prompts: Annotated[
         bool, typer.Option("--include-prompts", help="suffix/ngram: index prompts too.")
@@ -168,6 +175,7 @@ def train_draft(
                 draft_vocab_size=draft_vocab,
                 intermediate_size=intermediate_size,
                 layout=head_layout,
+                depths=depths,
             )
         else:
             from tasks.train.distill import DistillConfig

@@ -10,8 +10,9 @@ leading correct drafts, add the target's own token, move on) and counts target s
 Two sources of ``ok``, both on a teacher cache of the target's own greedy answers
 (:mod:`tasks.train.teacher`):
 
-- :func:`head_hits`: a draft head's two chained drafts (step 1 on true features, step 2 on
-  its own predicted feature, exactly :func:`tasks.train.head_loss.head_predictions`);
+- :func:`head_hits`: a draft head's ``depths`` chained drafts (step 1 on true features, each
+  later step on the head's own predicted feature, exactly
+  :func:`tasks.train.head_loss.head_predictions`);
 - :func:`model_hits`: a model draft's greedy next tokens, teacher-forced (with every earlier
   guess right, its context is the target's own tokens).
 """
@@ -78,29 +79,27 @@ def replay(ok: Sequence[Sequence[bool]], prompt_len: int, length: int, k: int) -
 
 
 @torch.no_grad()
-def head_hits(head, sequence: TeacherSequence, frozen) -> list[list[bool]]:
-    """``[first, second]`` hits of a draft head on one recorded sequence (see module doc)."""
+def head_hits(head, sequence: TeacherSequence, frozen, depths: int = 2) -> list[list[bool]]:
+    """``depths`` rows of hits of a draft head's chained drafts on one recorded sequence
+    (see module doc)."""
     from tasks.train.head_data import make_batch
     from tasks.train.head_loss import head_predictions
 
     length = int(sequence.tokens.shape[0])
     device = next(head.parameters()).device
     batch = make_batch([(sequence, 0)], length).to(device)
-    first, second = head_predictions(head, batch, frozen, two_steps=True)
-    hits = [[False] * length, [False] * length]
+    hits = [[False] * length for _ in range(depths)]
     tokens = sequence.tokens.tolist()
-    for depth, predicted in enumerate((first, second)):
-        if predicted is None:
-            continue
+    for depth, predicted in enumerate(head_predictions(head, batch, frozen, depths=depths)):
         top = (predicted[0] @ frozen.output_rows.T).argmax(dim=-1)  # [len - 1] reduced index
         if frozen.vocab_ids is not None:
             top = frozen.vocab_ids[top]
         guesses = top.tolist()
         # Head position i guesses x_{i+2}. Step 1 at i = t - 1 is the first draft of step t;
-        # step 2 at i = t (reading its own step-1 feature) is its second draft.
+        # step d + 1 at i = t + d - 1 (reading its own step-d feature) is its (d + 1)-th.
         for i, guess in enumerate(guesses):
-            t = i + 1 if depth == 0 else i
-            if i + 2 < length:
+            t = i + 1 - depth
+            if t >= 0 and i + 2 < length:
                 hits[depth][t] = guess == tokens[i + 2]
     return hits
 

@@ -96,7 +96,7 @@ def replayed_length(
     teacher data, ``k`` drafts per step."""
     head = load_head(head_dir, model)
     frozen = frozen_target(model, head.vocab_ids)
-    total = replay_all(lambda s: head_hits(head, s, frozen), sequences, k)
+    total = replay_all(lambda s: head_hits(head, s, frozen, depths=k), sequences, k)
     return Replayed(mean_accepted_length=total.mean_accepted_length, agreement=total.agreement)
 
 

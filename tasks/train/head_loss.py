@@ -6,10 +6,13 @@ where the token loss is the cross-entropy of the head's logits (through the targ
 output layer, over the reduced vocabulary if any) against the target's greedy next token
 (``top1``) or its renormalised top-k distribution (``topk``).
 
-Step 2 (a cheap "training-time test"): position ``j`` reads the head's own step-1
-prediction ``f̂_j`` instead of ``f_j`` and attends to the step-1 keys of positions ``< j``
-(through the step-1 KV cache) and to itself, exactly what the second draft of a serving
-step sees. Its loss, with the same targets, is weighted by ``second_step_weight``.
+Steps 2..D (EAGLE-3's "training-time test", unrolled ``depths`` deep): at step ``s``
+position ``j`` reads the head's own step-``s - 1`` prediction ``f̂_j`` (that step's output
+at ``j - 1``) instead of ``f_j``, and attends to what the ``s``-th draft of a serving step
+sees: the step-1 keys of positions ``< j - s + 2`` (true features, through the KV cache),
+the step-``d`` key at ``j - s + d`` for each ``d`` from 2 to ``s - 1``, and itself
+(:func:`depth_mask`). Each deeper step's loss, with the same targets, is weighted by
+``second_step_weight``.
 
 Agreement is the fraction of answer positions where the head's top token (mapped back to
 full-vocabulary ids) equals the target's greedy next token; a label outside the reduced
@@ -66,12 +69,19 @@ def frozen_target(target: PreTrainedModel, vocab_ids: torch.Tensor | None) -> Fr
     return FrozenTarget(embed, output[vocab_ids], vocab_ids, reduced_index)
 
 
-def second_step_mask(length: int, device: torch.device | None = None) -> torch.Tensor:
-    """``[1, 1, length, 2 * length]``: query ``j`` of step 2 sees step-1 keys ``< j`` (the
-    cache's first half) and its own key (``length + j``)."""
+MAX_DEPTHS = 8  # the deepest training unroll and replay (a policy's k beyond it is rare)
+
+
+def depth_mask(length: int, depth: int, device: torch.device | None = None) -> torch.Tensor:
+    """``[1, 1, length, depth * length]``: what query ``j`` of step ``depth`` (>= 2) sees in
+    the cache of steps ``1..depth - 1`` and its own keys: step-1 keys ``< j - depth + 2``,
+    the step-``d`` key at ``j - depth + d`` for ``d`` in ``2..depth - 1``, and its own key at
+    ``j`` (step 2: step-1 keys ``< j`` and itself)."""
     query = torch.arange(length, device=device)[:, None]  # [len, 1]
     key = torch.arange(length, device=device)[None, :]  # [1, len]
-    return torch.cat([key < query, key == query], dim=1)[None, None]
+    blocks = [key < query - depth + 2]
+    blocks += [key == query - depth + d for d in range(2, depth + 1)]
+    return torch.cat(blocks, dim=1)[None, None]
 
 
 @dataclass(frozen=True)
@@ -120,31 +130,38 @@ def step_loss(
 @dataclass(frozen=True)
 class HeadLoss:
     total: torch.Tensor  # scalar, what is minimised
-    first: StepLoss
-    second: StepLoss | None
+    steps: list[StepLoss]  # step 1 (true features), then each deeper step
+
+    @property
+    def first(self) -> StepLoss:
+        return self.steps[0]
+
+    @property
+    def second(self) -> StepLoss | None:
+        return self.steps[1] if len(self.steps) > 1 else None
 
 
 def head_predictions(
-    head: DraftHead, batch: HeadBatch, target: FrozenTarget, *, two_steps: bool
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Step-1 predictions ``f̂_{i+1}`` ``[batch, len, hidden]`` and, with ``two_steps``,
-    step-2 predictions from the head's own features (position 0 is meaningless)."""
+    head: DraftHead, batch: HeadBatch, target: FrozenTarget, *, depths: int
+) -> list[torch.Tensor]:
+    """Each step's predictions ``[batch, len, hidden]``, ``depths`` deep at most: step 1's
+    ``f̂_{i+1}`` from true features, then each deeper step's from the step before it
+    (positions ``< step - 1`` of step ``step`` are meaningless); fewer steps when the
+    window is shorter than ``depths``."""
+    if not 1 <= depths <= MAX_DEPTHS:
+        raise ValueError(f"depths must be between 1 and {MAX_DEPTHS}, got {depths!r}")
     length = batch.positions.shape[1]
     device = batch.features.device
     embeds = F.embedding(batch.next_tokens, target.embed)  # [batch, len, hidden]
-    two_steps = two_steps and length > 1
-    cache = DynamicCache(config=head.config) if two_steps else None
-    predicted = head(
-        batch.features, embeds, batch.positions, causal_mask(length, 0, device), cache
-    )  # [batch, len, hidden]
-    if not two_steps:
-        return predicted, None
-    # Position j reads f̂_j (step 1's output at j - 1); position 0 has none.
-    shifted = torch.cat([batch.features[:, :1], predicted[:, :-1]], dim=1)
-    predicted_again = head(
-        shifted, embeds, batch.positions, second_step_mask(length, device), cache
-    )  # [batch, len, hidden]
-    return predicted, predicted_again
+    depths = min(depths, length)
+    cache = DynamicCache(config=head.config) if depths > 1 else None
+    steps = [head(batch.features, embeds, batch.positions, causal_mask(length, 0, device), cache)]
+    for depth in range(2, depths + 1):
+        # Position j reads f̂_j: the step before's output at j - 1 (position 0 has none).
+        shifted = torch.cat([batch.features[:, :1], steps[-1][:, :-1]], dim=1)
+        mask = depth_mask(length, depth, device)
+        steps.append(head(shifted, embeds, batch.positions, mask, cache))
+    return steps
 
 
 def head_loss(
@@ -156,18 +173,21 @@ def head_loss(
     token_weight: float = 0.1,
     token_loss: str = "topk",
     second_step_weight: float = 0.0,
+    depths: int = 2,
 ) -> HeadLoss:
-    predicted, predicted_again = head_predictions(
-        head, batch, target, two_steps=second_step_weight > 0
+    """The loss of step 1 plus ``second_step_weight`` times each deeper step's, ``depths``
+    steps in all (``second_step_weight`` 0: step 1 alone)."""
+    predicted = head_predictions(
+        head, batch, target, depths=depths if second_step_weight > 0 else 1
     )
-    first = step_loss(predicted, batch, target, batch.valid, token_loss)
-    total = feature_weight * first.feature + token_weight * first.token
-    second = None
-    if predicted_again is not None:
+    steps = [step_loss(predicted[0], batch, target, batch.valid, token_loss)]
+    total = feature_weight * steps[0].feature + token_weight * steps[0].token
+    for depth, prediction in enumerate(predicted[1:], start=2):
         valid = batch.valid.clone()
-        valid[:, 0] = False
-        second = step_loss(predicted_again, batch, target, valid, token_loss)
+        valid[:, : depth - 1] = False  # no step ``depth`` draft starts before the window
+        step = step_loss(prediction, batch, target, valid, token_loss)
         total = total + second_step_weight * (
-            feature_weight * second.feature + token_weight * second.token
+            feature_weight * step.feature + token_weight * step.token
         )
-    return HeadLoss(total, first, second)
+        steps.append(step)
+    return HeadLoss(total, steps)

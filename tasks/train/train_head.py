@@ -62,7 +62,7 @@ from tasks.train.head_data import (
     sample_windows,
     split_sequences,
 )
-from tasks.train.head_loss import FrozenTarget, frozen_target, head_loss
+from tasks.train.head_loss import MAX_DEPTHS, FrozenTarget, frozen_target, head_loss
 from tasks.train.loop import (
     CHECKPOINT_DIR,
     LoopConfig,
@@ -104,7 +104,10 @@ class TrainHeadConfig(LoopConfig):
     feature_weight: float = Field(default=1.0, ge=0)
     token_weight: float = Field(default=0.1, ge=0)
     token_loss: Literal["top1", "topk"] = "topk"
-    second_step_weight: float = Field(default=0.5, ge=0)  # 0 turns the second step off
+    second_step_weight: float = Field(default=0.5, ge=0)  # 0 turns the deeper steps off
+    # Draft steps the training unrolls on the head's own features (EAGLE-3's training-time
+    # test; tasks/train/head_loss.py): the k a serving policy drafts, or fewer.
+    depths: int = Field(default=2, ge=1, le=MAX_DEPTHS)
     init_head: Path | None = None  # continue this head (a head folder or head package)
 
 
@@ -146,6 +149,7 @@ def _head_loss(head: DraftHead, batch: HeadBatch, target: FrozenTarget, config: 
         token_weight=config.token_weight,
         token_loss=config.token_loss,
         second_step_weight=config.second_step_weight,
+        depths=config.depths,
     )
 
 
@@ -169,10 +173,9 @@ def evaluate(
         loss = _head_loss(head, batch, target, config)
         loss_sum += float(loss.total)
         batches += 1
-        for i, part in enumerate((loss.first, loss.second)):
-            if part is not None:
-                correct[i] += int(part.correct)
-                scored[i] += int(part.answer_positions)
+        for i, part in enumerate(loss.steps[:2]):  # the first two drafts are reported
+            correct[i] += int(part.correct)
+            scored[i] += int(part.answer_positions)
     head.train(was_training)
     return EvalMetrics(
         step=step,

@@ -98,3 +98,33 @@ def test_head_replay_equals_the_engine(target, recorded, tmp_path):
     online = engine_replay(decoder, sequences)
     assert (offline.steps, offline.tokens) == (online.steps, online.tokens)
     assert offline.mean_accepted_length > 1.0  # the trained head gets drafts accepted
+
+
+def test_a_head_trained_four_deep_replays_four_drafts_as_the_engine_decodes(
+    target, recorded, tmp_path
+):
+    path, sequences = recorded
+    config = TrainHeadConfig(
+        teacher_dir=path,
+        output_dir=tmp_path,
+        max_steps=60,
+        batch_size=4,
+        learning_rate=1e-2,
+        token_weight=1.0,
+        intermediate_size=48,
+        eval_fraction=0.0,
+        eval_every=60,
+        checkpoint_every=60,
+        depths=4,
+    )
+    head = load_head(train_head(config, target, progress=False).head_dir, target)
+    frozen = frozen_target(target, head.vocab_ids)
+    sequences, _ = split_sequences(sequences, 0.0)
+    offline = replay_all(lambda s: head_hits(head, s, frozen, depths=4), sequences, 4)
+    loaded = LoadedTarget.of(target)
+    decoder = SpeculativeDecoder(
+        loaded, drafter=HeadDrafter(head, loaded), policy=FixedK(4), eos_token_ids=[2]
+    )
+    online = engine_replay(decoder, sequences)
+    assert (offline.steps, offline.tokens) == (online.steps, online.tokens)
+    assert offline.mean_accepted_length > 1.0

@@ -33,8 +33,7 @@ def test_second_step_sees_what_the_second_draft_sees(target, head, teacher_seque
     frozen = frozen_target(target, None)
     batch = make_batch([(teacher_sequence, 0)], max_len=32)
     with torch.no_grad():
-        first, second = head_predictions(head, batch, frozen, two_steps=True)
-        assert second is not None
+        first, second = head_predictions(head, batch, frozen, depths=2)
         embeds = target.get_input_embeddings()(batch.next_tokens)  # [1, len, hidden]
         for j in range(1, batch.positions.shape[1]):
             cache = DynamicCache(config=head.config)
@@ -53,6 +52,51 @@ def test_second_step_sees_what_the_second_draft_sees(target, head, teacher_seque
                 cache,
             )
             torch.testing.assert_close(drafted[0, 0], second[0, j], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("depths", [3, 4])
+def test_each_deeper_step_sees_what_that_draft_of_a_serving_step_sees(
+    target, head, teacher_sequence, depths
+):
+    """Step ``d`` at position ``p`` == a cache of true pairs before the step's first draft
+    at ``start = p - d + 1``, then each draft fed the head's own previous output, as the
+    serving drafter chains them."""
+    frozen = frozen_target(target, None)
+    batch = make_batch([(teacher_sequence, 0)], max_len=32)
+    with torch.no_grad():
+        steps = head_predictions(head, batch, frozen, depths=depths)
+        assert len(steps) == depths
+        embeds = target.get_input_embeddings()(batch.next_tokens)  # [1, len, hidden]
+        for start in range(batch.positions.shape[1] - depths + 1):
+            cache = DynamicCache(config=head.config)
+            if start:
+                head(
+                    batch.features[:, :start],
+                    embeds[:, :start],
+                    batch.positions[:, :start],
+                    causal_mask(start, 0),
+                    cache,
+                )
+            feature = batch.features[:, start : start + 1]
+            for depth in range(depths):
+                p = start + depth
+                feature = head(
+                    feature, embeds[:, p : p + 1], batch.positions[:, p : p + 1], None, cache
+                )
+                torch.testing.assert_close(feature[0, 0], steps[depth][0, p], rtol=1e-4, atol=1e-5)
+
+
+def test_a_deeper_unroll_adds_each_steps_loss(target, head, teacher_sequence):
+    frozen = frozen_target(target, None)
+    batch = make_batch([(teacher_sequence, 0)], max_len=32)
+    with torch.no_grad():
+        two = head_loss(head, batch, frozen, second_step_weight=0.5, depths=2)
+        four = head_loss(head, batch, frozen, second_step_weight=0.5, depths=4)
+    assert len(two.steps) == 2 and len(four.steps) == 4
+    extra = sum(0.5 * (s.feature + 0.1 * s.token) for s in four.steps[2:])
+    torch.testing.assert_close(four.total, two.total + extra)
+    # Step d scores no position before d - 1 (the answer's labels start at position 2).
+    assert [int(s.answer_positions) for s in four.steps] == [11, 11, 11, 10]
 
 
 def test_true_next_features_score_perfectly(target, teacher_sequence):
