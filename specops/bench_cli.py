@@ -152,6 +152,13 @@ def profile(
         ),
     ] = False,
     rows: Annotated[int, typer.Option(help="The block size --breakdown splits.")] = 8,
+    draft: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Also time this drafter's drafting cost per drafted token, in one-token "
+            "passes, as the lookups' is (a drafter spec, e.g. head:PATH; repeatable)."
+        ),
+    ] = None,
     from_evaluation: Annotated[
         list[Path] | None,
         typer.Option(
@@ -183,7 +190,10 @@ def profile(
     else:
         out = out or Path("results/profile.json")
         measure = partial(
-            profile_hardware, max_n=max_n, context=256 if context is None else context
+            profile_hardware,
+            max_n=max_n,
+            context=256 if context is None else context,
+            drafts=tuple(draft or ()),
         )
     with failing():
         # This is what measures a target's verify curve: it need not have one yet.

@@ -19,7 +19,7 @@ from __future__ import annotations
 import random
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
@@ -144,11 +144,13 @@ def profile_model(
     context: int = 256,
     repeats: int = 15,
     draft_layers: tuple[int, ...] = (1, 2, 4, 8),
+    drafts: Sequence[str] = (),
     seed: int = 0,
     progress: bool = True,
 ) -> PassProfile:
     """Profile ``target`` on the device its weights are on; its first-N-layer drafts run
-    the same kind of step as it (:meth:`LoadedTarget.over`)."""
+    the same kind of step as it (:meth:`LoadedTarget.over`). ``drafts``: drafter specs
+    (a head, ``head:PATH``, say) whose drafting cost is measured as the lookups' is."""
     from tqdm.auto import tqdm
 
     device = target.device
@@ -181,7 +183,7 @@ def profile_model(
     median = {key: statistics.median(values) for key, values in times.items()}
     unit = median[("target", 1)]
     curve = [round(median[("target", n)] / unit, 3) for n in range(1, max_n + 1)]
-    lookups = _lookup_costs(target, prompt[0], config_curve(curve), progress)
+    lookups = _lookup_costs(target, prompt[0], config_curve(curve), progress, drafts)
     return {
         "context": context,
         "repeats": repeats,
@@ -204,12 +206,16 @@ LOOKUP_KINDS = ("pld", "ngram", "suffix")
 
 
 def _lookup_costs(
-    target: LoadedTarget, context: torch.Tensor, curve: list[float], progress: bool
+    target: LoadedTarget,
+    context: torch.Tensor,
+    curve: list[float],
+    progress: bool,
+    drafts: Sequence[str] = (),
 ) -> dict[str, float]:
-    """The drafting cost per drafted token of the drafter kinds that run no model (what
-    :mod:`tasks.evaluate.costs` measures for each contender of an evaluation), on the
-    profile's context repeated so that a lookup finds what to draft. Each decodes its
-    token budget (no end-of-sequence ids)."""
+    """The drafting cost per drafted token, in one-token target passes, of the drafter
+    kinds that run no model and of ``drafts`` (what :mod:`tasks.evaluate.costs` measures
+    for each contender of an evaluation), on the profile's context repeated so that a
+    lookup finds what to draft. Each decodes its token budget (no end-of-sequence ids)."""
     from serving.engine.build import build_decoder
     from serving.engine.drafters.plan import DraftPlan
     from tasks.evaluate.costs import profile_draft_cost
@@ -219,7 +225,7 @@ def _lookup_costs(
     half = ids[: max(len(ids) // 4, 8)]
     prompt = (half * 4)[: len(ids)]
     costs: dict[str, float] = {}
-    for kind in LOOKUP_KINDS:
+    for kind in (*LOOKUP_KINDS, *drafts):
         plan = DraftPlan.parse(kind, policy="fixed", k=k)
         decoder = build_decoder(target, plan, eos_token_ids=())
         cost, _ = profile_draft_cost(decoder, [prompt] * 3, curve=curve, k=k, max_new_tokens=32)
@@ -427,16 +433,24 @@ def profile_hardware(
     max_n: int = 16,
     context: int = 256,
     repeats: int = 15,
+    drafts: Sequence[str] = (),
     progress: bool = True,
 ) -> PassProfile:
     """Load ``source`` (default: the shipped model) as ``hardware`` loads it (device,
-    dtype, kernels, threads; ``kernels``/``threads`` override) and profile it.
+    dtype, kernels, threads; ``kernels``/``threads`` override) and profile it, with the
+    drafting cost of ``drafts`` (drafter specs, checked before anything loads).
 
     The target's verify curve need not exist yet: this is what measures it (resolve it with
     ``engine_target(name, require_curve=False)``). Raises :class:`BadInputError` for a
     device this machine does not have, before any model is loaded."""
+    from serving.engine.drafters.plan import DraftPlan
+
+    for spec in drafts:
+        DraftPlan.parse(spec, policy="fixed", k=1)
     target = load_for(hardware, source, kernels, threads)
-    return profile_model(target, max_n=max_n, context=context, repeats=repeats, progress=progress)
+    return profile_model(
+        target, max_n=max_n, context=context, repeats=repeats, drafts=drafts, progress=progress
+    )
 
 
 def profile_batch_hardware(

@@ -40,6 +40,34 @@ def test_profile_reports_a_curve_relative_to_one_token():
     assert all(t > 0 for t in result["target_pass_s"].values())
 
 
+def test_profile_times_a_head_draft_like_the_other_kinds(tmp_path):
+    from serving.models.head import DraftHead, head_config_for, save_head
+
+    model = tiny_llama()
+    torch.manual_seed(0)
+    head = save_head(DraftHead(head_config_for(model, intermediate_size=48)), tmp_path / "head")
+    result = profile_model(
+        LoadedTarget.of(model),
+        max_n=3,
+        context=16,
+        repeats=2,
+        draft_layers=(),
+        drafts=[f"head:{head}"],
+        progress=False,
+    )
+    assert set(result["draft_cost"]) == {"pld", "ngram", "suffix", f"head:{head}"}
+    assert result["draft_cost"][f"head:{head}"] > 0  # a head runs a block: never free
+
+
+def test_profiling_refuses_a_bad_draft_before_loading_the_target(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("the target was loaded")
+
+    monkeypatch.setattr("tasks.bench.profile.load_for", refuse)
+    with pytest.raises(BadInputError, match="unknown drafter 'warp'"):
+        profile_hardware(engine_target("cpu"), drafts=["warp"])
+
+
 def test_profile_records_where_it_ran_and_the_curve_the_config_takes():
     result = profile_model(
         LoadedTarget.of(tiny_llama()),
