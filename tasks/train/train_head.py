@@ -32,10 +32,10 @@ import shutil
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
-from pydantic import Field
+from pydantic import Field, SerializerFunctionWrapHandler, model_serializer
 
 from serving.atomic import write_json_atomic
 from serving.engine.drafters.kinds import DrafterSpec
@@ -108,6 +108,17 @@ class TrainHeadConfig(LoopConfig):
     # Draft steps the training unrolls on the head's own features (EAGLE-3's training-time
     # test; tasks/train/head_loss.py): the k a serving policy drafts, or fewer.
     depths: int = Field(default=2, ge=1, le=MAX_DEPTHS)
+
+    @model_serializer(mode="wrap")
+    def _omit_default_depths(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """Two steps deep, the config dumps as it did before the depth was a setting (a
+        head's train_metrics.json, a checkpoint's config): a file without ``depths`` was
+        trained two deep."""
+        data = handler(self)
+        if self.depths == 2:
+            data.pop("depths", None)
+        return data
+
     init_head: Path | None = None  # continue this head (a head folder or head package)
 
 

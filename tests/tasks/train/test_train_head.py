@@ -3,6 +3,7 @@ resuming, and the documented errors. Prompts are random token ids (tests only)."
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -185,3 +186,11 @@ def test_a_time_budget_stops_training_and_a_resumed_run_adds_to_its_clock(
     assert more.train_seconds >= 0.6 and more.train_tokens > first.train_tokens
     with pytest.raises(ValueError, match="time budget must be > 0"):
         train_head(settings, target, progress=False, max_train_seconds=0)
+
+
+def test_the_training_depth_is_recorded_where_it_is_not_the_old_two(tmp_path):
+    two = TrainHeadConfig(teacher_dir=tmp_path, output_dir=tmp_path)
+    four = TrainHeadConfig(teacher_dir=tmp_path, output_dir=tmp_path, depths=4)
+    assert "depths" not in json.loads(two.model_dump_json())  # as heads were written before
+    assert json.loads(four.model_dump_json())["depths"] == 4
+    assert TrainHeadConfig.model_validate(json.loads(four.model_dump_json())).depths == 4
