@@ -60,7 +60,7 @@ class BackendRequest(TypedDict):
     contenders: NotRequired[dict[str, JsonObject]]
 
 
-class ContenderResult(TypedDict):
+class BackendFigures(TypedDict):
     """One contender's figures over the prompts (``serving.backends.run.summarize``);
     ``plain_tokens_per_s``: the plain engine's run beside it."""
 
@@ -97,7 +97,7 @@ class TargetReport(TypedDict):
     prompts: int
     max_new_tokens: int
     contenders: dict[str, JsonObject]  # speculation settings by name
-    results: dict[str, ContenderResult]  # "plain" and each contender
+    results: dict[str, BackendFigures]  # "plain" and each contender
     per_prompt: dict[str, list[JsonObject]]  # the runner's per-request rows
     drafters: dict[str, str]
     unsupported: dict[str, str]  # draft -> why this backend cannot load it
@@ -262,7 +262,7 @@ def evaluate_target(
         )
         report["contenders"][name] = part["contenders"][name]
         report["results"].setdefault("plain", part["results"]["plain"])
-        result: ContenderResult = part["results"][name]
+        result: BackendFigures = part["results"][name]
         report["results"][name] = {
             **result,
             "plain_tokens_per_s": part["results"]["plain"]["tokens_per_s"],
@@ -272,7 +272,7 @@ def evaluate_target(
     return report
 
 
-def metrics_of(result: ContenderResult, plain: ContenderResult) -> dict[str, float]:
+def metrics_of(result: BackendFigures, plain: BackendFigures) -> dict[str, float]:
     """The MLflow metrics of one contender's result (keyed by target by the registry)."""
     out = {
         "tokens_per_s": result["tokens_per_s"],

@@ -73,11 +73,11 @@ def test_model_draft_replay_equals_the_engine(target, recorded):
     assert 1.0 < offline.mean_accepted_length < 3.0  # some drafts land, not all
 
 
-def test_head_replay_equals_the_engine(target, recorded, tmp_path):
-    path, sequences = recorded
+def _trained_head(target, teacher, output, **settings):
+    """A head briefly trained on the recorded answers (60 steps)."""
     config = TrainHeadConfig(
-        teacher_dir=path,
-        output_dir=tmp_path,
+        teacher_dir=teacher,
+        output_dir=output,
         max_steps=60,
         batch_size=4,
         learning_rate=1e-2,
@@ -86,8 +86,14 @@ def test_head_replay_equals_the_engine(target, recorded, tmp_path):
         eval_fraction=0.0,
         eval_every=60,
         checkpoint_every=60,
+        **settings,
     )
-    head = load_head(train_head(config, target, progress=False).head_dir, target)
+    return load_head(train_head(config, target, progress=False).head_dir, target)
+
+
+def test_head_replay_equals_the_engine(target, recorded, tmp_path):
+    path, sequences = recorded
+    head = _trained_head(target, path, tmp_path)
     frozen = frozen_target(target, head.vocab_ids)
     sequences, _ = split_sequences(sequences, 0.0)
     offline = replay_all(lambda s: head_hits(head, s, frozen), sequences, 2)
@@ -104,20 +110,7 @@ def test_a_head_trained_four_deep_replays_four_drafts_as_the_engine_decodes(
     target, recorded, tmp_path
 ):
     path, sequences = recorded
-    config = TrainHeadConfig(
-        teacher_dir=path,
-        output_dir=tmp_path,
-        max_steps=60,
-        batch_size=4,
-        learning_rate=1e-2,
-        token_weight=1.0,
-        intermediate_size=48,
-        eval_fraction=0.0,
-        eval_every=60,
-        checkpoint_every=60,
-        depths=4,
-    )
-    head = load_head(train_head(config, target, progress=False).head_dir, target)
+    head = _trained_head(target, path, tmp_path, depths=4)
     frozen = frozen_target(target, head.vocab_ids)
     sequences, _ = split_sequences(sequences, 0.0)
     offline = replay_all(lambda s: head_hits(head, s, frozen, depths=4), sequences, 4)
