@@ -64,7 +64,7 @@ def unsupported_reason(model: torch.nn.Module) -> str | None:
     return None
 
 
-def _matmul(linear: Any) -> tuple[Matmul, bool]:
+def matmul_of(linear: Any) -> tuple[Matmul, bool]:
     """A closure computing ``linear`` on a ``[rows, in]`` input, and whether it takes
     bfloat16 (the quantised kernels) rather than float32 (oneDNN)."""
     from serving.models.onednn import PackedLinear
@@ -103,7 +103,7 @@ def _matmul(linear: Any) -> tuple[Matmul, bool]:
     raise SpecOpsError(f"the lean step has no kernel for {type(linear).__name__}")
 
 
-def _stack_weights(decoder: list[Any]) -> tuple[int, list[torch.Tensor]]:
+def stack_weights_of(decoder: list[Any]) -> tuple[int, list[torch.Tensor]]:
     """The tensors ``ops.stack`` takes when every projection of ``decoder`` is on one of
     torch's quantised kernels (``(bits, [])`` otherwise: the stack runs from Python)."""
     from serving.models.quantized import Int4Linear, Int8Linear
@@ -173,11 +173,11 @@ class LeanStep:
         decoder = list(inner.layers)
         self.layers: list[_Layer] = []
         kinds: set[bool] = set()
-        self.stack_bits, self.stack_weights = _stack_weights(decoder)
+        self.stack_bits, self.stack_weights = stack_weights_of(decoder)
         for layer in decoder:
             attention, mlp = layer.self_attn, layer.mlp
-            matmuls = [_matmul(m) for m in (attention.qkv_proj, attention.o_proj)]
-            matmuls += [_matmul(m) for m in (mlp.gate_up_proj, mlp.down_proj)]
+            matmuls = [matmul_of(m) for m in (attention.qkv_proj, attention.o_proj)]
+            matmuls += [matmul_of(m) for m in (mlp.gate_up_proj, mlp.down_proj)]
             kinds.update(bf16 for _, bf16 in matmuls)
             self.layers.append(
                 _Layer(
@@ -189,7 +189,7 @@ class LeanStep:
                     down=matmuls[3][0],
                 )
             )
-        self.head, head_bf16 = _matmul(model.get_output_embeddings())  # type: ignore[operator]
+        self.head, head_bf16 = matmul_of(model.get_output_embeddings())  # type: ignore[operator]
         if len(kinds) != 1:
             raise SpecOpsError("the lean step needs every decoder layer on one kernel family")
         self.bf16 = kinds.pop()

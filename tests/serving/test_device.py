@@ -87,7 +87,7 @@ def test_every_tensor_handed_to_a_model_is_on_its_device(prompt, device, drafter
     if isinstance(drafter, ModelDrafter):
         _guard(drafter.model.model, seen)
     if isinstance(drafter, HeadDrafter):
-        _guard(drafter.head, seen)
+        _guard(drafter.step.head, seen)
     decoder = SpeculativeDecoder(
         target, drafter=drafter, policy=FixedK(3) if drafter is not None else None
     )
@@ -122,8 +122,8 @@ def test_a_float32_head_drafts_for_a_bfloat16_target(prompt, device):
     target = LoadedTarget.of(tiny_llama(dtype=torch.bfloat16).to(device))
     head = _head(target)
     drafter = HeadDrafter(head, target)
-    assert next(drafter.head.parameters()).device.type == device
-    assert next(drafter.head.parameters()).dtype == torch.float32
+    assert next(drafter.step.head.parameters()).device.type == device
+    assert next(drafter.step.head.parameters()).dtype == torch.float32
     result = SpeculativeDecoder(target, drafter=drafter, policy=FixedK(3)).generate(
         prompt, max_new_tokens=NEW_TOKENS
     )

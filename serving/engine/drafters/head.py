@@ -35,21 +35,17 @@ from serving.engine.drafters.base import (
 )
 from serving.engine.kv import Cache, cache_length, dynamic_cache, rewind
 from serving.errors import IncompatibleDraftError, SpecOpsError
+from serving.lean.head_step import LeanHeadStep, lean_head_reason
 from serving.models.head import DraftHead, causal_mask, check_head_fits, output_weight
 from serving.models.kernels import apply_kernels
 from serving.target import LoadedTarget
 
 
-class HeadDrafter(Drafter):
-    kind = "head"
-    needs_target_hidden = True
-    deterministic = False
+class TransformersHead:
+    """The head's step through transformers' decoder block (a GPU target, a stock one, or
+    any target off the lean step), with the interface of :class:`LeanHeadStep`."""
 
-    def __init__(self, head: DraftHead, target: LoadedTarget, *, name: str = "head") -> None:
-        check_head_fits(head.head_config, target.model)
-        self.name = name
-        self.head_config = head.head_config
-        self.vocab_size = target.vocab_size
+    def __init__(self, head: DraftHead, target: LoadedTarget) -> None:
         self._embed = target.model.get_input_embeddings()  # frozen, [vocab, hidden]
         # The head runs on its target's device (moved there, in place, like any module) and
         # keeps its own dtype: features and embeddings are cast to it, its predicted
@@ -67,11 +63,6 @@ class HeadDrafter(Drafter):
         # [draft_vocab] full-vocabulary ids of the head's logits, or None for all of them.
         self.vocab_ids: torch.Tensor | None = head.vocab_ids
         self._logits_layer = self._output_layer(target.model, kernels)
-        self._cache: Cache | None = None
-        self._fed = 0  # true pairs in the cache (positions 0.._fed-1)
-        self._pending: list[torch.Tensor] = []  # [rows, hidden] true features not yet fed
-        self._tail: torch.Tensor | None = None  # [hidden] head output at pair _fed - 1
-        self._prompt: list[int] = []
 
     def _output_layer(self, target: PreTrainedModel, kernels: str) -> nn.Module:
         if self.vocab_ids is None:
@@ -82,6 +73,58 @@ class HeadDrafter(Drafter):
         holder = nn.ModuleList([layer])
         apply_kernels(holder, kernels)  # the target's own kernels (its rows, same codes)
         return holder[0]
+
+    def new_cache(self) -> Cache:
+        return dynamic_cache(self.head.config)
+
+    def feed(self, features: torch.Tensor, tokens: torch.Tensor, cache: Cache) -> torch.Tensor:
+        """Append pairs ``(features[j], tokens[j])`` at the cache's next positions.
+
+        ``features`` ``[n, hidden]``, ``tokens`` ``[n]`` -> predicted features ``[n, hidden]``.
+        """
+        start = cache_length(cache)
+        count = int(tokens.shape[0])
+        positions = torch.arange(start, start + count, device=self.device)[None]  # [1, n]
+        # [1, 1, n, start + n]
+        mask = None if count == 1 else causal_mask(count, start, device=self.device)
+        embeds = self._embed(tokens)[None].to(self._head_dtype)  # [1, n, hidden]
+        out = self.head(features[None].to(self._head_dtype), embeds, positions, mask, cache)
+        return out[0]  # [n, hidden]
+
+    def logits(self, features: torch.Tensor) -> torch.Tensor:
+        """``[n, draft_vocab]`` logits over the head's vocabulary."""
+        return self._logits_layer(features.to(self._target_dtype))
+
+    def to_full(self, index: torch.Tensor) -> torch.Tensor:
+        return index if self.vocab_ids is None else self.vocab_ids[index]
+
+
+HeadStep = TransformersHead | LeanHeadStep
+
+
+class HeadDrafter(Drafter):
+    kind = "head"
+    needs_target_hidden = True
+    deterministic = False
+
+    def __init__(self, head: DraftHead, target: LoadedTarget, *, name: str = "head") -> None:
+        check_head_fits(head.head_config, target.model)
+        self.name = name
+        self.head_config = head.head_config
+        self.vocab_size = target.vocab_size
+        self.device: torch.device = target.device
+        # The lean step where the target takes it (serving.lean.head_step), else transformers'.
+        self.step: HeadStep = (
+            LeanHeadStep(head, target)
+            if lean_head_reason(target) is None
+            else TransformersHead(head, target)
+        )
+        self.vocab_ids: torch.Tensor | None = self.step.vocab_ids
+        self._cache: Cache | None = None
+        self._fed = 0  # true pairs in the cache (positions 0.._fed-1)
+        self._pending: list[torch.Tensor] = []  # [rows, hidden] true features not yet fed
+        self._tail: torch.Tensor | None = None  # [hidden] head output at pair _fed - 1
+        self._prompt: list[int] = []
 
     def check_compatible(self, target_vocab_size: int) -> None:
         if self.head_config.target_vocab_size != target_vocab_size:
@@ -94,7 +137,7 @@ class HeadDrafter(Drafter):
     # ------------------------------------------------------------------------ lifecycle
 
     def begin(self, prompt: list[int]) -> None:
-        self._cache = dynamic_cache(self.head.config)
+        self._cache = self.step.new_cache()
         self._fed = 0
         self._pending = []
         self._tail = None
@@ -123,19 +166,8 @@ class HeadDrafter(Drafter):
     # -------------------------------------------------------------------------- drafting
 
     def _feed(self, features: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        """Append pairs ``(features[j], tokens[j])`` at the cache's next positions.
-
-        ``features`` ``[n, hidden]``, ``tokens`` ``[n]`` -> predicted features ``[n, hidden]``.
-        """
         assert self._cache is not None, "begin() was not called"
-        start = cache_length(self._cache)
-        count = int(tokens.shape[0])
-        positions = torch.arange(start, start + count, device=self.device)[None]  # [1, n]
-        # [1, 1, n, start + n]
-        mask = None if count == 1 else causal_mask(count, start, device=self.device)
-        embeds = self._embed(tokens)[None].to(self._head_dtype)  # [1, n, hidden]
-        out = self.head(features[None].to(self._head_dtype), embeds, positions, mask, self._cache)
-        return out[0]  # [n, hidden]
+        return self.step.feed(features, tokens, self._cache)
 
     def _feed_pending(self, tokens: list[int]) -> None:
         """Feed the true pairs committed since the last feed; ``tokens`` are the request's."""
@@ -172,15 +204,14 @@ class HeadDrafter(Drafter):
             )
         if self._tail is None or request.k < 1:  # a one-token prompt: no hidden state yet
             return DraftProposal.empty()
-        sampler = request.sampler
+        if request.sampler.greedy:
+            return self._propose_greedy(self._tail, request.k, request.context is not None)
         feature = self._tail  # [hidden] f̂_{n-1}
         tokens: list[torch.Tensor] = []
         probs: list[torch.Tensor] = []
         for i in range(request.k):
-            logits = self._full_logits(self._logits_layer(feature.to(self._target_dtype)))
-            token, row = draw_draft(
-                logits, sampler
-            )  # [vocab] row  # zero outside a reduced vocabulary
+            logits = self._full_logits(self.step.logits(feature[None])[0])
+            token, row = draw_draft(logits, request.sampler)  # row: zero outside the vocabulary
             tokens.append(token)
             probs.append(row)
             if i == request.k - 1:
@@ -188,6 +219,26 @@ class HeadDrafter(Drafter):
             # A speculative entry at position _fed + i: (f̂, draft), dropped in commit().
             feature = self._feed(feature[None], token.view(1))[0]
         return DraftProposal(torch.stack(tokens), draft_probs=torch.stack(probs))
+
+    def _propose_greedy(self, feature: torch.Tensor, k: int, confident: bool) -> DraftProposal:
+        """``k`` argmax drafts from ``feature`` (``f̂_{n-1}``): one matmul over the head's
+        vocabulary per draft, no softmax over it unless ``confident`` asks for each draft's
+        probability (the features the predictor and detailed records read)."""
+        tokens: list[torch.Tensor] = []
+        confidence: list[torch.Tensor] = []
+        for i in range(k):
+            logits = self.step.logits(feature[None])[0]  # [draft_vocab]
+            index = logits.argmax()
+            if confident:
+                confidence.append((logits[index] - logits.float().logsumexp(0)).exp())
+            token = self.step.to_full(index)
+            tokens.append(token)
+            if i == k - 1:
+                break
+            feature = self._feed(feature[None], token.view(1))[0]
+        return DraftProposal(
+            torch.stack(tokens), confidence=torch.stack(confidence) if confident else None
+        )
 
     def commit(self, feedback: StepFeedback) -> None:
         if self._cache is None:

@@ -8,18 +8,20 @@ from __future__ import annotations
 import copy
 import itertools
 
+import numpy as np
 import pytest
 import torch
 
 from serving.engine.decoder import SpeculativeDecoder
 from serving.engine.drafters.base import DraftRequest, StepFeedback
 from serving.engine.drafters.factory import build_drafter, parse_drafter_spec
-from serving.engine.drafters.head import HeadDrafter
+from serving.engine.drafters.head import HeadDrafter, TransformersHead
 from serving.engine.kv import cache_length
 from serving.engine.policy import FixedK
 from serving.engine.sampling import SamplingParams, make_sampler
 from serving.engine.step import speculative_step
 from serving.errors import BadInputError, IncompatibleDraftError, ModelSourceError, SpecOpsError
+from serving.lean.head_step import LeanHeadStep
 from serving.models.head import (
     CONFIG_FILE,
     WEIGHTS_FILE,
@@ -36,6 +38,8 @@ from serving.target import LoadedTarget
 from tasks.train.teacher import TeacherConfig
 from tasks.train.teacher_build import TeacherPrompt, build_teacher_cache
 from tasks.train.train_head import TrainHeadConfig, train_head
+from tests.serving.engine.test_verify import P_MIN, chisquare_pvalue
+from tests.serving.lean.models import KERNELS, tiny_target
 
 GREEDY = make_sampler()
 NEW_TOKENS = 48  # conftest's greedy_reference length
@@ -295,6 +299,62 @@ def test_sampling_with_the_head_runs(loaded, prompt, trained_heads, vocab):
     again = decoder.generate(prompt, max_new_tokens=32, sampling=params)
     assert len(first.token_ids) == 32 and first.stats.draft_tokens > 0
     assert first.token_ids == again.token_ids  # seeded: reproducible
+
+
+# ------------------------------------------------------------------ on the lean step
+
+
+@pytest.fixture(scope="module", params=KERNELS)
+def lean_loaded(request) -> LoadedTarget:
+    """The ``target`` fixture's model (``tiny_llama()``'s weights) on the lean step."""
+    return tiny_target(request.param, hidden_size=32, intermediate_size=64, num_layers=4)
+
+
+@pytest.mark.parametrize("vocab", ["full", "reduced"])
+def test_lean_targets_draft_on_the_lean_head_step_exactly(
+    lean_loaded, prompt, trained_heads, vocab
+):
+    plain = SpeculativeDecoder(lean_loaded).generate(prompt, max_new_tokens=NEW_TOKENS).token_ids
+    drafter = HeadDrafter(trained_heads[vocab], lean_loaded)
+    assert isinstance(drafter.step, LeanHeadStep)
+    for k in (1, 3, 6):
+        decoder = SpeculativeDecoder(lean_loaded, drafter=drafter, policy=FixedK(k))
+        result = decoder.generate(prompt, max_new_tokens=NEW_TOKENS)
+        assert result.token_ids == plain, k
+        assert result.stats.accepted_tokens > 0, k
+
+
+def test_lean_head_drafts_keep_the_sampled_distribution(prompt, trained_heads):
+    """Two sampled tokens, 600 seeds: each position's counts against the target's own
+    distribution (chi-square), drafts from the lean head step on an int4 target."""
+    lean = tiny_target("int4", hidden_size=32, intermediate_size=64, num_layers=4)
+    drafter = HeadDrafter(trained_heads["reduced"], lean)
+    assert isinstance(drafter.step, LeanHeadStep)
+    sampler = make_sampler(SamplingParams(1.0, top_k=6))
+    with torch.inference_mode():
+        cache = lean.new_cache()
+        logits = lean(input_ids=torch.tensor([prompt]), past_key_values=cache).logits[0, -1:]
+        first = sampler.probs(logits)[0]
+        support = first.nonzero().flatten().tolist()
+        follow = []
+        for token in support:
+            cache = lean.new_cache()
+            out = lean(input_ids=torch.tensor([[*prompt, token]]), past_key_values=cache)
+            follow.append(sampler.probs(out.logits[0, -1:])[0])
+        second = (first[support, None] * torch.stack(follow)).sum(0)
+    decoder = SpeculativeDecoder(lean, drafter=drafter, policy=FixedK(2))
+    results = [
+        decoder.generate(prompt, max_new_tokens=2, sampling=SamplingParams(1.0, top_k=6, seed=s))
+        for s in range(600)
+    ]
+    tokens = np.array([r.token_ids for r in results])
+    assert sum(r.stats.draft_tokens for r in results) > 0
+    assert chisquare_pvalue(np.bincount(tokens[:, 0], minlength=VOCAB), first) > P_MIN
+    assert chisquare_pvalue(np.bincount(tokens[:, 1], minlength=VOCAB), second) > P_MIN
+
+
+def test_a_target_off_the_lean_step_drafts_through_transformers(loaded, trained_heads):
+    assert isinstance(HeadDrafter(trained_heads["full"], loaded).step, TransformersHead)
 
 
 # ---------------------------------------------------------------------------- save/load
