@@ -16,6 +16,7 @@ import typer
 from serving.defaults import DEFAULT_TARGET
 from specops.exit import fail
 from specops.load import tokenizer_of
+from specops.options import Hardware, Target, Threads
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -82,6 +83,59 @@ def teacher_prompts(
         fail(str(error))
     count = write_jsonl_atomic(out, ({"id": p.id, "token_ids": p.token_ids} for p in picked))
     typer.echo(f"{count} prompts ({sum(len(p.token_ids) for p in picked)} tokens) -> {out}")
+
+
+@teacher_app.command("answers")
+def teacher_answers(
+    prompts: Annotated[Path, typer.Option(help="JSONL of {id, token_ids} (teacher prompts).")],
+    out: Annotated[Path, typer.Option(help="JSONL of {id, answer_ids} to write.")],
+    hardware: Hardware = "cpu-int4",
+    threads: Threads = 2,
+    max_new_tokens: Annotated[int, typer.Option(help="Answer length (or EOS).")] = 256,
+    sequences: Annotated[int, typer.Option(help="Requests sharing a packed pass.")] = 32,
+    batch: Annotated[int, typer.Option(help="Prompts per appended chunk.")] = 256,
+    resume: Annotated[
+        bool, typer.Option(help="Keep the answers an interrupted run appended.")
+    ] = True,
+    target: Target = DEFAULT_TARGET,
+) -> None:
+    """The serving target's greedy answers on HARDWARE, in the lean step's packed batches
+    (equal to what it serves, token for token), appended as they come: an interrupted run
+    resumes where it stopped."""
+    import functools
+    import time
+
+    from serving.curves import BatchLimits
+    from serving.errors import SpecOpsError
+    from serving.hardware import engine_target
+    from serving.loader import load_target, set_threads
+    from tasks.train.lean_answers import lean_answers
+    from tasks.train.teacher_answers import write_answers
+
+    try:
+        for name, value in (("--max-new-tokens", max_new_tokens), ("--sequences", sequences)):
+            if value < 1:
+                raise _bad(f"{name} must be >= 1, got {value}")
+        if batch < 1:
+            raise _bad(f"--batch must be >= 1, got {batch}")
+        rows = _rows(prompts, ("id", "token_ids"))
+        if not rows:
+            raise _bad(f"{prompts} holds no prompts")
+        set_threads(threads)
+        loaded = load_target(target, engine_target(hardware))
+        limits = BatchLimits(max_sequences=sequences, max_tokens_per_pass=max(512, 16 * sequences))
+        answer = functools.partial(
+            lean_answers, loaded, max_new_tokens=max_new_tokens, limits=limits
+        )
+        started = time.perf_counter()
+        generated = write_answers(answer, rows, out, batch_size=batch, resume=resume)
+    except SpecOpsError as error:
+        fail(str(error))
+    seconds = time.perf_counter() - started
+    typer.echo(
+        f"{generated} answer tokens in this run for {len(rows)} prompts on {hardware} in "
+        f"{seconds:.0f} s ({generated / max(seconds, 1e-9):.0f} tok/s) -> {out}"
+    )
 
 
 @teacher_app.command("build")

@@ -16,11 +16,12 @@ keeps the answers already in an interrupted run's partial file.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -88,19 +89,18 @@ def read_jsonl(path: Path, keys: tuple[str, ...]) -> list[dict]:
 
 
 def write_answers(
-    target: PreTrainedModel,
+    answer: Callable[[list[list[int]]], list[list[int]]],
     prompts: Sequence[dict],
     out: Path,
     *,
-    max_new_tokens: int,
-    eos_token_ids: Sequence[int],
-    pad_token_id: int,
     batch_size: int,
     resume: bool = False,
     progress: bool = True,
 ) -> int:
-    """Answer every prompt (``{"id", "token_ids"}``) into the JSONL file ``out``; the number
-    of answer tokens generated in this run."""
+    """Answer every prompt (``{"id", "token_ids"}``) into the JSONL file ``out``, ``answer``
+    taking ``batch_size`` prompts' token ids at a time (:func:`greedy_answers` here, the lean
+    step's packed batches in :mod:`tasks.train.lean_answers`); the number of answer tokens
+    generated in this run."""
     from tqdm.auto import tqdm
 
     partial = out.with_name(f".{out.name}.partial")
@@ -117,15 +117,9 @@ def write_answers(
     ):
         for start in range(0, len(todo), batch_size):
             batch = todo[start : start + batch_size]
-            answers = greedy_answers(
-                target,
-                [p["token_ids"] for p in batch],
-                max_new_tokens=max_new_tokens,
-                eos_token_ids=eos_token_ids,
-                pad_token_id=pad_token_id,
-            )
-            for prompt, answer in zip(batch, answers, strict=True):
-                handle.write(json.dumps({"id": prompt["id"], "answer_ids": answer}) + "\n")
+            answers = answer([list(p["token_ids"]) for p in batch])
+            for prompt, answer_ids in zip(batch, answers, strict=True):
+                handle.write(json.dumps({"id": prompt["id"], "answer_ids": answer_ids}) + "\n")
             handle.flush()
             generated += sum(map(len, answers))
             bar.update(len(batch))
@@ -173,15 +167,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     ).to(device)
     model.eval()
     started = time.perf_counter()
-    generated = write_answers(
+    answer = functools.partial(
+        greedy_answers,
         model,
-        prompts,
-        args.out,
         max_new_tokens=args.max_new_tokens,
         eos_token_ids=args.eos,
         pad_token_id=args.pad,
-        batch_size=args.batch_size,
-        resume=args.resume,
+    )
+    generated = write_answers(
+        answer, prompts, args.out, batch_size=args.batch_size, resume=args.resume
     )
     seconds = time.perf_counter() - started
     print(

@@ -92,3 +92,43 @@ def test_teacher_prompts_writes_chat_templated_sharegpt_prompts(tmp_path):
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 3 and all(0 < len(r["token_ids"]) <= 128 for r in rows)
     assert_fails(invoke("teacher", "prompts", "--out", out, "--prompts", 10**6), "only")
+
+
+def test_teacher_answers_are_the_served_greedy_answers(target_dir, prompts_file, tmp_path):
+    from serving.engine.decoder import SpeculativeDecoder
+    from serving.hardware import engine_target
+    from serving.loader import load_target
+    from tasks.train.teacher_answers import read_jsonl
+
+    out = tmp_path / "answers.jsonl"
+    result = invoke(
+        "teacher", "answers", "--prompts", prompts_file, "--out", out, "--target", target_dir,
+        "--hardware", "cpu-int4", "--threads", 1, "--max-new-tokens", 8, "--sequences", 5,
+        "--batch", 7,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "answer tokens in this run for 12 prompts on cpu-int4" in result.output
+    served = load_target(str(target_dir), engine_target("cpu-int4"))
+    assert served.step is not None  # the lean step answered
+    rows = read_jsonl(out, ("id", "answer_ids"))
+    prompts = {row["id"]: row["token_ids"] for row in read_jsonl(prompts_file, ("id", "token_ids"))}
+    assert sorted(row["id"] for row in rows) == sorted(prompts)
+    for row in rows:
+        alone = SpeculativeDecoder(served).generate(prompts[row["id"]], max_new_tokens=8)
+        assert row["answer_ids"] == list(alone.token_ids)
+
+
+@pytest.mark.parametrize(
+    ("extra", "fragment"),
+    [
+        (["--sequences", 0], "--sequences must be >= 1, got 0"),
+        (["--batch", 0], "--batch must be >= 1, got 0"),
+        (["--hardware", "abacus"], "abacus"),
+    ],
+)
+def test_teacher_answers_refuses_bad_options(target_dir, prompts_file, tmp_path, extra, fragment):
+    result = invoke(
+        "teacher", "answers", "--prompts", prompts_file, "--out", tmp_path / "a.jsonl",
+        "--target", target_dir, *extra,
+    )  # fmt: skip
+    assert_fails(result, fragment)

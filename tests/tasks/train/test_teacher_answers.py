@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 
 import pytest
@@ -26,10 +27,10 @@ def prompts(n: int) -> list[dict]:
 def test_writes_each_prompts_greedy_answer(target, tmp_path):
     chosen = prompts(5)
     out = tmp_path / "answers.jsonl"
-    generated = write_answers(
-        target, chosen, out, max_new_tokens=6, eos_token_ids=[EOS], pad_token_id=0,
-        batch_size=2, progress=False,
-    )  # fmt: skip
+    answer = functools.partial(
+        greedy_answers, target, max_new_tokens=6, eos_token_ids=[EOS], pad_token_id=0
+    )
+    generated = write_answers(answer, chosen, out, batch_size=2, progress=False)
     rows = {row["id"]: row["answer_ids"] for row in read_jsonl(out, ("id", "answer_ids"))}
     assert set(rows) == {p["id"] for p in chosen} and generated == sum(map(len, rows.values()))
     for prompt in chosen:  # batching (and its padding) changes no answer
@@ -44,10 +45,10 @@ def test_resume_keeps_the_answers_of_an_interrupted_run(target, tmp_path):
     out = tmp_path / "answers.jsonl"
     partial = tmp_path / ".answers.jsonl.partial"
     partial.write_text(json.dumps({"id": "p0", "answer_ids": [7, 7]}) + "\n")
-    write_answers(
-        target, chosen, out, max_new_tokens=4, eos_token_ids=[EOS], pad_token_id=0,
-        batch_size=4, resume=True, progress=False,
-    )  # fmt: skip
+    answer = functools.partial(
+        greedy_answers, target, max_new_tokens=4, eos_token_ids=[EOS], pad_token_id=0
+    )
+    write_answers(answer, chosen, out, batch_size=4, resume=True, progress=False)
     rows = {row["id"]: row["answer_ids"] for row in read_jsonl(out, ("id", "answer_ids"))}
     assert rows["p0"] == [7, 7] and len(rows) == 4  # kept, not generated again
     assert not partial.exists()
