@@ -30,10 +30,16 @@ teacher_app = typer.Typer(
 
 
 def _sharegpt(
-    tokenizer: PreTrainedTokenizerBase, n: int | None, split: str, max_prompt_tokens: int, seed: int
+    tokenizer: PreTrainedTokenizerBase,
+    n: int | None,
+    split: str,
+    max_prompt_tokens: int,
+    seed: int,
+    reserved: set[str] | None = None,
 ) -> list[TeacherPrompt]:
     """ShareGPT first turns of ``split`` that fit ``max_prompt_tokens``, chat-templated, in
-    the seeded order (the first ``n``, or all)."""
+    the seeded order (the first ``n``, or all), less those made from ``reserved`` sources
+    (:mod:`tasks.train.base_corpus`)."""
     from tasks.data.prompts import as_split
     from tasks.data.sharegpt import sharegpt_available, sharegpt_prompts
     from tasks.train.teacher_build import encode_traffic
@@ -46,6 +52,10 @@ def _sharegpt(
     if not available:
         raise _bad(f"no ShareGPT {split} prompt fits --max-prompt-tokens {max_prompt_tokens}")
     candidates = sharegpt_prompts(available, seed=seed, split=selector, max_prompt_chars=chars)
+    if reserved:
+        from tasks.train.base_corpus import corpus_prompts
+
+        candidates = corpus_prompts(candidates, reserved)
     picked = encode_traffic(tokenizer, candidates, max_prompt_tokens=max_prompt_tokens)
     if n is not None and n > len(picked):
         raise _bad(f"asked for {n} prompts but only {len(picked)} ShareGPT {split} prompts fit")
@@ -65,24 +75,40 @@ def teacher_prompts(
     split: Annotated[str, typer.Option(help="ShareGPT split: train | heldout.")] = "train",
     max_prompt_tokens: Annotated[int, typer.Option(help="Longest prompt kept.")] = 128,
     seed: Annotated[int, typer.Option(help="Prompt-order seed.")] = 0,
+    reserve: Annotated[
+        int,
+        typer.Option(
+            help="Leave out the first N training prompts the product draws (sharegpt and "
+            "grounded, under each --reserve-seed): a base head's corpus."
+        ),
+    ] = 0,
+    reserve_seed: Annotated[
+        list[int] | None, typer.Option(help="A seed the product draws with (default 0 and 7).")
+    ] = None,
     target: Annotated[
         str, typer.Option(help="smollm2 or a local HF model folder.")
     ] = DEFAULT_TARGET,
 ) -> None:
-    """Write chat-templated ShareGPT prompts for `python -m tasks.train.teacher_answers` (which
-    can run on any machine with torch and transformers, a GPU box included)."""
+    """Write chat-templated ShareGPT prompts for `specops teacher answers` or `python -m
+    tasks.train.teacher_answers` (which can run on any machine with torch and
+    transformers, a GPU box included)."""
     from serving.atomic import write_jsonl_atomic
     from serving.errors import SpecOpsError
     from serving.hardware import engine_target
     from serving.loader import load_target
+    from tasks.train.base_corpus import reserved_sources
 
     try:
+        reserved = reserved_sources(reserve, reserve_seed or [0, 7])
         tokenizer = tokenizer_of(load_target(target, engine_target("cpu-stock")))
-        picked = _sharegpt(tokenizer, prompts, split, max_prompt_tokens, seed)
+        picked = _sharegpt(tokenizer, prompts, split, max_prompt_tokens, seed, reserved)
     except SpecOpsError as error:
         fail(str(error))
     count = write_jsonl_atomic(out, ({"id": p.id, "token_ids": p.token_ids} for p in picked))
-    typer.echo(f"{count} prompts ({sum(len(p.token_ids) for p in picked)} tokens) -> {out}")
+    kept_out = f", {len(reserved)} sources reserved" if reserved else ""
+    typer.echo(
+        f"{count} prompts ({sum(len(p.token_ids) for p in picked)} tokens{kept_out}) -> {out}"
+    )
 
 
 @teacher_app.command("answers")
@@ -103,6 +129,7 @@ def teacher_answers(
     (equal to what it serves, token for token), appended as they come: an interrupted run
     resumes where it stopped."""
     import functools
+    import hashlib
     import time
 
     from serving.curves import BatchLimits
@@ -128,7 +155,9 @@ def teacher_answers(
             lean_answers, loaded, max_new_tokens=max_new_tokens, limits=limits
         )
         started = time.perf_counter()
-        generated = write_answers(answer, rows, out, batch_size=batch, resume=resume)
+        # Answers depend on the target, its hardware and the length: nothing else resumes.
+        key = hashlib.sha256(f"{target}|{hardware}|{max_new_tokens}".encode()).hexdigest()[:12]
+        generated = write_answers(answer, rows, out, batch_size=batch, resume=resume, key=key)
     except SpecOpsError as error:
         fail(str(error))
     seconds = time.perf_counter() - started

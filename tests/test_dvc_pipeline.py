@@ -2,8 +2,9 @@
 
 The copy holds the files git tracks plus the untracked ones it does not ignore (so work not
 yet committed is tested too), with a tiny params.yaml: two grounded prompts to train on
-and one held out, 16 new tokens; the experiment changes the last stage's parameter, so
-only that stage runs again (each stage starts Python; the model is cached).
+and one held out, 16 new tokens, a base-head corpus of three prompts; the experiment
+changes the last stage's parameter, so only that stage runs again (each stage starts
+Python; the model is cached).
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ def clean_copy(tmp_path) -> tuple[Path, dict[str, str]]:
     params["collect"]["max_new_tokens"] = 16  # enough drafts kept and rejected for a predictor
     params["predictor"].update(epochs=5, minutes=0.2)
     params["evaluate"].update(prompts=1, max_new_tokens=8)
+    params["base"].update(prompts=3, max_prompt_tokens=128, max_new_tokens=6, reserve=4)
     (copy / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     env = {
         **os.environ,
@@ -117,6 +119,8 @@ def test_dvc_repro_from_a_clean_copy_then_an_experiment(clean_copy):
         "metrics/evaluate.json",
         "metrics/predictor.json",
         "pipeline/predictor/predictor.json",
+        "pipeline/base/prompts.jsonl",
+        "pipeline/base/answers.jsonl",
     ):
         assert (repo / name).is_file(), name
     evaluated = json.loads((repo / "metrics/evaluate.json").read_text())
@@ -127,6 +131,8 @@ def test_dvc_repro_from_a_clean_copy_then_an_experiment(clean_copy):
     assert (validation["total"], validation["valid"]) == (3, 3)
     assert _lock_params(repo, "collect")["collect"]["max_new_tokens"] == 16
     assert all(len(r["output_token_ids"]) <= 16 for r in _records(repo))
+    answers = [json.loads(line) for line in (repo / "pipeline/base/answers.jsonl").open()]
+    assert len(answers) == 3 and all(0 < len(a["answer_ids"]) <= 6 for a in answers)
 
     status = _run([dvc, "status", "--json", "dvc.yaml"], repo, env)
     assert json.loads(status) == {}, status

@@ -86,6 +86,19 @@ class PredictorParams(_Section):
     validation_fraction: float = Field(0.15, ge=0.0, lt=1.0)  # of the training requests
 
 
+class BaseParams(_Section):
+    """The base head's corpus (dvc.yaml's ``base_*`` stages, issue 51): the serving target's
+    own greedy answers to ShareGPT training prompts, less those the product draws."""
+
+    hardware: str = "cpu-int4"  # the serving target that answers (and gives features)
+    threads: int = Field(2, ge=1)
+    prompts: int = Field(6100, ge=1)
+    max_prompt_tokens: int = Field(512, ge=1)
+    max_new_tokens: int = Field(384, ge=1)
+    reserve: int = Field(256, ge=0)  # the first N training prompts of each product draw
+    sequences: int = Field(32, ge=1)  # requests sharing a packed pass
+
+
 class PipelineParams(_Section):
     traffic: TrafficParams = Field(default_factory=lambda: TrafficParams())
     collect: CollectParams = Field(default_factory=lambda: CollectParams())
@@ -93,6 +106,7 @@ class PipelineParams(_Section):
     tracker: TrackerParams = Field(default_factory=lambda: TrackerParams())
     evaluate: EvaluateParams = Field(default_factory=lambda: EvaluateParams())
     predictor: PredictorParams = Field(default_factory=lambda: PredictorParams())
+    base: BaseParams = Field(default_factory=lambda: BaseParams())
 
 
 def load_params(path: Path = PARAMS_FILE) -> PipelineParams:

@@ -95,15 +95,17 @@ def write_answers(
     *,
     batch_size: int,
     resume: bool = False,
+    key: str = "",
     progress: bool = True,
 ) -> int:
     """Answer every prompt (``{"id", "token_ids"}``) into the JSONL file ``out``, ``answer``
     taking ``batch_size`` prompts' token ids at a time (:func:`greedy_answers` here, the lean
     step's packed batches in :mod:`tasks.train.lean_answers`); the number of answer tokens
-    generated in this run."""
+    generated in this run. ``key`` names the settings the answers depend on: an interrupted
+    run's partial file is resumed only by a run with the same key."""
     from tqdm.auto import tqdm
 
-    partial = out.with_name(f".{out.name}.partial")
+    partial = out.with_name(f".{out.name}{'.' + key if key else ''}.partial")
     done: set[str] = set()
     if resume and partial.is_file():
         done = {row["id"] for row in read_jsonl(partial, ("id", "answer_ids"))}

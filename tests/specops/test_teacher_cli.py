@@ -132,3 +132,19 @@ def test_teacher_answers_refuses_bad_options(target_dir, prompts_file, tmp_path,
         "--target", target_dir, *extra,
     )  # fmt: skip
     assert_fails(result, fragment)
+
+
+@pytest.mark.real_model
+def test_teacher_prompts_leaves_out_the_reserved_training_prompts(tmp_path):
+    from tasks.train.base_corpus import reserved_sources, source_of
+
+    out = tmp_path / "corpus.jsonl"
+    result = invoke(
+        "teacher", "prompts", "--out", out, "--prompts", 300, "--reserve", 40,
+        "--reserve-seed", 0,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "sources reserved" in result.output
+    ids = [json.loads(line)["id"] for line in out.read_text().splitlines()]
+    reserved = reserved_sources(40, [0])
+    assert len(ids) == 300 and not {source_of(i) for i in ids} & reserved

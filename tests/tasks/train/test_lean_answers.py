@@ -47,18 +47,25 @@ def test_an_answer_ends_after_its_first_eos_kept(lean):
     assert answers == [list(plain[: plain.index(eos) + 1])]
 
 
-def test_resume_keeps_an_interrupted_runs_answers(lean, tmp_path):
+def test_resume_keeps_an_interrupted_runs_answers_of_the_same_settings(lean, tmp_path):
     prompts = [{"id": f"p{i}", "token_ids": ids} for i, ids in enumerate(_prompts(5))]
     out = tmp_path / "answers.jsonl"
-    (tmp_path / ".answers.jsonl.partial").write_text(
+    (tmp_path / ".answers.jsonl.int4-6.partial").write_text(
         json.dumps({"id": "p1", "answer_ids": [5, 5]}) + "\n"
     )
+    (tmp_path / ".answers.jsonl.int4-9.partial").write_text(  # other settings: not resumed
+        json.dumps({"id": "p2", "answer_ids": [6]}) + "\n"
+    )
     answer = functools.partial(lean_answers, lean, max_new_tokens=6, limits=BatchLimits(4, 32))
-    generated = write_answers(answer, prompts, out, batch_size=2, resume=True, progress=False)
+    generated = write_answers(
+        answer, prompts, out, batch_size=2, resume=True, key="int4-6", progress=False
+    )
     rows = read_jsonl(out, ("id", "answer_ids"))
     assert sorted(row["id"] for row in rows) == [f"p{i}" for i in range(5)]  # none twice
-    assert {row["id"]: row["answer_ids"] for row in rows}["p1"] == [5, 5]
+    answers = {row["id"]: row["answer_ids"] for row in rows}
+    assert answers["p1"] == [5, 5] and answers["p2"] != [6]
     assert generated == 4 * 6
+    assert not (tmp_path / ".answers.jsonl.int4-6.partial").exists()
 
 
 def test_a_prompt_past_the_context_is_named(lean):
