@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from serving.defaults import DEFAULT_TARGET
+from serving.hardware import DEFAULT_HARDWARE
 from specops.exit import fail
 from specops.load import tokenizer_of
 from specops.options import Hardware, Target, Threads
@@ -187,13 +188,17 @@ def teacher_build(
     max_new_tokens: Annotated[int, typer.Option(help="Answer length (or EOS).")] = 256,
     seed: Annotated[int, typer.Option(help="Prompt-order seed.")] = 0,
     threads: Annotated[int, typer.Option(help="torch threads.")] = 2,
+    hardware: Hardware = DEFAULT_HARDWARE,
     target: Annotated[
         str, typer.Option(help="smollm2 or a local HF model folder.")
     ] = DEFAULT_TARGET,
 ) -> None:
     """Build (or resume) a teacher cache: the target's greedy answers, then one
-    teacher-forced pass recording features and top-k log-probabilities."""
+    teacher-forced pass recording features and top-k log-probabilities, on HARDWARE's lean
+    step where it has one (the features the head drafter reads there), recorded in the
+    cache's manifest."""
     from serving.errors import SpecOpsError
+    from serving.hardware import engine_target
     from serving.loader import load_target, set_threads
     from tasks.train.teacher import TeacherConfig
     from tasks.train.teacher_build import TeacherPrompt, build_teacher_cache
@@ -206,7 +211,7 @@ def teacher_build(
         if answers is not None:
             given = {row["id"]: row["answer_ids"] for row in _rows(answers, ("id", "answer_ids"))}
         set_threads(threads)
-        loaded = load_target(target)
+        loaded = load_target(target, engine_target(hardware))
         tokenizer = tokenizer_of(loaded)
         if prompts is not None:
             chosen = [
@@ -217,7 +222,7 @@ def teacher_build(
             chosen = _sharegpt(tokenizer, None, split, max_prompt_tokens, seed)
         chosen = chosen[:count] if count is not None else chosen
         report = build_teacher_cache(
-            loaded.model,
+            loaded,
             chosen,
             out,
             eos_token_ids=list(loaded.eos_token_ids),
@@ -244,3 +249,52 @@ def _rows(path: Path, keys: tuple[str, ...]) -> list[dict]:
         return read_jsonl(path, keys)
     except ValueError as error:
         raise _bad(str(error)) from None
+
+
+@teacher_app.command("score")
+def teacher_score(
+    head: Annotated[Path, typer.Option(help="A head folder or a head draft package.")],
+    teacher: Annotated[Path, typer.Option(help="A teacher cache of held-out prompts.")],
+    k: Annotated[int, typer.Option("--k", help="Drafts per step in the replay.")] = 4,
+    out: Annotated[Path | None, typer.Option(help="Write the score as JSON here.")] = None,
+    hardware: Annotated[
+        str | None,
+        typer.Option(
+            help="Draft on this target's lean head step (default: the one whose features "
+            "the cache holds; cpu-stock: the float head)."
+        ),
+    ] = None,
+    threads: Threads = 2,
+    target: Target = DEFAULT_TARGET,
+) -> None:
+    """Score a head on a teacher cache: top-1 agreement with the target's greedy answers and
+    the mean accepted length replayed at K drafts a step."""
+    from serving.atomic import write_text_atomic
+    from serving.errors import SpecOpsError
+    from serving.hardware import engine_target
+    from serving.loader import load_target, set_threads
+    from tasks.evaluate.head_score import head_folder, score_head
+    from tasks.train.teacher import read_manifest
+
+    try:
+        head_folder(head)  # a wrong path fails before the model loads
+        manifest = read_manifest(teacher) if teacher.is_dir() else None
+        if manifest is None:
+            raise _bad(f"no teacher cache at {teacher}; build it with `specops teacher build`")
+        chosen = hardware or str(manifest.target.get("hardware", "cpu-stock"))
+        set_threads(threads)
+        score = score_head(head, teacher, load_target(target, engine_target(chosen)), k=k)
+    except SpecOpsError as error:
+        fail(str(error))
+    if out is not None:
+        write_text_atomic(out, score.model_dump_json(indent=2) + "\n")
+    typer.echo(
+        f"{head}: agreement {_share(score.agreement)}, mean accepted length "
+        f"{_share(score.mean_accepted_length)} at k = {k} over {score.positions} answer "
+        f"positions of {score.sequences} sequences ({score.drafted_by}; features from "
+        f"{score.features_from})"
+    )
+
+
+def _share(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"

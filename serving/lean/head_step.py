@@ -51,9 +51,18 @@ class _Linear:
 
 
 def _linear(layer: nn.Module) -> _Linear:
-    run, bf16 = matmul_of(layer)
+    """A head layer on its kernel; one whose shape the kernel family does not take (the
+    integer kernels want inputs in multiples of 32) stayed a float layer and runs so."""
     bias = getattr(layer, "bias", None)
-    return _Linear(run, bf16, None if bias is None else bias.detach().float())
+    if type(layer) is nn.Linear:
+        weight = layer.weight.detach().float()
+        return _Linear(lambda x: torch.nn.functional.linear(x, weight), False, _float(bias))
+    run, bf16 = matmul_of(layer)
+    return _Linear(run, bf16, _float(bias))
+
+
+def _float(bias: torch.Tensor | None) -> torch.Tensor | None:
+    return None if bias is None else bias.detach().float()
 
 
 def _apply(linear: _Linear, x: torch.Tensor) -> torch.Tensor:
@@ -97,10 +106,6 @@ class LeanHeadStep:
         self.qkv, self.out = _linear(attention.qkv_proj), _linear(attention.o_proj)
         self.gate_up, self.down = _linear(mlp.gate_up_proj), _linear(mlp.down_proj)
         self.output = _linear(output[0])
-        kinds = {x.bf16 for x in (self.qkv, self.out, self.gate_up, self.down)}
-        if len(kinds) != 1:
-            raise SpecOpsError("the lean head step needs its block on one kernel family")
-        self.bf16 = kinds.pop()
         self.input_norm = (
             layer.input_layernorm.weight.detach() if config.input_norm else None
         )  # EAGLE-1's layout has none
@@ -160,12 +165,12 @@ class LeanHeadStep:
         return self.ops.add_rms_norm(x, None, self.final_norm, self.eps, False)
 
     def _block(self, x, cos, sin, keys, values, starts, bounds) -> None:
-        """The head's decoder block from Python, one call per op, ``x`` updated in place."""
-        ops, bf16 = self.ops, self.bf16
+        """The head's decoder block from Python, one call per op (each matmul on its own
+        kernel, float32 between them), ``x`` updated in place."""
+        ops = self.ops
+        h = x  # read by the q|k|v matmul only, before x changes
         if self.input_norm is not None:
-            h = ops.add_rms_norm(x, None, self.input_norm, self.eps, bf16)
-        else:
-            h = x.to(_BF16) if bf16 else x.clone()
+            h = ops.add_rms_norm(x, None, self.input_norm, self.eps, self.qkv.bf16)
         qkv = _apply(self.qkv, h)
         heads, kv_heads, scale = self.heads, self.kv_heads, self.scale
         attended = ops.rope_attend(

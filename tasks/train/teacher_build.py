@@ -3,7 +3,10 @@
 For each prompt the target first answers greedily (batched, left-padded ``generate``;
 :mod:`tasks.train.teacher_answers`), or a given answer is used; then one teacher-forced pass
 over ``prompt + answer`` (batched, right-padded, with an attention mask) records what
-:mod:`tasks.train.teacher` describes and reads back.
+:mod:`tasks.train.teacher` describes and reads back. Given a :class:`LoadedTarget` on the
+lean step, both run there instead (packed batches, :mod:`tasks.train.lean_answers` and
+:mod:`tasks.train.lean_features`): the answers and features are the ones it serves, and
+the manifest records its hardware target.
 
 Prompts are cut into shards of ``shard_size``; each shard is one safetensors file written
 atomically (temporary file + ``os.replace``) and listed in the manifest (rewritten atomically
@@ -38,6 +41,8 @@ from tasks.train.teacher_answers import greedy_answers
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
+
+    from serving.target import LoadedTarget
 
 _LOGIT_CHUNK = 256  # positions per output-layer chunk when taking top-k (bounds memory)
 
@@ -195,10 +200,14 @@ def _new_manifest(
     config: TeacherConfig,
     eos: list[int],
     mask_token_id: int | None,
+    hardware: str | None = None,
 ) -> TeacherManifest:
     """The manifest of the data to build in ``cache_dir`` (its shards not yet listed),
-    refused when the folder holds data of another target or other settings."""
+    refused when the folder holds data of another target or other settings. ``hardware``:
+    the hardware target whose lean step computed it (recorded in the fingerprint)."""
     fingerprint = target_fingerprint(target)
+    if hardware is not None:
+        fingerprint = {**fingerprint, "hardware": hardware, "step": "lean"}
     existing = read_manifest(cache_dir)
     if existing is not None and (
         existing.target != fingerprint
@@ -216,14 +225,28 @@ def _new_manifest(
 
 
 def _greedy(
-    target: PreTrainedModel,
+    target: PreTrainedModel | LoadedTarget,
     shard: Sequence[TeacherPrompt],
     config: TeacherConfig,
     *,
     eos: list[int],
     pad: int,
 ) -> list[list[int]]:
-    """The target's greedy answer to each prompt of ``shard``, in generation batches."""
+    """The target's greedy answer to each prompt of ``shard``, in generation batches (a
+    lean target's packed batches)."""
+    if not isinstance(target, torch.nn.Module):  # a LoadedTarget on the lean step
+        import dataclasses
+
+        from serving.curves import BatchLimits
+        from tasks.train.lean_answers import lean_answers
+
+        size = config.generation_batch_size
+        return lean_answers(
+            dataclasses.replace(target, eos_token_ids=tuple(eos)),
+            [p.token_ids for p in shard],
+            max_new_tokens=config.max_new_tokens,
+            limits=BatchLimits(max_sequences=size, max_tokens_per_pass=max(512, 16 * size)),
+        )
     answers: list[list[int]] = []
     for start in range(0, len(shard), config.generation_batch_size):
         batch = shard[start : start + config.generation_batch_size]
@@ -238,19 +261,25 @@ def _greedy(
 
 
 def _teacher_records(
-    target: PreTrainedModel, sequences: Sequence[list[int]], config: TeacherConfig, *, pad: int
+    target: PreTrainedModel | LoadedTarget,
+    sequences: Sequence[list[int]],
+    config: TeacherConfig,
+    *,
+    pad: int,
 ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """Each sequence's teacher-forced record (:func:`teacher_forced`), in order, the
-    sequences passed in batches of about ``config.batch_tokens`` tokens."""
+    """Each sequence's teacher-forced record (:func:`teacher_forced`, or a lean target's
+    :func:`~tasks.train.lean_features.lean_teacher_forced`), in order, the sequences passed
+    in batches of about ``config.batch_tokens`` tokens."""
+    from tasks.train.lean_features import lean_teacher_forced
+
     records: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None]
     records = [None] * len(sequences)
     for batch_indices in _token_batches([len(s) for s in sequences], config.batch_tokens):
-        outputs = teacher_forced(
-            target,
-            [sequences[i] for i in batch_indices],
-            top_k=config.top_k,
-            pad_token_id=pad,
-        )
+        batch = [sequences[i] for i in batch_indices]
+        if isinstance(target, torch.nn.Module):
+            outputs = teacher_forced(target, batch, top_k=config.top_k, pad_token_id=pad)
+        else:
+            outputs = lean_teacher_forced(target, batch, top_k=config.top_k)
         for i, record in zip(batch_indices, outputs, strict=True):
             records[i] = record
     done = [r for r in records if r is not None]
@@ -278,7 +307,7 @@ def _shard_tensors(
 
 
 def build_teacher_cache(
-    target: PreTrainedModel,
+    target: PreTrainedModel | LoadedTarget,
     prompts: Sequence[TeacherPrompt],
     cache_dir: str | Path,
     *,
@@ -289,7 +318,9 @@ def build_teacher_cache(
     mask_token_id: int | None = None,
     progress: bool = True,
 ) -> TeacherReport:
-    """Generate and record teacher data for ``prompts`` under ``cache_dir`` (resumable).
+    """Generate and record teacher data for ``prompts`` under ``cache_dir`` (resumable): by
+    ``target``'s lean step where it is a :class:`LoadedTarget` on one, otherwise by
+    transformers' forward of the model.
 
     With ``answers`` (prompt id -> the target's greedy answer, e.g. from
     :mod:`tasks.train.teacher_answers` run on a GPU), nothing is generated: each prompt's given
@@ -299,15 +330,23 @@ def build_teacher_cache(
     """
     from tqdm.auto import tqdm
 
+    from serving.lean.step import LeanStep
+
     config = config or TeacherConfig()
+    model = target if isinstance(target, torch.nn.Module) else target.model
+    lean = None if isinstance(target, torch.nn.Module) else target
+    if lean is not None and not isinstance(lean.step, LeanStep):
+        lean = None  # a LoadedTarget off the lean step: transformers' forward of its model
+    runner: PreTrainedModel | LoadedTarget = model if lean is None else lean
     _check_prompts(prompts)
     if answers is not None:
-        _check_answers(prompts, answers, config, int(target.config.vocab_size))
+        _check_answers(prompts, answers, config, int(model.config.vocab_size))
     cache_dir = Path(cache_dir)
     cache_dir.mkdir(parents=True, exist_ok=True)
     eos = sorted({int(t) for t in eos_token_ids})
-    pad = int(pad_token_id if pad_token_id is not None else (target.config.pad_token_id or 0))
-    manifest = _new_manifest(cache_dir, target, config, eos, mask_token_id)
+    pad = int(pad_token_id if pad_token_id is not None else (model.config.pad_token_id or 0))
+    hardware = None if lean is None else lean.hardware.name
+    manifest = _new_manifest(cache_dir, model, config, eos, mask_token_id, hardware)
     dtype = getattr(torch, config.feature_dtype)
     shards = [prompts[i : i + config.shard_size] for i in range(0, len(prompts), config.shard_size)]
     written = skipped = generated = forwarded = 0
@@ -324,12 +363,12 @@ def build_teacher_cache(
             if answers is not None:
                 shard_answers = [list(answers[p.id]) for p in shard]
             else:
-                shard_answers = _greedy(target, shard, config, eos=eos, pad=pad)
+                shard_answers = _greedy(runner, shard, config, eos=eos, pad=pad)
                 generate_s += time.perf_counter() - started
                 generated += sum(map(len, shard_answers))
             sequences = [p.token_ids + a for p, a in zip(shard, shard_answers, strict=True)]
             started = time.perf_counter()
-            done = _teacher_records(target, sequences, config, pad=pad)
+            done = _teacher_records(runner, sequences, config, pad=pad)
             forward_s += time.perf_counter() - started
             forwarded += sum(map(len, sequences))
             _write_shard(path, _shard_tensors(shard, sequences, done, dtype), ids)

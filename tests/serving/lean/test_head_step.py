@@ -24,14 +24,16 @@ BOUND = {"onednn": 1e-4, "int8": 1e-3, "int4": 1e-3}
 TOP1 = 0.99
 
 
-def _head(target: LoadedTarget, layout: str = "specops", reduced: int | None = 48) -> DraftHead:
+def _head(
+    target: LoadedTarget, layout: str = "specops", reduced: int | None = 48, ffn: int = 96
+) -> DraftHead:
     torch.manual_seed(3)
     vocab_ids = None
     if reduced is not None:
         vocab_ids = torch.randperm(target.vocab_size, generator=torch.Generator().manual_seed(4))
         vocab_ids = vocab_ids[:reduced]
     config = head_config_for(
-        target.model, intermediate_size=96, draft_vocab_size=reduced, layout=layout
+        target.model, intermediate_size=ffn, draft_vocab_size=reduced, layout=layout
     )
     head = DraftHead(config, vocab_ids=vocab_ids).eval()
     # Weights far from init's (0.02, norms of ones), so logits spread and top-1 means
@@ -113,6 +115,16 @@ def test_the_lean_head_step_computes_the_heads_forward(target, layout, reduced):
         want = _reference(head, target, features, tokens)
         got = _lean(LeanHeadStep(head, target), features, tokens)
     assert got.shape == want.shape == (sum(SPLITS), reduced or target.vocab_size)
+    top1, bound = _agreement(got, want)
+    assert top1 >= TOP1 and bound < BOUND[target.kernels], (top1, bound)
+
+
+def test_a_layer_the_integer_kernels_cannot_shape_runs_in_float(target):
+    head = _head(target, ffn=48)  # the down projection's 48 inputs: not whole groups of 32
+    features, tokens = _inputs(target)
+    with torch.inference_mode():
+        want = _reference(head, target, features, tokens)
+        got = _lean(LeanHeadStep(head, target), features, tokens)
     top1, bound = _agreement(got, want)
     assert top1 >= TOP1 and bound < BOUND[target.kernels], (top1, bound)
 
