@@ -25,7 +25,7 @@ BIN = Path(sys.executable).parent
 pytestmark = pytest.mark.real_model
 
 
-def _run(command: list[str], cwd: Path, env: dict[str, str], timeout: float = 400) -> str:
+def _run(command: list[str], cwd: Path, env: dict[str, str], timeout: float = 900) -> str:
     done = subprocess.run(
         command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
     )
@@ -76,7 +76,13 @@ def clean_copy(tmp_path) -> tuple[Path, dict[str, str]]:
     params["collect"]["max_new_tokens"] = 16  # enough drafts kept and rejected for a predictor
     params["predictor"].update(epochs=5, minutes=0.2)
     params["evaluate"].update(prompts=1, max_new_tokens=8)
-    params["base"].update(prompts=3, max_prompt_tokens=128, max_new_tokens=6, reserve=4)
+    params["base"].update(
+        prompts=3, max_prompt_tokens=128, max_new_tokens=6, reserve=4, heldout_prompts=2
+    )
+    params["base"]["head"].update(
+        intermediate_size=64, draft_vocab=256, minutes=0.02, batch_size=2, max_seq_len=32,
+        eval_every=5, checkpoint_every=5,
+    )  # fmt: skip
     (copy / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     env = {
         **os.environ,
@@ -121,6 +127,10 @@ def test_dvc_repro_from_a_clean_copy_then_an_experiment(clean_copy):
         "pipeline/predictor/predictor.json",
         "pipeline/base/prompts.jsonl",
         "pipeline/base/answers.jsonl",
+        "pipeline/base/teacher/manifest.json",
+        "pipeline/base/heldout/manifest.json",
+        "pipeline/base/head/head/head_config.json",
+        "metrics/base_head.json",
     ):
         assert (repo / name).is_file(), name
     evaluated = json.loads((repo / "metrics/evaluate.json").read_text())
@@ -133,6 +143,9 @@ def test_dvc_repro_from_a_clean_copy_then_an_experiment(clean_copy):
     assert all(len(r["output_token_ids"]) <= 16 for r in _records(repo))
     answers = [json.loads(line) for line in (repo / "pipeline/base/answers.jsonl").open()]
     assert len(answers) == 3 and all(0 < len(a["answer_ids"]) <= 6 for a in answers)
+    score = json.loads((repo / "metrics/base_head.json").read_text())
+    assert score["sequences"] == 2 and score["drafted_by"] == "lean head step on cpu-int4"
+    assert score["features_from"] == "cpu-int4" and score["k"] == 4
 
     status = _run([dvc, "status", "--json", "dvc.yaml"], repo, env)
     assert json.loads(status) == {}, status

@@ -86,6 +86,21 @@ class PredictorParams(_Section):
     validation_fraction: float = Field(0.15, ge=0.0, lt=1.0)  # of the training requests
 
 
+class BaseHeadParams(_Section):
+    """The base head's shape and training (``specops train-draft --kind head``)."""
+
+    intermediate_size: int = Field(384, ge=1)
+    draft_vocab: int = Field(8192, ge=1)
+    depths: int = Field(4, ge=1, le=8)  # draft steps unrolled in training, the k it drafts
+    minutes: float = Field(60.0, gt=0)  # of optimiser steps, over every run (resumable)
+    batch_size: int = Field(8, ge=1)
+    max_seq_len: int = Field(512, ge=2)
+    lr: float = Field(1e-3, gt=0)
+    eval_every: int = Field(500, ge=1)
+    checkpoint_every: int = Field(500, ge=1)
+    k: int = Field(4, ge=1, le=8)  # drafts per step in the score and the package
+
+
 class BaseParams(_Section):
     """The base head's corpus (dvc.yaml's ``base_*`` stages, issue 51): the serving target's
     own greedy answers to ShareGPT training prompts, less those the product draws."""
@@ -97,6 +112,8 @@ class BaseParams(_Section):
     max_new_tokens: int = Field(384, ge=1)
     reserve: int = Field(256, ge=0)  # the first N training prompts of each product draw
     sequences: int = Field(32, ge=1)  # requests sharing a packed pass
+    heldout_prompts: int = Field(120, ge=1)  # held-out ShareGPT prompts the head is scored on
+    head: BaseHeadParams = Field(default_factory=lambda: BaseHeadParams())
 
 
 class PipelineParams(_Section):
