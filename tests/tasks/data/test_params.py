@@ -32,10 +32,22 @@ def test_shipped_params_list_every_key():
         assert set(raw[section]) == set(field.annotation.model_fields), section
 
 
-def test_dvc_stages_name_existing_sections():
+def _resolves(path: str) -> bool:
+    """``section`` or ``section.key[.key...]`` names a field of the typed params."""
+    model: type | None = PipelineParams
+    for name in path.split("."):
+        fields = getattr(model, "model_fields", {})
+        if name not in fields:
+            return False
+        model = fields[name].annotation
+    return True
+
+
+def test_dvc_stages_name_existing_sections_and_keys():
     stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
     named = {p for stage in stages.values() for p in stage.get("params", [])}
-    assert named <= set(PipelineParams.model_fields)
+    assert named and all(_resolves(p) for p in named), sorted(p for p in named if not _resolves(p))
+    assert not _resolves("base.nonsense") and not _resolves("nonsense")
 
 
 def _write(tmp_path: Path, text: str) -> Path:
