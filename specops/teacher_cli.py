@@ -296,5 +296,30 @@ def teacher_score(
     )
 
 
+@teacher_app.command("ship")
+def teacher_ship(
+    package: Annotated[Path, typer.Option(help="The base-head stage's head draft package.")],
+    teacher: Annotated[Path, typer.Option(help="The teacher cache it trained on.")],
+    score: Annotated[Path, typer.Option(help="Its held-out score (specops teacher score).")],
+    out: Annotated[Path, typer.Option(help="The shipped folder to write (heads/base-HW).")],
+) -> None:
+    """Write a trained head as a shipped folder: its weights in bfloat16 and a manifest of
+    their sha256, the corpus, its steps and seconds, the commit and its held-out score."""
+    from serving.errors import SpecOpsError
+    from tasks.train.ship_head import WEIGHTS_FILE, ship_head
+
+    try:
+        shipped = ship_head(package, teacher, score, out)
+    except SpecOpsError as error:
+        fail(str(error))
+    size = (out / "head" / WEIGHTS_FILE).stat().st_size / 1e6
+    typer.echo(
+        f"shipped {out}: {size:.1f} MB of weights, {shipped.steps} steps on "
+        f"{shipped.corpus.tokens} tokens, held-out agreement "
+        f"{_share(shipped.heldout.agreement)}, mean accepted length "
+        f"{_share(shipped.heldout.mean_accepted_length)} at k = {shipped.heldout.k}"
+    )
+
+
 def _share(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3f}"
