@@ -45,7 +45,8 @@ def gguf_path() -> Path:
     return path
 
 
-def _fingerprint(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """The sha256 of the file at ``path``, read a megabyte at a time."""
     digest = hashlib.sha256()
     with path.open("rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
@@ -62,7 +63,7 @@ def real_model_dir(*, progress: bool = True) -> Path:
     source = gguf_path()
     target = cache_root() / "models" / REAL_MODEL_NAME
     marker = target / _MARKER
-    fingerprint = _fingerprint(source)
+    fingerprint = file_sha256(source)
     if marker.is_file():
         recorded = json.loads(marker.read_text())
         if recorded.get("gguf_sha256") == fingerprint:
@@ -76,7 +77,7 @@ def convert_gguf(source: Path, target: Path, *, progress: bool = True) -> Path:
     """Convert the GGUF ``source`` into the safetensors folder ``target`` (once: a folder
     converted from the same GGUF is kept), as :func:`real_model_dir` does for the
     package's own."""
-    fingerprint = _fingerprint(Path(source))
+    fingerprint = file_sha256(Path(source))
     marker = Path(target) / _MARKER
     if marker.is_file() and json.loads(marker.read_text()).get("gguf_sha256") == fingerprint:
         return Path(target)

@@ -10,7 +10,6 @@ command that rebuilds it), so a shipped head is either the one the stages built 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import subprocess
 from pathlib import Path
@@ -21,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from serving.atomic import atomic_dir
 from serving.errors import ModelSourceError
 from serving.models.head import CONFIG_FILE, WEIGHTS_FILE
+from serving.models.real import file_sha256
 from tasks.evaluate.head_score import HeadScore, head_folder
 from tasks.train.teacher import read_manifest
 
@@ -53,14 +53,6 @@ class ShippedHead(BaseModel):
     train_tokens: int
     commit: str  # the git commit the stages ran at ("unknown" outside a checkout)
     heldout: HeadScore
-
-
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _commit() -> str:
@@ -109,7 +101,7 @@ def ship_head(package: Path, teacher: Path, score_file: Path, out: Path) -> Ship
         (work / HEAD_DIR / CONFIG_FILE).write_bytes((folder / CONFIG_FILE).read_bytes())
         _bf16_weights(folder / WEIGHTS_FILE, work / HEAD_DIR / WEIGHTS_FILE)
         files = {
-            f"{HEAD_DIR}/{name}": sha256(work / HEAD_DIR / name)
+            f"{HEAD_DIR}/{name}": file_sha256(work / HEAD_DIR / name)
             for name in (CONFIG_FILE, WEIGHTS_FILE)
         }
         shipped = ShippedHead(
@@ -139,7 +131,7 @@ def verify_shipped_head(folder: Path) -> ShippedHead:
         ) from None
     for name, expected in sorted(shipped.files.items()):
         path = folder / name
-        actual = sha256(path) if path.is_file() else "missing"
+        actual = file_sha256(path) if path.is_file() else "missing"
         if actual != expected:
             raise ModelSourceError(
                 f"the shipped head's {name} does not match its checksum ({actual[:12]} != "

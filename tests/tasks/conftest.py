@@ -17,3 +17,11 @@ def pld_decoder(target) -> SpeculativeDecoder:
     return SpeculativeDecoder(
         LoadedTarget.of(target, eos_token_ids=[2]), drafter=PromptLookupDrafter(), policy=FixedK(4)
     )
+
+
+@pytest.fixture(scope="module")
+def lean_int4() -> LoadedTarget:
+    """The ``target`` fixture's model (``tiny_llama()``'s weights) on the lean int4 step."""
+    from tests.serving.lean.models import tiny_target
+
+    return tiny_target("int4", hidden_size=32, intermediate_size=64, num_layers=4)

@@ -15,41 +15,25 @@ from serving.errors import ModelSourceError
 from serving.models.head import load_head
 from tasks.evaluate.head_score import score_head
 from tasks.train.ship_head import MANIFEST_FILE, ship_head, verify_shipped_head
-from tasks.train.teacher import TeacherConfig
-from tasks.train.teacher_build import TeacherPrompt, build_teacher_cache
-from tasks.train.train_head import TrainHeadConfig, train_head, write_head_package
-from tests.serving.lean.models import tiny_target
+from tasks.train.train_head import write_head_package
+from tests.tasks.lean_heads import lean_teacher_and_head
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see tests/conftest.py
 
 
 @pytest.fixture(scope="module")
-def lean():
-    return tiny_target("int4", hidden_size=32, intermediate_size=64, num_layers=4)
+def lean(lean_int4):
+    return lean_int4
 
 
 @pytest.fixture(scope="module")
 def shipped(lean, tmp_path_factory):
     root = tmp_path_factory.mktemp("ship")
-    generator = torch.Generator().manual_seed(9)
-    prompts = [
-        TeacherPrompt(f"p{i}", torch.randint(3, 96, (6,), generator=generator).tolist())
-        for i in range(10)
-    ]
-    build_teacher_cache(
-        lean, prompts, root / "teacher", eos_token_ids=[2],
-        config=TeacherConfig(max_new_tokens=20, feature_dtype="float32"), progress=False,
-    )  # fmt: skip
-    config = TrainHeadConfig(
-        teacher_dir=root / "teacher", output_dir=root / "run", max_steps=60, batch_size=4,
-        learning_rate=1e-2, token_weight=1.0, intermediate_size=64, eval_fraction=0.0,
-        eval_every=60, checkpoint_every=60, depths=4,
-    )  # fmt: skip
-    result = train_head(config, lean.model, progress=False)
+    teacher, config, result = lean_teacher_and_head(lean, root, prompts=10, new_tokens=20, seed=9)
     package = write_head_package(result, config, root / "package", k=4)
-    score = score_head(package, root / "teacher", lean, k=4)
+    score = score_head(package, teacher, lean, k=4)
     (root / "score.json").write_text(score.model_dump_json())
-    manifest = ship_head(package, root / "teacher", root / "score.json", root / "heads" / "base")
+    manifest = ship_head(package, teacher, root / "score.json", root / "heads" / "base")
     return root, manifest
 
 
