@@ -9,7 +9,8 @@ its reduced vocabulary keeps are quantised the same way. A pass over ``n`` pairs
 ``ops.stack`` call when its projections are on one integer kernel and it has its input norm,
 otherwise the layer's ops from Python) and the final norm. Greedy drafting then takes one
 matmul over the reduced vocabulary and an argmax: no logits over the full vocabulary and no
-softmax.
+softmax; on the integer kernels a whole greedy draft is one native call
+(``ops.head_draft``, :meth:`LeanHeadStep.draft_greedy`), equal to drafting op by op.
 
 It computes what ``DraftHead`` computes up to its kernels' rounding (float32 between ops, the
 integer kernels rounding activations to int8): ``tests/serving/lean/test_head_step.py``
@@ -59,6 +60,17 @@ def _linear(layer: nn.Module) -> _Linear:
         return _Linear(lambda x: torch.nn.functional.linear(x, weight), False, _float(bias))
     run, bf16 = matmul_of(layer)
     return _Linear(run, bf16, _float(bias))
+
+
+def _tiles(layer: nn.Module, bits: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``layer``'s tiles and scales when it is on the integer kernel of ``bits``."""
+    from serving.models.quantized import Int4Linear, Int8Linear
+
+    kind = {4: Int4Linear, 8: Int8Linear}.get(bits)
+    if kind is None or not isinstance(layer, kind) or layer.tiles is None:
+        return None
+    assert layer.tile_scales is not None
+    return layer.tiles, layer.tile_scales
 
 
 def _float(bias: torch.Tensor | None) -> torch.Tensor | None:
@@ -114,6 +126,10 @@ class LeanHeadStep:
         self.stack_bits, self.stack_weights = 0, []
         if config.input_norm:
             self.stack_bits, self.stack_weights = stack_weights_of([layer])
+        # Greedy drafts in one native call (ops.head_draft) when fc, the block and the
+        # output rows are all on one integer kernel's tiles.
+        self.native = _tiles(packed.fc, self.stack_bits), _tiles(output[0], self.stack_bits)
+        self.fc_bias = _float(packed.fc.bias)
         self.heads = config.num_attention_heads
         self.kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
@@ -178,6 +194,41 @@ class LeanHeadStep:
         )
         h = ops.add_rms_norm(x, _apply(self.out, attended), self.post_norm, self.eps, False)
         ops.add_into(x, _apply(self.down, ops.silu_mul(_apply(self.gate_up, h), False)))
+
+    def draft_greedy(self, feature: torch.Tensor, k: int, cache: LeanCache) -> torch.Tensor | None:
+        """``k`` greedy drafts (full-vocabulary ids ``[k]``) from the predicted feature
+        ``feature`` ``[hidden]`` in one native call, feeding the first ``k - 1`` at
+        ``cache``'s next positions (the caller rewinds them), exactly what :meth:`logits`,
+        an argmax and :meth:`feed` give one at a time; ``None`` where the head is not on
+        one integer kernel's tiles (then the caller drafts one at a time)."""
+        fc, output = self.native
+        if fc is None or output is None or not self.stack_weights:
+            return None
+        start = cache.length
+        cache.reserve(k - 1)
+        drafts = self.ops.head_draft(
+            feature[None].float().contiguous(),
+            k,
+            self.vocab_ids,
+            self.embed,
+            *fc,
+            self.fc_bias,
+            self.stack_weights,
+            self.stack_bits,
+            self.final_norm,
+            *output,
+            self.cos,
+            self.sin,
+            cache.keys,
+            cache.values,
+            start,
+            self.heads,
+            self.kv_heads,
+            self.scale,
+            self.eps,
+        )
+        cache.length += k - 1
+        return self.to_full(drafts)
 
     def logits(self, features: torch.Tensor) -> torch.Tensor:
         """``[n, draft_vocab]`` float32 logits over the head's vocabulary (its reduced one,

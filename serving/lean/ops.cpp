@@ -1,6 +1,7 @@
 // The lean decode step's fused ops (serving/lean): everything in a Llama decoder layer but
 // its matmuls and attention (attend.cpp), each one call, each computing a row exactly as it
-// would alone; the whole stack in one call; the ops' registration.
+// would alone; the whole stack in one call; a draft head's greedy draft in one call; the ops'
+// registration.
 //
 // Row invariance is the point: every output row is computed by the same code in the same order whatever the number of rows that
 // share the call, so a verification pass over a block gives each position bit for bit what
@@ -15,6 +16,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -169,6 +171,59 @@ Tensor stack(Tensor x, at::TensorList weights, int64_t bits, Tensor cos, Tensor 
   return x;
 }
 
+// ---------------------------------------------------------------------------------------
+// A draft head's greedy drafts in one call (serving/lean/head_step.py), every matmul on the
+// integer kernels of `bits`. From the predicted feature f [1, hidden], k rounds of: the
+// logits over the head's vocabulary (out), their argmax (the first of equal maxima, as
+// torch's), and but for the last round the head fed (f, that draft) at position start + i:
+// fc over [f | embed[draft]] (+ bias), the block (`block`: stack's 10 tensors), the final
+// norm (when given) -> the next f. The KV rows it writes are the caller's to rewind.
+// Returns the k argmax indices into the head's vocabulary (int64).
+
+Tensor head_draft(Tensor feature, int64_t k, const c10::optional<Tensor>& vocab_ids,
+                  Tensor embed, Tensor fc_tiles, Tensor fc_scales,
+                  const c10::optional<Tensor>& fc_bias, at::TensorList block, int64_t bits,
+                  const c10::optional<Tensor>& final_norm, Tensor out_tiles, Tensor out_scales,
+                  Tensor cos, Tensor sin, Tensor keys, Tensor values, int64_t start,
+                  int64_t heads, int64_t kv_heads, double scale, double eps) {
+  check(bits == 4 || bits == 8, "bits must be 4 or 8");
+  check(k >= 1, "k must be >= 1");
+  check(feature.dim() == 2 && feature.size(0) == 1 && feature.scalar_type() == at::kFloat,
+        "feature must be float32 [1, hidden]");
+  auto matmul = [&](const Tensor& input, const Tensor& codes, const Tensor& scales) {
+    return bits == 4 ? int4_mm(input, codes, scales, false) : int8_mm(input, codes, scales, false);
+  };
+  const bool reduced = vocab_ids.has_value() && vocab_ids->defined();
+  Tensor drafts = at::empty({k}, feature.options().dtype(at::kLong));
+  int64_t* out = drafts.data_ptr<int64_t>();
+  Tensor f = feature.contiguous();
+  std::array<Tensor, 1> key_list{keys};
+  std::array<Tensor, 1> value_list{values};
+  for (int64_t i = 0; i < k; ++i) {
+    Tensor logits = matmul(f, out_tiles, out_scales).contiguous();  // [1, vocab]
+    const float* row = logits.data_ptr<float>();
+    const int64_t width = logits.size(1);
+    int64_t best = 0;
+    for (int64_t j = 1; j < width; ++j)
+      if (row[j] > row[best]) best = j;
+    out[i] = best;
+    if (i + 1 == k) break;
+    const int64_t token = reduced ? vocab_ids->data_ptr<int64_t>()[best] : best;
+    Tensor x = matmul(at::cat({f, embed.narrow(0, token, 1)}, 1), fc_tiles, fc_scales);
+    if (fc_bias.has_value() && fc_bias->defined()) x.add_(*fc_bias);
+    x = x.contiguous();
+    const int64_t position = start + i;
+    std::array<int64_t, 1> starts{position};
+    std::array<int64_t, 2> bounds{0, 1};
+    stack(x, block, bits, cos.narrow(0, position, 1), sin.narrow(0, position, 1), key_list,
+          value_list, starts, bounds, heads, kv_heads, scale, eps);
+    f = (final_norm.has_value() && final_norm->defined())
+            ? add_rms_norm(x, c10::nullopt, *final_norm, eps, false)
+            : x;
+  }
+  return drafts;
+}
+
 }  // namespace
 }  // namespace specops_lean
 
@@ -184,6 +239,11 @@ TORCH_LIBRARY(specops_lean, m) {
       "stack(Tensor(a!) x, Tensor[] weights, int bits, Tensor cos, Tensor sin, Tensor[] keys, "
       "Tensor[] values, int[] starts, int[] bounds, int heads, int kv_heads, float scale, "
       "float eps) -> Tensor(a!)");
+  m.def(
+      "head_draft(Tensor feature, int k, Tensor? vocab_ids, Tensor embed, Tensor fc_tiles, "
+      "Tensor fc_scales, Tensor? fc_bias, Tensor[] block, int bits, Tensor? final_norm, "
+      "Tensor out_tiles, Tensor out_scales, Tensor cos, Tensor sin, Tensor(a!) keys, "
+      "Tensor(b!) values, int start, int heads, int kv_heads, float scale, float eps) -> Tensor");
   m.def("int4_mm(Tensor x, Tensor tiles, Tensor scales, bool plain) -> Tensor");
   // Which int4 path this build takes (a string is not a tensor: a plain function).
   m.def("int4_path() -> str", &specops_lean::int4_path);
@@ -198,6 +258,7 @@ TORCH_LIBRARY_IMPL(specops_lean, CPU, m) {
   m.impl("silu_mul", &silu_mul);
   m.impl("rope_attend", &rope_attend);
   m.impl("stack", &stack);
+  m.impl("head_draft", &head_draft);
   m.impl("int4_mm", &int4_mm);
   m.impl("int8_mm", &int8_mm);
 }

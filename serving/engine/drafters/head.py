@@ -35,6 +35,7 @@ from serving.engine.drafters.base import (
 )
 from serving.engine.kv import Cache, cache_length, dynamic_cache, rewind
 from serving.errors import IncompatibleDraftError, SpecOpsError
+from serving.lean.cache import LeanCache
 from serving.lean.head_step import LeanHeadStep, lean_head_reason
 from serving.models.head import DraftHead, causal_mask, check_head_fits, output_weight
 from serving.models.kernels import apply_kernels
@@ -224,6 +225,11 @@ class HeadDrafter(Drafter):
         """``k`` argmax drafts from ``feature`` (``f̂_{n-1}``): one matmul over the head's
         vocabulary per draft, no softmax over it unless ``confident`` asks for each draft's
         probability (the features the predictor and detailed records read)."""
+        if not confident and isinstance(self.step, LeanHeadStep):
+            assert self._cache is not None and isinstance(self._cache, LeanCache)
+            drafts = self.step.draft_greedy(feature, k, self._cache)
+            if drafts is not None:  # one native call for the whole draft
+                return DraftProposal(drafts)
         tokens: list[torch.Tensor] = []
         confidence: list[torch.Tensor] = []
         for i in range(k):

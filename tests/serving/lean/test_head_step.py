@@ -162,3 +162,40 @@ def test_the_comparison_fails_when_the_step_is_wrong(target, mutation):
         got = _lean(step, features, tokens)
     top1, bound = _agreement(got, want)
     assert top1 < TOP1 or bound >= BOUND[target.kernels], (mutation, top1, bound)
+
+
+def _python_drafts(step: LeanHeadStep, feature: torch.Tensor, k: int, cache) -> list[int]:
+    drafts = []
+    for i in range(k):
+        token = step.to_full(step.logits(feature[None])[0].argmax())
+        drafts.append(int(token))
+        if i < k - 1:
+            feature = step.feed(feature[None], token.view(1), cache)[0]
+    return drafts
+
+
+@pytest.mark.parametrize("reduced", [48, None])
+@pytest.mark.parametrize("k", [1, 2, 5])
+def test_one_native_call_drafts_what_the_step_drafts_one_at_a_time(target, reduced, k):
+    head = _head(target, reduced=reduced)
+    step = LeanHeadStep(head, target)
+    features, tokens = _inputs(target)
+    with torch.inference_mode():
+        caches = [step.new_cache(), step.new_cache()]
+        tails = [step.feed(features[:20], tokens[:20], cache)[-1] for cache in caches]
+        native = step.draft_greedy(tails[0], k, caches[0])
+        if target.kernels == "onednn":  # float32 weights: drafted from Python
+            assert native is None
+            return
+        assert native is not None
+        assert native.tolist() == _python_drafts(step, tails[1], k, caches[1])
+    assert caches[0].length == caches[1].length == 20 + k - 1
+    rows = slice(0, caches[0].length)
+    assert torch.equal(caches[0].values[:, :, rows], caches[1].values[:, :, rows])
+
+
+def test_an_eagle_layout_head_drafts_from_python(target):
+    step = LeanHeadStep(_head(target, layout="eagle"), target)
+    feature, _ = _inputs(target)
+    with torch.inference_mode():
+        assert step.draft_greedy(feature[0], 3, step.new_cache()) is None
