@@ -306,7 +306,7 @@ def teacher_ship(
     """Write a trained head as a shipped folder: its weights in bfloat16 and a manifest of
     their sha256, the corpus, its steps and seconds, the commit and its held-out score."""
     from serving.errors import SpecOpsError
-    from tasks.train.ship_head import WEIGHTS_FILE, ship_head
+    from tasks.evaluate.ship_head import WEIGHTS_FILE, ship_head
 
     try:
         shipped = ship_head(package, teacher, score, out)

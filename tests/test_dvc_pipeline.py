@@ -147,7 +147,7 @@ def test_dvc_repro_from_a_clean_copy_then_an_experiment(clean_copy):
     score = json.loads((repo / "metrics/base_head.json").read_text())
     assert score["sequences"] == 2 and score["drafted_by"] == "lean head step on cpu-int4"
     assert score["features_from"] == "cpu-int4" and score["k"] == 4
-    from tasks.train.ship_head import verify_shipped_head
+    from tasks.evaluate.ship_head import verify_shipped_head
 
     assert verify_shipped_head(repo / "heads/base-cpu-int4").heldout.sequences == 2
 

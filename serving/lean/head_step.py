@@ -21,27 +21,21 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch import nn
+from transformers import PreTrainedModel
 
 from serving.errors import SpecOpsError
 from serving.lean.build import load_ops
 from serving.lean.cache import LeanCache
-from serving.lean.step import LeanStep, Matmul, matmul_of, stack_weights_of
+from serving.lean.step import Matmul, matmul_of, stack_weights_of, unsupported_reason
 from serving.lean.tiles import adopt_tiles
 from serving.models.head import DraftHead, output_weight
-from serving.models.kernels import apply_kernels
-from serving.target import LoadedTarget
+from serving.models.kernels import apply_kernels, kernels_of
 
 _BF16 = torch.bfloat16
-
-
-def lean_head_reason(target: LoadedTarget) -> str | None:
-    """Why a head for ``target`` cannot take the lean step (``None`` when it can)."""
-    if not isinstance(target.step, LeanStep):
-        return "its target does not run the lean step"
-    return None
 
 
 @dataclass(frozen=True)
@@ -67,10 +61,10 @@ def _tiles(layer: nn.Module, bits: int) -> tuple[torch.Tensor, torch.Tensor] | N
     from serving.models.quantized import Int4Linear, Int8Linear
 
     kind = {4: Int4Linear, 8: Int8Linear}.get(bits)
-    if kind is None or not isinstance(layer, kind) or layer.tiles is None:
+    tiles, scales = getattr(layer, "tiles", None), getattr(layer, "tile_scales", None)
+    if kind is None or not isinstance(layer, kind) or tiles is None or scales is None:
         return None
-    assert layer.tile_scales is not None
-    return layer.tiles, layer.tile_scales
+    return tiles, scales
 
 
 def _float(bias: torch.Tensor | None) -> torch.Tensor | None:
@@ -85,45 +79,53 @@ def _apply(linear: _Linear, x: torch.Tensor) -> torch.Tensor:
 
 
 class LeanHeadStep:
-    """``head``'s forward for ``target`` (see the module doc); ``head`` is left as it is."""
+    """``head``'s forward for the target ``model`` (a model the lean step runs, see
+    :func:`serving.lean.step.unsupported_reason`; see the module doc); ``head`` is left as
+    it is."""
 
-    def __init__(self, head: DraftHead, target: LoadedTarget) -> None:
-        reason = lean_head_reason(target)
+    def __init__(self, head: DraftHead, model: PreTrainedModel) -> None:
+        reason = unsupported_reason(model)
         if reason is not None:
-            raise SpecOpsError(f"the lean head step cannot run: {reason}")
+            raise SpecOpsError(f"the lean head step cannot run for this target: {reason}")
         load_ops()
         self.ops = torch.ops.specops_lean
         config = head.head_config
+        kernels = kernels_of(model)
         packed = copy.deepcopy(head).float().eval()
-        apply_kernels(packed, target.kernels, exact=False, fuse=True)
+        apply_kernels(packed, kernels, exact=False, fuse=True)
         vocab_ids = head.vocab_ids
-        rows = output_weight(target.model).detach().float()
+        rows = output_weight(model).detach().float()
         if vocab_ids is not None:
             rows = rows[vocab_ids]
         output = nn.ModuleList([nn.Linear(rows.shape[1], rows.shape[0], bias=False)])
         output[0].weight = nn.Parameter(rows.clone(), requires_grad=False)
-        apply_kernels(output, target.kernels, exact=False)
+        apply_kernels(output, kernels, exact=False)
         adopt_tiles(packed)
         adopt_tiles(output)
         self.vocab_ids = vocab_ids  # [draft_vocab] full-vocabulary ids, or None: all of them
-        self.embed = target.model.get_input_embeddings().weight.detach().float()
+        embed = cast(nn.Module, model.get_input_embeddings())
+        self.embed = cast(torch.Tensor, embed.weight).detach().float()
         self.fc = _linear(packed.fc)
         layer = packed.layer
-        attention, mlp = layer.self_attn, layer.mlp
+        attention, mlp = cast(nn.Module, layer.self_attn), cast(nn.Module, layer.mlp)
         if not hasattr(attention, "qkv_proj") or not hasattr(mlp, "gate_up_proj"):
             raise SpecOpsError(
-                f"the head's block was not fused on kernels {target.kernels!r}; it cannot "
+                f"the head's block was not fused on kernels {kernels!r}; it cannot "
                 "take the lean step"
             )
-        self.qkv, self.out = _linear(attention.qkv_proj), _linear(attention.o_proj)
-        self.gate_up, self.down = _linear(mlp.gate_up_proj), _linear(mlp.down_proj)
+        self.qkv = _linear(cast(nn.Module, attention.qkv_proj))
+        self.out = _linear(cast(nn.Module, attention.o_proj))
+        self.gate_up = _linear(cast(nn.Module, mlp.gate_up_proj))
+        self.down = _linear(cast(nn.Module, mlp.down_proj))
         self.output = _linear(output[0])
         self.input_norm = (
             layer.input_layernorm.weight.detach() if config.input_norm else None
         )  # EAGLE-1's layout has none
         self.post_norm = layer.post_attention_layernorm.weight.detach()
-        self.final_norm = packed.norm.weight.detach() if config.output_norm else None
-        self.stack_bits, self.stack_weights = 0, []
+        norm = cast(torch.Tensor, getattr(packed.norm, "weight", None))
+        self.final_norm = norm.detach() if config.output_norm else None
+        self.stack_bits = 0
+        self.stack_weights: list[torch.Tensor] = []
         if config.input_norm:
             self.stack_bits, self.stack_weights = stack_weights_of([layer])
         # Greedy drafts in one native call (ops.head_draft) when fc, the block and the

@@ -19,8 +19,9 @@ from pathlib import Path
 import torch
 from pydantic import BaseModel, ConfigDict
 
+from serving.engine.drafters.head import head_step_for
 from serving.errors import BadInputError
-from serving.lean.head_step import LeanHeadStep, lean_head_reason
+from serving.lean.head_step import LeanHeadStep
 from serving.models.head import CONFIG_FILE, load_head
 from serving.target import LoadedTarget
 from tasks.evaluate.offline_acceptance import head_hits, replay_all
@@ -86,9 +87,10 @@ def score_head(head_path: Path, teacher: Path, target: LoadedTarget, *, k: int) 
     manifest, sequences = load_teacher_data(teacher)
     check_target(manifest.target, target.model)
     head = load_head(folder, target.model)
-    if lean_head_reason(target) is None:
-        step = LeanHeadStep(head, target)
-        total = replay_all(lambda s: served_hits(step, s, k), sequences, k)
+    step = head_step_for(head, target)
+    if isinstance(step, LeanHeadStep):
+        lean_step = step
+        total = replay_all(lambda s: served_hits(lean_step, s, k), sequences, k)
         drafted_by = f"lean head step on {target.hardware.name}"
     else:
         frozen = frozen_target(target.model, head.vocab_ids)

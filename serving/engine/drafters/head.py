@@ -36,7 +36,8 @@ from serving.engine.drafters.base import (
 from serving.engine.kv import Cache, cache_length, dynamic_cache, rewind
 from serving.errors import IncompatibleDraftError, SpecOpsError
 from serving.lean.cache import LeanCache
-from serving.lean.head_step import LeanHeadStep, lean_head_reason
+from serving.lean.head_step import LeanHeadStep
+from serving.lean.step import LeanStep
 from serving.models.head import DraftHead, causal_mask, check_head_fits, output_weight
 from serving.models.kernels import apply_kernels
 from serving.target import LoadedTarget
@@ -103,6 +104,14 @@ class TransformersHead:
 HeadStep = TransformersHead | LeanHeadStep
 
 
+def head_step_for(head: DraftHead, target: LoadedTarget) -> HeadStep:
+    """The head's step for ``target``: the lean one where the target runs the lean step
+    (:mod:`serving.lean.head_step`), transformers' block otherwise."""
+    if isinstance(target.step, LeanStep):
+        return LeanHeadStep(head, target.model)
+    return TransformersHead(head, target)
+
+
 class HeadDrafter(Drafter):
     kind = "head"
     needs_target_hidden = True
@@ -114,12 +123,7 @@ class HeadDrafter(Drafter):
         self.head_config = head.head_config
         self.vocab_size = target.vocab_size
         self.device: torch.device = target.device
-        # The lean step where the target takes it (serving.lean.head_step), else transformers'.
-        self.step: HeadStep = (
-            LeanHeadStep(head, target)
-            if lean_head_reason(target) is None
-            else TransformersHead(head, target)
-        )
+        self.step: HeadStep = head_step_for(head, target)
         self.vocab_ids: torch.Tensor | None = self.step.vocab_ids
         self._cache: Cache | None = None
         self._fed = 0  # true pairs in the cache (positions 0.._fed-1)
@@ -168,6 +172,9 @@ class HeadDrafter(Drafter):
 
     def _feed(self, features: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         assert self._cache is not None, "begin() was not called"
+        if isinstance(self.step, LeanHeadStep):
+            assert isinstance(self._cache, LeanCache)
+            return self.step.feed(features, tokens, self._cache)
         return self.step.feed(features, tokens, self._cache)
 
     def _feed_pending(self, tokens: list[int]) -> None:

@@ -113,7 +113,7 @@ def test_the_lean_head_step_computes_the_heads_forward(target, layout, reduced):
     features, tokens = _inputs(target)
     with torch.inference_mode():
         want = _reference(head, target, features, tokens)
-        got = _lean(LeanHeadStep(head, target), features, tokens)
+        got = _lean(LeanHeadStep(head, target.model), features, tokens)
     assert got.shape == want.shape == (sum(SPLITS), reduced or target.vocab_size)
     top1, bound = _agreement(got, want)
     assert top1 >= TOP1 and bound < BOUND[target.kernels], (top1, bound)
@@ -124,7 +124,7 @@ def test_a_layer_the_integer_kernels_cannot_shape_runs_in_float(target):
     features, tokens = _inputs(target)
     with torch.inference_mode():
         want = _reference(head, target, features, tokens)
-        got = _lean(LeanHeadStep(head, target), features, tokens)
+        got = _lean(LeanHeadStep(head, target.model), features, tokens)
     top1, bound = _agreement(got, want)
     assert top1 >= TOP1 and bound < BOUND[target.kernels], (top1, bound)
 
@@ -145,7 +145,7 @@ def _step_with_wrong_vocabulary(head: DraftHead, target: LoadedTarget) -> LeanHe
     wrong = copy.deepcopy(head)
     assert wrong.vocab_ids is not None
     wrong.vocab_ids = wrong.vocab_ids.roll(1)  # each logit row read from its neighbour's id
-    return LeanHeadStep(wrong, target)
+    return LeanHeadStep(wrong, target.model)
 
 
 @pytest.mark.parametrize("mutation", ["rotary", "norm", "no-norm", "vocabulary"])
@@ -155,7 +155,7 @@ def test_the_comparison_fails_when_the_step_is_wrong(target, mutation):
     if mutation == "vocabulary":
         step = _step_with_wrong_vocabulary(head, target)
     else:
-        step = LeanHeadStep(head, target)
+        step = LeanHeadStep(head, target.model)
         {"rotary": _wrong_rotary, "norm": _wrong_norm, "no-norm": _no_norm}[mutation](step)
     with torch.inference_mode():
         want = _reference(head, target, features, tokens)
@@ -178,7 +178,7 @@ def _python_drafts(step: LeanHeadStep, feature: torch.Tensor, k: int, cache) -> 
 @pytest.mark.parametrize("k", [1, 2, 5])
 def test_one_native_call_drafts_what_the_step_drafts_one_at_a_time(target, reduced, k):
     head = _head(target, reduced=reduced)
-    step = LeanHeadStep(head, target)
+    step = LeanHeadStep(head, target.model)
     features, tokens = _inputs(target)
     with torch.inference_mode():
         caches = [step.new_cache(), step.new_cache()]
@@ -195,7 +195,7 @@ def test_one_native_call_drafts_what_the_step_drafts_one_at_a_time(target, reduc
 
 
 def test_an_eagle_layout_head_drafts_from_python(target):
-    step = LeanHeadStep(_head(target, layout="eagle"), target)
+    step = LeanHeadStep(_head(target, layout="eagle"), target.model)
     feature, _ = _inputs(target)
     with torch.inference_mode():
         assert step.draft_greedy(feature[0], 3, step.new_cache()) is None

@@ -14,7 +14,7 @@ from serving.engine.policy import FixedK
 from serving.errors import ModelSourceError
 from serving.models.head import load_head
 from tasks.evaluate.head_score import score_head
-from tasks.train.ship_head import MANIFEST_FILE, ship_head, verify_shipped_head
+from tasks.evaluate.ship_head import MANIFEST_FILE, ship_head, verify_shipped_head
 from tasks.train.train_head import write_head_package
 from tests.tasks.lean_heads import lean_teacher_and_head
 
