@@ -2,11 +2,11 @@
 // (the lean step's attention op, registered in ops.cpp).
 //
 // qkv [N, (heads + 2 * kv_heads) * d]; cos, sin [N, d / 2] (each row's own position);
-// keys[s] [layers, kv_heads, capacity / kBlock, d, kBlock] (sequence s's keys, transposed in
+// keys[s] [layers, kv_heads, capacity_s / kBlock, d, kBlock] (sequence s's keys, transposed in
 // blocks of kBlock positions: a position's key is a column of its block, so a query's
 // scores for a block's positions are one chain of multiply-adds, a lane per position);
-// values[s] [layers, kv_heads, capacity, d]. Row n of sequence s sits at position
-// starts[s] + (n - bounds[s]) and attends to positions 0..its own.
+// values[s] [layers, kv_heads, capacity_s, d] (each cache its own capacity). Row n of
+// sequence s sits at position starts[s] + (n - bounds[s]) and attends to positions 0..its own.
 //
 // Exact by construction: a (row, head) pair's scores, softmax and weighted sum run the same
 // lane-wise arithmetic in the same order whatever else shares the call. Pairs that read the
@@ -217,13 +217,12 @@ template <typename I, typename O>
 void rope_attend_impl(const I* qkv, const float* cos, const float* sin,
                       const std::vector<float*>& keys, const std::vector<float*>& values,
                       const std::vector<int64_t>& starts, const std::vector<int64_t>& bounds,
-                      int64_t layer, int64_t capacity, int64_t heads, int64_t kv_heads,
-                      int64_t d, float scale, O* out) {
+                      const std::vector<int64_t>& capacities, int64_t layer, int64_t heads,
+                      int64_t kv_heads, int64_t d, float scale, O* out) {
   const int64_t rows = bounds.back();
   const int64_t sequences = static_cast<int64_t>(starts.size());
   const int64_t half = d / 2, width = (heads + 2 * kv_heads) * d;
   const int64_t group = heads / kv_heads;
-  const int64_t blocks = capacity / kBlock;
   std::vector<int64_t> seq_of(rows), pos_of(rows);
   for (int64_t s = 0; s < sequences; ++s)
     for (int64_t n = bounds[s]; n < bounds[s + 1]; ++n) {
@@ -245,7 +244,8 @@ void rope_attend_impl(const I* qkv, const float* cos, const float* sin,
     const float* c = cos + n * half;
     const float* si = sin + n * half;
     for (int64_t h = 0; h < heads; ++h) rotate(row + h * d, c, si, &queries[(n * heads + h) * d]);
-    const int64_t pos = pos_of[n];
+    const int64_t pos = pos_of[n], capacity = capacities[seq_of[n]];
+    const int64_t blocks = capacity / kBlock;
     for (int64_t g = 0; g < kv_heads; ++g) {
       rotate(row + (heads + g) * d, c, si, key.data());
       float* block =
@@ -291,6 +291,7 @@ void rope_attend_impl(const I* qkv, const float* cos, const float* sin,
         target[b] = out + (n * heads + h) * d;
       }
       const int64_t at = (layer * kv_heads + task.kv_head);
+      const int64_t capacity = capacities[task.sequence], blocks = capacity / kBlock;
       const float* k = keys[task.sequence] + at * blocks * d * kBlock;
       const float* v = values[task.sequence] + at * capacity * d;
       switch (task.pairs) {
@@ -322,27 +323,35 @@ Tensor rope_attend(Tensor qkv, Tensor cos, Tensor sin, at::TensorList keys,
   check(keys[0].dim() == 5 && keys[0].size(4) == kBlock && values[0].dim() == 4,
         "keys must be [layers, kv_heads, capacity / 16, d, 16], values [layers, kv_heads, "
         "capacity, d]");
-  const int64_t d = values[0].size(3), capacity = values[0].size(2);
+  const int64_t d = values[0].size(3);
   check(d % 2 == 0, "the head width must be even (rotary embeddings rotate pairs)");
-  check(keys[0].size(2) * kBlock == capacity && keys[0].size(3) == d,
-        "keys and values must hold the same positions of the same width");
   check(qkv.size(1) == (heads + 2 * kv_heads) * d, "qkv width must be (heads + 2 kv_heads) d");
   check(bounds.front() == 0 && bounds.back() == qkv.size(0), "bounds must cover the rows");
   check(cos.scalar_type() == at::kFloat && cos.is_contiguous() && sin.is_contiguous() &&
             cos.size(0) == qkv.size(0) && cos.size(1) == d / 2,
         "cos and sin must be contiguous float32 [rows, d / 2]");
   std::vector<float*> key_ptrs, value_ptrs;
+  std::vector<int64_t> capacities;
   for (size_t s = 0; s < keys.size(); ++s) {
+    // Each sequence's cache holds its own capacity (a long request's grew); the layers,
+    // KV heads and width are the model's, alike for all.
     check(keys[s].is_contiguous() && values[s].is_contiguous() &&
               keys[s].scalar_type() == at::kFloat && values[s].scalar_type() == at::kFloat &&
-              keys[s].sizes() == keys[0].sizes() && values[s].sizes() == values[0].sizes(),
-          "caches must be contiguous float32, all alike");
+              keys[s].dim() == 5 && values[s].dim() == 4 &&
+              keys[s].size(0) == keys[0].size(0) && values[s].size(0) == keys[0].size(0) &&
+              values[s].size(1) == keys[s].size(1) && values[s].size(3) == d &&
+              keys[s].size(3) == d && keys[s].size(4) == kBlock,
+          "caches must be contiguous float32 of the same layers, KV heads and width");
+    const int64_t capacity = values[s].size(2);
+    check(keys[s].size(2) * kBlock == capacity,
+          "keys and values must hold the same positions of the same width");
     check(layer >= 0 && layer < keys[s].size(0) && keys[s].size(1) == kv_heads,
           "layer or kv_heads outside the cache");
     check(starts[s] >= 0 && starts[s] + (bounds[s + 1] - bounds[s]) <= capacity,
           "the pass runs past a cache's capacity");
     key_ptrs.push_back(keys[s].data_ptr<float>());
     value_ptrs.push_back(values[s].data_ptr<float>());
+    capacities.push_back(capacity);
   }
   std::vector<int64_t> start_list(starts.begin(), starts.end());
   std::vector<int64_t> bound_list(bounds.begin(), bounds.end());
@@ -350,11 +359,11 @@ Tensor rope_attend(Tensor qkv, Tensor cos, Tensor sin, at::TensorList keys,
   auto run = [&](auto* src) {
     if (bf16)
       rope_attend_impl(src, cos.data_ptr<float>(), sin.data_ptr<float>(), key_ptrs, value_ptrs,
-                       start_list, bound_list, layer, capacity, heads, kv_heads, d,
+                       start_list, bound_list, capacities, layer, heads, kv_heads, d,
                        static_cast<float>(scale), out.data_ptr<BFloat16>());
     else
       rope_attend_impl(src, cos.data_ptr<float>(), sin.data_ptr<float>(), key_ptrs, value_ptrs,
-                       start_list, bound_list, layer, capacity, heads, kv_heads, d,
+                       start_list, bound_list, capacities, layer, heads, kv_heads, d,
                        static_cast<float>(scale), out.data_ptr<float>());
   };
   if (qkv.scalar_type() == at::kBFloat16)

@@ -86,6 +86,34 @@ def test_a_packed_pass_gives_each_sequence_what_it_gets_alone(kernels):
     assert [c.get_seq_length() for c in caches] == [10, 24, 8]
 
 
+@pytest.mark.parametrize("kernels", ["onednn", "int4"])
+def test_a_packed_pass_takes_caches_of_different_capacities(kernels):
+    """A long request's cache grew past the first capacity while the others did not: the
+    pass still packs them, each sequence getting what it gets alone (it once refused the
+    batch and every request fell back to a pass of its own)."""
+    from serving.engine.batch.ragged import packed_pass, use_ragged_attention
+
+    target = tiny_target(kernels, max_positions=2048)
+    use_ragged_attention(target.model)
+    generator = torch.Generator().manual_seed(6)
+    prompts = [torch.randint(3, 96, (n,), generator=generator) for n in (600, 7)]
+    blocks = [torch.randint(3, 96, (k,), generator=generator) for k in (3, 2)]
+    with torch.inference_mode():
+        alone = []
+        for prompt, block in zip(prompts, blocks, strict=True):
+            cache = target.new_cache()
+            target(input_ids=prompt[None], past_key_values=cache)
+            alone.append(target(input_ids=block[None], past_key_values=cache).logits[0])
+        caches = []
+        for prompt in prompts:
+            caches.append(target.new_cache())
+            target(input_ids=prompt[None], past_key_values=caches[-1])
+        assert caches[0].capacity > caches[1].capacity
+        packed = packed_pass(target, caches, blocks)
+    for want, got in zip(alone, packed.logits, strict=True):
+        assert torch.equal(got, want)
+
+
 def test_hidden_states_and_logits_to_keep():
     target = tiny_target("int4")
     reference = tiny_target("int4", lean=False)
