@@ -167,8 +167,17 @@ def bootstrap(
         tags=registry_tasks.lineage(Path(store)),
         key=f"{hardware}/bootstrap/{drafter}/{k}/{policy}",
     )
+    candidates = [draft]
+    # The shipped base head (configs/retrain.yaml `base_head`, checksums checked) joins as
+    # the head family's first version: evaluated here, the first retrain continues it.
+    base_head = registry_tasks.register_base_head(
+        hardware_target(hardware), Path(work) / "bootstrap"
+    )
+    if base_head is not None:
+        logger.info("the shipped base head is registered as %s", base_head.label)
+        candidates.append(base_head)
     decision = evaluate_and_promote(
-        [draft],
+        candidates,
         hardware=hardware,
         workloads=workloads or ["grounded"],
         prompts_per_workload=prompts_per_workload,

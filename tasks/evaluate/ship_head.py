@@ -18,6 +18,10 @@ import torch
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from serving.atomic import atomic_dir
+from serving.engine.drafters.kinds import DrafterSpec
+from serving.engine.drafters.package import DraftManifest, write_package
+from serving.engine.drafters.plan import DraftPlan
+from serving.engine.policy import check_policy
 from serving.errors import ModelSourceError
 from serving.models.head import CONFIG_FILE, WEIGHTS_FILE
 from serving.models.real import file_sha256
@@ -138,3 +142,25 @@ def verify_shipped_head(folder: Path) -> ShippedHead:
                 f"{expected[:12]}); rebuild it with `{REBUILD}`"
             )
     return shipped
+
+
+def shipped_package(folder: Path, out: Path, *, k: int, policy: str) -> tuple[Path, ShippedHead]:
+    """The shipped head at ``folder`` as a draft package at ``out`` (family ``head``,
+    drafter ``head:head``, its manifest beside it as ``shipped.json``), once every checksum
+    holds (:func:`verify_shipped_head`); and that manifest."""
+    shipped = verify_shipped_head(folder)
+    score = shipped.heldout
+    agreement = "n/a" if score.agreement is None else f"{score.agreement:.3f}"
+    length = "n/a" if score.mean_accepted_length is None else f"{score.mean_accepted_length:.2f}"
+    plan = DraftPlan(DrafterSpec("head", HEAD_DIR), check_policy(policy), k)
+    manifest = DraftManifest.of(
+        plan,
+        description=(
+            f"base head shipped at {shipped.commit[:12]}: {shipped.steps} steps on "
+            f"{shipped.corpus.tokens} tokens of {shipped.corpus.features_from} features; "
+            f"held-out agreement {agreement}, mean accepted length {length} at "
+            f"k={score.k}"
+        ),
+    )
+    files = {HEAD_DIR: folder / HEAD_DIR, "shipped.json": folder / MANIFEST_FILE}
+    return write_package(out, manifest, files), shipped

@@ -17,6 +17,9 @@ from serving.engine.drafters.package import DraftManifest, write_package
 from serving.engine.drafters.plan import DEFAULT_K, DEFAULT_POLICY, DraftPlan
 from serving.errors import BadInputError
 from serving.hardware import HardwareTarget
+from serving.models.head import WEIGHTS_FILE
+from tasks.evaluate.ship_head import HEAD_DIR, shipped_package
+from tasks.loop import retrain_config
 from tasks.loop.learned import Param
 from tasks.loop.results import DraftRef
 
@@ -94,6 +97,44 @@ def register(
         curves={k: [(int(s), float(v)) for s, v in points] for k, points in (curves or {}).items()},
     )
     return DraftRef(family=draft.family, version=draft.version, label=draft.label)
+
+
+def register_base_head(registry: Registry, hardware: HardwareTarget, work: Path) -> DraftRef | None:
+    """Register ``hardware``'s shipped base head (``configs/retrain.yaml`` ``base_head``)
+    as a version of the head family, once per weights file (a bootstrap run again reuses
+    it), packaged with the head family's k and policy; None when the target names none.
+    Its checksums are checked first: a changed file is refused with the command that
+    rebuilds it."""
+    config = retrain_config.load_retrain_config().target(hardware)
+    folder = config.base_head_folder()
+    if folder is None:
+        return None
+    settings = config.family("head")
+    package, shipped = shipped_package(
+        folder, work / "base-head", k=settings.k, policy=settings.policy
+    )
+    weights = shipped.files[f"{HEAD_DIR}/{WEIGHTS_FILE}"]
+    score = shipped.heldout
+    params: dict[str, Param] = {
+        "init": "shipped base head",
+        "steps": shipped.steps,
+        "train_seconds": round(shipped.train_seconds, 1),
+        "train_tokens": shipped.train_tokens,
+        "corpus_tokens": shipped.corpus.tokens,
+        "features_from": shipped.corpus.features_from,
+    }
+    if score.agreement is not None:
+        params["heldout_agreement"] = round(score.agreement, 4)
+    if score.mean_accepted_length is not None:
+        params[f"heldout_mean_accepted_length_k{score.k}"] = round(score.mean_accepted_length, 3)
+    return register(
+        registry,
+        package,
+        "head",
+        params=params,
+        tags={"shipped_commit": shipped.commit, "shipped_from": str(folder)},
+        key=f"{hardware.name}/base-head/{weights[:16]}",
+    )
 
 
 def promote_by_hand(

@@ -39,6 +39,18 @@ def register(
     )
 
 
+@task(
+    name="register-base-head",
+    cache_policy=NO_CACHE,
+    retries=1,
+    retry_condition_fn=retry_transient,
+)
+def register_base_head(hardware: HardwareTarget, work: Path) -> DraftRef | None:
+    """Register ``hardware``'s shipped base head (checksums checked) once; None if it has
+    none."""
+    return registry_steps.register_base_head(open_registry(), hardware, work)
+
+
 @task(name="builtin-package", cache_policy=NO_CACHE)
 def builtin_package(drafter: str, folder: Path, *, k: int, policy: str, family: str) -> Path:
     """A draft package of a drafter that needs no files, ready to register."""

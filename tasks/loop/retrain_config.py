@@ -23,7 +23,7 @@ from serving.engine.drafters.plan import DEFAULT_POLICY
 from serving.engine.policy import PolicyName
 from serving.errors import BadInputError
 from serving.hardware import HardwareTarget
-from serving.paths import CONFIG_DIR
+from serving.paths import CONFIG_DIR, PROJECT_ROOT
 from tasks.loop.shadow import ShadowSettings
 from tasks.loop.watch import WatchSettings
 
@@ -63,13 +63,27 @@ class TargetRetrain(BaseModel):
     min_answer_tokens: int = Field(default=256, ge=1)
     head: FamilySettings | None = None
     lora: FamilySettings | None = None
+    # A shipped base head (the folder `dvc repro base_ship` writes; relative to the project
+    # root): bootstrap registers and evaluates it as the head family's first version on this
+    # target once its checksums hold, and every retrain continues from there. None: the
+    # first retrain trains its head from scratch.
+    base_head: str | None = None
 
     @model_validator(mode="after")
     def _settings_for_each_family(self) -> TargetRetrain:
         missing = [f for f in self.families if getattr(self, f) is None]
         if missing:
             raise ValueError(f"families {missing} are listed but have no settings")
+        if self.base_head is not None and "head" not in self.families:
+            raise ValueError(f"base_head {self.base_head!r} is set but head is not a family")
         return self
+
+    def base_head_folder(self) -> Path | None:
+        """:attr:`base_head` resolved against the project root, or None."""
+        if self.base_head is None:
+            return None
+        path = Path(self.base_head)
+        return path if path.is_absolute() else PROJECT_ROOT / path
 
     def family(self, name: LearnedFamily) -> FamilySettings:
         settings = getattr(self, name)

@@ -21,8 +21,15 @@ from serving.models.tiny import tiny_llama
 from serving.records import store as record_store
 from serving.target import LoadedTarget, eos_ids
 from tasks.data.store_view import StoreView, read_valid_records
-from tasks.loop import champion_steps, evaluation_steps, evaluation_tasks, registry_tasks
+from tasks.loop import (
+    champion_steps,
+    evaluation_steps,
+    evaluation_tasks,
+    registry_tasks,
+    training_steps,
+)
 from tasks.loop.results import Bootstrapped, DeploymentRun, Retrained
+from tests.tasks.loop.base_head import ship_tiny_head
 from tests.tasks.loop.priced_gates import use_priced_gates
 
 pytestmark = pytest.mark.slow  # flows under a Prefect server, training drafts: minutes
@@ -467,6 +474,31 @@ def test_bootstrap_registers_a_builtin_drafter_once(harness, world, monkeypatch)
     assert again == Bootstrapped(champion=label, bootstrapped=None)
     name = registry.model_name("ngram")
     assert len(registry.client.search_model_versions(f"name = '{name}'")) == 1
+
+
+def test_bootstrap_registers_the_shipped_base_head_beside_the_builtin_drafter(
+    harness, world, monkeypatch
+):
+    from flows.loop import bootstrap
+    from tests.serving.lean.models import tiny_target
+
+    lean = tiny_target("int4", hidden_size=32, intermediate_size=64, num_layers=4)
+    folder = ship_tiny_head(lean, world / "ship")  # a head for the tiny target's model
+    config = LOAD(world / "retrain.yaml")
+    cpu = config.targets["cpu"].model_copy(update={"base_head": str(folder)})
+    changed = config.model_copy(update={"targets": {"cpu": cpu}})
+    monkeypatch.setattr(retrain_config, "load_retrain_config", lambda path=None: changed)
+    use_priced_gates(monkeypatch, world)
+    result = bootstrap(
+        hardware="cpu", drafter="pld:3", k=4, policy="fixed", workloads=["grounded"],
+        prompts_per_workload=6, max_new_tokens=16, work=str(world / "work"),
+    )  # fmt: skip
+    assert set(result.bootstrapped.gates) == {"specops-draft-ngram/1", "specops-draft-head/1"}
+    registry = Registry()
+    head = registry.get("head", "1")
+    assert head.evaluated_on("cpu") or "pregate.cpu" in head.tags  # judged there
+    continued = training_steps.head_to_continue(registry, hardware_target("cpu"), world / "dl")
+    assert (continued / "head_config.json").is_file()  # what the first retrain continues
 
 
 def test_collect_starts_the_retrain_through_its_deployment_once_per_slot(

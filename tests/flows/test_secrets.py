@@ -12,6 +12,7 @@ import tasks.data.traffic as traffic
 import tasks.loop.targets as targets
 from serving.hardware import HardwareTarget
 from serving.target import LoadedTarget, eos_ids
+from tests.tasks.loop.base_head import naming_base_head
 
 pytestmark = pytest.mark.slow  # the bootstrap flow under a Prefect server
 
@@ -45,6 +46,7 @@ def test_a_configured_secret_reaches_no_store_and_no_log(
         return LoadedTarget.of(target, char_tokenizer, hardware=hardware, eos_token_ids=eos)
 
     monkeypatch.setattr(targets, "target_for", lambda hardware, source=None: loaded_on(hardware))
+    naming_base_head(monkeypatch, None)  # the shipped head is SmolLM2's
     monkeypatch.setattr(
         traffic, "build_workload", lambda name, n, *, seed=0, split="heldout": make_prompts()[:n]
     )

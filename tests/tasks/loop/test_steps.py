@@ -4,6 +4,7 @@ character tokenizer, a real MLflow SQLite registry in a temporary folder."""
 import re
 
 import pytest
+import torch
 
 import tasks.loop.targets as targets
 from registry.client import Registry
@@ -14,6 +15,7 @@ from serving.hardware import engine_target, hardware_target
 from tasks.data.curate import curate
 from tasks.data.dataset import read_part
 from tasks.loop import data_steps, evaluation_steps, registry_steps, training_steps
+from tests.tasks.loop.base_head import naming_base_head, ship_tiny_head
 from tests.tasks.loop.priced_gates import use_priced_gates
 
 CPU = hardware_target("cpu")
@@ -152,3 +154,55 @@ def test_the_head_to_continue_is_the_head_champion_else_the_newest_evaluated(tmp
     registry.promote(registry.get("head", older.version), "cpu", reason="test")
     found = training_steps.head_to_continue(registry, CPU, tmp_path / "cache")
     assert f"{older.version}-" in found.parent.name and (found / "head_config.json").is_file()
+
+
+@pytest.fixture(scope="module")
+def shipped_head(lean_int4, tmp_path_factory):
+    return ship_tiny_head(lean_int4, tmp_path_factory.mktemp("shipped"))
+
+
+def test_the_shipped_base_head_registers_once_and_the_retrain_continues_it(
+    tmp_path, registry, shipped_head, monkeypatch, lean_int4
+):
+    from serving.models.head import load_head
+
+    naming_base_head(monkeypatch, None)
+    assert registry_steps.register_base_head(registry, CPU, tmp_path / "w") is None
+    naming_base_head(monkeypatch, shipped_head)
+    first = registry_steps.register_base_head(registry, CPU, tmp_path / "w")
+    again = registry_steps.register_base_head(registry, CPU, tmp_path / "w2")
+    assert first == again and first.family == "head"  # once per weights file
+    version = registry.get("head", first.version)
+    manifest = read_manifest(registry.download(version, tmp_path / "dl"))
+    assert (
+        manifest.drafter == "head:head" and manifest.k == 4 and "base head" in manifest.description
+    )
+    params = registry.client.get_run(version.run_id).data.params
+    assert params["init"] == "shipped base head" and "heldout_agreement" in params
+    registry.log_evaluation(version, "cpu", {"speedup": 1.0})
+    continued = training_steps.head_to_continue(registry, CPU, tmp_path / "cache")
+    want = load_head(shipped_head / "head").state_dict()
+    got = load_head(continued, lean_int4.model)
+    assert all(torch.equal(got.state_dict()[name], want[name]) for name in want)
+
+
+def test_a_changed_shipped_base_head_is_refused_before_it_registers(
+    tmp_path, registry, shipped_head, monkeypatch
+):
+    import shutil
+
+    from serving.errors import ModelSourceError
+
+    copy = tmp_path / "base"
+    shutil.copytree(shipped_head, copy)
+    weights = copy / "head" / "head.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    naming_base_head(monkeypatch, copy)
+    with pytest.raises(
+        ModelSourceError, match=r"head\.safetensors does not match.*dvc repro base_ship"
+    ):
+        registry_steps.register_base_head(registry, CPU, tmp_path / "w")
+    name = registry.model_name("head")
+    assert registry.client.search_model_versions(f"name = '{name}'") == []
