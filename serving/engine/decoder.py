@@ -399,7 +399,14 @@ class Decoding:
             request.record_rejection(self.tokens, step.rejection)
         self.tokens.extend(step.new_tokens)
         request.steps.append(
-            StepRecord(step.proposed, step.accepted, len(emitted), step.draft_s, step.verify_s)
+            StepRecord(
+                step.proposed,
+                step.accepted,
+                len(emitted),
+                step.draft_s,
+                step.verify_s,
+                (step.stage or decoder.stage) if step.proposed else None,
+            )
         )
         index = len(request.steps) - 1
         events = [

@@ -15,12 +15,14 @@ these definitions. Per request, with ``checks`` target verification passes:
 - ``tokens_per_s = generated_tokens / total_s``, ``total_s`` from the request's start
   (prefill included) to its last token; ``draft_s`` and ``verify_s`` sum the time spent
   proposing and in the target's verification passes (verdict included).
+- ``accepted_by_stage``: ``accepted_tokens`` by the stage that drafted them (``pld``,
+  ``head``, ...): what each stage of a cascade contributed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,7 @@ class StepRecord:
     emitted: int  # tokens this step added to the output (EOS / budget may cut it short)
     draft_s: float
     verify_s: float
+    stage: str | None = None  # the stage whose drafts it verified; None: it drafted nothing
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,9 @@ class RequestStats:
     verify_s: float
     total_s: float
     tokens_per_s: float | None
+    # Accepted drafts by the stage that drafted them (suffix, pld, ngram, head, model): a
+    # cascade's or a mixed drafter's share per stage.
+    accepted_by_stage: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -96,7 +102,17 @@ def summarize(
         verify_s=sum(s.verify_s for s in steps),
         total_s=total_s,
         tokens_per_s=_ratio(generated, total_s),
+        accepted_by_stage=accepted_by_stage(steps),
     )
+
+
+def accepted_by_stage(steps: Iterable[StepRecord]) -> dict[str, int]:
+    """Accepted drafts summed by the stage that drafted them (stages that drafted some)."""
+    counts: dict[str, int] = {}
+    for step in steps:
+        if step.stage is not None and step.proposed:
+            counts[step.stage] = counts.get(step.stage, 0) + step.accepted
+    return counts
 
 
 def pool(stats: Iterable[RequestStats]) -> dict[str, float | None]:

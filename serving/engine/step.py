@@ -40,6 +40,7 @@ class StepResult:
     drafts: list[int] = field(default_factory=list)  # the drafted tokens (with a context)
     agreed: int = 0  # drafts the target itself agreed with (== accepted unless relaxed)
     unverified: tuple[int, ...] = ()  # block indexes kept although the target disagreed
+    stage: str | None = None  # the proposal's own stage (a cascade's choice), if it named one
 
 
 def _draft_probs_of(proposal: DraftProposal, index: int, draft_token: int, target_token: int):
@@ -243,6 +244,7 @@ def settle(
         logprobs=logprobs,
         agreed=min((accepted, *unverified)),
         unverified=unverified,
+        stage=proposal.stage,
     )
 
 

@@ -68,6 +68,7 @@ def summarize(
                     "x_llama": rate / llama_rate if rate and llama_rate else None,
                     "acceptance_rate": pooled.get("acceptance_rate"),
                     "mean_accepted_length": pooled.get("mean_accepted_length"),
+                    "accepted_by_stage": _by_stage(stats),
                     "reference": references.get(method, BASELINE if method != BASELINE else None),
                     "identical": all(r["identical"] for r in mine),
                     "bytes_per_token": per_token,
@@ -76,6 +77,25 @@ def summarize(
                 }
             )
     return rows
+
+
+def _by_stage(stats: list[dict]) -> dict[str, int]:
+    """Accepted drafts by the stage that drafted them, summed over a row's requests."""
+    totals: dict[str, int] = {}
+    for one in stats:
+        for stage, count in (one.get("accepted_by_stage") or {}).items():
+            totals[stage] = totals.get(stage, 0) + int(count)
+    return totals
+
+
+def stage_shares(row: dict) -> str | None:
+    """``head 41% · pld 59%`` of a row whose accepted drafts came from several stages."""
+    by_stage = row.get("accepted_by_stage") or {}
+    total = sum(by_stage.values())
+    if len(by_stage) < 2 or not total:
+        return None
+    ordered = sorted(by_stage.items(), key=lambda item: -item[1])
+    return " · ".join(f"{stage} {100 * count / total:.0f}%" for stage, count in ordered)
 
 
 def _as_stats(stats: dict):
@@ -114,6 +134,10 @@ def format_table(rows: list[dict], skipped: list[dict] | None = None) -> str:
             f"{fmt(row.get('limit_tokens_per_s'), '.1f'):>11} "
             f"{fmt(None if of_limit is None else 100 * of_limit, '.0f'):>6}%  {same(row)}"
         )
+    for row in rows:
+        shares = stage_shares(row)
+        if shares:
+            lines.append(f"accepted by stage, {row['workload']} {row['method']}: {shares}")
     for item in skipped or []:
         lines.append(f"skipped {item['method']}: {item['reason']}")
     return "\n".join(lines)

@@ -255,6 +255,7 @@ class CascadeDrafter(Drafter):
             chosen.confidence,
             chosen.match_len,
             tuple(features[:length]),
+            stage=self.stages[choice.stage].kind,
         )
 
     # ---------------------------------------------------------------------- committing

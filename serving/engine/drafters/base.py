@@ -45,6 +45,9 @@ class DraftProposal:
     # One TokenFeatures per token, when the drafter computed them (the cascade does, to
     # choose); otherwise the step computes them from the fields above when asked.
     features: tuple[TokenFeatures, ...] | None = None
+    # The stage its tokens come from when a drafter of several (the cascade) chose among
+    # them; None: the drafter's own (its kind's stage).
+    stage: str | None = None
 
     def __post_init__(self) -> None:
         if self.tokens.dim() != 1:
@@ -62,6 +65,7 @@ class DraftProposal:
             None if self.confidence is None else self.confidence[:k],
             None if self.match_len is None else self.match_len[:k],
             None if self.features is None else self.features[:k],
+            self.stage,
         )
 
     def to(self, device: torch.device) -> DraftProposal:
@@ -74,6 +78,7 @@ class DraftProposal:
             None if self.confidence is None else self.confidence.to(device),
             self.match_len,  # read on the host only
             self.features,
+            self.stage,
         )
 
     @staticmethod

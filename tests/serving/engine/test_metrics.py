@@ -96,3 +96,16 @@ def test_pool_sums_counts_instead_of_averaging_ratios():
         "total_s": 0,
         "tokens_per_s": None,
     }
+
+
+def test_accepted_drafts_are_summed_by_the_stage_that_drafted_them():
+    steps = [
+        StepRecord(4, 3, 4, 0.0, 0.0, "pld"),
+        StepRecord(4, 1, 2, 0.0, 0.0, "head"),
+        StepRecord(2, 2, 3, 0.0, 0.0, "pld"),
+        StepRecord(0, 0, 1, 0.0, 0.0),  # drafted nothing: no stage
+        StepRecord(3, 0, 1, 0.0, 0.0, "head"),
+    ]
+    stats = summarize(steps, prompt_tokens=1, prefill_s=0.0, total_s=1.0)
+    assert stats.accepted_by_stage == {"pld": 5, "head": 1}
+    assert summarize(STEPS, prompt_tokens=1, prefill_s=0.0, total_s=1.0).accepted_by_stage == {}

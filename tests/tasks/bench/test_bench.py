@@ -68,6 +68,27 @@ def test_summary_pools_times_and_flags_differences():
     assert "NO" in format_table(list(rows.values()))
 
 
+def test_rows_sum_accepted_drafts_by_stage_and_the_table_shows_the_shares():
+    from serving.engine.metrics import StepRecord
+    from serving.engine.metrics import summarize as request_stats
+
+    def stats(*steps):
+        return request_stats(list(steps), prompt_tokens=1, prefill_s=0.0, total_s=1.0).to_dict()
+
+    runs = [
+        _run("hf-greedy", "a", 10, 2.0),
+        _run("mix", "a", 10, 1.0, stats=stats(StepRecord(4, 3, 4, 0, 0, "pld"))),
+        _run("hf-greedy", "b", 10, 2.0),
+        _run("mix", "b", 10, 1.0, stats=stats(StepRecord(4, 1, 2, 0, 0, "head"))),
+    ]
+    rows = {(r["workload"], r["method"]): r for r in summarize(runs, ["hf-greedy", "mix"])}
+    assert rows[("all", "mix")]["accepted_by_stage"] == {"pld": 3, "head": 1}
+    assert rows[("a", "mix")]["accepted_by_stage"] == {"pld": 3}
+    table = format_table(list(rows.values()))
+    assert "accepted by stage, all mix: pld 75% · head 25%" in table
+    assert "accepted by stage, a mix" not in table  # one stage: no shares to show
+
+
 @pytest.mark.real_model
 def test_bench_runs_end_to_end_on_the_real_model(tmp_path, real_stock):
     config = load_bench_config(

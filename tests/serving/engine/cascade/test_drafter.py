@@ -69,6 +69,20 @@ def test_detailed_records_carry_the_chosen_stage(cascade_target, prompt):
         assert row.kept == row.accepted  # lossless: nothing kept unverified
 
 
+def test_each_step_names_the_stage_it_verified_and_the_stats_sum_them(cascade_target, prompt):
+    decoder, _ = _decoder(cascade_target, ["pld:2", "layers:2"], None)
+    result = decoder.generate(prompt, max_new_tokens=NEW_TOKENS, mode="detailed")
+    drafted = [step for step in result.steps if step.proposed]
+    assert drafted and {step.stage for step in drafted} <= {"pld", "model"}
+    assert all(step.stage is None for step in result.steps if not step.proposed)
+    by_stage = result.stats.accepted_by_stage
+    assert sum(by_stage.values()) == result.stats.accepted_tokens
+    kept = {stage: 0 for stage in by_stage}  # the detailed record's own count, per token
+    for row in result.record.drafted:
+        kept[row.stage] = kept.get(row.stage, 0) + row.accepted
+    assert {stage: n for stage, n in kept.items() if n} == {s: n for s, n in by_stage.items() if n}
+
+
 @pytest.mark.parametrize(
     "stages, message",
     [
