@@ -9,6 +9,7 @@ The registry keeps hardware targets by name (aliases, tags): these take the reso
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from registry.client import DraftVersion, Registry
@@ -18,10 +19,16 @@ from serving.engine.drafters.plan import DEFAULT_K, DEFAULT_POLICY, DraftPlan
 from serving.errors import BadInputError
 from serving.hardware import HardwareTarget
 from serving.models.head import WEIGHTS_FILE
-from tasks.evaluate.ship_head import HEAD_DIR, shipped_package
-from tasks.loop import retrain_config
+from tasks.evaluate.ship_head import HEAD_DIR, shipped_package, verify_shipped_head
+from tasks.loop import retrain_config, targets
 from tasks.loop.learned import Param
 from tasks.loop.results import DraftRef
+from tasks.train.teacher import target_fingerprint
+
+log = logging.getLogger(__name__)
+
+# What a shipped head's target must share with the served one (not its name: a path).
+BASE_HEAD_FIT = ("hidden_size", "vocab_size", "num_hidden_layers", "embedding_digest")
 
 
 def open_registry() -> Registry:
@@ -102,14 +109,30 @@ def register(
 def register_base_head(registry: Registry, hardware: HardwareTarget, work: Path) -> DraftRef | None:
     """Register ``hardware``'s shipped base head (``configs/retrain.yaml`` ``base_head``)
     as a version of the head family, once per weights file (a bootstrap run again reuses
-    it), packaged with the head family's k and policy; None when the target names none.
-    Its checksums are checked first: a changed file is refused with the command that
-    rebuilds it."""
+    it), packaged with the head family's k and policy. None when the target names none, or
+    when the loop serves another model than the head was trained on (its shapes or weights
+    differ: logged, and the first retrain trains a head from scratch). Its checksums are
+    checked first: a changed file is refused with the command that rebuilds it."""
     config = retrain_config.load_retrain_config().target(hardware)
     folder = config.base_head_folder()
     if folder is None:
         return None
     settings = config.family("head")
+    shipped = verify_shipped_head(folder)
+    serving = target_fingerprint(targets.target_for(hardware).model)
+    differ = [
+        f"{key} {shipped.target.get(key)} != {serving[key]}"
+        for key in BASE_HEAD_FIT
+        if shipped.target.get(key) != serving[key]
+    ]
+    if differ:
+        log.warning(
+            "the shipped base head %s was trained on another target model (%s): not "
+            "registered; the first retrain trains a head from scratch",
+            folder,
+            ", ".join(differ),
+        )
+        return None
     package, shipped = shipped_package(
         folder, work / "base-head", k=settings.k, policy=settings.policy
     )

@@ -162,7 +162,7 @@ def shipped_head(lean_int4, tmp_path_factory):
 
 
 def test_the_shipped_base_head_registers_once_and_the_retrain_continues_it(
-    tmp_path, registry, shipped_head, monkeypatch, lean_int4
+    tmp_path, tiny, registry, shipped_head, monkeypatch, lean_int4
 ):
     from serving.models.head import load_head
 
@@ -187,7 +187,7 @@ def test_the_shipped_base_head_registers_once_and_the_retrain_continues_it(
 
 
 def test_a_changed_shipped_base_head_is_refused_before_it_registers(
-    tmp_path, registry, shipped_head, monkeypatch
+    tmp_path, tiny, registry, shipped_head, monkeypatch
 ):
     import shutil
 
@@ -204,5 +204,20 @@ def test_a_changed_shipped_base_head_is_refused_before_it_registers(
         ModelSourceError, match=r"head\.safetensors does not match.*dvc repro base_ship"
     ):
         registry_steps.register_base_head(registry, CPU, tmp_path / "w")
+    name = registry.model_name("head")
+    assert registry.client.search_model_versions(f"name = '{name}'") == []
+
+
+def test_a_base_head_of_another_target_model_is_skipped_by_name(
+    tmp_path, registry, shipped_head, monkeypatch, char_tokenizer, caplog
+):
+    from serving.models.tiny import tiny_llama
+    from serving.target import LoadedTarget
+
+    other = LoadedTarget.of(tiny_llama(seed=11), char_tokenizer, hardware=CPU, eos_token_ids=[2])
+    monkeypatch.setattr(targets, "target_for", lambda hardware, source=None: other)
+    naming_base_head(monkeypatch, shipped_head)
+    assert registry_steps.register_base_head(registry, CPU, tmp_path / "w") is None
+    assert "trained on another target model (embedding_digest" in caplog.text
     name = registry.model_name("head")
     assert registry.client.search_model_versions(f"name = '{name}'") == []
