@@ -1,18 +1,20 @@
 """The main job: the loop on a drift scenario, end to end, on embedded defaults.
 
 1. bootstrap: prompt lookup (an n-gram draft) is evaluated on the first traffic's held-out
-   prompts and promoted as the first champion of the hardware target;
+   prompts, beside the shipped base head where the target has one (configs/retrain.yaml
+   ``base_head``), and the faster passing one promoted as the first champion;
 2. before the drift: grounded edit/summarise traffic (where prompt lookup shines) is served
-   and collected, and the scheduled (daily) retrain runs on it: the first suffix, head and
-   LoRA challengers; prompt lookup usually stays champion, and the head becomes the one
+   and collected, and the scheduled (daily) retrain runs on it: the first suffix challenger
+   and the head continued from the base head (and a LoRA draft where the target's
+   retrain lists one); prompt lookup usually stays champion, and the head becomes the one
    the next retrain continues from;
 3. drift: HumanEval traffic, where prompt lookup accepts far less; the rolling acceptance
    falls below its threshold relative to the champion's evaluation, and the collect flow
    triggers the retrain flow;
-4. retrain: the suffix draft is rebuilt, the head continued and a LoRA draft trained on the
-   failure/replay mix; each is registered, evaluated against the champion on the held-out
-   slice of the drifted traffic and on the built-in workloads, gated, and the fastest
-   passing one promoted;
+4. retrain: the suffix draft is rebuilt and the head continued on the failure/replay mix;
+   each is registered, evaluated against the champion on the held-out slice of the
+   drifted traffic and on the built-in workloads, gated, and the fastest passing one
+   promoted;
 5. drill: the last retrain's head (a draft with weights) is evaluated and promoted by
    hand, then its weights are scrambled on the serving machine's disk (it still loads,
    and proposes wrong tokens); the next ``collect`` serves traffic with it, and its watch
