@@ -326,6 +326,7 @@ def run_bench(
         runs,
         names,
         references=references,
+        baseline=config.baseline,
         llamacpp_plain=llama_plain,
         weights=weights,
         bandwidth_bytes_per_s=bandwidth.bytes_per_s,

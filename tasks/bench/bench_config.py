@@ -92,17 +92,26 @@ class BenchConfig(BaseModel):
     bandwidth_mb: int = Field(BANDWIDTH_MB, ge=1)
     # The GGUF llama.cpp decodes: the shipped model's own file when the target is smollm2.
     llamacpp_model: str | None = None
+    # The method every speedup divides by, and the reference of the methods with no plain
+    # method of their own engine and target: HF greedy (what a user would otherwise run),
+    # or the plain specops method of a bench about one target's drafters.
+    baseline: str = BASELINE
     methods: list[MethodConfig]
 
     @field_validator("methods")
     @classmethod
-    def _has_baseline(cls, methods: list[MethodConfig]) -> list[MethodConfig]:
+    def _unique(cls, methods: list[MethodConfig]) -> list[MethodConfig]:
         names = [m.name for m in methods]
-        if BASELINE not in names:
-            raise ValueError(f"methods must include {BASELINE!r} (the baseline), got {names}")
         if len(set(names)) != len(names):
             raise ValueError(f"method names must be unique, got {names}")
         return methods
+
+    @model_validator(mode="after")
+    def _has_baseline(self) -> BenchConfig:
+        names = [m.name for m in self.methods]
+        if self.baseline not in names:
+            raise ValueError(f"methods must include {self.baseline!r} (the baseline), got {names}")
+        return self
 
 
 def load_bench_config(path: Path = DEFAULT_CONFIG, **overrides: object) -> BenchConfig:
@@ -123,7 +132,7 @@ def select_methods(config: BenchConfig, names: list[str]) -> BenchConfig:
     unknown = sorted(set(names) - set(known))
     if unknown:
         raise BadInputError(f"unknown methods {unknown}; the config has {known}")
-    config.methods = [m for m in config.methods if m.name in names or m.name == BASELINE]
+    config.methods = [m for m in config.methods if m.name in names or m.name == config.baseline]
     return config
 
 
@@ -180,8 +189,8 @@ def pick_references(config: BenchConfig) -> dict[str, str | None]:
     A specops method: the plain specops method (no drafter) on the same hardware target,
     when the config has one; a llama.cpp method: llama.cpp plain. Everything else, and those
     plain methods themselves (whose weights may differ from the stock model's: a quantised
-    target's plain output is its own reference, not HF's), against HF greedy, which has
-    none."""
+    target's plain output is its own reference, not HF's), against the baseline (HF greedy
+    by default), which has none."""
     references: dict[str, str | None] = {}
     for method in config.methods:
         plain = next(
@@ -195,12 +204,12 @@ def pick_references(config: BenchConfig) -> dict[str, str | None]:
             ),
             None,
         )
-        if method.name == BASELINE:
+        if method.name == config.baseline:
             references[method.name] = None
         elif plain is not None and plain != method.name:
             references[method.name] = plain
         else:
-            references[method.name] = BASELINE
+            references[method.name] = config.baseline
     return references
 
 

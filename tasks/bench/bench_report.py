@@ -16,16 +16,18 @@ def summarize(
     methods: list[str],
     *,
     references: dict[str, str | None] | None = None,
+    baseline: str = BASELINE,
     llamacpp_plain: str | None = None,
     weights: dict[str, dict] | None = None,
     bandwidth_bytes_per_s: float | None = None,
 ) -> list[dict]:
     """Rows per (workload, method) plus an ``all`` workload; sums, not mean of ratios.
 
-    ``speedup`` divides a row's pooled tokens/s by HF greedy's, ``x_llama`` by llama.cpp
-    plain's (``llamacpp_plain``) on the same prompts; ``identical`` says whether every
-    output equals its reference row's (``references``); ``limit_tokens_per_s`` is
-    bandwidth ÷ the weight bytes per token of the row's format (``weights[method]``), and
+    ``speedup`` divides a row's pooled tokens/s by the ``baseline``'s (HF greedy's),
+    ``x_llama`` by llama.cpp plain's (``llamacpp_plain``) on the same prompts;
+    ``identical`` says whether every output equals its reference row's (``references``);
+    ``limit_tokens_per_s`` is bandwidth ÷ the weight bytes per token of the row's format
+    (``weights[method]``), and
     ``of_limit`` the row's tokens/s as a share of it."""
     references = references or {}
     weights = weights or {}
@@ -39,7 +41,7 @@ def summarize(
 
     for workload in [*workloads, "all"]:
         subset = [r for r in runs if workload in ("all", r["workload"])]
-        base_rate = rate_of(subset, BASELINE)
+        base_rate = rate_of(subset, baseline)
         llama_rate = rate_of(subset, llamacpp_plain) if llamacpp_plain else None
         for method in methods:
             mine = [r for r in subset if r["method"] == method]
@@ -69,7 +71,8 @@ def summarize(
                     "acceptance_rate": pooled.get("acceptance_rate"),
                     "mean_accepted_length": pooled.get("mean_accepted_length"),
                     "accepted_by_stage": _by_stage(stats),
-                    "reference": references.get(method, BASELINE if method != BASELINE else None),
+                    "reference": references.get(method, baseline if method != baseline else None),
+                    "baseline": baseline,
                     "identical": all(r["identical"] for r in mine),
                     "bytes_per_token": per_token,
                     "limit_tokens_per_s": limit,
@@ -111,9 +114,10 @@ def format_table(rows: list[dict], skipped: list[dict] | None = None) -> str:
         return "-" if value is None else format(value, spec)
 
     def same(row: dict) -> str:
-        if row.get("reference") is None and row["method"] == BASELINE:
+        baseline = row.get("baseline", BASELINE)
+        if row.get("reference") is None and row["method"] == baseline:
             return "(reference)"
-        return f"{'yes' if row['identical'] else 'NO'} {row.get('reference') or BASELINE}"
+        return f"{'yes' if row['identical'] else 'NO'} {row.get('reference') or baseline}"
 
     name_w = max([18, *(len(row["method"]) for row in rows)])
     weights_w = max([16, *(len(row.get("weights") or "") for row in rows)])
@@ -167,7 +171,8 @@ def plot(rows: list[dict], path: Path, *, hardware: str = DEFAULT_HARDWARE) -> N
         ax.bar(positions, values, width, label=method)
     ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
     ax.set_xticks(range(len(workloads)), workloads)
-    ax.set_ylabel(f"speedup over {BASELINE} (tokens/s ratio)")
+    baseline = next((r["baseline"] for r in rows if r.get("baseline")), BASELINE)
+    ax.set_ylabel(f"speedup over {baseline} (tokens/s ratio)")
     ax.set_title(f"specops bench: speculative decoding on `{hardware}`")
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()

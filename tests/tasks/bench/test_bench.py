@@ -35,6 +35,33 @@ def test_config_without_the_baseline_is_refused(tmp_path):
         load_bench_config(path)
 
 
+def test_another_baseline_divides_the_speedups_and_references_the_rest(tmp_path):
+    from tasks.bench.bench_config import pick_references
+
+    path = tmp_path / "bench.yaml"
+    path.write_text(
+        "baseline: specops-none\nhardware: cpu-int4\nmethods:\n"
+        "  - {name: specops-none, engine: specops, drafter: none}\n"
+        "  - {name: specops-pld, engine: specops, drafter: pld}\n"
+        "  - {name: hf-pld, engine: hf, mode: prompt_lookup}\n"
+    )
+    config = load_bench_config(path)
+    assert pick_references(config) == {
+        "specops-none": None, "specops-pld": "specops-none", "hf-pld": "specops-none",
+    }  # fmt: skip
+    assert [m.name for m in select_methods(config, ["hf-pld"]).methods] == [
+        "specops-none", "hf-pld",
+    ]  # fmt: skip
+    runs = [_run("specops-none", "a", 10, 2.0), _run("specops-pld", "a", 10, 1.0)]
+    rows = summarize(runs, ["specops-none", "specops-pld"], baseline="specops-none")
+    pld = next(r for r in rows if r["method"] == "specops-pld" and r["workload"] == "a")
+    assert pld["speedup"] == pytest.approx(2.0) and pld["reference"] == "specops-none"
+    assert "(reference)" in format_table(rows)
+    path.write_text("baseline: nope\nmethods:\n  - {name: hf-greedy, engine: hf, mode: greedy}\n")
+    with pytest.raises(BadInputError, match="must include 'nope'"):
+        load_bench_config(path)
+
+
 def test_config_with_an_unknown_key_is_refused(tmp_path):
     path = tmp_path / "bench.yaml"
     path.write_text("prompt_count: 3\nmethods:\n  - {name: hf-greedy, engine: hf, mode: greedy}\n")
