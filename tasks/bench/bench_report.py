@@ -70,7 +70,7 @@ def summarize(
                     "x_llama": rate / llama_rate if rate and llama_rate else None,
                     "acceptance_rate": pooled.get("acceptance_rate"),
                     "mean_accepted_length": pooled.get("mean_accepted_length"),
-                    "accepted_by_stage": _by_stage(stats),
+                    "accepted_by_stage": sum_by_stage(stats),
                     "reference": references.get(method, baseline if method != baseline else None),
                     "baseline": baseline,
                     "identical": all(r["identical"] for r in mine),
@@ -82,10 +82,11 @@ def summarize(
     return rows
 
 
-def _by_stage(stats: list[dict]) -> dict[str, int]:
-    """Accepted drafts by the stage that drafted them, summed over a row's requests."""
+def sum_by_stage(items: list[dict]) -> dict[str, int]:
+    """Accepted drafts by the stage that drafted them, summed over ``items`` (requests'
+    stats, or result rows) that carry ``accepted_by_stage``."""
     totals: dict[str, int] = {}
-    for one in stats:
+    for one in items:
         for stage, count in (one.get("accepted_by_stage") or {}).items():
             totals[stage] = totals.get(stage, 0) + int(count)
     return totals

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from serving.atomic import write_json_atomic
 from serving.errors import BadInputError
+from tasks.bench.bench_report import sum_by_stage
 
 
 def _load(folder: Path) -> dict:
@@ -65,19 +66,11 @@ def combine(runs: list[dict], against: str | None = None) -> list[dict]:
                 "identical": all(r["identical"] for r in rows),
                 "acceptance_rate": rows[0].get("acceptance_rate"),
                 "mean_accepted_length": rows[0].get("mean_accepted_length"),
-                "accepted_by_stage": _summed_stages(rows),
+                "accepted_by_stage": sum_by_stage(rows),
                 **_ratio_fields(against, ratios.get((workload, method), [])),
             }
         )
     return combined
-
-
-def _summed_stages(rows: list[dict]) -> dict[str, int]:
-    totals: dict[str, int] = {}
-    for row in rows:
-        for stage, count in (row.get("accepted_by_stage") or {}).items():
-            totals[stage] = totals.get(stage, 0) + int(count)
-    return totals
 
 
 def _ratio_fields(against: str | None, values: list[float]) -> dict[str, object]:
